@@ -1,0 +1,163 @@
+//! Model providers behind one contract, [`ModelClient`]: a request (messages + tool specs) in, an
+//! assistant message (text and/or tool calls) out, either whole (`complete`) or as a stream of text
+//! deltas ending in the whole response (`stream`).
+//!
+//! Providers: [`openai::OpenAiClient`] (any OpenAI-compatible chat-completions server) and
+//! [`scripted::ScriptedModel`] (replays a scenario file; offline runs and tests). [`Provider`] picks
+//! one from configuration.
+
+pub mod openai;
+pub mod scripted;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+
+use crate::agent::message::{Message, Usage};
+use crate::protocol::{Failure, FailureKind, ToolSpec};
+
+/// What a provider is asked.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    /// Model name (provider-specific).
+    pub model: String,
+    /// Name of the agent asking; the scripted provider picks its script by it.
+    pub agent: String,
+    /// The whole conversation, system prompt first.
+    pub messages: Vec<Message>,
+    /// Tools the model may call; empty means none.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// A whole answer of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelResponse {
+    /// The assistant message (role `assistant`), with tool calls if any.
+    pub message: Message,
+    pub finish_reason: Option<String>,
+    pub usage: Usage,
+}
+
+/// One item of a streamed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelChunk {
+    /// A piece of the answer's text.
+    Delta(String),
+    /// The assembled response; always the last item of a successful stream.
+    Done(ModelResponse),
+}
+
+/// Why a model call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    #[error("model server unreachable: {0}")]
+    Unreachable(#[source] reqwest::Error),
+    #[error("model call timed out after {0:?}")]
+    TimedOut(std::time::Duration),
+    #[error("model server answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("model answer could not be understood: {0}")]
+    BadResponse(String),
+    #[error("scenario: {0}")]
+    Scenario(String),
+}
+
+impl ModelError {
+    /// The failure reported to clients.
+    pub fn to_failure(&self) -> Failure {
+        let (kind, retryable) = match self {
+            ModelError::Unreachable(_) => (FailureKind::Unavailable, true),
+            ModelError::TimedOut(_) => (FailureKind::TimedOut, true),
+            ModelError::Status { status, .. } => {
+                (FailureKind::ModelFailed, *status == 429 || *status >= 500)
+            }
+            ModelError::BadResponse(_) | ModelError::Scenario(_) => (FailureKind::ModelFailed, false),
+        };
+        Failure {
+            kind,
+            message: self.to_string(),
+            retryable,
+        }
+    }
+}
+
+/// A chat model.
+pub trait ModelClient: Send + Sync {
+    /// Asks for a whole answer.
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> impl Future<Output = Result<ModelResponse, ModelError>> + Send;
+
+    /// Asks for a streamed answer: text deltas, then [`ModelChunk::Done`].
+    fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> impl Future<Output = Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError>> + Send;
+}
+
+impl<M: ModelClient> ModelClient for Arc<M> {
+    fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> impl Future<Output = Result<ModelResponse, ModelError>> + Send {
+        (**self).complete(request)
+    }
+
+    fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> impl Future<Output = Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError>> + Send
+    {
+        (**self).stream(request)
+    }
+}
+
+/// The provider chosen by configuration.
+#[derive(Clone)]
+pub enum Provider {
+    OpenAi(Arc<openai::OpenAiClient>),
+    Scripted(Arc<scripted::ScriptedModel>),
+}
+
+impl Provider {
+    /// A short label for logs and events (`openai` or `scripted`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Provider::OpenAi(_) => "openai",
+            Provider::Scripted(_) => "scripted",
+        }
+    }
+}
+
+impl ModelClient for Provider {
+    async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
+        match self {
+            Provider::OpenAi(m) => m.complete(request).await,
+            Provider::Scripted(m) => m.complete(request).await,
+        }
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
+        match self {
+            Provider::OpenAi(m) => m.stream(request).await,
+            Provider::Scripted(m) => m.stream(request).await,
+        }
+    }
+}
+
+/// Turns a whole response into a stream (for providers without native streaming).
+pub fn stream_of(response: ModelResponse) -> BoxStream<'static, Result<ModelChunk, ModelError>> {
+    let mut items = Vec::new();
+    if !response.message.content.is_empty() {
+        items.push(Ok(ModelChunk::Delta(response.message.content.clone())));
+    }
+    items.push(Ok(ModelChunk::Done(response)));
+    futures::stream::iter(items).boxed()
+}

@@ -1,0 +1,6 @@
+//! placeholder
+pub struct OpenAiClient;
+impl super::ModelClient for OpenAiClient {
+    async fn complete(&self, _r: super::ModelRequest) -> Result<super::ModelResponse, super::ModelError> { Err(super::ModelError::Scenario("x".into())) }
+    async fn stream(&self, _r: super::ModelRequest) -> Result<futures::stream::BoxStream<'static, Result<super::ModelChunk, super::ModelError>>, super::ModelError> { Err(super::ModelError::Scenario("x".into())) }
+}

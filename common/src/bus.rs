@@ -1,0 +1,340 @@
+//! `Bus`: Skein's one NATS transport. It owns the connection, the JetStream streams and consumers,
+//! message encoding and size caps, and the headers every published message carries.
+//!
+//! Invariants:
+//! - work is pulled one message at a time, and only when the caller has capacity for it
+//!   ([`Intake::next`]): nothing waits in a client-side buffer while its ack deadline runs out;
+//! - every payload is checked against the configured cap before it is published, and on receipt
+//!   before it is decoded;
+//! - subjects come from [`crate::subjects`] only;
+//! - the submit path is idempotent: a submission's `task_id` is its `Nats-Msg-Id`.
+
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::config::NatsConfig;
+use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
+use crate::subjects;
+
+/// Default cap on one message's payload (NATS' own default `max_payload` is 1 MiB).
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// How long a JetStream publish may wait for its acknowledgement.
+const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a bus operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BusError {
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("cannot read NATS credentials file: {0}")]
+    Credentials(#[source] std::io::Error),
+    #[error("JetStream stream {stream}: {message}")]
+    Stream { stream: String, message: String },
+    #[error("JetStream consumer {consumer}: {message}")]
+    Consumer { consumer: String, message: String },
+    #[error("publish to {subject} failed: {message}")]
+    Publish { subject: String, message: String },
+    #[error("pulling work failed: {0}")]
+    Pull(String),
+    #[error("payload of {size} bytes exceeds the {limit}-byte cap")]
+    TooLarge { size: usize, limit: usize },
+    #[error("cannot encode message: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot decode message: {0}")]
+    Decode(#[source] serde_json::Error),
+}
+
+impl BusError {
+    /// The failure reported across the wire.
+    pub fn to_failure(&self) -> Failure {
+        match self {
+            BusError::TooLarge { .. } => Failure::new(FailureKind::TooLarge, self.to_string()),
+            BusError::Decode(_) => Failure::new(FailureKind::InvalidInput, self.to_string()),
+            BusError::Encode(_) => Failure::new(FailureKind::Internal, self.to_string()),
+            _ => Failure::new(FailureKind::Unavailable, self.to_string()),
+        }
+    }
+}
+
+/// Settings of a durable work-queue consumer.
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    pub stream: &'static str,
+    pub durable: String,
+    pub filter: String,
+    /// How long a delivery may go unacknowledged (progress acks extend it).
+    pub ack_wait: Duration,
+    /// Deliveries before the server gives up on a message.
+    pub max_deliver: i64,
+}
+
+/// A connection to NATS with JetStream.
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    max_payload: usize,
+}
+
+impl Bus {
+    /// Connects, retrying for `cfg.connect_timeout`, and reconnecting forever afterwards.
+    pub async fn connect(cfg: &NatsConfig, name: &str, max_payload: usize) -> Result<Self, BusError> {
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .connection_timeout(cfg.connect_timeout)
+            .max_reconnects(None);
+        if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(token) = &cfg.token {
+            options = options.token(token.clone());
+        }
+        if let Some(creds) = &cfg.creds {
+            options = options
+                .credentials_file(creds)
+                .await
+                .map_err(BusError::Credentials)?;
+        }
+        let client = options
+            .connect(cfg.url.as_str())
+            .await
+            .map_err(|source| BusError::Connect {
+                url: cfg.url.clone(),
+                source,
+            })?;
+        let server_cap = usize::try_from(client.server_info().max_payload).unwrap_or(max_payload);
+        let jetstream = jetstream::new(client.clone());
+        Ok(Self {
+            client,
+            jetstream,
+            max_payload: max_payload.min(server_cap.max(1)),
+        })
+    }
+
+    /// The underlying client, for core subscriptions.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// Creates Skein's streams if they do not exist (idempotent; safe from every process).
+    pub async fn ensure_streams(&self) -> Result<(), BusError> {
+        let streams = [
+            stream::Config {
+                name: subjects::SUBMIT_STREAM.into(),
+                subjects: vec![subjects::SUBMIT_ALL.into()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            },
+            stream::Config {
+                name: subjects::WORK_STREAM.into(),
+                subjects: subjects::WORK_ALL.iter().map(|s| s.to_string()).collect(),
+                retention: stream::RetentionPolicy::WorkQueue,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            },
+            stream::Config {
+                name: subjects::EVENTS_STREAM.into(),
+                subjects: vec![subjects::EVENTS_ALL.into()],
+                retention: stream::RetentionPolicy::Limits,
+                max_age: Duration::from_secs(24 * 3600),
+                ..Default::default()
+            },
+        ];
+        for config in streams {
+            let name = config.name.clone();
+            self.jetstream
+                .get_or_create_stream(config)
+                .await
+                .map_err(|e| BusError::Stream {
+                    stream: name,
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Serializes `value`, refusing payloads over the cap.
+    pub fn encode<T: Serialize>(&self, value: &T) -> Result<Bytes, BusError> {
+        let bytes = serde_json::to_vec(value).map_err(BusError::Encode)?;
+        if bytes.len() > self.max_payload {
+            return Err(BusError::TooLarge {
+                size: bytes.len(),
+                limit: self.max_payload,
+            });
+        }
+        Ok(Bytes::from(bytes))
+    }
+
+    /// Deserializes a received payload, refusing payloads over the cap.
+    pub fn decode<T: DeserializeOwned>(&self, payload: &[u8]) -> Result<T, BusError> {
+        if payload.len() > self.max_payload {
+            return Err(BusError::TooLarge {
+                size: payload.len(),
+                limit: self.max_payload,
+            });
+        }
+        serde_json::from_slice(payload).map_err(BusError::Decode)
+    }
+
+    /// Publishes a task submission durably; resubmitting the same `task_id` is a no-op.
+    pub async fn submit(&self, submission: &TaskSubmission) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        headers.insert(NATS_MESSAGE_ID, submission.task_id.as_str());
+        let payload = self.encode(submission)?;
+        self.publish_durable(subjects::submit(&submission.tenant), headers, payload)
+            .await
+    }
+
+    /// Publishes a tool or subagent task durably on `subject`.
+    pub async fn publish_work<T: Serialize>(&self, subject: String, task: &T, dedup_id: &str) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        headers.insert(NATS_MESSAGE_ID, dedup_id);
+        let payload = self.encode(task)?;
+        self.publish_durable(subject, headers, payload).await
+    }
+
+    /// Publishes a turn event to the task's replayable event subject.
+    pub async fn publish_event(&self, tenant: &str, event: &TurnEvent) -> Result<(), BusError> {
+        let payload = self.encode(event)?;
+        self.publish_durable(subjects::events(tenant, &event.task_id), outgoing_headers(), payload)
+            .await
+    }
+
+    /// Publishes a call's result to the dispatcher waiting for it (core NATS, no ack).
+    pub async fn publish_reply(&self, subject: &str, result: &ToolResult) -> Result<(), BusError> {
+        let payload = self.encode(result)?;
+        self.client
+            .publish_with_headers(subject.to_owned(), outgoing_headers(), payload)
+            .await
+            .map_err(|e| BusError::Publish {
+                subject: subject.to_owned(),
+                message: e.to_string(),
+            })
+    }
+
+    async fn publish_durable(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<(), BusError> {
+        let publish_error = |message: String| BusError::Publish {
+            subject: subject.clone(),
+            message,
+        };
+        let ack = self
+            .jetstream
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+            .map_err(|e| publish_error(e.to_string()))?;
+        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(publish_error(e.to_string())),
+            Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
+        }
+    }
+
+    /// Binds (creating if needed) a durable pull consumer and returns its intake.
+    pub async fn intake(&self, settings: &ConsumerSettings) -> Result<Intake, BusError> {
+        let consumer_error = |message: String| BusError::Consumer {
+            consumer: settings.durable.clone(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(settings.stream)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                &settings.durable,
+                consumer::pull::Config {
+                    durable_name: Some(settings.durable.clone()),
+                    filter_subject: settings.filter.clone(),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: settings.ack_wait,
+                    max_deliver: settings.max_deliver,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        Ok(Intake { consumer })
+    }
+
+    /// A replaying, ordered view of one subject of the events stream, from its first message.
+    pub async fn replay(&self, subject: String) -> Result<consumer::pull::Ordered, BusError> {
+        let consumer_error = |message: String| BusError::Consumer {
+            consumer: format!("ordered({subject})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject.clone(),
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        consumer
+            .messages()
+            .await
+            .map_err(|e| consumer_error(e.to_string()))
+    }
+}
+
+/// A durable work-queue consumer pulled one message at a time.
+pub struct Intake {
+    consumer: consumer::Consumer<consumer::pull::Config>,
+}
+
+impl Intake {
+    /// Waits up to `wait` for one message. Call it only when there is capacity to run the message:
+    /// this is a fresh pull request for exactly one message, so nothing is prefetched.
+    pub async fn next(&self, wait: Duration) -> Result<Option<jetstream::Message>, BusError> {
+        use futures::StreamExt;
+        let mut batch = self
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| BusError::Pull(e.to_string()))?;
+        match batch.next().await {
+            Some(Ok(message)) => Ok(Some(message)),
+            Some(Err(e)) => Err(BusError::Pull(e.to_string())),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Headers every message Skein publishes carries. Trace context is injected here.
+pub fn outgoing_headers() -> HeaderMap {
+    HeaderMap::new()
+}
+
+/// The Nats-Msg-Id of a received message, if any.
+pub fn message_id(message: &async_nats::Message) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(NATS_MESSAGE_ID))
+        .map(|v| v.as_str().to_owned())
+}

@@ -1,0 +1,154 @@
+//! Every environment variable Skein reads, as constants shared by clap's `env = ...` and the docs,
+//! plus the connection settings common to all processes.
+
+use std::time::Duration;
+
+use clap::Args;
+
+pub const ENV_NATS_URL: &str = "SKEIN_NATS_URL";
+pub const ENV_NATS_USER: &str = "SKEIN_NATS_USER";
+pub const ENV_NATS_PASSWORD: &str = "SKEIN_NATS_PASSWORD";
+pub const ENV_NATS_TOKEN: &str = "SKEIN_NATS_TOKEN";
+pub const ENV_NATS_CREDS: &str = "SKEIN_NATS_CREDS";
+pub const ENV_REDIS_URL: &str = "SKEIN_REDIS_URL";
+pub const ENV_LOG: &str = "SKEIN_LOG";
+pub const ENV_LOG_FORMAT: &str = "SKEIN_LOG_FORMAT";
+pub const ENV_MODEL_PROVIDER: &str = "SKEIN_MODEL_PROVIDER";
+pub const ENV_MODEL_BASE_URL: &str = "SKEIN_MODEL_BASE_URL";
+pub const ENV_MODEL_API_KEY: &str = "SKEIN_MODEL_API_KEY";
+pub const ENV_MODEL: &str = "SKEIN_MODEL";
+pub const ENV_MODEL_TIMEOUT: &str = "SKEIN_MODEL_TIMEOUT";
+pub const ENV_SCENARIO: &str = "SKEIN_SCENARIO";
+pub const ENV_AGENTS_DIR: &str = "SKEIN_AGENTS_DIR";
+pub const ENV_INSTANCE_ID: &str = "SKEIN_INSTANCE_ID";
+pub const ENV_CONCURRENCY: &str = "SKEIN_CONCURRENCY";
+pub const ENV_MAX_PAYLOAD: &str = "SKEIN_MAX_PAYLOAD";
+pub const ENV_TOOL_TIMEOUT: &str = "SKEIN_TOOL_TIMEOUT";
+pub const ENV_GRACE: &str = "SKEIN_GRACE";
+pub const ENV_POOL: &str = "SKEIN_POOL";
+pub const ENV_TOOLS: &str = "SKEIN_TOOLS";
+pub const ENV_SUBAGENTS: &str = "SKEIN_SUBAGENTS";
+pub const ENV_WORKSPACE_ROOT: &str = "SKEIN_WORKSPACE_ROOT";
+pub const ENV_SCRATCH_DIR: &str = "SKEIN_SCRATCH_DIR";
+pub const ENV_HTTP_ALLOW: &str = "SKEIN_HTTP_ALLOW";
+pub const ENV_HTTP_MAX_BYTES: &str = "SKEIN_HTTP_MAX_BYTES";
+pub const ENV_HEARTBEAT: &str = "SKEIN_HEARTBEAT";
+pub const ENV_TENANT: &str = "SKEIN_TENANT";
+pub const ENV_USER: &str = "SKEIN_USER";
+
+/// How to reach NATS. Credentials are never logged: `Debug` redacts them.
+#[derive(Clone, Args)]
+pub struct NatsConfig {
+    /// NATS server URL(s), comma separated.
+    #[arg(long = "nats-url", env = ENV_NATS_URL, default_value = "nats://127.0.0.1:4222")]
+    pub url: String,
+    /// NATS user (with --nats-password).
+    #[arg(long = "nats-user", env = ENV_NATS_USER)]
+    pub user: Option<String>,
+    #[arg(long = "nats-password", env = ENV_NATS_PASSWORD, hide_env_values = true)]
+    pub password: Option<String>,
+    #[arg(long = "nats-token", env = ENV_NATS_TOKEN, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Path of a NATS .creds file.
+    #[arg(long = "nats-creds", env = ENV_NATS_CREDS)]
+    pub creds: Option<std::path::PathBuf>,
+    /// How long to try to reach NATS at start-up.
+    #[arg(long = "nats-connect-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &self.url)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("creds", &self.creds)
+            .finish()
+    }
+}
+
+impl NatsConfig {
+    pub fn local(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            user: None,
+            password: None,
+            token: None,
+            creds: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How to reach Redis. The URL may carry a password (`redis://:pw@host/`); `Debug` redacts it.
+#[derive(Clone, Args)]
+pub struct RedisConfig {
+    #[arg(long = "redis-url", env = ENV_REDIS_URL, default_value = "redis://127.0.0.1:6379/", hide_env_values = true)]
+    pub url: String,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
+}
+
+/// The URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}<redacted>{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Which model answers, and how to reach it. The API key is never logged.
+#[derive(Clone, Args)]
+pub struct ModelConfig {
+    /// `scripted` (replays a scenario file, offline) or `openai` (any OpenAI-compatible server).
+    #[arg(long = "model-provider", env = ENV_MODEL_PROVIDER, default_value = "scripted")]
+    pub provider: String,
+    /// Base URL of the OpenAI-compatible API, up to and including `/v1`.
+    #[arg(long = "model-base-url", env = ENV_MODEL_BASE_URL, default_value = "https://api.openai.com/v1")]
+    pub base_url: String,
+    #[arg(long = "model-api-key", env = ENV_MODEL_API_KEY, hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Default model name, used where an agent definition names none.
+    #[arg(long = "model", env = ENV_MODEL, default_value = "gpt-4o-mini")]
+    pub model: String,
+    /// Longest a model call may take.
+    #[arg(long = "model-timeout", env = ENV_MODEL_TIMEOUT, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Scenario file for the scripted provider; the bundled example when unset.
+    #[arg(long = "scenario", env = ENV_SCENARIO)]
+    pub scenario: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelConfig")
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field("timeout", &self.timeout)
+            .field("scenario", &self.scenario)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_urls() {
+        assert_eq!(redact_url("redis://:s3cret@h:6379/"), "redis://<redacted>@h:6379/");
+        assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
+    }
+}

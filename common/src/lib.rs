@@ -1,0 +1,28 @@
+//! Skein's shared library: everything both the lead and the workers speak and run.
+//!
+//! # Layout
+//! - [`protocol`]: versioned wire types (submissions, tool and subagent tasks, results, events,
+//!   failures as data) and their JSON Schemas.
+//! - [`subjects`]: every NATS subject, stream and consumer name, built by functions.
+//! - [`bus`]: the one NATS transport (`Bus`): stream set-up, publishing with headers, pulling work
+//!   one message at a time.
+//! - [`store`]: session state, call results, final results and the worker registry in Redis.
+//! - [`client`]: submitting tasks and watching their events, for the CLI and any Rust client.
+//! - [`dispatch`]: turning tool calls into tool and subagent tasks and collecting their results.
+//! - [`agent`]: the agent runtime (definitions, model providers, prompt sections, skills, context,
+//!   hooks, the ReAct loop).
+//! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
+
+pub mod agent;
+pub mod bus;
+pub mod client;
+pub mod config;
+pub mod dispatch;
+pub mod protocol;
+pub mod shutdown;
+pub mod store;
+pub mod subjects;
+pub mod telemetry;
+
+/// The version every process announces.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

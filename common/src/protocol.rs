@@ -1,0 +1,504 @@
+//! Wire protocol v1: every message Skein puts on NATS or stores as a result.
+//!
+//! Invariants:
+//! - every top-level message carries `v` (the protocol version) and is plain JSON, so a client in
+//!   any language can speak it; the JSON Schemas under `docs/protocol/` are generated from these
+//!   types (see [`schemas`]);
+//! - identifiers that end up in NATS subjects or Redis keys are validated by [`validate_token`]
+//!   before use: they can never inject a wildcard or a separator;
+//! - a failure that crosses the wire is data ([`Failure`]: kind, message, retryable), never a Rust
+//!   error.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::message::{Message, ToolCall, Usage};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Longest identifier accepted in subjects and keys.
+pub const MAX_TOKEN_LEN: usize = 128;
+
+/// A task submitted by a client: one user turn of one session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSubmission {
+    /// Protocol version; must be 1.
+    pub v: u32,
+    /// Client-chosen id; resubmitting the same id is deduplicated.
+    pub task_id: String,
+    pub tenant: String,
+    pub user: String,
+    pub session: String,
+    /// Name of the agent definition that runs the turn.
+    pub agent: String,
+    /// The user's message.
+    pub input: String,
+    /// Per-task overrides of the agent definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<AgentOverrides>,
+}
+
+/// Fields of an agent definition a single task may override.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentOverrides {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Replaces the tool allowlist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u32>,
+}
+
+/// Who a piece of work belongs to; travels with every task so workers stay stateless.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskOrigin {
+    pub task_id: String,
+    pub tenant: String,
+    pub user: String,
+    /// The session the call belongs to (a child session for subagent calls).
+    pub session: String,
+}
+
+/// One tool call dispatched to a worker pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolTask {
+    pub v: u32,
+    pub origin: TaskOrigin,
+    /// Stable id of the call; results are recorded once per call id.
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+    /// Core NATS subject the result is published to.
+    pub reply_to: String,
+    /// How long the worker may run the call, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+/// A subtask handed to a child agent that a worker runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SubagentTask {
+    pub v: u32,
+    /// Origin of the parent turn; `origin.session` is the parent session.
+    pub origin: TaskOrigin,
+    pub call_id: String,
+    /// The child session, derived from the parent's by [`child_session_id`].
+    pub child_session: String,
+    /// The complete definition of the child agent, so any worker can run it.
+    pub agent: AgentSpec,
+    pub input: String,
+    pub reply_to: String,
+    pub timeout_ms: u64,
+    /// Nesting depth of the child (1 for a direct child of the user's agent).
+    pub depth: u32,
+}
+
+/// An agent definition as it travels on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AgentSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub system_prompt: String,
+    /// Model name; empty means the process default.
+    #[serde(default)]
+    pub model: String,
+    /// Tool allowlist; `["*"]` allows every live tool.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Subagents this agent may spawn.
+    #[serde(default)]
+    pub subagents: Vec<AgentSpec>,
+    pub max_iterations: u32,
+}
+
+/// The outcome of one tool or subagent call, returned to the dispatcher.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolResult {
+    pub v: u32,
+    pub call_id: String,
+    pub outcome: CallOutcome,
+    /// Id of the worker that ran the call (empty when it never reached one).
+    #[serde(default)]
+    pub worker_id: String,
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+/// Success output or failure of a call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CallOutcome {
+    Ok { output: String },
+    Failed { failure: Failure },
+}
+
+impl CallOutcome {
+    /// The text the model observes for this outcome.
+    pub fn observation(&self) -> String {
+        match self {
+            CallOutcome::Ok { output } => output.clone(),
+            CallOutcome::Failed { failure } => {
+                format!("error ({}): {}", failure.kind.as_str(), failure.message)
+            }
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        matches!(self, CallOutcome::Ok { .. })
+    }
+}
+
+/// A failure as protocol data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl Failure {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            retryable: kind.default_retryable(),
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.as_str(), self.message)
+    }
+}
+
+/// What went wrong, named by condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The message could not be decoded or broke a protocol rule.
+    InvalidInput,
+    /// The payload exceeds a size cap.
+    TooLarge,
+    UnknownAgent,
+    UnknownTool,
+    /// Tool arguments do not match the tool's schema.
+    InvalidArguments,
+    /// A policy refused the call (workspace escape, host not allowed...).
+    Denied,
+    TimedOut,
+    /// A dependency (model, NATS, Redis, a tool's upstream) could not be reached.
+    Unavailable,
+    /// The tool ran and reported an error.
+    ToolFailed,
+    /// The model call failed or answered something unusable.
+    ModelFailed,
+    Cancelled,
+    Internal,
+    /// A kind this build does not know (sent by a newer peer).
+    #[serde(other)]
+    Unknown,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::InvalidInput => "invalid_input",
+            FailureKind::TooLarge => "too_large",
+            FailureKind::UnknownAgent => "unknown_agent",
+            FailureKind::UnknownTool => "unknown_tool",
+            FailureKind::InvalidArguments => "invalid_arguments",
+            FailureKind::Denied => "denied",
+            FailureKind::TimedOut => "timed_out",
+            FailureKind::Unavailable => "unavailable",
+            FailureKind::ToolFailed => "tool_failed",
+            FailureKind::ModelFailed => "model_failed",
+            FailureKind::Cancelled => "cancelled",
+            FailureKind::Internal => "internal",
+            FailureKind::Unknown => "unknown",
+        }
+    }
+
+    /// Whether trying the same work again may succeed.
+    pub fn default_retryable(self) -> bool {
+        matches!(self, FailureKind::TimedOut | FailureKind::Unavailable)
+    }
+}
+
+/// One event of a turn, published on the task's event subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TurnEvent {
+    pub v: u32,
+    pub task_id: String,
+    /// Which agent loop emitted it: `lead`, or `subagent:<call_id>` for a child.
+    pub source: String,
+    /// Position in the source's sequence, from 1.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    pub event: EventKind,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    TurnStarted {
+        agent: String,
+        session: String,
+        instance: String,
+    },
+    ModelDelta {
+        text: String,
+    },
+    ToolStarted {
+        call_id: String,
+        tool: String,
+        arguments: Value,
+    },
+    ToolFinished {
+        call_id: String,
+        tool: String,
+        ok: bool,
+        worker_id: String,
+        /// The start of the observation, for display.
+        preview: String,
+    },
+    /// A recoverable problem the turn continued past.
+    Warning {
+        failure: Failure,
+    },
+    /// Always the last event of a turn.
+    Final {
+        result: FinalResult,
+    },
+}
+
+/// The end of a turn, also stored for later lookup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FinalResult {
+    pub v: u32,
+    pub task_id: String,
+    pub tenant: String,
+    pub session: String,
+    pub status: TurnStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+    /// Model calls made in the turn.
+    pub iterations: u32,
+    /// True when the iteration limit ended the loop and the answer is a summary.
+    #[serde(default)]
+    pub limit_reached: bool,
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    Completed,
+    Failed,
+}
+
+/// A worker's announcement of itself, refreshed by heartbeats.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkerAnnouncement {
+    pub v: u32,
+    pub worker_id: String,
+    pub pool: String,
+    pub version: String,
+    pub tools: Vec<ToolSpec>,
+    /// Whether this worker runs subagent tasks.
+    pub runs_subagents: bool,
+    /// Tasks it runs at once.
+    pub capacity: u32,
+    /// Milliseconds since the Unix epoch of this heartbeat.
+    pub heartbeat_ms: u64,
+    /// Heartbeat period; a worker silent for three periods is gone.
+    pub heartbeat_every_ms: u64,
+}
+
+impl WorkerAnnouncement {
+    pub fn is_alive(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.heartbeat_ms) <= self.heartbeat_every_ms.saturating_mul(3)
+    }
+}
+
+/// What the model sees of a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: Value,
+    /// False when calls of this tool must not run alongside each other.
+    #[serde(default = "yes")]
+    pub concurrency_safe: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Checks that `value` may be used as one token of a subject or key: 1 to 128 characters of
+/// `A-Z a-z 0-9 _ -`.
+pub fn validate_token(field: &str, value: &str) -> Result<(), Failure> {
+    let ok = !value.is_empty()
+        && value.len() <= MAX_TOKEN_LEN
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!("{field} must be 1-{MAX_TOKEN_LEN} characters of A-Z a-z 0-9 _ - (got {value:?})"),
+        ))
+    }
+}
+
+impl TaskSubmission {
+    /// Checks protocol rules beyond what decoding enforces.
+    pub fn validate(&self, max_input_bytes: usize) -> Result<(), Failure> {
+        if self.v != PROTOCOL_VERSION {
+            return Err(Failure::new(
+                FailureKind::InvalidInput,
+                format!("unsupported protocol version {} (this build speaks {PROTOCOL_VERSION})", self.v),
+            ));
+        }
+        validate_token("task_id", &self.task_id)?;
+        validate_token("tenant", &self.tenant)?;
+        validate_token("user", &self.user)?;
+        validate_token("session", &self.session)?;
+        validate_token("agent", &self.agent)?;
+        if self.input.len() > max_input_bytes {
+            return Err(Failure::new(
+                FailureKind::TooLarge,
+                format!("input is {} bytes; the limit is {max_input_bytes}", self.input.len()),
+            ));
+        }
+        if self.input.trim().is_empty() {
+            return Err(Failure::new(FailureKind::InvalidInput, "input is empty"));
+        }
+        Ok(())
+    }
+
+    pub fn origin(&self) -> TaskOrigin {
+        TaskOrigin {
+            task_id: self.task_id.clone(),
+            tenant: self.tenant.clone(),
+            user: self.user.clone(),
+            session: self.session.clone(),
+        }
+    }
+}
+
+/// The session id of a subagent call: stable for a given parent session and call, and a valid token.
+pub fn child_session_id(parent_session: &str, call_id: &str) -> String {
+    let mut id = format!("{parent_session}-sub-{call_id}");
+    id.retain(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if id.len() > MAX_TOKEN_LEN {
+        // Keep the tail (the call id) unique; the prefix only aids reading.
+        id = id.split_off(id.len() - MAX_TOKEN_LEN);
+    }
+    id
+}
+
+/// Messages persisted in the session and returned to clients that list history.
+pub type History = Vec<Message>;
+
+/// A tool call as the model asked for it, paired with its outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CallRecord {
+    pub call: ToolCall,
+    pub outcome: CallOutcome,
+}
+
+/// JSON Schemas of every public message, by file name.
+pub fn schemas() -> Vec<(&'static str, Value)> {
+    fn schema<T: JsonSchema>() -> Value {
+        serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null)
+    }
+    vec![
+        ("task-submission.json", schema::<TaskSubmission>()),
+        ("tool-task.json", schema::<ToolTask>()),
+        ("subagent-task.json", schema::<SubagentTask>()),
+        ("tool-result.json", schema::<ToolResult>()),
+        ("turn-event.json", schema::<TurnEvent>()),
+        ("final-result.json", schema::<FinalResult>()),
+        ("failure.json", schema::<Failure>()),
+        ("worker-announcement.json", schema::<WorkerAnnouncement>()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_reject_subject_metacharacters() {
+        for bad in ["", "a.b", "a*", ">", "a b", "ä", &"x".repeat(129)] {
+            assert!(validate_token("t", bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["a", "A-b_9", &"x".repeat(128)] {
+            assert!(validate_token("t", good).is_ok(), "{good:?} rejected");
+        }
+    }
+
+    #[test]
+    fn child_session_is_a_valid_token_and_stable() {
+        let a = child_session_id("s1", "call_7");
+        assert_eq!(a, child_session_id("s1", "call_7"));
+        assert_ne!(a, child_session_id("s1", "call_8"));
+        assert!(validate_token("s", &a).is_ok());
+        let long = child_session_id(&"p".repeat(120), "call.9!");
+        assert!(validate_token("s", &long).is_ok());
+        assert!(long.ends_with("call9"));
+    }
+
+    #[test]
+    fn unknown_failure_kinds_decode() {
+        let f: Failure =
+            serde_json::from_str(r#"{"kind":"from_the_future","message":"m","retryable":false}"#)
+                .expect("decodes");
+        assert_eq!(f.kind, FailureKind::Unknown);
+    }
+
+    #[test]
+    fn submission_rules() {
+        let mut s = TaskSubmission {
+            v: 1,
+            task_id: "t1".into(),
+            tenant: "acme".into(),
+            user: "u".into(),
+            session: "s".into(),
+            agent: "assistant".into(),
+            input: "hi".into(),
+            overrides: None,
+        };
+        assert!(s.validate(10).is_ok());
+        s.input = "x".repeat(11);
+        assert_eq!(s.validate(10).map_err(|f| f.kind), Err(FailureKind::TooLarge));
+        s.input = "hi".into();
+        s.v = 2;
+        assert_eq!(s.validate(10).map_err(|f| f.kind), Err(FailureKind::InvalidInput));
+    }
+}

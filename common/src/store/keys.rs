@@ -1,0 +1,52 @@
+//! Every Redis key Skein uses, built here and nowhere else.
+//!
+//! All keys of one session share the hash tag `{tenant:session}`, so multi-key scripts stay valid
+//! on Redis Cluster. Tokens are validated (`protocol::validate_token`) before they get here, so a
+//! key cannot contain another key's tag.
+//!
+//! | key | type | holds |
+//! | --- | --- | --- |
+//! | `skein:{t:s}:session` | hash `version`, `state` | the session (history), versioned for compare-and-set |
+//! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
+//! | `skein:{t:s}:results` | hash call_id → `ToolResult` | call results, first write wins |
+//! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
+//! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
+
+fn tag(tenant: &str, session: &str) -> String {
+    format!("skein:{{{tenant}:{session}}}")
+}
+
+pub fn session(tenant: &str, session: &str) -> String {
+    format!("{}:session", tag(tenant, session))
+}
+
+pub fn lease(tenant: &str, session: &str) -> String {
+    format!("{}:lease", tag(tenant, session))
+}
+
+pub fn results(tenant: &str, session: &str) -> String {
+    format!("{}:results", tag(tenant, session))
+}
+
+pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:final:{task_id}", tag(tenant, session))
+}
+
+pub const WORKERS: &str = "skein:workers";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn session_keys_share_one_hash_tag() {
+        let tag = "{acme:s1}";
+        for key in [
+            super::session("acme", "s1"),
+            super::lease("acme", "s1"),
+            super::results("acme", "s1"),
+            super::final_result("acme", "s1", "t1"),
+        ] {
+            assert!(key.contains(tag), "{key}");
+            assert_eq!(key.matches('{').count(), 1, "{key}");
+        }
+    }
+}

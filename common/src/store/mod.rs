@@ -1,0 +1,254 @@
+//! `SessionStore`: everything Skein keeps in Redis — sessions (history) with versioned
+//! compare-and-set saves, the per-session lease, call results by call id, final results, and the
+//! worker registry. Key layout lives in [`keys`].
+//!
+//! Invariants:
+//! - a save names the version it read; if another writer saved since, the save is refused
+//!   ([`StoreError::Conflict`]) and nothing is overwritten (fencing);
+//! - a call's result is recorded once: the first write wins, later duplicates are discarded;
+//! - every Redis call is bounded by a response timeout; an unreachable Redis is an error, never a
+//!   hang.
+
+pub mod keys;
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::message::Message;
+use crate::config::RedisConfig;
+use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult, WorkerAnnouncement};
+
+/// How long a final result stays retrievable.
+const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("redis unavailable: {0}")]
+    Unavailable(#[source] redis::RedisError),
+    #[error("session was saved by another writer (expected version {expected})")]
+    Conflict { expected: u64 },
+    #[error("stored value is corrupt: {0}")]
+    Corrupt(#[source] serde_json::Error),
+}
+
+impl StoreError {
+    pub fn to_failure(&self) -> Failure {
+        match self {
+            StoreError::Unavailable(_) | StoreError::Conflict { .. } => {
+                Failure::new(FailureKind::Unavailable, self.to_string())
+            }
+            StoreError::Corrupt(_) => Failure::new(FailureKind::Internal, self.to_string()),
+        }
+    }
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        StoreError::Unavailable(e)
+    }
+}
+
+/// What a session keeps between turns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub history: Vec<Message>,
+    /// Turns completed.
+    pub turns: u64,
+}
+
+/// A session as loaded, with the version a save must name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadedSession {
+    pub version: u64,
+    pub state: SessionState,
+}
+
+/// Compare-and-set save: KEYS[1] session hash; ARGV expected version, new version, state.
+const SAVE_SCRIPT: &str = r#"
+local current = redis.call('HGET', KEYS[1], 'version')
+if (current or '0') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3])
+return 1
+"#;
+
+/// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).
+const LEASE_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '0' then return redis.call('DEL', KEYS[1]) end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"#;
+
+/// Redis-backed state shared by every lead and worker.
+#[derive(Clone)]
+pub struct SessionStore {
+    connection: ConnectionManager,
+}
+
+impl SessionStore {
+    /// Connects; fails clearly if Redis cannot be reached within a few seconds.
+    pub async fn connect(cfg: &RedisConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(cfg.url.as_str())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(3);
+        let connection = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Self { connection })
+    }
+
+    /// Loads a session; a session never saved is empty at version 0.
+    pub async fn load(&self, tenant: &str, session: &str) -> Result<LoadedSession, StoreError> {
+        let mut conn = self.connection.clone();
+        let (version, state): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+            .arg(keys::session(tenant, session))
+            .arg("version")
+            .arg("state")
+            .query_async(&mut conn)
+            .await?;
+        let state = match state {
+            Some(json) => serde_json::from_str(&json).map_err(StoreError::Corrupt)?,
+            None => SessionState::default(),
+        };
+        Ok(LoadedSession {
+            version: version.unwrap_or(0),
+            state,
+        })
+    }
+
+    /// Saves a session if it is still at `expected_version`; returns the new version.
+    pub async fn save(
+        &self,
+        tenant: &str,
+        session: &str,
+        expected_version: u64,
+        state: &SessionState,
+    ) -> Result<u64, StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(state).map_err(StoreError::Corrupt)?;
+        let next = expected_version + 1;
+        let saved: i64 = Script::new(SAVE_SCRIPT)
+            .key(keys::session(tenant, session))
+            .arg(expected_version)
+            .arg(next)
+            .arg(json)
+            .invoke_async(&mut conn)
+            .await?;
+        if saved == 1 {
+            Ok(next)
+        } else {
+            Err(StoreError::Conflict {
+                expected: expected_version,
+            })
+        }
+    }
+
+    /// Tries to take the session's lease for `ttl`; true if taken.
+    pub async fn try_lease(&self, tenant: &str, session: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(keys::lease(tenant, session))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(taken.is_some())
+    }
+
+    /// Extends a lease the caller holds; false if it was lost.
+    pub async fn renew_lease(&self, tenant: &str, session: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+        self.lease_op(tenant, session, token, ttl.as_millis().max(1) as u64).await
+    }
+
+    /// Releases a lease the caller holds (a no-op if it was lost).
+    pub async fn release_lease(&self, tenant: &str, session: &str, token: &str) -> Result<bool, StoreError> {
+        self.lease_op(tenant, session, token, 0).await
+    }
+
+    async fn lease_op(&self, tenant: &str, session: &str, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let done: i64 = Script::new(LEASE_SCRIPT)
+            .key(keys::lease(tenant, session))
+            .arg(token)
+            .arg(ttl_ms)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(done == 1)
+    }
+
+    /// Records a call's result unless one is already recorded; true if this one was recorded.
+    pub async fn record_result(&self, tenant: &str, session: &str, result: &ToolResult) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let fresh: bool = conn
+            .hset_nx(keys::results(tenant, session), &result.call_id, json)
+            .await?;
+        Ok(fresh)
+    }
+
+    /// The recorded result of a call, if any.
+    pub async fn recorded_result(&self, tenant: &str, session: &str, call_id: &str) -> Result<Option<ToolResult>, StoreError> {
+        let mut conn = self.connection.clone();
+        let json: Option<String> = conn.hget(keys::results(tenant, session), call_id).await?;
+        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
+            .transpose()
+    }
+
+    /// Stores a task's final result for later lookup.
+    pub async fn store_final(&self, result: &FinalResult) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let key = keys::final_result(&result.tenant, &result.session, &result.task_id);
+        let () = conn.set_ex(key, json, FINAL_RESULT_TTL_SECS).await?;
+        Ok(())
+    }
+
+    /// A task's final result, if the task has finished.
+    pub async fn final_result(&self, tenant: &str, session: &str, task_id: &str) -> Result<Option<FinalResult>, StoreError> {
+        let mut conn = self.connection.clone();
+        let json: Option<String> = conn.get(keys::final_result(tenant, session, task_id)).await?;
+        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
+            .transpose()
+    }
+
+    /// Publishes (or refreshes) a worker's announcement in the registry.
+    pub async fn announce_worker(&self, announcement: &WorkerAnnouncement) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(announcement).map_err(StoreError::Corrupt)?;
+        let _: i64 = conn
+            .hset(keys::WORKERS, &announcement.worker_id, json)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a worker from the registry (on drain).
+    pub async fn remove_worker(&self, worker_id: &str) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = conn.hdel(keys::WORKERS, worker_id).await?;
+        Ok(())
+    }
+
+    /// Live workers; entries silent for too long are pruned from the registry.
+    pub async fn live_workers(&self) -> Result<Vec<WorkerAnnouncement>, StoreError> {
+        let mut conn = self.connection.clone();
+        let all: Vec<(String, String)> = conn.hgetall(keys::WORKERS).await?;
+        let now = crate::protocol::now_ms();
+        let mut live = Vec::new();
+        for (id, json) in all {
+            match serde_json::from_str::<WorkerAnnouncement>(&json) {
+                Ok(a) if a.is_alive(now) => live.push(a),
+                _ => {
+                    let _: i64 = conn.hdel(keys::WORKERS, &id).await?;
+                }
+            }
+        }
+        live.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        Ok(live)
+    }
+}

@@ -1,0 +1,100 @@
+//! Every NATS subject, stream and consumer name Skein uses, built here and nowhere else.
+//!
+//! | subject | carried by | payload |
+//! | --- | --- | --- |
+//! | `skein.submit.{tenant}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
+//! | `skein.tool.{pool}.{tool}` | stream `SKEIN_WORK` (work queue), consumer `skein-tools-{pool}` | `ToolTask` |
+//! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` | `SubagentTask` |
+//! | `skein.reply.{instance}` | core NATS | `ToolResult` |
+//! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
+//!
+//! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
+//! process-chosen id of the same alphabet), so no subject gains a wildcard or an extra level. Each
+//! pool binds one tool consumer and one agent consumer with non-overlapping filters, as a work-queue
+//! stream on nats-server 2.9 requires.
+
+pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
+pub const WORK_STREAM: &str = "SKEIN_WORK";
+pub const EVENTS_STREAM: &str = "SKEIN_EVENTS";
+pub const LEADS_CONSUMER: &str = "skein-leads";
+
+/// All subjects of the submit stream.
+pub const SUBMIT_ALL: &str = "skein.submit.>";
+/// All subjects of the work stream.
+pub const WORK_ALL: [&str; 2] = ["skein.tool.>", "skein.agent.>"];
+/// All subjects of the events stream.
+pub const EVENTS_ALL: &str = "skein.events.>";
+
+/// Where a tenant's tasks are submitted.
+pub fn submit(tenant: &str) -> String {
+    format!("skein.submit.{tenant}")
+}
+
+/// The tenant named by a submit subject, if it is one.
+pub fn tenant_of_submit(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("skein.submit.")
+        .filter(|t| !t.is_empty() && !t.contains('.'))
+}
+
+/// Where a call of `tool` is sent for workers of `pool`.
+pub fn tool_task(pool: &str, tool: &str) -> String {
+    format!("skein.tool.{pool}.{tool}")
+}
+
+/// Filter of the consumer shared by the workers of `pool` for tool tasks.
+pub fn tool_filter(pool: &str) -> String {
+    format!("skein.tool.{pool}.>")
+}
+
+/// Durable consumer of `pool`'s tool tasks.
+pub fn tool_consumer(pool: &str) -> String {
+    format!("skein-tools-{pool}")
+}
+
+/// Where a subagent task for `agent` is sent for workers of `pool`.
+pub fn agent_task(pool: &str, agent: &str) -> String {
+    format!("skein.agent.{pool}.{agent}")
+}
+
+/// Filter of the consumer shared by the workers of `pool` for subagent tasks.
+pub fn agent_filter(pool: &str) -> String {
+    format!("skein.agent.{pool}.>")
+}
+
+/// Durable consumer of `pool`'s subagent tasks.
+pub fn agent_consumer(pool: &str) -> String {
+    format!("skein-agents-{pool}")
+}
+
+/// Where results for calls dispatched by process `instance` arrive.
+pub fn reply(instance: &str) -> String {
+    format!("skein.reply.{instance}")
+}
+
+/// The events of one task.
+pub fn events(tenant: &str, task_id: &str) -> String {
+    format!("skein.events.{tenant}.{task_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_filters_do_not_overlap() {
+        let tool = tool_filter("default");
+        let agent = agent_filter("default");
+        assert_ne!(tool, agent);
+        assert!(tool_task("default", "read_file").starts_with(tool.trim_end_matches('>')));
+        assert!(agent_task("default", "researcher").starts_with(agent.trim_end_matches('>')));
+        assert!(!tool_task("default", "x").starts_with(agent.trim_end_matches('>')));
+    }
+
+    #[test]
+    fn tenant_is_read_back_from_submit_subjects() {
+        assert_eq!(tenant_of_submit(&submit("acme")), Some("acme"));
+        assert_eq!(tenant_of_submit("skein.submit.a.b"), None);
+        assert_eq!(tenant_of_submit("skein.other.a"), None);
+    }
+}
