@@ -1,1 +1,108 @@
-//! placeholder
+//! `SkeinClient`: submit tasks and watch them, for the `skein` CLI and any Rust program. (Clients in
+//! other languages do the same with a plain NATS client: publish a `TaskSubmission` JSON to
+//! `skein.submit.{tenant}` with header `Nats-Msg-Id: <task_id>`, then read
+//! `skein.events.{tenant}.{task_id}` from the `SKEIN_EVENTS` stream.)
+
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+
+use crate::bus::{Bus, BusError};
+use crate::config::NatsConfig;
+use crate::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent};
+use crate::subjects;
+
+/// Why a client operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("task rejected before submission: {0}")]
+    Rejected(crate::protocol::Failure),
+    #[error("no final result within {0:?}")]
+    TimedOut(Duration),
+    #[error("event stream ended before the final result")]
+    StreamEnded,
+}
+
+/// A connection for submitting and watching tasks.
+#[derive(Clone)]
+pub struct SkeinClient {
+    bus: Bus,
+}
+
+impl SkeinClient {
+    pub async fn connect(nats: &NatsConfig) -> Result<Self, ClientError> {
+        let bus = Bus::connect(nats, "skein-client", crate::bus::DEFAULT_MAX_PAYLOAD).await?;
+        bus.ensure_streams().await?;
+        Ok(Self { bus })
+    }
+
+    pub fn from_bus(bus: Bus) -> Self {
+        Self { bus }
+    }
+
+    /// Checks and publishes a task; resubmitting the same task id is deduplicated.
+    pub async fn submit(&self, submission: &TaskSubmission) -> Result<(), ClientError> {
+        submission
+            .validate(self.bus.max_payload())
+            .map_err(ClientError::Rejected)?;
+        self.bus.submit(submission).await?;
+        Ok(())
+    }
+
+    /// The task's events from the first one, live, ending after the final result.
+    pub async fn watch(
+        &self,
+        tenant: &str,
+        task_id: &str,
+    ) -> Result<impl Stream<Item = Result<TurnEvent, ClientError>> + Send + 'static, ClientError> {
+        let messages = self.bus.replay(subjects::events(tenant, task_id)).await?;
+        let bus = self.bus.clone();
+        let events = messages
+            .map(move |message| {
+                let message = message.map_err(|e| BusError::Pull(e.to_string()))?;
+                Ok::<_, ClientError>(bus.decode::<TurnEvent>(&message.payload)?)
+            })
+            .scan(false, |finished, event| {
+                if *finished {
+                    return futures::future::ready(None);
+                }
+                if let Ok(TurnEvent {
+                    event: EventKind::Final { .. },
+                    ..
+                }) = &event
+                {
+                    *finished = true;
+                }
+                futures::future::ready(Some(event))
+            });
+        Ok(events)
+    }
+
+    /// Submits a task and waits for its final result, passing every event to `on_event`.
+    pub async fn run(
+        &self,
+        submission: &TaskSubmission,
+        timeout: Duration,
+        mut on_event: impl FnMut(&TurnEvent) + Send,
+    ) -> Result<FinalResult, ClientError> {
+        self.submit(submission).await?;
+        let wait = async {
+            let events = self.watch(&submission.tenant, &submission.task_id).await?;
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                let event = event?;
+                on_event(&event);
+                if let EventKind::Final { result } = event.event {
+                    return Ok(result);
+                }
+            }
+            Err(ClientError::StreamEnded)
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| ClientError::TimedOut(timeout))?
+    }
+}

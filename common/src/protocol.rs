@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent::message::{Message, ToolCall, Usage};
+use crate::agent::message::Usage;
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -422,14 +422,9 @@ pub fn child_session_id(parent_session: &str, call_id: &str) -> String {
     id
 }
 
-/// Messages persisted in the session and returned to clients that list history.
-pub type History = Vec<Message>;
-
-/// A tool call as the model asked for it, paired with its outcome.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct CallRecord {
-    pub call: ToolCall,
-    pub outcome: CallOutcome,
+/// The key a call's result is recorded under in its session: unique across the session's turns.
+pub fn call_key(task_id: &str, call_id: &str) -> String {
+    format!("{task_id}:{call_id}")
 }
 
 /// JSON Schemas of every public message, by file name.

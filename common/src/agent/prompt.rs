@@ -1,1 +1,63 @@
-//! placeholder
+//! The system prompt, assembled from sections with priorities (lower first). The agent's own
+//! prompt, the subagent roster, the skills catalog and the session context are sections; hooks may
+//! transform the assembled text.
+
+/// One part of the system prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptSection {
+    pub name: &'static str,
+    pub priority: u8,
+    pub text: String,
+}
+
+/// Well-known section priorities.
+pub mod priority {
+    pub const AGENT: u8 = 0;
+    pub const SUBAGENTS: u8 = 20;
+    pub const SKILLS: u8 = 30;
+    pub const CONTEXT: u8 = 90;
+}
+
+/// Sections being gathered for one model call.
+#[derive(Debug, Clone, Default)]
+pub struct SystemPrompt {
+    sections: Vec<PromptSection>,
+}
+
+impl SystemPrompt {
+    pub fn add(&mut self, name: &'static str, priority: u8, text: impl Into<String>) {
+        let text = text.into();
+        if !text.trim().is_empty() {
+            self.sections.push(PromptSection {
+                name,
+                priority,
+                text,
+            });
+        }
+    }
+
+    /// The sections joined in priority order (stable for equal priorities).
+    pub fn render(mut self) -> String {
+        self.sections.sort_by_key(|s| s.priority);
+        self.sections
+            .iter()
+            .map(|s| s.text.trim())
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_by_priority_and_skips_empty_sections() {
+        let mut prompt = SystemPrompt::default();
+        prompt.add("late", 90, "C");
+        prompt.add("first", 0, "A");
+        prompt.add("empty", 10, "  ");
+        prompt.add("mid", 20, "B");
+        assert_eq!(prompt.render(), "A\n\nB\n\nC");
+    }
+}

@@ -1,1 +1,522 @@
-//! placeholder
+//! `Runtime`: the ReAct loop that runs one agent turn, the same code on the lead (user turns) and
+//! on workers (subagent turns).
+//!
+//! One turn: assemble the system prompt from sections, send the prepared history and the turn's
+//! tool snapshot to the model (streaming deltas as events), dispatch the tool calls it asks for
+//! (independent calls in parallel, calls marked not concurrency-safe one at a time, results back in
+//! the model's order), observe, repeat — until the model answers or the iteration limit is reached,
+//! which ends with a summary answer rather than an error.
+//!
+//! The loop never panics on model or tool misbehaviour: unknown tools, bad arguments and failed
+//! calls become observations the model can react to; a failed model call ends the turn with a
+//! failure as data.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::context::{self, ContextLimits};
+use crate::agent::events::EventSink;
+use crate::agent::hooks::Hooks;
+use crate::agent::message::{Message, ToolCall, Usage};
+use crate::agent::model::{ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
+use crate::agent::prompt::{priority, SystemPrompt};
+use crate::agent::skills::SkillCatalog;
+use crate::dispatch::{failed, CallRoute, Dispatcher, ToolCatalog};
+use crate::protocol::{
+    AgentSpec, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec,
+    TurnStatus,
+};
+use crate::store::SessionStore;
+
+/// Name of the tool through which an agent hands a subtask to one of its subagents.
+pub const SPAWN_TOOL: &str = "spawn_agent";
+
+/// Longest preview of an observation carried in a `tool_finished` event.
+const PREVIEW_CHARS: usize = 200;
+
+/// Limits and defaults of a runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// Model used when an agent names none.
+    pub default_model: String,
+    pub tool_timeout: Duration,
+    pub subagent_timeout: Duration,
+    /// Deepest subagent nesting allowed (a user's agent is depth 0).
+    pub max_depth: u32,
+    pub context: ContextLimits,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            default_model: "gpt-4o-mini".into(),
+            tool_timeout: Duration::from_secs(60),
+            subagent_timeout: Duration::from_secs(300),
+            max_depth: 2,
+            context: ContextLimits::default(),
+        }
+    }
+}
+
+/// What a turn needs to run.
+pub struct TurnInput<'a> {
+    /// The task and the session this loop runs in.
+    pub origin: TaskOrigin,
+    pub agent: &'a AgentSpec,
+    /// The session's history before this turn.
+    pub history: &'a [Message],
+    pub input: String,
+    /// 0 for a user's turn, n for a subagent n levels down.
+    pub depth: u32,
+    pub events: &'a EventSink,
+    pub cancel: &'a CancellationToken,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnOutput {
+    pub status: TurnStatus,
+    pub answer: Option<String>,
+    pub failure: Option<Failure>,
+    pub iterations: u32,
+    pub limit_reached: bool,
+    pub usage: Usage,
+    /// Messages this turn adds to the session: the user's input, the model's messages and the
+    /// observations.
+    pub new_messages: Vec<Message>,
+}
+
+/// Runs agent turns with one model provider and one dispatcher.
+pub struct Runtime<M> {
+    model: M,
+    dispatcher: Dispatcher,
+    store: SessionStore,
+    skills: SkillCatalog,
+    hooks: Hooks,
+    settings: RuntimeSettings,
+}
+
+impl<M: ModelClient> Runtime<M> {
+    pub fn new(
+        model: M,
+        dispatcher: Dispatcher,
+        store: SessionStore,
+        skills: SkillCatalog,
+        hooks: Hooks,
+        settings: RuntimeSettings,
+    ) -> Self {
+        Self {
+            model,
+            dispatcher,
+            store,
+            skills,
+            hooks,
+            settings,
+        }
+    }
+
+    pub fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
+    /// Runs one turn to its end.
+    pub async fn run_turn(&self, turn: TurnInput<'_>) -> TurnOutput {
+        let mut out = TurnOutput {
+            status: TurnStatus::Completed,
+            answer: None,
+            failure: None,
+            iterations: 0,
+            limit_reached: false,
+            usage: Usage::default(),
+            new_messages: vec![Message::user(turn.input.clone())],
+        };
+        let catalog = match self.store.live_workers().await {
+            Ok(workers) => ToolCatalog::from_workers(&workers),
+            Err(e) => {
+                turn.events
+                    .emit(EventKind::Warning {
+                        failure: e.to_failure(),
+                    })
+                    .await;
+                ToolCatalog::default()
+            }
+        };
+        let mut tools = catalog.specs_allowed(&turn.agent.tools);
+        let can_spawn = !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth;
+        if can_spawn {
+            tools.push(spawn_tool_spec(&turn.agent.subagents));
+        }
+        let system = self.system_prompt(&turn);
+        let history = context::prepare(turn.history, self.settings.context);
+
+        for _ in 0..turn.agent.max_iterations {
+            let messages = conversation(&system, &history, &out.new_messages);
+            let response = match self.model_call(&turn, messages, tools.clone()).await {
+                Ok(response) => response,
+                Err(failure) => return finish_failed(out, failure),
+            };
+            out.iterations += 1;
+            out.usage.add(response.usage);
+            let calls = response.message.tool_calls.clone();
+            out.new_messages.push(response.message.clone());
+            if calls.is_empty() {
+                out.answer = Some(response.message.content);
+                return out;
+            }
+            let results = self.execute_calls(&turn, &catalog, &tools, &calls).await;
+            for (call, result) in calls.iter().zip(results) {
+                out.new_messages
+                    .push(Message::tool_result(&call.id, result.outcome.observation()));
+            }
+            if turn.cancel.is_cancelled() {
+                return finish_failed(out, Failure::new(FailureKind::Cancelled, "turn cancelled"));
+            }
+        }
+
+        // Iteration limit: one more call, without tools, for a summary answer.
+        out.limit_reached = true;
+        let mut messages = conversation(&system, &history, &out.new_messages);
+        messages.push(Message::system(format!(
+            "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
+             summarise what you found and what is left to do.",
+            turn.agent.max_iterations
+        )));
+        match self.model_call(&turn, messages, Vec::new()).await {
+            Ok(response) => {
+                out.iterations += 1;
+                out.usage.add(response.usage);
+                let mut message = response.message;
+                message.tool_calls.clear();
+                out.answer = Some(message.content.clone());
+                out.new_messages.push(message);
+                out
+            }
+            Err(failure) => finish_failed(out, failure),
+        }
+    }
+
+    fn system_prompt(&self, turn: &TurnInput<'_>) -> String {
+        let mut prompt = SystemPrompt::default();
+        prompt.add("agent", priority::AGENT, turn.agent.system_prompt.clone());
+        if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
+            let mut roster = format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
+            for sub in &turn.agent.subagents {
+                roster.push_str(&format!("- {}: {}\n", sub.name, sub.description));
+            }
+            prompt.add("subagents", priority::SUBAGENTS, roster);
+        }
+        if turn.depth == 0 {
+            if let Some(skills) = self.skills.prompt_section() {
+                prompt.add("skills", priority::SKILLS, skills);
+            }
+        }
+        prompt.add(
+            "context",
+            priority::CONTEXT,
+            format!(
+                "Session {} of tenant {}. Files you write persist in this session's workspace.",
+                turn.origin.session, turn.origin.tenant
+            ),
+        );
+        self.hooks.transform_prompt(turn.agent, prompt.render())
+    }
+
+    /// One streamed model call; deltas become events.
+    async fn model_call(
+        &self,
+        turn: &TurnInput<'_>,
+        messages: Vec<Message>,
+        tools: Vec<ToolSpec>,
+    ) -> Result<ModelResponse, Failure> {
+        let model = if turn.agent.model.is_empty() {
+            self.settings.default_model.clone()
+        } else {
+            turn.agent.model.clone()
+        };
+        let request = ModelRequest {
+            model,
+            agent: turn.agent.name.clone(),
+            messages,
+            tools,
+        };
+        let streamed = async {
+            let mut stream = self.model.stream(request).await?;
+            while let Some(chunk) = stream.next().await {
+                match chunk? {
+                    ModelChunk::Delta(text) => {
+                        turn.events.emit(EventKind::ModelDelta { text }).await;
+                    }
+                    ModelChunk::Done(response) => return Ok(response),
+                }
+            }
+            Err(ModelError::BadResponse("stream ended without a response".into()))
+        };
+        tokio::select! {
+            _ = turn.cancel.cancelled() => Err(Failure::new(FailureKind::Cancelled, "turn cancelled")),
+            result = streamed => result.map_err(|e| e.to_failure()),
+        }
+    }
+
+    /// Runs the calls of one model response; results come back in the calls' order.
+    async fn execute_calls(
+        &self,
+        turn: &TurnInput<'_>,
+        catalog: &ToolCatalog,
+        tools: &[ToolSpec],
+        calls: &[ToolCall],
+    ) -> Vec<ToolResult> {
+        let mut results = Vec::with_capacity(calls.len());
+        for batch in concurrency_batches(calls, tools) {
+            let running = batch
+                .iter()
+                .map(|call| self.execute_call(turn, catalog, tools, call));
+            let done = tokio::select! {
+                _ = turn.cancel.cancelled() => None,
+                done = futures::future::join_all(running) => Some(done),
+            };
+            match done {
+                Some(done) => results.extend(done),
+                None => results.extend(batch.iter().map(|call| {
+                    failed(&call.id, Failure::new(FailureKind::Cancelled, "turn cancelled"))
+                })),
+            }
+        }
+        results
+    }
+
+    async fn execute_call(
+        &self,
+        turn: &TurnInput<'_>,
+        catalog: &ToolCatalog,
+        tools: &[ToolSpec],
+        call: &ToolCall,
+    ) -> ToolResult {
+        turn.events
+            .emit(EventKind::ToolStarted {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                arguments: call.arguments.clone(),
+            })
+            .await;
+        let result = self.route_call(turn, catalog, tools, call).await;
+        turn.events
+            .emit(EventKind::ToolFinished {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                ok: result.outcome.is_ok(),
+                worker_id: result.worker_id.clone(),
+                preview: result.outcome.observation().chars().take(PREVIEW_CHARS).collect(),
+            })
+            .await;
+        result
+    }
+
+    async fn route_call(
+        &self,
+        turn: &TurnInput<'_>,
+        catalog: &ToolCatalog,
+        tools: &[ToolSpec],
+        call: &ToolCall,
+    ) -> ToolResult {
+        if !tools.iter().any(|t| t.name == call.name) {
+            let known: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
+            return failed(
+                &call.id,
+                Failure::new(
+                    FailureKind::UnknownTool,
+                    format!("unknown tool {:?}; available: {}", call.name, known.join(", ")),
+                ),
+            );
+        }
+        if call.name == SPAWN_TOOL {
+            return self.spawn(turn, catalog, call).await;
+        }
+        let Some(pool) = catalog.pool_for_tool(&call.name) else {
+            return failed(
+                &call.id,
+                Failure::new(FailureKind::Unavailable, format!("no live worker provides {:?}", call.name)),
+            );
+        };
+        let route = CallRoute {
+            pool,
+            timeout: self.settings.tool_timeout,
+        };
+        self.dispatcher
+            .call_tool(&turn.origin, &call.id, &call.name, call.arguments.clone(), route)
+            .await
+    }
+
+    async fn spawn(&self, turn: &TurnInput<'_>, catalog: &ToolCatalog, call: &ToolCall) -> ToolResult {
+        let (agent, task) = match parse_spawn_arguments(&call.arguments) {
+            Ok(parsed) => parsed,
+            Err(failure) => return failed(&call.id, failure),
+        };
+        let Some(child) = turn.agent.subagents.iter().find(|s| s.name == agent) else {
+            let known: Vec<_> = turn.agent.subagents.iter().map(|s| s.name.as_str()).collect();
+            return failed(
+                &call.id,
+                Failure::new(
+                    FailureKind::UnknownAgent,
+                    format!("unknown subagent {agent:?}; available: {}", known.join(", ")),
+                ),
+            );
+        };
+        let Some(pool) = catalog.pool_for_subagents() else {
+            return failed(
+                &call.id,
+                Failure::new(FailureKind::Unavailable, "no live worker runs subagents"),
+            );
+        };
+        let route = CallRoute {
+            pool,
+            timeout: self.settings.subagent_timeout,
+        };
+        self.dispatcher
+            .call_subagent(&turn.origin, &call.id, child.clone(), task, turn.depth + 1, route)
+            .await
+    }
+}
+
+/// The messages of one model call: system prompt, prepared history, this turn so far.
+fn conversation(system: &str, history: &[Message], turn_messages: &[Message]) -> Vec<Message> {
+    let mut messages = Vec::with_capacity(1 + history.len() + turn_messages.len());
+    messages.push(Message::system(system));
+    messages.extend_from_slice(history);
+    messages.extend_from_slice(turn_messages);
+    messages
+}
+
+fn finish_failed(mut out: TurnOutput, failure: Failure) -> TurnOutput {
+    out.status = TurnStatus::Failed;
+    out.failure = Some(failure);
+    out
+}
+
+/// Groups calls so that consecutive concurrency-safe calls run together and an unsafe call runs
+/// alone, keeping the model's order.
+fn concurrency_batches<'c>(calls: &'c [ToolCall], tools: &[ToolSpec]) -> Vec<&'c [ToolCall]> {
+    let safe = |call: &ToolCall| {
+        tools
+            .iter()
+            .find(|t| t.name == call.name)
+            .is_none_or(|t| t.concurrency_safe)
+    };
+    let mut batches = Vec::new();
+    let mut start = 0;
+    for (i, call) in calls.iter().enumerate() {
+        if !safe(call) {
+            if start < i {
+                batches.push(&calls[start..i]);
+            }
+            batches.push(&calls[i..=i]);
+            start = i + 1;
+        }
+    }
+    if start < calls.len() {
+        batches.push(&calls[start..]);
+    }
+    batches
+}
+
+fn spawn_tool_spec(subagents: &[AgentSpec]) -> ToolSpec {
+    let names: Vec<_> = subagents.iter().map(|s| s.name.clone()).collect();
+    ToolSpec {
+        name: SPAWN_TOOL.into(),
+        description: "Hand a self-contained subtask to a subagent and get its answer.".into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "agent": { "type": "string", "enum": names, "description": "Which subagent runs the subtask." },
+                "task": { "type": "string", "description": "The subtask, with everything the subagent needs to know." }
+            },
+            "required": ["agent", "task"],
+            "additionalProperties": false
+        }),
+        concurrency_safe: true,
+    }
+}
+
+fn parse_spawn_arguments(arguments: &Value) -> Result<(String, String), Failure> {
+    let invalid = |message: &str| {
+        Failure::new(
+            FailureKind::InvalidArguments,
+            format!("{SPAWN_TOOL}: {message}; expected {{\"agent\": string, \"task\": string}}"),
+        )
+    };
+    let object = arguments.as_object().ok_or_else(|| invalid("arguments are not an object"))?;
+    if let Some(extra) = object.keys().find(|k| *k != "agent" && *k != "task") {
+        return Err(invalid(&format!("unknown field {extra:?}")));
+    }
+    let field = |name: &str| {
+        object
+            .get(name)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| invalid(&format!("missing string field {name:?}")))
+    };
+    let task = field("task")?;
+    if task.trim().is_empty() {
+        return Err(invalid("task is empty"));
+    }
+    Ok((field("agent")?, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(id: &str, name: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: json!({}),
+        }
+    }
+
+    fn spec(name: &str, safe: bool) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: json!({}),
+            concurrency_safe: safe,
+        }
+    }
+
+    #[test]
+    fn unsafe_calls_run_alone_and_order_is_kept() {
+        let tools = [spec("read", true), spec("write", false)];
+        let calls = [
+            call("1", "read"),
+            call("2", "read"),
+            call("3", "write"),
+            call("4", "read"),
+            call("5", "write"),
+        ];
+        let ids: Vec<Vec<&str>> = concurrency_batches(&calls, &tools)
+            .iter()
+            .map(|b| b.iter().map(|c| c.id.as_str()).collect())
+            .collect();
+        assert_eq!(ids, vec![vec!["1", "2"], vec!["3"], vec!["4"], vec!["5"]]);
+    }
+
+    #[test]
+    fn spawn_arguments_are_validated() {
+        assert_eq!(
+            parse_spawn_arguments(&json!({"agent": "r", "task": "t"})).expect("valid"),
+            ("r".to_string(), "t".to_string())
+        );
+        for bad in [
+            json!("r"),
+            json!({"agent": "r"}),
+            json!({"agent": 1, "task": "t"}),
+            json!({"agent": "r", "task": "t", "x": 1}),
+            json!({"agent": "r", "task": " "}),
+        ] {
+            let err = parse_spawn_arguments(&bad).expect_err("invalid");
+            assert_eq!(err.kind, FailureKind::InvalidArguments, "{bad}");
+        }
+    }
+}

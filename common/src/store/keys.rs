@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `skein:{t:s}:session` | hash `version`, `state` | the session (history), versioned for compare-and-set |
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
-//! | `skein:{t:s}:results` | hash call_id → `ToolResult` | call results, first write wins |
+//! | `skein:{t:s}:results` | hash `task_id:call_id` → `ToolResult` | call results, first write wins |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
 

@@ -182,20 +182,21 @@ impl SessionStore {
         Ok(done == 1)
     }
 
-    /// Records a call's result unless one is already recorded; true if this one was recorded.
-    pub async fn record_result(&self, tenant: &str, session: &str, result: &ToolResult) -> Result<bool, StoreError> {
+    /// Records a call's result under its key (`protocol::call_key`) unless one is already
+    /// recorded; true if this one was recorded.
+    pub async fn record_result(&self, tenant: &str, session: &str, call_key: &str, result: &ToolResult) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
         let fresh: bool = conn
-            .hset_nx(keys::results(tenant, session), &result.call_id, json)
+            .hset_nx(keys::results(tenant, session), call_key, json)
             .await?;
         Ok(fresh)
     }
 
     /// The recorded result of a call, if any.
-    pub async fn recorded_result(&self, tenant: &str, session: &str, call_id: &str) -> Result<Option<ToolResult>, StoreError> {
+    pub async fn recorded_result(&self, tenant: &str, session: &str, call_key: &str) -> Result<Option<ToolResult>, StoreError> {
         let mut conn = self.connection.clone();
-        let json: Option<String> = conn.hget(keys::results(tenant, session), call_id).await?;
+        let json: Option<String> = conn.hget(keys::results(tenant, session), call_key).await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
             .transpose()
     }

@@ -1,6 +1,906 @@
-//! placeholder
-pub struct OpenAiClient;
-impl super::ModelClient for OpenAiClient {
-    async fn complete(&self, _r: super::ModelRequest) -> Result<super::ModelResponse, super::ModelError> { Err(super::ModelError::Scenario("x".into())) }
-    async fn stream(&self, _r: super::ModelRequest) -> Result<futures::stream::BoxStream<'static, Result<super::ModelChunk, super::ModelError>>, super::ModelError> { Err(super::ModelError::Scenario("x".into())) }
+//! [`OpenAiClient`]: a client for any OpenAI-compatible chat-completions server (OpenAI, vLLM,
+//! Ollama, ...). This file owns the wire mapping between Skein's conversation model
+//! ([`Message`], [`ToolCall`], [`ToolSpec`]) and the `/chat/completions` JSON, for whole answers
+//! and for streamed (server-sent events) answers, plus the mapping of transport failures onto
+//! [`ModelError`].
+//!
+//! Timeouts: connecting is bounded by the smaller of the configured timeout and
+//! [`MAX_CONNECT_TIMEOUT`]; a whole (non-streamed) call is bounded by the configured timeout; a
+//! streamed call bounds the wait for the response head and every gap between two events by it.
+//!
+//! Tool-call arguments arrive as JSON encoded in a string. They are decoded here; an empty string
+//! becomes `{}`, and text that is not JSON is kept as a [`Value::String`] so that the caller (not
+//! the model call) rejects it as invalid arguments.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
+use crate::agent::message::{Message, Role, ToolCall, Usage};
+use crate::protocol::ToolSpec;
+
+/// Longest wait for a TCP/TLS connection, whatever the call timeout.
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest error body kept in [`ModelError::Status`].
+const MAX_ERROR_BODY_BYTES: usize = 2048;
+
+/// A chat-completions client; cheap to share behind an `Arc`.
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    chat_url: String,
+    api_key: Option<String>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for OpenAiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiClient")
+            .field("chat_url", &self.chat_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl OpenAiClient {
+    /// A client for the API at `base_url` (up to and including `/v1`; a trailing slash is fine).
+    /// A blank `api_key` counts as none.
+    pub fn new(
+        base_url: impl Into<String>,
+        api_key: Option<String>,
+        timeout: Duration,
+    ) -> Result<Self, ModelError> {
+        let base_url = base_url.into();
+        let chat_url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeout.min(MAX_CONNECT_TIMEOUT))
+            .build()
+            .map_err(ModelError::Unreachable)?;
+        Ok(Self {
+            http,
+            chat_url,
+            api_key: api_key.filter(|key| !key.trim().is_empty()),
+            timeout,
+        })
+    }
+
+    /// The endpoint every call is posted to.
+    pub fn chat_url(&self) -> &str {
+        &self.chat_url
+    }
+
+    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+        let builder = self.http.post(&self.chat_url).json(body);
+        match &self.api_key {
+            // `bearer_auth` marks the header sensitive, so it is never printed.
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    fn log_call(&self, request: &ModelRequest, streamed: bool) {
+        tracing::debug!(
+            url = %self.chat_url,
+            model = %request.model,
+            agent = %request.agent,
+            messages = request.messages.len(),
+            tools = request.tools.len(),
+            streamed,
+            "chat completion request"
+        );
+    }
+}
+
+impl ModelClient for OpenAiClient {
+    async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
+        self.log_call(&request, false);
+        let body = request_body(&request, false);
+        let timeout = self.timeout;
+        // The request timeout bounds the whole call, reading the body included.
+        let response = bounded(timeout, self.post(&body).timeout(timeout).send()).await?;
+        let response = error_for_status(response, timeout).await?;
+        let bytes = bounded(timeout, response.bytes()).await?;
+        parse_completion(&bytes)
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
+        self.log_call(&request, true);
+        let body = request_body(&request, true);
+        let timeout = self.timeout;
+        // No request timeout here: it would bound the whole stream. The head and each gap between
+        // events are bounded instead.
+        let response = bounded(timeout, self.post(&body).send()).await?;
+        let response = error_for_status(response, timeout).await?;
+        if answers_with_json(&response) {
+            // The server ignored `stream: true` and sent a whole answer.
+            let bytes = bounded(timeout, response.bytes()).await?;
+            return Ok(stream_of(parse_completion(&bytes)?));
+        }
+        Ok(sse_answer(
+            response.bytes_stream().eventsource().boxed(),
+            timeout,
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request body
+
+/// The `/chat/completions` body for `request`.
+fn request_body(request: &ModelRequest, stream: bool) -> Value {
+    let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
+    let mut body = json!({ "model": request.model, "messages": messages, "stream": stream });
+    if !request.tools.is_empty() {
+        body["tools"] = request.tools.iter().map(wire_tool).collect();
+    }
+    if stream {
+        body["stream_options"] = json!({ "include_usage": true });
+    }
+    body
+}
+
+fn wire_message(message: &Message) -> Value {
+    let role = match message.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    // An assistant message that only calls tools carries `null` content.
+    let content = if message.content.is_empty() && !message.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        Value::String(message.content.clone())
+    };
+    let mut wire = json!({ "role": role, "content": content });
+    if !message.tool_calls.is_empty() {
+        wire["tool_calls"] = message.tool_calls.iter().map(wire_tool_call).collect();
+    }
+    if let Some(call_id) = &message.tool_call_id {
+        wire["tool_call_id"] = Value::String(call_id.clone());
+    }
+    wire
+}
+
+fn wire_tool_call(call: &ToolCall) -> Value {
+    let arguments = match &call.arguments {
+        // Arguments the model sent as text that is not JSON: send them back as it wrote them.
+        Value::String(raw) => raw.clone(),
+        other => other.to_string(),
+    };
+    json!({
+        "id": call.id,
+        "type": "function",
+        "function": { "name": call.name, "arguments": arguments },
+    })
+}
+
+fn wire_tool(spec: &ToolSpec) -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole answers
+
+#[derive(Debug, Deserialize)]
+struct ChatCompletion {
+    #[serde(default)]
+    choices: Vec<CompletionChoice>,
+    usage: Option<WireUsage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionChoice {
+    message: CompletionMessage,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionMessage {
+    content: Option<String>,
+    tool_calls: Option<Vec<CompletionToolCall>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionToolCall {
+    id: Option<String>,
+    function: CompletionFunction,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionFunction {
+    name: String,
+    /// JSON text per the API; some servers send an object instead.
+    arguments: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default)]
+struct WireUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(usage: WireUsage) -> Self {
+        Usage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+        }
+    }
+}
+
+fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    let completion: ChatCompletion = serde_json::from_slice(body).map_err(|error| {
+        let start = truncate_utf8(&String::from_utf8_lossy(body), 200);
+        ModelError::BadResponse(format!("{error}; the body starts with: {start}"))
+    })?;
+    let choice = completion
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| ModelError::BadResponse("the answer has no choices".to_owned()))?;
+    let tool_calls = choice
+        .message
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(position, call)| ToolCall {
+            id: call
+                .id
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| fallback_call_id(position)),
+            name: call.function.name,
+            arguments: decode_argument_value(call.function.arguments),
+        })
+        .collect();
+    Ok(ModelResponse {
+        message: Message {
+            role: Role::Assistant,
+            content: choice.message.content.unwrap_or_default(),
+            tool_calls,
+            tool_call_id: None,
+        },
+        finish_reason: choice.finish_reason,
+        usage: completion.usage.unwrap_or_default().into(),
+    })
+}
+
+/// An id for a tool call the server sent without one.
+fn fallback_call_id(position: usize) -> String {
+    format!("call_{position}")
+}
+
+fn decode_argument_value(arguments: Option<Value>) -> Value {
+    match arguments {
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(Value::String(raw)) => decode_arguments(&raw),
+        Some(already_decoded) => already_decoded,
+    }
+}
+
+/// Decodes tool-call arguments sent as JSON text; see the module header for the fallbacks.
+fn decode_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return Value::Object(Default::default());
+    }
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed answers
+
+#[derive(Debug, Deserialize)]
+struct StreamChunk {
+    #[serde(default)]
+    choices: Vec<StreamChoice>,
+    usage: Option<WireUsage>,
+    /// Some servers report a failure inside the stream.
+    error: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamChoice {
+    #[serde(default)]
+    index: usize,
+    delta: Option<StreamDelta>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamDelta {
+    content: Option<String>,
+    tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolCallDelta {
+    index: Option<usize>,
+    id: Option<String>,
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionDelta {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+/// A tool call being assembled from deltas.
+#[derive(Debug, Default)]
+struct PartialToolCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Assembles a streamed answer from its chunks; pure, so it is tested without a server.
+#[derive(Debug, Default)]
+struct StreamAccumulator {
+    content: String,
+    tool_calls: BTreeMap<usize, PartialToolCall>,
+    finish_reason: Option<String>,
+    usage: Usage,
+}
+
+impl StreamAccumulator {
+    /// Takes in one chunk; returns its text, if it carried any.
+    fn absorb(&mut self, chunk: StreamChunk) -> Result<Option<String>, ModelError> {
+        if let Some(error) = chunk.error {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_owned);
+            return Err(ModelError::BadResponse(format!(
+                "the server reported an error mid-stream: {message}"
+            )));
+        }
+        if let Some(usage) = chunk.usage {
+            self.usage = usage.into();
+        }
+        let mut text = String::new();
+        for choice in chunk.choices.into_iter().filter(|choice| choice.index == 0) {
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason);
+            }
+            let Some(delta) = choice.delta else { continue };
+            if let Some(piece) = delta.content {
+                text.push_str(&piece);
+            }
+            for call_delta in delta.tool_calls.unwrap_or_default() {
+                self.absorb_tool_call(call_delta);
+            }
+        }
+        self.content.push_str(&text);
+        Ok((!text.is_empty()).then_some(text))
+    }
+
+    fn absorb_tool_call(&mut self, delta: ToolCallDelta) {
+        // Servers that omit `index` start a new call with a new id and continue the last one
+        // otherwise.
+        let index = delta.index.unwrap_or_else(|| {
+            let last = self.tool_calls.iter().next_back();
+            match (last, delta.id.as_deref()) {
+                (None, _) => 0,
+                (Some((&last, call)), Some(id)) if !id.is_empty() && id != call.id => last + 1,
+                (Some((&last, _)), _) => last,
+            }
+        });
+        let call = self.tool_calls.entry(index).or_default();
+        if let Some(id) = delta.id.filter(|id| !id.is_empty()) {
+            call.id = id;
+        }
+        if let Some(function) = delta.function {
+            if let Some(name) = function.name.filter(|name| !name.is_empty()) {
+                if call.name.is_empty() {
+                    call.name = name;
+                }
+            }
+            if let Some(piece) = function.arguments {
+                call.arguments.push_str(&piece);
+            }
+        }
+    }
+
+    fn has_finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
+    fn finish(self) -> ModelResponse {
+        let tool_calls = self
+            .tool_calls
+            .into_iter()
+            .map(|(index, call)| ToolCall {
+                id: if call.id.is_empty() {
+                    fallback_call_id(index)
+                } else {
+                    call.id
+                },
+                name: call.name,
+                arguments: decode_arguments(&call.arguments),
+            })
+            .collect();
+        ModelResponse {
+            message: Message {
+                role: Role::Assistant,
+                content: self.content,
+                tool_calls,
+                tool_call_id: None,
+            },
+            finish_reason: self.finish_reason,
+            usage: self.usage,
+        }
+    }
+}
+
+type SseEvents = BoxStream<'static, Result<Event, EventStreamError<reqwest::Error>>>;
+
+/// What the next event of a stream brought.
+enum SseProgress {
+    Text(String),
+    Finished,
+}
+
+struct SseReader {
+    events: SseEvents,
+    accumulator: StreamAccumulator,
+    idle_timeout: Duration,
+}
+
+impl SseReader {
+    async fn next_progress(&mut self) -> Result<SseProgress, ModelError> {
+        loop {
+            let next = tokio::time::timeout(self.idle_timeout, self.events.next())
+                .await
+                .map_err(|_| ModelError::TimedOut(self.idle_timeout))?;
+            let event = match next {
+                Some(Ok(event)) => event,
+                Some(Err(EventStreamError::Transport(error))) => {
+                    return Err(transport_error(error, self.idle_timeout))
+                }
+                Some(Err(error)) => {
+                    return Err(ModelError::BadResponse(format!(
+                        "malformed event stream: {error}"
+                    )))
+                }
+                None if self.accumulator.has_finished() => return Ok(SseProgress::Finished),
+                None => {
+                    return Err(ModelError::BadResponse(
+                        "the stream ended before [DONE] and without a finish reason".to_owned(),
+                    ))
+                }
+            };
+            let data = event.data.trim();
+            if data.is_empty() {
+                continue;
+            }
+            if data == "[DONE]" {
+                return Ok(SseProgress::Finished);
+            }
+            let chunk: StreamChunk = serde_json::from_str(data).map_err(|error| {
+                ModelError::BadResponse(format!(
+                    "undecodable stream chunk ({error}): {}",
+                    truncate_utf8(data, 200)
+                ))
+            })?;
+            if let Some(text) = self.accumulator.absorb(chunk)? {
+                return Ok(SseProgress::Text(text));
+            }
+        }
+    }
+}
+
+/// Turns server-sent events into text deltas followed by the assembled response. The stream ends
+/// after its first error.
+fn sse_answer(
+    events: SseEvents,
+    idle_timeout: Duration,
+) -> BoxStream<'static, Result<ModelChunk, ModelError>> {
+    let reader = SseReader {
+        events,
+        accumulator: StreamAccumulator::default(),
+        idle_timeout,
+    };
+    futures::stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        match reader.next_progress().await {
+            Ok(SseProgress::Text(text)) => Some((Ok(ModelChunk::Delta(text)), Some(reader))),
+            Ok(SseProgress::Finished) => {
+                let response = std::mem::take(&mut reader.accumulator).finish();
+                Some((Ok(ModelChunk::Done(response)), None))
+            }
+            Err(error) => Some((Err(error), None)),
+        }
+    })
+    .boxed()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport helpers
+
+/// Runs one HTTP step within `timeout`, mapping its failures onto [`ModelError`].
+async fn bounded<T>(
+    timeout: Duration,
+    step: impl std::future::Future<Output = reqwest::Result<T>>,
+) -> Result<T, ModelError> {
+    tokio::time::timeout(timeout, step)
+        .await
+        .map_err(|_| ModelError::TimedOut(timeout))?
+        .map_err(|error| transport_error(error, timeout))
+}
+
+fn transport_error(error: reqwest::Error, timeout: Duration) -> ModelError {
+    if error.is_connect() {
+        ModelError::Unreachable(error)
+    } else if error.is_timeout() {
+        ModelError::TimedOut(timeout)
+    } else if error.is_decode() {
+        ModelError::BadResponse(error.to_string())
+    } else {
+        ModelError::Unreachable(error)
+    }
+}
+
+/// Passes a 2xx response through; turns any other into [`ModelError::Status`].
+async fn error_for_status(
+    response: reqwest::Response,
+    timeout: Duration,
+) -> Result<reqwest::Response, ModelError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = match tokio::time::timeout(timeout, response.text()).await {
+        Ok(Ok(body)) => truncate_utf8(&body, MAX_ERROR_BODY_BYTES),
+        Ok(Err(error)) => format!("<body unreadable: {error}>"),
+        Err(_) => "<body not received in time>".to_owned(),
+    };
+    tracing::debug!(status = status.as_u16(), "chat completion refused");
+    Err(ModelError::Status {
+        status: status.as_u16(),
+        body,
+    })
+}
+
+fn answers_with_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.trim_start().starts_with("application/json"))
+}
+
+/// `text` cut to at most `max_bytes` bytes on a character boundary, marked when cut.
+fn truncate_utf8(text: &str, max_bytes: usize) -> String {
+    const MARK: &str = "…";
+    if text.len() <= max_bytes {
+        return text.to_owned();
+    }
+    let mut end = max_bytes.saturating_sub(MARK.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(messages: Vec<Message>, tools: Vec<ToolSpec>) -> ModelRequest {
+        ModelRequest {
+            model: "m1".to_owned(),
+            agent: "assistant".to_owned(),
+            messages,
+            tools,
+        }
+    }
+
+    fn write_file_spec() -> ToolSpec {
+        ToolSpec {
+            name: "write_file".to_owned(),
+            description: "Writes a file.".to_owned(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            concurrency_safe: false,
+        }
+    }
+
+    fn absorb_all(chunks: &[Value]) -> (Vec<String>, ModelResponse) {
+        let mut accumulator = StreamAccumulator::default();
+        let mut texts = Vec::new();
+        for chunk in chunks {
+            let chunk: StreamChunk = serde_json::from_value(chunk.clone()).expect("chunk shape");
+            if let Some(text) = accumulator.absorb(chunk).expect("no error chunk") {
+                texts.push(text);
+            }
+        }
+        (texts, accumulator.finish())
+    }
+
+    fn events_from(raw: &'static str) -> SseEvents {
+        futures::stream::iter(vec![Ok::<_, reqwest::Error>(raw.as_bytes().to_vec())])
+            .eventsource()
+            .boxed()
+    }
+
+    #[test]
+    fn maps_messages_and_tools_into_the_request_body() {
+        let assistant_call = Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "call_1".to_owned(),
+                name: "write_file".to_owned(),
+                arguments: json!({"path": "a.txt"}),
+            }],
+            tool_call_id: None,
+        };
+        let req = request(
+            vec![
+                Message::system("be brief"),
+                Message::user("hi"),
+                assistant_call,
+                Message::tool_result("call_1", "ok"),
+                Message::assistant("done"),
+            ],
+            vec![write_file_spec()],
+        );
+        let body = request_body(&req, false);
+        assert_eq!(
+            body,
+            json!({
+                "model": "m1",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "write_file", "arguments": "{\"path\":\"a.txt\"}"}}
+                    ]},
+                    {"role": "tool", "content": "ok", "tool_call_id": "call_1"},
+                    {"role": "assistant", "content": "done"}
+                ],
+                "tools": [{"type": "function", "function": {
+                    "name": "write_file",
+                    "description": "Writes a file.",
+                    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}
+                }}],
+                "stream": false
+            })
+        );
+    }
+
+    #[test]
+    fn streaming_body_asks_for_usage_and_omits_empty_tools() {
+        let req = request(vec![Message::user("hi")], Vec::new());
+        let body = request_body(&req, true);
+        assert_eq!(body["stream"], json!(true));
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert!(body.get("tools").is_none());
+    }
+
+    #[test]
+    fn unparsable_arguments_are_sent_back_verbatim() {
+        let call = ToolCall {
+            id: "c".to_owned(),
+            name: "t".to_owned(),
+            arguments: Value::String("{broken".to_owned()),
+        };
+        assert_eq!(
+            wire_tool_call(&call)["function"]["arguments"],
+            json!("{broken")
+        );
+    }
+
+    #[test]
+    fn accumulates_tool_call_arguments_split_over_chunks() {
+        let chunks = [
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me "}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "write."}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "call_a", "type": "function",
+                 "function": {"name": "write_file", "arguments": ""}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": "{\"pa"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 1, "id": "call_b", "function": {"name": "read_file", "arguments": ""}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": "th\": \"a.txt\"}"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 1, "function": {"arguments": "not json"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 7}}),
+        ];
+        let (texts, response) = absorb_all(&chunks);
+        assert_eq!(texts, vec!["Let me ", "write."]);
+        assert_eq!(response.message.role, Role::Assistant);
+        assert_eq!(response.message.content, "Let me write.");
+        assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(
+            response.usage,
+            Usage {
+                prompt_tokens: 12,
+                completion_tokens: 7
+            }
+        );
+        assert_eq!(
+            response.message.tool_calls,
+            vec![
+                ToolCall {
+                    id: "call_a".to_owned(),
+                    name: "write_file".to_owned(),
+                    arguments: json!({"path": "a.txt"}),
+                },
+                ToolCall {
+                    id: "call_b".to_owned(),
+                    name: "read_file".to_owned(),
+                    arguments: Value::String("not json".to_owned()),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn tool_call_without_arguments_gets_an_empty_object() {
+        let chunks = [json!({"choices": [{"delta": {"tool_calls": [
+            {"index": 0, "id": "c1", "function": {"name": "list_files"}}]},
+            "finish_reason": "tool_calls"}]})];
+        let (_, response) = absorb_all(&chunks);
+        assert_eq!(response.message.tool_calls[0].arguments, json!({}));
+    }
+
+    #[test]
+    fn tool_call_deltas_without_index_continue_the_last_call() {
+        let chunks = [
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "x", "function": {"name": "a", "arguments": "{"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": "}"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "x", "function": {"arguments": ""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"id": "y", "function": {"name": "b"}}]}}]}),
+        ];
+        let (_, response) = absorb_all(&chunks);
+        let calls = &response.message.tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (calls[0].id.as_str(), &calls[0].arguments),
+            ("x", &json!({}))
+        );
+        assert_eq!(calls[1].name, "b");
+    }
+
+    #[test]
+    fn error_chunk_fails_the_stream() {
+        let chunk: StreamChunk =
+            serde_json::from_value(json!({"error": {"message": "overloaded"}})).expect("shape");
+        let error = StreamAccumulator::default()
+            .absorb(chunk)
+            .expect_err("error chunk");
+        assert!(error.to_string().contains("overloaded"));
+    }
+
+    #[test]
+    fn parses_a_whole_completion() {
+        let body = json!({
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null,
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "write_file", "arguments": "{\"path\":\"n.txt\"}"}}]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        });
+        let response = parse_completion(body.to_string().as_bytes()).expect("parses");
+        assert_eq!(response.message.content, "");
+        assert_eq!(
+            response.message.tool_calls[0].arguments,
+            json!({"path": "n.txt"})
+        );
+        assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(response.usage.completion_tokens, 4);
+    }
+
+    #[test]
+    fn undecodable_or_empty_completions_are_bad_responses() {
+        assert!(matches!(
+            parse_completion(b"<html>"),
+            Err(ModelError::BadResponse(_))
+        ));
+        assert!(matches!(
+            parse_completion(br#"{"choices": []}"#),
+            Err(ModelError::BadResponse(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn sse_stream_yields_deltas_then_done() {
+        let raw = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n\
+                   : keep-alive\n\n\
+                   data: {\"choices\":[{\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\n\
+                   data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n\
+                   data: [DONE]\n\n";
+        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5))
+            .collect()
+            .await;
+        assert_eq!(items.len(), 3);
+        assert!(matches!(&items[0], Ok(ModelChunk::Delta(text)) if text == "Hel"));
+        assert!(matches!(&items[1], Ok(ModelChunk::Delta(text)) if text == "lo"));
+        let Some(Ok(ModelChunk::Done(response))) = items.last() else {
+            panic!("expected Done, got {items:?}");
+        };
+        assert_eq!(response.message.content, "Hello");
+        assert_eq!(response.usage.prompt_tokens, 5);
+    }
+
+    #[tokio::test]
+    async fn sse_stream_cut_short_is_a_bad_response() {
+        let raw = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
+        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5))
+            .collect()
+            .await;
+        assert!(matches!(
+            items.last(),
+            Some(Err(ModelError::BadResponse(_)))
+        ));
+    }
+
+    #[tokio::test]
+    async fn sse_stream_ending_after_finish_reason_without_done_is_accepted() {
+        let raw =
+            "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n";
+        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5))
+            .collect()
+            .await;
+        assert!(matches!(items.last(), Some(Ok(ModelChunk::Done(_)))));
+    }
+
+    #[tokio::test]
+    async fn silent_stream_times_out() {
+        let silent: SseEvents = futures::stream::pending().boxed();
+        let items: Vec<_> = sse_answer(silent, Duration::from_millis(20))
+            .collect()
+            .await;
+        assert!(matches!(items.as_slice(), [Err(ModelError::TimedOut(_))]));
+    }
+
+    #[test]
+    fn debug_output_redacts_the_key_and_base_url_tolerates_a_slash() {
+        let client = OpenAiClient::new(
+            "http://localhost:8000/v1/",
+            Some("sk-secret".to_owned()),
+            Duration::from_secs(3),
+        )
+        .expect("client builds");
+        let printed = format!("{client:?}");
+        assert!(!printed.contains("sk-secret"));
+        assert!(printed.contains("<redacted>"));
+        assert_eq!(
+            client.chat_url(),
+            "http://localhost:8000/v1/chat/completions"
+        );
+    }
+
+    #[test]
+    fn truncation_respects_char_boundaries_and_the_limit() {
+        let long = "é".repeat(3000);
+        let cut = truncate_utf8(&long, MAX_ERROR_BODY_BYTES);
+        assert!(cut.len() <= MAX_ERROR_BODY_BYTES);
+        assert!(cut.ends_with('…'));
+        assert_eq!(truncate_utf8("short", 10), "short");
+    }
 }

@@ -1,0 +1,121 @@
+//! `ToolCatalog`: a snapshot of what live workers provide — tool specs, which pools serve each
+//! tool, which pools run subagents. A turn takes one snapshot and the model sees exactly its
+//! tools for that turn; routing picks a pool that provides the called tool.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::protocol::{ToolSpec, WorkerAnnouncement};
+
+/// Live tools and subagent capacity, as announced by workers.
+#[derive(Debug, Default)]
+pub struct ToolCatalog {
+    tools: BTreeMap<String, (ToolSpec, Vec<String>)>,
+    subagent_pools: Vec<String>,
+    next: AtomicUsize,
+}
+
+impl ToolCatalog {
+    /// Builds the catalog from live workers' announcements.
+    pub fn from_workers(workers: &[WorkerAnnouncement]) -> Self {
+        let mut tools: BTreeMap<String, (ToolSpec, Vec<String>)> = BTreeMap::new();
+        let mut subagent_pools = Vec::new();
+        for worker in workers {
+            for spec in &worker.tools {
+                let entry = tools
+                    .entry(spec.name.clone())
+                    .or_insert_with(|| (spec.clone(), Vec::new()));
+                if !entry.1.contains(&worker.pool) {
+                    entry.1.push(worker.pool.clone());
+                }
+            }
+            if worker.runs_subagents && !subagent_pools.contains(&worker.pool) {
+                subagent_pools.push(worker.pool.clone());
+            }
+        }
+        Self {
+            tools,
+            subagent_pools,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Specs of the tools an allowlist permits (`*` permits all), sorted by name.
+    pub fn specs_allowed(&self, allowlist: &[String]) -> Vec<ToolSpec> {
+        let all = allowlist.iter().any(|t| t == "*");
+        self.tools
+            .values()
+            .filter(|(spec, _)| all || allowlist.contains(&spec.name))
+            .map(|(spec, _)| spec.clone())
+            .collect()
+    }
+
+    /// A pool that provides `tool`, spreading calls over pools.
+    pub fn pool_for_tool(&self, tool: &str) -> Option<&str> {
+        let pools = &self.tools.get(tool)?.1;
+        self.pick(pools)
+    }
+
+    /// A pool whose workers run subagents.
+    pub fn pool_for_subagents(&self) -> Option<&str> {
+        self.pick(&self.subagent_pools)
+    }
+
+    fn pick<'a>(&self, pools: &'a [String]) -> Option<&'a str> {
+        if pools.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % pools.len();
+        Some(pools[i].as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn worker(id: &str, pool: &str, tools: &[&str], subagents: bool) -> WorkerAnnouncement {
+        WorkerAnnouncement {
+            v: 1,
+            worker_id: id.into(),
+            pool: pool.into(),
+            version: "0".into(),
+            tools: tools
+                .iter()
+                .map(|t| ToolSpec {
+                    name: t.to_string(),
+                    description: String::new(),
+                    parameters: json!({}),
+                    concurrency_safe: true,
+                })
+                .collect(),
+            runs_subagents: subagents,
+            capacity: 1,
+            heartbeat_ms: 0,
+            heartbeat_every_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn routes_tools_to_pools_that_provide_them() {
+        let catalog = ToolCatalog::from_workers(&[
+            worker("w1", "files", &["read_file"], false),
+            worker("w2", "web", &["http_fetch"], true),
+            worker("w3", "web", &["http_fetch"], true),
+        ]);
+        assert_eq!(catalog.pool_for_tool("read_file"), Some("files"));
+        assert_eq!(catalog.pool_for_tool("http_fetch"), Some("web"));
+        assert_eq!(catalog.pool_for_tool("nope"), None);
+        assert_eq!(catalog.pool_for_subagents(), Some("web"));
+    }
+
+    #[test]
+    fn allowlist_filters_specs() {
+        let catalog = ToolCatalog::from_workers(&[worker("w1", "p", &["a", "b"], false)]);
+        let names = |specs: Vec<ToolSpec>| specs.into_iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(catalog.specs_allowed(&["*".into()])), ["a", "b"]);
+        assert_eq!(names(catalog.specs_allowed(&["b".into(), "zz".into()])), ["b"]);
+        assert!(catalog.specs_allowed(&[]).is_empty());
+    }
+}

@@ -1,0 +1,213 @@
+//! `Dispatcher`: turns tool calls and subagent calls into durable tasks on worker pools and waits
+//! for their results.
+//!
+//! Invariants:
+//! - a call whose result is already recorded (by call id) is not dispatched again: the recorded
+//!   result is returned, so a resumed turn does not re-run finished calls;
+//! - results arrive on this process's reply subject; a result for a call nobody waits for (a late
+//!   duplicate) is dropped, so the model never sees two results for one call;
+//! - every wait is bounded: a call that returns nothing within its timeout (plus slack) ends as a
+//!   `timed_out` failure, after a last look at the recorded results.
+
+pub mod catalog;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bus::{Bus, BusError};
+use crate::protocol::{
+    AgentSpec, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult, ToolTask,
+    PROTOCOL_VERSION,
+};
+use crate::store::SessionStore;
+use crate::subjects;
+
+pub use catalog::ToolCatalog;
+
+/// Time allowed on top of a call's own timeout for queueing and transport.
+const DISPATCH_SLACK: Duration = Duration::from_secs(30);
+
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<ToolResult>>>>;
+
+/// Sends calls to worker pools and collects results for one process.
+#[derive(Clone)]
+pub struct Dispatcher {
+    bus: Bus,
+    store: SessionStore,
+    reply_subject: String,
+    pending: Pending,
+}
+
+/// Where and how long a call may run.
+#[derive(Debug, Clone)]
+pub struct CallRoute<'a> {
+    pub pool: &'a str,
+    pub timeout: Duration,
+}
+
+impl Dispatcher {
+    /// Subscribes to this process's reply subject and starts routing results to waiting calls.
+    pub async fn start(
+        bus: Bus,
+        store: SessionStore,
+        instance: &str,
+        tracker: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Result<Self, BusError> {
+        let reply_subject = subjects::reply(instance);
+        let mut replies = bus
+            .client()
+            .subscribe(reply_subject.clone())
+            .await
+            .map_err(|e| BusError::Consumer {
+                consumer: reply_subject.clone(),
+                message: e.to_string(),
+            })?;
+        let pending: Pending = Arc::default();
+        let routes = pending.clone();
+        let decoder = bus.clone();
+        tracker.spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    message = replies.next() => message,
+                };
+                let Some(message) = message else { break };
+                let result: ToolResult = match decoder.decode(&message.payload) {
+                    Ok(result) => result,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "undecodable call result dropped");
+                        continue;
+                    }
+                };
+                let waiter = routes
+                    .lock()
+                    .map(|mut p| p.remove(&result.call_id))
+                    .unwrap_or(None);
+                match waiter {
+                    Some(tx) => {
+                        let _ = tx.send(result);
+                    }
+                    None => tracing::debug!(call_id = %result.call_id, "duplicate or late result dropped"),
+                }
+            }
+        });
+        Ok(Self {
+            bus,
+            store,
+            reply_subject,
+            pending,
+        })
+    }
+
+    /// Runs one tool call on a worker of `route.pool`.
+    pub async fn call_tool(
+        &self,
+        origin: &TaskOrigin,
+        call_id: &str,
+        tool: &str,
+        arguments: serde_json::Value,
+        route: CallRoute<'_>,
+    ) -> ToolResult {
+        let task = ToolTask {
+            v: PROTOCOL_VERSION,
+            origin: origin.clone(),
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            arguments,
+            reply_to: self.reply_subject.clone(),
+            timeout_ms: route.timeout.as_millis() as u64,
+        };
+        let subject = subjects::tool_task(route.pool, tool);
+        self.dispatch(origin, call_id, subject, &task, route.timeout).await
+    }
+
+    /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn call_subagent(
+        &self,
+        origin: &TaskOrigin,
+        call_id: &str,
+        agent: AgentSpec,
+        input: String,
+        depth: u32,
+        route: CallRoute<'_>,
+    ) -> ToolResult {
+        let task = SubagentTask {
+            v: PROTOCOL_VERSION,
+            origin: origin.clone(),
+            call_id: call_id.to_owned(),
+            child_session: crate::protocol::child_session_id(&origin.session, call_id),
+            agent,
+            input,
+            reply_to: self.reply_subject.clone(),
+            timeout_ms: route.timeout.as_millis() as u64,
+            depth,
+        };
+        let subject = subjects::agent_task(route.pool, &task.agent.name);
+        self.dispatch(origin, call_id, subject, &task, route.timeout).await
+    }
+
+    async fn dispatch<T: serde::Serialize>(
+        &self,
+        origin: &TaskOrigin,
+        call_id: &str,
+        subject: String,
+        task: &T,
+        timeout: Duration,
+    ) -> ToolResult {
+        let call_key = crate::protocol::call_key(&origin.task_id, call_id);
+        match self.store.recorded_result(&origin.tenant, &origin.session, &call_key).await {
+            Ok(Some(result)) => return result,
+            Ok(None) => {}
+            Err(e) => return failed(call_id, e.to_failure()),
+        }
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(call_id.to_owned(), tx);
+        }
+        let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
+        if let Err(e) = self.bus.publish_work(subject, task, &dedup_id).await {
+            self.forget(call_id);
+            return failed(call_id, e.to_failure());
+        }
+        let waited = tokio::time::timeout(timeout + DISPATCH_SLACK, rx).await;
+        self.forget(call_id);
+        match waited {
+            Ok(Ok(result)) => result,
+            _ => match self.store.recorded_result(&origin.tenant, &origin.session, &call_key).await {
+                Ok(Some(result)) => result,
+                _ => failed(
+                    call_id,
+                    Failure::new(
+                        FailureKind::TimedOut,
+                        format!("no result within {:?}", timeout + DISPATCH_SLACK),
+                    ),
+                ),
+            },
+        }
+    }
+
+    fn forget(&self, call_id: &str) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.remove(call_id);
+        }
+    }
+}
+
+/// A result for a call that never produced one.
+pub fn failed(call_id: &str, failure: Failure) -> ToolResult {
+    ToolResult {
+        v: PROTOCOL_VERSION,
+        call_id: call_id.to_owned(),
+        outcome: CallOutcome::Failed { failure },
+        worker_id: String::new(),
+        duration_ms: 0,
+    }
+}
