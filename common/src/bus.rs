@@ -9,6 +9,8 @@
 //! - subjects come from [`crate::subjects`] only;
 //! - the submit path is idempotent: a submission's `task_id` is its `Nats-Msg-Id`.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
@@ -16,6 +18,9 @@ use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::NatsConfig;
 use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
@@ -89,7 +94,11 @@ pub struct Bus {
 
 impl Bus {
     /// Connects, retrying for `cfg.connect_timeout`, and reconnecting forever afterwards.
-    pub async fn connect(cfg: &NatsConfig, name: &str, max_payload: usize) -> Result<Self, BusError> {
+    pub async fn connect(
+        cfg: &NatsConfig,
+        name: &str,
+        max_payload: usize,
+    ) -> Result<Self, BusError> {
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(cfg.connect_timeout)
@@ -106,14 +115,15 @@ impl Bus {
                 .await
                 .map_err(BusError::Credentials)?;
         }
-        let client = options
-            .connect(cfg.url.as_str())
-            .await
-            .map_err(|source| BusError::Connect {
-                url: cfg.url.clone(),
-                source,
-            })?;
-        let server_cap = usize::try_from(client.server_info().max_payload).unwrap_or(max_payload);
+        let client =
+            options
+                .connect(cfg.url.as_str())
+                .await
+                .map_err(|source| BusError::Connect {
+                    url: cfg.url.clone(),
+                    source,
+                })?;
+        let server_cap = client.server_info().max_payload;
         let jetstream = jetstream::new(client.clone());
         Ok(Self {
             client,
@@ -202,7 +212,12 @@ impl Bus {
     }
 
     /// Publishes a tool or subagent task durably on `subject`.
-    pub async fn publish_work<T: Serialize>(&self, subject: String, task: &T, dedup_id: &str) -> Result<(), BusError> {
+    pub async fn publish_work<T: Serialize>(
+        &self,
+        subject: String,
+        task: &T,
+        dedup_id: &str,
+    ) -> Result<(), BusError> {
         let mut headers = outgoing_headers();
         headers.insert(NATS_MESSAGE_ID, dedup_id);
         let payload = self.encode(task)?;
@@ -212,8 +227,12 @@ impl Bus {
     /// Publishes a turn event to the task's replayable event subject.
     pub async fn publish_event(&self, tenant: &str, event: &TurnEvent) -> Result<(), BusError> {
         let payload = self.encode(event)?;
-        self.publish_durable(subjects::events(tenant, &event.task_id), outgoing_headers(), payload)
-            .await
+        self.publish_durable(
+            subjects::events(tenant, &event.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
     }
 
     /// Publishes a call's result to the dispatcher waiting for it (core NATS, no ack).
@@ -228,7 +247,12 @@ impl Bus {
             })
     }
 
-    async fn publish_durable(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<(), BusError> {
+    async fn publish_durable(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), BusError> {
         let publish_error = |message: String| BusError::Publish {
             subject: subject.clone(),
             message,
@@ -324,6 +348,84 @@ impl Intake {
         }
     }
 }
+
+impl Intake {
+    /// Pulls and runs messages until `shutdown`: at most `capacity` run at once, and a message is
+    /// pulled only when a slot is free. A pull in flight is never abandoned (that would strand a
+    /// delivered message until its ack deadline); shutdown is noticed between pulls.
+    pub async fn serve<F, Fut>(
+        self,
+        capacity: usize,
+        shutdown: CancellationToken,
+        tracker: TaskTracker,
+        handler: F,
+    ) where
+        F: Fn(jetstream::Message) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let slots = Arc::new(Semaphore::new(capacity.max(1)));
+        loop {
+            let slot = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                slot = slots.clone().acquire_owned() => slot,
+            };
+            let Ok(slot) = slot else { break };
+            if shutdown.is_cancelled() {
+                break;
+            }
+            match self.next(PULL_WAIT).await {
+                Ok(Some(message)) => {
+                    let work = handler(message);
+                    tracker.spawn(async move {
+                        work.await;
+                        drop(slot);
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "pull failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(PULL_RETRY) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `work` while telling the broker every `every` that `message` is still being worked on, so
+/// a short ack deadline still catches a dead process quickly while long work survives.
+pub async fn with_progress<T>(
+    message: &jetstream::Message,
+    every: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    futures::pin_mut!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = ticks.tick() => {
+                if let Err(e) = message.ack_with(jetstream::AckKind::Progress).await {
+                    tracing::warn!(error = %e, "progress ack failed");
+                }
+            }
+        }
+    }
+}
+
+/// Settles a message, logging (not failing) when the broker cannot be told.
+pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
+    if let Err(e) = message.ack_with(kind).await {
+        tracing::warn!(error = %e, ?kind, "acknowledgement not delivered; the broker will redeliver");
+    }
+}
+
+/// How long one pull waits for a message; also bounds how late shutdown is noticed.
+const PULL_WAIT: Duration = Duration::from_secs(2);
+/// Pause after a failed pull (NATS away).
+const PULL_RETRY: Duration = Duration::from_millis(500);
 
 /// Headers every message Skein publishes carries. Trace context is injected here.
 pub fn outgoing_headers() -> HeaderMap {

@@ -57,7 +57,8 @@ impl SkeinClient {
         &self,
         tenant: &str,
         task_id: &str,
-    ) -> Result<impl Stream<Item = Result<TurnEvent, ClientError>> + Send + 'static, ClientError> {
+    ) -> Result<impl Stream<Item = Result<TurnEvent, ClientError>> + Send + 'static, ClientError>
+    {
         let messages = self.bus.replay(subjects::events(tenant, task_id)).await?;
         let bus = self.bus.clone();
         let events = messages

@@ -40,20 +40,20 @@ pub const ENV_USER: &str = "SKEIN_USER";
 #[derive(Clone, Args)]
 pub struct NatsConfig {
     /// NATS server URL(s), comma separated.
-    #[arg(long = "nats-url", env = ENV_NATS_URL, default_value = "nats://127.0.0.1:4222")]
+    #[arg(id = "nats_url", long = "nats-url", env = ENV_NATS_URL, default_value = "nats://127.0.0.1:4222")]
     pub url: String,
     /// NATS user (with --nats-password).
-    #[arg(long = "nats-user", env = ENV_NATS_USER)]
+    #[arg(id = "nats_user", long = "nats-user", env = ENV_NATS_USER)]
     pub user: Option<String>,
-    #[arg(long = "nats-password", env = ENV_NATS_PASSWORD, hide_env_values = true)]
+    #[arg(id = "nats_password", long = "nats-password", env = ENV_NATS_PASSWORD, hide_env_values = true)]
     pub password: Option<String>,
-    #[arg(long = "nats-token", env = ENV_NATS_TOKEN, hide_env_values = true)]
+    #[arg(id = "nats_token", long = "nats-token", env = ENV_NATS_TOKEN, hide_env_values = true)]
     pub token: Option<String>,
     /// Path of a NATS .creds file.
-    #[arg(long = "nats-creds", env = ENV_NATS_CREDS)]
+    #[arg(id = "nats_creds", long = "nats-creds", env = ENV_NATS_CREDS)]
     pub creds: Option<std::path::PathBuf>,
     /// How long to try to reach NATS at start-up.
-    #[arg(long = "nats-connect-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(id = "nats_connect_timeout", long = "nats-connect-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
 }
 
@@ -85,7 +85,7 @@ impl NatsConfig {
 /// How to reach Redis. The URL may carry a password (`redis://:pw@host/`); `Debug` redacts it.
 #[derive(Clone, Args)]
 pub struct RedisConfig {
-    #[arg(long = "redis-url", env = ENV_REDIS_URL, default_value = "redis://127.0.0.1:6379/", hide_env_values = true)]
+    #[arg(id = "redis_url", long = "redis-url", env = ENV_REDIS_URL, default_value = "redis://127.0.0.1:6379/", hide_env_values = true)]
     pub url: String,
 }
 
@@ -111,21 +111,21 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Clone, Args)]
 pub struct ModelConfig {
     /// `scripted` (replays a scenario file, offline) or `openai` (any OpenAI-compatible server).
-    #[arg(long = "model-provider", env = ENV_MODEL_PROVIDER, default_value = "scripted")]
+    #[arg(id = "model_provider", long = "model-provider", env = ENV_MODEL_PROVIDER, default_value = "scripted")]
     pub provider: String,
     /// Base URL of the OpenAI-compatible API, up to and including `/v1`.
-    #[arg(long = "model-base-url", env = ENV_MODEL_BASE_URL, default_value = "https://api.openai.com/v1")]
+    #[arg(id = "model_base_url", long = "model-base-url", env = ENV_MODEL_BASE_URL, default_value = "https://api.openai.com/v1")]
     pub base_url: String,
-    #[arg(long = "model-api-key", env = ENV_MODEL_API_KEY, hide_env_values = true)]
+    #[arg(id = "model_api_key", long = "model-api-key", env = ENV_MODEL_API_KEY, hide_env_values = true)]
     pub api_key: Option<String>,
     /// Default model name, used where an agent definition names none.
-    #[arg(long = "model", env = ENV_MODEL, default_value = "gpt-4o-mini")]
+    #[arg(id = "model_name", long = "model", env = ENV_MODEL, default_value = "gpt-4o-mini")]
     pub model: String,
     /// Longest a model call may take.
-    #[arg(long = "model-timeout", env = ENV_MODEL_TIMEOUT, default_value = "120s", value_parser = humantime::parse_duration)]
+    #[arg(id = "model_timeout", long = "model-timeout", env = ENV_MODEL_TIMEOUT, default_value = "120s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// Scenario file for the scripted provider; the bundled example when unset.
-    #[arg(long = "scenario", env = ENV_SCENARIO)]
+    #[arg(id = "model_scenario", long = "scenario", env = ENV_SCENARIO)]
     pub scenario: Option<std::path::PathBuf>,
 }
 
@@ -148,7 +148,10 @@ mod tests {
 
     #[test]
     fn redacts_passwords_in_urls() {
-        assert_eq!(redact_url("redis://:s3cret@h:6379/"), "redis://<redacted>@h:6379/");
+        assert_eq!(
+            redact_url("redis://:s3cret@h:6379/"),
+            "redis://<redacted>@h:6379/"
+        );
         assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
     }
 }

@@ -370,7 +370,9 @@ pub fn validate_token(field: &str, value: &str) -> Result<(), Failure> {
     } else {
         Err(Failure::new(
             FailureKind::InvalidInput,
-            format!("{field} must be 1-{MAX_TOKEN_LEN} characters of A-Z a-z 0-9 _ - (got {value:?})"),
+            format!(
+                "{field} must be 1-{MAX_TOKEN_LEN} characters of A-Z a-z 0-9 _ - (got {value:?})"
+            ),
         ))
     }
 }
@@ -381,7 +383,10 @@ impl TaskSubmission {
         if self.v != PROTOCOL_VERSION {
             return Err(Failure::new(
                 FailureKind::InvalidInput,
-                format!("unsupported protocol version {} (this build speaks {PROTOCOL_VERSION})", self.v),
+                format!(
+                    "unsupported protocol version {} (this build speaks {PROTOCOL_VERSION})",
+                    self.v
+                ),
             ));
         }
         validate_token("task_id", &self.task_id)?;
@@ -392,7 +397,10 @@ impl TaskSubmission {
         if self.input.len() > max_input_bytes {
             return Err(Failure::new(
                 FailureKind::TooLarge,
-                format!("input is {} bytes; the limit is {max_input_bytes}", self.input.len()),
+                format!(
+                    "input is {} bytes; the limit is {max_input_bytes}",
+                    self.input.len()
+                ),
             ));
         }
         if self.input.trim().is_empty() {
@@ -491,9 +499,15 @@ mod tests {
         };
         assert!(s.validate(10).is_ok());
         s.input = "x".repeat(11);
-        assert_eq!(s.validate(10).map_err(|f| f.kind), Err(FailureKind::TooLarge));
+        assert_eq!(
+            s.validate(10).map_err(|f| f.kind),
+            Err(FailureKind::TooLarge)
+        );
         s.input = "hi".into();
         s.v = 2;
-        assert_eq!(s.validate(10).map_err(|f| f.kind), Err(FailureKind::InvalidInput));
+        assert_eq!(
+            s.validate(10).map_err(|f| f.kind),
+            Err(FailureKind::InvalidInput)
+        );
     }
 }

@@ -37,3 +37,32 @@ async fn wait_for_signal() {
 async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
+
+/// Runs a server process's `run` until SIGTERM/Ctrl-C, with telemetry installed; maps the outcome
+/// to an exit code (64 for bad configuration, 1 for a failure).
+pub async fn serve_until_signal<E, F>(
+    service: &str,
+    validated: Result<(), String>,
+    run: impl FnOnce(CancellationToken) -> F,
+) -> std::process::ExitCode
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    let _telemetry = crate::telemetry::init(service);
+    if let Err(reason) = validated {
+        eprintln!("{service}: {reason}");
+        return std::process::ExitCode::from(EXIT_CONFIG);
+    }
+    match run(on_signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "{service} failed");
+            eprintln!("{service}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Exit code for bad configuration (sysexits `EX_USAGE`).
+pub const EXIT_CONFIG: u8 = 64;

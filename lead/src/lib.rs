@@ -1,1 +1,14 @@
-//! placeholder
+//! Skein lead: takes submitted tasks, runs each agent turn, dispatches tool and subagent calls to
+//! workers, and streams and stores the result. Also home of the `skein` CLI.
+//!
+//! # Layout
+//! - [`config`]: the `skein-lead` configuration.
+//! - [`server`]: the lead process — intake of submissions, session lease, load, turn, save, result.
+//! - [`cli`]: the `skein` command (submit, workers, dev, lead, worker).
+
+pub mod cli;
+pub mod config;
+pub mod server;
+
+pub use config::Config;
+pub use server::{run, LeadError};

@@ -1,1 +1,18 @@
-//! placeholder
+//! Skein worker: a stateless process that runs tool tasks and subagent tasks for one pool.
+//!
+//! # Layout
+//! - [`config`]: the `skein-worker` configuration.
+//! - [`run`]: intake loops (one message per pull, bounded by capacity), heartbeats, graceful drain.
+//! - [`execute`]: running one tool task or subagent task, recording and returning its result.
+//! - [`scope`]: `TaskScope`, the per-task owner of resources, closed in layers on every outcome.
+//! - [`tools`]: the `Tool` contract, the registry, and the built-in tools (workspace files,
+//!   `http_fetch`).
+
+pub mod config;
+pub mod execute;
+pub mod run;
+pub mod scope;
+pub mod tools;
+
+pub use config::Config;
+pub use run::{run, run_with_stats, WorkerError};

@@ -552,8 +552,14 @@ mod tests {
         assert_eq!(kinds, ["e", "d", "c", "b"]);
         let text = errors.to_string();
         assert!(text.starts_with("4 resource(s) failed to close"), "{text}");
-        assert!(text.contains("e broke") && text.contains("b broke"), "{text}");
-        assert!(text.contains("panicked") && text.contains("timed out"), "{text}");
+        assert!(
+            text.contains("e broke") && text.contains("b broke"),
+            "{text}"
+        );
+        assert!(
+            text.contains("panicked") && text.contains("timed out"),
+            "{text}"
+        );
         let counts = stats.snapshot();
         assert_eq!(counts.close_failures, 4);
         balanced(counts);

@@ -76,7 +76,9 @@ impl AgentCatalog {
             .map(|(name, text)| (name.to_string(), text.to_string()))
             .collect();
         let skills = SkillCatalog::from_documents(
-            BUNDLED_SKILLS.iter().map(|(n, t)| (n.to_string(), t.to_string())),
+            BUNDLED_SKILLS
+                .iter()
+                .map(|(n, t)| (n.to_string(), t.to_string())),
         )?;
         Self::assemble(("AGENTS.md".into(), BUNDLED_MAIN.into()), subagents, skills)
     }
@@ -156,7 +158,11 @@ impl AgentCatalog {
     }
 
     /// The spec a task runs: the named agent with the task's overrides applied.
-    pub fn resolve(&self, name: &str, overrides: Option<&AgentOverrides>) -> Result<AgentSpec, Failure> {
+    pub fn resolve(
+        &self,
+        name: &str,
+        overrides: Option<&AgentOverrides>,
+    ) -> Result<AgentSpec, Failure> {
         let mut spec = self.agents.get(name).cloned().ok_or_else(|| {
             let known: Vec<_> = self.names().collect();
             Failure::new(
@@ -189,7 +195,11 @@ impl AgentCatalog {
 }
 
 /// Parses one definition file; returns the spec and its declared subagent names (if any).
-fn parse(path: &str, text: &str, default_name: &str) -> Result<(AgentSpec, Option<Vec<String>>), DefinitionError> {
+fn parse(
+    path: &str,
+    text: &str,
+    default_name: &str,
+) -> Result<(AgentSpec, Option<Vec<String>>), DefinitionError> {
     let (front, body) = split_front_matter(text);
     let front: FrontMatter = match front {
         Some(f) => toml::from_str(f).map_err(|e| DefinitionError::FrontMatter {
@@ -216,7 +226,9 @@ fn parse(path: &str, text: &str, default_name: &str) -> Result<(AgentSpec, Optio
     validate_token("agent name", &name).map_err(|f| invalid(f.message))?;
     let max_iterations = front.max_iterations.unwrap_or(DEFAULT_MAX_ITERATIONS);
     if max_iterations == 0 || max_iterations > MAX_ITERATIONS_CAP {
-        return Err(invalid(format!("max_iterations must be 1..={MAX_ITERATIONS_CAP}")));
+        return Err(invalid(format!(
+            "max_iterations must be 1..={MAX_ITERATIONS_CAP}"
+        )));
     }
     let spec = AgentSpec {
         name,

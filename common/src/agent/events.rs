@@ -35,7 +35,12 @@ impl EventSink {
 
     /// A sink for a child loop of the same task.
     pub fn child(&self, source: impl Into<Arc<str>>) -> Self {
-        Self::new(self.bus.clone(), self.hooks.clone(), self.origin.clone(), source)
+        Self::new(
+            self.bus.clone(),
+            self.hooks.clone(),
+            self.origin.clone(),
+            source,
+        )
     }
 
     pub async fn emit(&self, event: EventKind) {

@@ -26,8 +26,7 @@ use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::skills::SkillCatalog;
 use crate::dispatch::{failed, CallRoute, Dispatcher, ToolCatalog};
 use crate::protocol::{
-    AgentSpec, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec,
-    TurnStatus,
+    AgentSpec, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec, TurnStatus,
 };
 use crate::store::SessionStore;
 
@@ -202,7 +201,8 @@ impl<M: ModelClient> Runtime<M> {
         let mut prompt = SystemPrompt::default();
         prompt.add("agent", priority::AGENT, turn.agent.system_prompt.clone());
         if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
-            let mut roster = format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
+            let mut roster =
+                format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
             for sub in &turn.agent.subagents {
                 roster.push_str(&format!("- {}: {}\n", sub.name, sub.description));
             }
@@ -252,7 +252,9 @@ impl<M: ModelClient> Runtime<M> {
                     ModelChunk::Done(response) => return Ok(response),
                 }
             }
-            Err(ModelError::BadResponse("stream ended without a response".into()))
+            Err(ModelError::BadResponse(
+                "stream ended without a response".into(),
+            ))
         };
         tokio::select! {
             _ = turn.cancel.cancelled() => Err(Failure::new(FailureKind::Cancelled, "turn cancelled")),
@@ -280,7 +282,10 @@ impl<M: ModelClient> Runtime<M> {
             match done {
                 Some(done) => results.extend(done),
                 None => results.extend(batch.iter().map(|call| {
-                    failed(&call.id, Failure::new(FailureKind::Cancelled, "turn cancelled"))
+                    failed(
+                        &call.id,
+                        Failure::new(FailureKind::Cancelled, "turn cancelled"),
+                    )
                 })),
             }
         }
@@ -308,7 +313,12 @@ impl<M: ModelClient> Runtime<M> {
                 tool: call.name.clone(),
                 ok: result.outcome.is_ok(),
                 worker_id: result.worker_id.clone(),
-                preview: result.outcome.observation().chars().take(PREVIEW_CHARS).collect(),
+                preview: result
+                    .outcome
+                    .observation()
+                    .chars()
+                    .take(PREVIEW_CHARS)
+                    .collect(),
             })
             .await;
         result
@@ -327,7 +337,11 @@ impl<M: ModelClient> Runtime<M> {
                 &call.id,
                 Failure::new(
                     FailureKind::UnknownTool,
-                    format!("unknown tool {:?}; available: {}", call.name, known.join(", ")),
+                    format!(
+                        "unknown tool {:?}; available: {}",
+                        call.name,
+                        known.join(", ")
+                    ),
                 ),
             );
         }
@@ -337,7 +351,10 @@ impl<M: ModelClient> Runtime<M> {
         let Some(pool) = catalog.pool_for_tool(&call.name) else {
             return failed(
                 &call.id,
-                Failure::new(FailureKind::Unavailable, format!("no live worker provides {:?}", call.name)),
+                Failure::new(
+                    FailureKind::Unavailable,
+                    format!("no live worker provides {:?}", call.name),
+                ),
             );
         };
         let route = CallRoute {
@@ -345,22 +362,41 @@ impl<M: ModelClient> Runtime<M> {
             timeout: self.settings.tool_timeout,
         };
         self.dispatcher
-            .call_tool(&turn.origin, &call.id, &call.name, call.arguments.clone(), route)
+            .call_tool(
+                &turn.origin,
+                &call.id,
+                &call.name,
+                call.arguments.clone(),
+                route,
+            )
             .await
     }
 
-    async fn spawn(&self, turn: &TurnInput<'_>, catalog: &ToolCatalog, call: &ToolCall) -> ToolResult {
+    async fn spawn(
+        &self,
+        turn: &TurnInput<'_>,
+        catalog: &ToolCatalog,
+        call: &ToolCall,
+    ) -> ToolResult {
         let (agent, task) = match parse_spawn_arguments(&call.arguments) {
             Ok(parsed) => parsed,
             Err(failure) => return failed(&call.id, failure),
         };
         let Some(child) = turn.agent.subagents.iter().find(|s| s.name == agent) else {
-            let known: Vec<_> = turn.agent.subagents.iter().map(|s| s.name.as_str()).collect();
+            let known: Vec<_> = turn
+                .agent
+                .subagents
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect();
             return failed(
                 &call.id,
                 Failure::new(
                     FailureKind::UnknownAgent,
-                    format!("unknown subagent {agent:?}; available: {}", known.join(", ")),
+                    format!(
+                        "unknown subagent {agent:?}; available: {}",
+                        known.join(", ")
+                    ),
                 ),
             );
         };
@@ -375,7 +411,14 @@ impl<M: ModelClient> Runtime<M> {
             timeout: self.settings.subagent_timeout,
         };
         self.dispatcher
-            .call_subagent(&turn.origin, &call.id, child.clone(), task, turn.depth + 1, route)
+            .call_subagent(
+                &turn.origin,
+                &call.id,
+                child.clone(),
+                task,
+                turn.depth + 1,
+                route,
+            )
             .await
     }
 }
@@ -446,7 +489,9 @@ fn parse_spawn_arguments(arguments: &Value) -> Result<(String, String), Failure>
             format!("{SPAWN_TOOL}: {message}; expected {{\"agent\": string, \"task\": string}}"),
         )
     };
-    let object = arguments.as_object().ok_or_else(|| invalid("arguments are not an object"))?;
+    let object = arguments
+        .as_object()
+        .ok_or_else(|| invalid("arguments are not an object"))?;
     if let Some(extra) = object.keys().find(|k| *k != "agent" && *k != "task") {
         return Err(invalid(&format!("unknown field {extra:?}")));
     }

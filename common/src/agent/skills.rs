@@ -33,7 +33,9 @@ pub struct SkillCatalog {
 
 impl SkillCatalog {
     /// Parses `(name, document)` pairs.
-    pub fn from_documents(docs: impl IntoIterator<Item = (String, String)>) -> Result<Self, DefinitionError> {
+    pub fn from_documents(
+        docs: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, DefinitionError> {
         let mut skills = Vec::new();
         for (name, text) in docs {
             let (front, body) = split_front_matter(&text);
@@ -105,7 +107,10 @@ mod tests {
         .expect("valid");
         let section = catalog.prompt_section().expect("one skill");
         assert!(section.contains("- notes: keep notes"));
-        assert_eq!(catalog.get("notes").map(|s| s.body.as_str()), Some("Write them down."));
+        assert_eq!(
+            catalog.get("notes").map(|s| s.body.as_str()),
+            Some("Write them down.")
+        );
         assert!(SkillCatalog::default().prompt_section().is_none());
     }
 }

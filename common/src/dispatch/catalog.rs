@@ -115,7 +115,10 @@ mod tests {
         let catalog = ToolCatalog::from_workers(&[worker("w1", "p", &["a", "b"], false)]);
         let names = |specs: Vec<ToolSpec>| specs.into_iter().map(|s| s.name).collect::<Vec<_>>();
         assert_eq!(names(catalog.specs_allowed(&["*".into()])), ["a", "b"]);
-        assert_eq!(names(catalog.specs_allowed(&["b".into(), "zz".into()])), ["b"]);
+        assert_eq!(
+            names(catalog.specs_allowed(&["b".into(), "zz".into()])),
+            ["b"]
+        );
         assert!(catalog.specs_allowed(&[]).is_empty());
     }
 }

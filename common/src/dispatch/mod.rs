@@ -125,7 +125,8 @@ impl Dispatcher {
             timeout_ms: route.timeout.as_millis() as u64,
         };
         let subject = subjects::tool_task(route.pool, tool);
-        self.dispatch(origin, call_id, subject, &task, route.timeout).await
+        self.dispatch(origin, call_id, subject, &task, route.timeout)
+            .await
     }
 
     /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
@@ -151,7 +152,8 @@ impl Dispatcher {
             depth,
         };
         let subject = subjects::agent_task(route.pool, &task.agent.name);
-        self.dispatch(origin, call_id, subject, &task, route.timeout).await
+        self.dispatch(origin, call_id, subject, &task, route.timeout)
+            .await
     }
 
     async fn dispatch<T: serde::Serialize>(
@@ -163,7 +165,11 @@ impl Dispatcher {
         timeout: Duration,
     ) -> ToolResult {
         let call_key = crate::protocol::call_key(&origin.task_id, call_id);
-        match self.store.recorded_result(&origin.tenant, &origin.session, &call_key).await {
+        match self
+            .store
+            .recorded_result(&origin.tenant, &origin.session, &call_key)
+            .await
+        {
             Ok(Some(result)) => return result,
             Ok(None) => {}
             Err(e) => return failed(call_id, e.to_failure()),
@@ -181,7 +187,11 @@ impl Dispatcher {
         self.forget(call_id);
         match waited {
             Ok(Ok(result)) => result,
-            _ => match self.store.recorded_result(&origin.tenant, &origin.session, &call_key).await {
+            _ => match self
+                .store
+                .recorded_result(&origin.tenant, &origin.session, &call_key)
+                .await
+            {
                 Ok(Some(result)) => result,
                 _ => failed(
                     call_id,

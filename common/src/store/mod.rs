@@ -148,7 +148,13 @@ impl SessionStore {
     }
 
     /// Tries to take the session's lease for `ttl`; true if taken.
-    pub async fn try_lease(&self, tenant: &str, session: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
+    pub async fn try_lease(
+        &self,
+        tenant: &str,
+        session: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
         let taken: Option<String> = redis::cmd("SET")
             .arg(keys::lease(tenant, session))
@@ -162,16 +168,34 @@ impl SessionStore {
     }
 
     /// Extends a lease the caller holds; false if it was lost.
-    pub async fn renew_lease(&self, tenant: &str, session: &str, token: &str, ttl: Duration) -> Result<bool, StoreError> {
-        self.lease_op(tenant, session, token, ttl.as_millis().max(1) as u64).await
+    pub async fn renew_lease(
+        &self,
+        tenant: &str,
+        session: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.lease_op(tenant, session, token, ttl.as_millis().max(1) as u64)
+            .await
     }
 
     /// Releases a lease the caller holds (a no-op if it was lost).
-    pub async fn release_lease(&self, tenant: &str, session: &str, token: &str) -> Result<bool, StoreError> {
+    pub async fn release_lease(
+        &self,
+        tenant: &str,
+        session: &str,
+        token: &str,
+    ) -> Result<bool, StoreError> {
         self.lease_op(tenant, session, token, 0).await
     }
 
-    async fn lease_op(&self, tenant: &str, session: &str, token: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+    async fn lease_op(
+        &self,
+        tenant: &str,
+        session: &str,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
         let done: i64 = Script::new(LEASE_SCRIPT)
             .key(keys::lease(tenant, session))
@@ -184,7 +208,13 @@ impl SessionStore {
 
     /// Records a call's result under its key (`protocol::call_key`) unless one is already
     /// recorded; true if this one was recorded.
-    pub async fn record_result(&self, tenant: &str, session: &str, call_key: &str, result: &ToolResult) -> Result<bool, StoreError> {
+    pub async fn record_result(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+        result: &ToolResult,
+    ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
         let fresh: bool = conn
@@ -194,7 +224,12 @@ impl SessionStore {
     }
 
     /// The recorded result of a call, if any.
-    pub async fn recorded_result(&self, tenant: &str, session: &str, call_key: &str) -> Result<Option<ToolResult>, StoreError> {
+    pub async fn recorded_result(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+    ) -> Result<Option<ToolResult>, StoreError> {
         let mut conn = self.connection.clone();
         let json: Option<String> = conn.hget(keys::results(tenant, session), call_key).await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
@@ -211,15 +246,25 @@ impl SessionStore {
     }
 
     /// A task's final result, if the task has finished.
-    pub async fn final_result(&self, tenant: &str, session: &str, task_id: &str) -> Result<Option<FinalResult>, StoreError> {
+    pub async fn final_result(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+    ) -> Result<Option<FinalResult>, StoreError> {
         let mut conn = self.connection.clone();
-        let json: Option<String> = conn.get(keys::final_result(tenant, session, task_id)).await?;
+        let json: Option<String> = conn
+            .get(keys::final_result(tenant, session, task_id))
+            .await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
             .transpose()
     }
 
     /// Publishes (or refreshes) a worker's announcement in the registry.
-    pub async fn announce_worker(&self, announcement: &WorkerAnnouncement) -> Result<(), StoreError> {
+    pub async fn announce_worker(
+        &self,
+        announcement: &WorkerAnnouncement,
+    ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(announcement).map_err(StoreError::Corrupt)?;
         let _: i64 = conn

@@ -1,1 +1,5 @@
-fn main() {}
+//! `skein`: the command-line interface (see `skein --help`).
+
+fn main() -> std::process::ExitCode {
+    skein_lead::cli::main()
+}

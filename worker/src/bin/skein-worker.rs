@@ -1,1 +1,23 @@
-fn main() {}
+//! `skein-worker`: parse config, run the worker until SIGTERM.
+
+use clap::Parser;
+use skein_common::shutdown::serve_until_signal;
+
+fn main() -> std::process::ExitCode {
+    let cfg = skein_worker::Config::parse();
+    let validated = cfg.validate();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => {
+            runtime.block_on(serve_until_signal("skein-worker", validated, |shutdown| {
+                skein_worker::run(cfg, shutdown)
+            }))
+        }
+        Err(e) => {
+            eprintln!("skein-worker: cannot start the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

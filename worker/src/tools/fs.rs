@@ -199,11 +199,11 @@ impl Tool for ReadFile {
                 args.path
             )));
         }
-        let cap = args
-            .max_bytes
-            .map_or(self.max_read_bytes, |m| {
-                usize::try_from(m).unwrap_or(usize::MAX).min(self.max_read_bytes)
-            });
+        let cap = args.max_bytes.map_or(self.max_read_bytes, |m| {
+            usize::try_from(m)
+                .unwrap_or(usize::MAX)
+                .min(self.max_read_bytes)
+        });
         let mut file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| io_error(&args.path, e))?;
@@ -411,7 +411,11 @@ mod tests {
         }
 
         fn workspace(&self, tenant: &str, session: &str) -> PathBuf {
-            self.dir.path().join("workspaces").join(tenant).join(session)
+            self.dir
+                .path()
+                .join("workspaces")
+                .join(tenant)
+                .join(session)
         }
 
         async fn call_as(
@@ -440,7 +444,10 @@ mod tests {
     fn assert_denied(result: Result<String, ToolError>, what: &str) {
         match result {
             Err(ToolError::Denied(message)) => {
-                assert!(message.contains("path escapes the workspace"), "{what}: {message}")
+                assert!(
+                    message.contains("path escapes the workspace"),
+                    "{what}: {message}"
+                )
             }
             other => panic!("{what}: expected Denied, got {other:?}"),
         }
@@ -451,7 +458,10 @@ mod tests {
         let fx = Fixture::new(1024);
         assert_eq!(fx.call("list_files", json!({})).await, Ok("(empty)".into()));
         let wrote = fx
-            .call("write_file", json!({"path": "notes/a.txt", "content": "hello"}))
+            .call(
+                "write_file",
+                json!({"path": "notes/a.txt", "content": "hello"}),
+            )
             .await;
         assert_eq!(wrote, Ok("wrote 5 bytes to notes/a.txt".into()));
         fx.call(
@@ -484,17 +494,26 @@ mod tests {
         fx.call("write_file", json!({"path": "f", "content": "abcdefghij"}))
             .await
             .expect("write");
-        let first = fx.call("read_file", json!({"path": "f"})).await.expect("read");
+        let first = fx
+            .call("read_file", json!({"path": "f"}))
+            .await
+            .expect("read");
         assert_eq!(
             first,
             "abcd\n[showing bytes 0..4 of 10; read again with offset=4 for more]"
         );
         let rest = fx
-            .call("read_file", json!({"path": "f", "offset": 8, "max_bytes": 100}))
+            .call(
+                "read_file",
+                json!({"path": "f", "offset": 8, "max_bytes": 100}),
+            )
             .await;
         assert_eq!(rest, Ok("ij".into()));
         let missing = fx.call("read_file", json!({"path": "nope.txt"})).await;
-        assert!(matches!(missing, Err(ToolError::NotFound(_))), "{missing:?}");
+        assert!(
+            matches!(missing, Err(ToolError::NotFound(_))),
+            "{missing:?}"
+        );
     }
 
     #[tokio::test]
@@ -546,8 +565,11 @@ mod tests {
             "out/new",
         );
         assert_denied(
-            fx.call("write_file", json!({"path": "out/deep/new", "content": "x"}))
-                .await,
+            fx.call(
+                "write_file",
+                json!({"path": "out/deep/new", "content": "x"}),
+            )
+            .await,
             "out/deep/new",
         );
         assert_denied(
@@ -566,9 +588,13 @@ mod tests {
     #[tokio::test]
     async fn sessions_of_one_tenant_are_isolated() {
         let fx = Fixture::new(1024);
-        fx.call_as("s1", "write_file", json!({"path": "mine.txt", "content": "1"}))
-            .await
-            .expect("s1 writes");
+        fx.call_as(
+            "s1",
+            "write_file",
+            json!({"path": "mine.txt", "content": "1"}),
+        )
+        .await
+        .expect("s1 writes");
         let other = fx
             .call_as("s2", "read_file", json!({"path": "mine.txt"}))
             .await;
@@ -590,7 +616,10 @@ mod tests {
         assert!(Workspace::for_session(root, &origin("acme", "s1")).is_ok());
         for (tenant, session) in [("..", "s1"), ("acme", "a/b"), ("", "s1"), ("acme", ".")] {
             let result = Workspace::for_session(root, &origin(tenant, session));
-            assert!(matches!(result, Err(ToolError::Denied(_))), "{tenant}/{session}");
+            assert!(
+                matches!(result, Err(ToolError::Denied(_))),
+                "{tenant}/{session}"
+            );
         }
     }
 }

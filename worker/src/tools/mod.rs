@@ -157,7 +157,11 @@ fn describe_json(value: &Value) -> String {
     };
     let text = value.to_string();
     let preview: String = text.chars().take(PREVIEW_CHARS).collect();
-    let ellipsis = if preview.len() < text.len() { "..." } else { "" };
+    let ellipsis = if preview.len() < text.len() {
+        "..."
+    } else {
+        ""
+    };
     format!("{kind} ({preview}{ellipsis})")
 }
 
@@ -437,7 +441,11 @@ mod tests {
         }
     }
 
-    async fn run(registry: &ToolRegistry, name: &str, arguments: Value) -> Result<String, ToolError> {
+    async fn run(
+        registry: &ToolRegistry,
+        name: &str,
+        arguments: Value,
+    ) -> Result<String, ToolError> {
         let dir = TestDir::new();
         let mut scope = scope(&dir);
         let origin = origin("acme", "s1");
@@ -487,7 +495,9 @@ mod tests {
     #[tokio::test]
     async fn unknown_tools_are_not_found() {
         let registry = echo_registry();
-        let error = run(&registry, "nope", json!({})).await.expect_err("unknown");
+        let error = run(&registry, "nope", json!({}))
+            .await
+            .expect_err("unknown");
         assert!(matches!(error, ToolError::NotFound(ref m) if m.contains("nope")));
         assert_eq!(error.to_failure().kind, FailureKind::ToolFailed);
     }
@@ -543,18 +553,58 @@ mod tests {
     #[test]
     fn failures_map_to_protocol_kinds() {
         let cases = [
-            (ToolError::InvalidArguments("a".into()), FailureKind::InvalidArguments, false),
+            (
+                ToolError::InvalidArguments("a".into()),
+                FailureKind::InvalidArguments,
+                false,
+            ),
             (ToolError::Denied("a".into()), FailureKind::Denied, false),
-            (ToolError::NotFound("a".into()), FailureKind::ToolFailed, false),
-            (ToolError::Failed("a".into()), FailureKind::ToolFailed, false),
+            (
+                ToolError::NotFound("a".into()),
+                FailureKind::ToolFailed,
+                false,
+            ),
+            (
+                ToolError::Failed("a".into()),
+                FailureKind::ToolFailed,
+                false,
+            ),
             (ToolError::TimedOut, FailureKind::TimedOut, true),
-            (ToolError::Unavailable("a".into()), FailureKind::Unavailable, true),
-            (ToolError::TooLarge("a".into()), FailureKind::TooLarge, false),
+            (
+                ToolError::Unavailable("a".into()),
+                FailureKind::Unavailable,
+                true,
+            ),
+            (
+                ToolError::TooLarge("a".into()),
+                FailureKind::TooLarge,
+                false,
+            ),
         ];
         for (error, kind, retryable) in cases {
             let failure = error.to_failure();
-            assert_eq!((failure.kind, failure.retryable), (kind, retryable), "{error}");
+            assert_eq!(
+                (failure.kind, failure.retryable),
+                (kind, retryable),
+                "{error}"
+            );
         }
+    }
+
+    #[test]
+    fn registry_calls_can_be_spawned() {
+        fn assert_send_sync<T: Send + Sync + 'static>(_: &T) {}
+        fn assert_send<T: Send>(_: &T) {}
+        let registry = echo_registry();
+        assert_send_sync(&registry);
+        let mut scope = scope(&TestDir::new());
+        let origin = origin("acme", "s1");
+        let ctx = ToolContext {
+            origin: &origin,
+            call_id: "c1",
+            scope: &mut scope,
+        };
+        assert_send(&registry.call("echo", json!({"text": "x"}), ctx));
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub enum ModelError {
     BadResponse(String),
     #[error("scenario: {0}")]
     Scenario(String),
+    #[error("model configuration: {0}")]
+    Misconfigured(String),
 }
 
 impl ModelError {
@@ -74,7 +76,9 @@ impl ModelError {
             ModelError::Status { status, .. } => {
                 (FailureKind::ModelFailed, *status == 429 || *status >= 500)
             }
-            ModelError::BadResponse(_) | ModelError::Scenario(_) => (FailureKind::ModelFailed, false),
+            ModelError::BadResponse(_) | ModelError::Scenario(_) | ModelError::Misconfigured(_) => {
+                (FailureKind::ModelFailed, false)
+            }
         };
         Failure {
             kind,
@@ -96,7 +100,8 @@ pub trait ModelClient: Send + Sync {
     fn stream(
         &self,
         request: ModelRequest,
-    ) -> impl Future<Output = Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError>> + Send;
+    ) -> impl Future<Output = Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError>>
+           + Send;
 }
 
 impl<M: ModelClient> ModelClient for Arc<M> {
@@ -110,8 +115,8 @@ impl<M: ModelClient> ModelClient for Arc<M> {
     fn stream(
         &self,
         request: ModelRequest,
-    ) -> impl Future<Output = Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError>> + Send
-    {
+    ) -> impl Future<Output = Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError>>
+           + Send {
         (**self).stream(request)
     }
 }
@@ -160,4 +165,30 @@ pub fn stream_of(response: ModelResponse) -> BoxStream<'static, Result<ModelChun
     }
     items.push(Ok(ModelChunk::Done(response)));
     futures::stream::iter(items).boxed()
+}
+
+/// The bundled example scenario, used by the scripted provider when no file is configured.
+pub const BUNDLED_SCENARIO: &str = include_str!("../../../../examples/scenario.json");
+
+impl Provider {
+    /// Builds the provider configuration asks for.
+    pub fn from_config(cfg: &crate::config::ModelConfig) -> Result<Self, ModelError> {
+        match cfg.provider.as_str() {
+            "openai" => Ok(Provider::OpenAi(Arc::new(openai::OpenAiClient::new(
+                cfg.base_url.clone(),
+                cfg.api_key.clone(),
+                cfg.timeout,
+            )?))),
+            "scripted" => {
+                let model = match &cfg.scenario {
+                    Some(path) => scripted::ScriptedModel::from_file(path)?,
+                    None => scripted::ScriptedModel::from_json(BUNDLED_SCENARIO)?,
+                };
+                Ok(Provider::Scripted(Arc::new(model)))
+            }
+            other => Err(ModelError::Misconfigured(format!(
+                "unknown model provider {other:?} (use \"scripted\" or \"openai\")"
+            ))),
+        }
+    }
 }

@@ -681,6 +681,12 @@ mod tests {
     }
 
     #[test]
+    fn bundled_scenario_is_valid() {
+        let bundled = ScriptedModel::from_json(super::super::BUNDLED_SCENARIO);
+        assert!(bundled.is_ok(), "bundled scenario: {bundled:?}");
+    }
+
+    #[test]
     fn from_file_names_the_file_in_errors() {
         let missing = Path::new("/nonexistent/skein-scenario.json");
         let Err(ModelError::Scenario(message)) = ScriptedModel::from_file(missing) else {

@@ -1,0 +1,86 @@
+//! The `skein` command: submit tasks and watch them, list live workers, run a local cluster, or
+//! run a lead or worker in the foreground.
+
+mod dev;
+mod submit;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use skein_common::shutdown::serve_until_signal;
+
+/// Skein: a distributed cluster for LLM agents.
+#[derive(Debug, Parser)]
+#[command(name = "skein", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Submit a task, stream its events and print the answer.
+    Submit(Box<submit::SubmitArgs>),
+    /// List live workers and the tools they provide.
+    Workers(submit::WorkersArgs),
+    /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
+    Dev(Box<dev::DevArgs>),
+    /// Run a lead in the foreground.
+    Lead(Box<crate::Config>),
+    /// Run a worker in the foreground.
+    Worker(Box<skein_worker::Config>),
+}
+
+/// Parses the command line and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("skein: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Submit(args) => submit::submit(*args).await,
+            Command::Workers(args) => submit::workers(args).await,
+            Command::Dev(args) => dev::dev(*args).await,
+            Command::Lead(cfg) => run_lead(*cfg).await,
+            Command::Worker(cfg) => run_worker(*cfg).await,
+        }
+    })
+}
+
+/// Runs a lead until SIGTERM/Ctrl-C (the `skein-lead` binary and `skein lead`).
+pub async fn run_lead(cfg: crate::Config) -> ExitCode {
+    let validated = cfg.validate();
+    serve_until_signal("skein-lead", validated, |shutdown| {
+        crate::run(cfg, shutdown)
+    })
+    .await
+}
+
+/// Runs a worker until SIGTERM/Ctrl-C (the `skein-worker` binary and `skein worker`).
+pub async fn run_worker(cfg: skein_worker::Config) -> ExitCode {
+    let validated = cfg.validate();
+    serve_until_signal("skein-worker", validated, |shutdown| {
+        skein_worker::run(cfg, shutdown)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+        crate::Config::command().debug_assert();
+        skein_worker::Config::command().debug_assert();
+    }
+}

@@ -1,0 +1,229 @@
+//! `skein submit` and `skein workers`: a task in, its events out; the live worker list.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use skein_common::client::SkeinClient;
+use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT, ENV_USER};
+use skein_common::protocol::{
+    EventKind, FinalResult, TaskSubmission, TurnEvent, TurnStatus, PROTOCOL_VERSION,
+};
+use skein_common::store::SessionStore;
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[arg(long, env = ENV_TENANT, default_value = "default")]
+    pub tenant: String,
+    #[arg(long, env = ENV_USER, default_value = "cli")]
+    pub user: String,
+    /// Session to continue; a new one when unset.
+    #[arg(long)]
+    pub session: Option<String>,
+    #[arg(long, default_value = "assistant")]
+    pub agent: String,
+    /// Task id (resubmitting one is deduplicated); random when unset.
+    #[arg(long)]
+    pub task_id: Option<String>,
+    /// Print events and the final result as JSON lines (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// Longest to wait for the final result.
+    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// The user's message.
+    pub input: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkersArgs {
+    #[command(flatten)]
+    pub redis: RedisConfig,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn submit(args: SubmitArgs) -> ExitCode {
+    let submission = TaskSubmission {
+        v: PROTOCOL_VERSION,
+        task_id: args
+            .task_id
+            .unwrap_or_else(|| format!("task-{}", uuid::Uuid::new_v4().simple())),
+        tenant: args.tenant,
+        user: args.user,
+        session: args
+            .session
+            .unwrap_or_else(|| format!("session-{}", uuid::Uuid::new_v4().simple())),
+        agent: args.agent,
+        input: args.input,
+        overrides: None,
+    };
+    let client = match SkeinClient::connect(&args.nats).await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("skein: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    run_and_render(&client, &submission, args.timeout, args.json).await
+}
+
+/// Submits, renders events as they come, prints the answer; the exit code says how it ended.
+pub async fn run_and_render(
+    client: &SkeinClient,
+    submission: &TaskSubmission,
+    timeout: Duration,
+    json: bool,
+) -> ExitCode {
+    if !json {
+        eprintln!(
+            "task {} · session {} · agent {}",
+            submission.task_id, submission.session, submission.agent
+        );
+    }
+    let mut progress = Progress::default();
+    let result = client
+        .run(submission, timeout, |event| {
+            if json {
+                if let Ok(line) = serde_json::to_string(event) {
+                    println!("{line}");
+                }
+            } else {
+                progress.show(event);
+            }
+        })
+        .await;
+    match result {
+        Ok(result) => {
+            if !json {
+                print_result(&result);
+            }
+            match result.status {
+                TurnStatus::Completed => ExitCode::SUCCESS,
+                TurnStatus::Failed => ExitCode::FAILURE,
+            }
+        }
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_result(result: &FinalResult) {
+    match (&result.answer, &result.failure) {
+        (Some(answer), _) => {
+            println!("{answer}");
+            let note = if result.limit_reached {
+                " · step limit reached"
+            } else {
+                ""
+            };
+            eprintln!(
+                "done · {} model calls · {} prompt + {} completion tokens{note}",
+                result.iterations, result.usage.prompt_tokens, result.usage.completion_tokens
+            );
+        }
+        (None, Some(failure)) => eprintln!("failed · {failure}"),
+        (None, None) => eprintln!("failed without a reason"),
+    }
+}
+
+/// Human rendering of a turn's events on stderr, with a spinner while the model streams.
+#[derive(Default)]
+struct Progress {
+    ticks: usize,
+}
+
+impl Progress {
+    const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
+
+    fn show(&mut self, event: &TurnEvent) {
+        let who = if event.source == "lead" {
+            String::new()
+        } else {
+            format!("[{}] ", event.source)
+        };
+        let mut err = std::io::stderr();
+        match &event.event {
+            EventKind::TurnStarted { instance, .. } => {
+                let _ = writeln!(err, "{who}started on {instance}");
+            }
+            EventKind::ModelDelta { .. } => {
+                if !std::io::stderr().is_terminal() {
+                    return;
+                }
+                self.ticks += 1;
+                let _ = write!(err, "\r{who}thinking {}", Self::SPINNER[self.ticks % 4]);
+                let _ = err.flush();
+            }
+            EventKind::ToolStarted {
+                tool, arguments, ..
+            } => {
+                let _ = writeln!(err, "\r{who}→ {tool} {arguments}");
+            }
+            EventKind::ToolFinished {
+                tool,
+                ok,
+                worker_id,
+                preview,
+                ..
+            } => {
+                let mark = if *ok { "✓" } else { "✗" };
+                let first = preview.lines().next().unwrap_or_default();
+                let _ = writeln!(err, "\r{who}{mark} {tool} on {worker_id}: {first}");
+            }
+            EventKind::Warning { failure } => {
+                let _ = writeln!(err, "\r{who}warning: {failure}");
+            }
+            EventKind::Final { .. } => {
+                let _ = writeln!(err, "\r");
+            }
+        }
+    }
+}
+
+pub async fn workers(args: WorkersArgs) -> ExitCode {
+    let store = match SessionStore::connect(&args.redis).await {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("skein: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match store.live_workers().await {
+        Ok(workers) if args.json => {
+            for worker in workers {
+                if let Ok(line) = serde_json::to_string(&worker) {
+                    println!("{line}");
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(workers) => {
+            if workers.is_empty() {
+                println!("no live workers");
+            }
+            for w in workers {
+                let tools: Vec<_> = w.tools.iter().map(|t| t.name.as_str()).collect();
+                let subagents = if w.runs_subagents { " +subagents" } else { "" };
+                println!(
+                    "{}  pool={} capacity={} v{}  {}{subagents}",
+                    w.worker_id,
+                    w.pool,
+                    w.capacity,
+                    w.version,
+                    tools.join(",")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

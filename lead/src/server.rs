@@ -1,0 +1,441 @@
+//! The lead process: pulls submitted tasks, runs each as one agent turn and settles it.
+//!
+//! Per task: decode and validate (bad input ends as a failed final result, never a crash) →
+//! answer from the stored final result if the task already ran (idempotent resubmits) → resolve
+//! the agent → take the session lease (one turn per session at a time, across leads) → load the
+//! session → run the turn → save the session with compare-and-set → store and publish the final
+//! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
+//! lease is renewed.
+//!
+//! Transient trouble (Redis away, a save that lost a race) hands the task back to the broker (nak)
+//! so it runs again, on this or another lead, until its deliveries run out; then it ends as a
+//! failed final result marked retryable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use skein_common::agent::definition::AgentCatalog;
+use skein_common::agent::events::EventSink;
+use skein_common::agent::hooks::Hooks;
+use skein_common::agent::model::{ModelError, Provider};
+use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput};
+use skein_common::bus::{message_id, settle, with_progress, Bus, BusError, ConsumerSettings};
+use skein_common::dispatch::Dispatcher;
+use skein_common::protocol::{
+    validate_token, EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus,
+    PROTOCOL_VERSION,
+};
+use skein_common::store::{SessionStore, StoreError};
+use skein_common::subjects;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+
+/// Delay before a handed-back task is redelivered.
+const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
+/// Pause between attempts to take a busy session's lease.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
+/// Why a lead could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeadError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("agent definitions: {0}")]
+    Definitions(#[from] skein_common::agent::definition::DefinitionError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("model provider: {0}")]
+    Model(#[from] ModelError),
+}
+
+struct Lead {
+    bus: Bus,
+    store: SessionStore,
+    agents: AgentCatalog,
+    runtime: Runtime<Provider>,
+    instance: String,
+    cfg: Config,
+}
+
+/// Runs a lead until `shutdown` is cancelled, then drains.
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadError> {
+    cfg.validate().map_err(LeadError::Config)?;
+    let instance = cfg
+        .instance_id
+        .clone()
+        .unwrap_or_else(|| format!("lead-{}", uuid::Uuid::new_v4().simple()));
+    let agents = match &cfg.agents_dir {
+        Some(dir) => AgentCatalog::load_dir(dir)?,
+        None => AgentCatalog::bundled()?,
+    };
+    let provider = Provider::from_config(&cfg.model)?;
+    let bus = Bus::connect(
+        &cfg.nats,
+        &format!("skein-lead {instance}"),
+        cfg.max_payload,
+    )
+    .await?;
+    bus.ensure_streams().await?;
+    let store = SessionStore::connect(&cfg.redis).await?;
+
+    let tracker = TaskTracker::new();
+    let abort = CancellationToken::new();
+    let background = TaskTracker::new();
+    let background_stop = CancellationToken::new();
+    let dispatcher = Dispatcher::start(
+        bus.clone(),
+        store.clone(),
+        &instance,
+        &background,
+        background_stop.clone(),
+    )
+    .await?;
+    let runtime = Runtime::new(
+        provider,
+        dispatcher,
+        store.clone(),
+        agents.skills().clone(),
+        Hooks::default(),
+        RuntimeSettings {
+            default_model: cfg.model.model.clone(),
+            tool_timeout: cfg.tool_timeout,
+            subagent_timeout: cfg.subagent_timeout,
+            ..RuntimeSettings::default()
+        },
+    );
+    let intake = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::SUBMIT_STREAM,
+            durable: subjects::LEADS_CONSUMER.into(),
+            filter: subjects::SUBMIT_ALL.into(),
+            ack_wait: cfg.ack_wait,
+            max_deliver: cfg.max_deliver,
+        })
+        .await?;
+    tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
+    let (concurrency, grace) = (cfg.concurrency, cfg.grace);
+    let lead = Arc::new(Lead {
+        bus,
+        store,
+        agents,
+        runtime,
+        instance: instance.clone(),
+        cfg,
+    });
+
+    let handler_lead = lead.clone();
+    let handler_abort = abort.clone();
+    intake
+        .serve(concurrency, shutdown, tracker.clone(), move |message| {
+            let lead = handler_lead.clone();
+            let abort = handler_abort.child_token();
+            async move { lead.handle(message, abort).await }
+        })
+        .await;
+
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(?grace, "grace period over; handing running turns back");
+        abort.cancel();
+        tracker.wait().await;
+    }
+    abort.cancel();
+    background_stop.cancel();
+    background.close();
+    background.wait().await;
+    tracing::info!(lead_id = %instance, "lead stopped");
+    Ok(())
+}
+
+/// How handling a submission ended.
+enum Settled {
+    /// Finished (successfully or not); the final result is stored and published.
+    Done,
+    /// Hand the message back for another try.
+    Retry(Failure),
+}
+
+impl Lead {
+    async fn handle(&self, message: jetstream::Message, abort: CancellationToken) {
+        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
+        let submission: TaskSubmission = match self.bus.decode(&message.payload) {
+            Ok(s) => s,
+            Err(e) => return self.reject_undecodable(&message, e.to_failure()).await,
+        };
+        if let Err(failure) = submission.validate(self.cfg.max_payload) {
+            // Ids may be what is wrong: only answer on subjects built from valid tokens.
+            if validate_token("tenant", &submission.tenant).is_ok()
+                && validate_token("task_id", &submission.task_id).is_ok()
+            {
+                self.publish_final(failed_result(&submission, failure, 0))
+                    .await;
+            } else {
+                tracing::warn!(%failure, "invalid submission rejected");
+            }
+            return settle(&message, AckKind::Term).await;
+        }
+        let span = tracing::info_span!("turn", task_id = %submission.task_id, session_id = %submission.session, tenant = %submission.tenant);
+        let _enter = span.enter();
+        let every = self.cfg.ack_wait / 3;
+        let outcome = with_progress(&message, every, self.settle_turn(&submission, &abort)).await;
+        match outcome {
+            Settled::Done => settle(&message, AckKind::Ack).await,
+            Settled::Retry(failure)
+                if delivered < self.cfg.max_deliver && !abort.is_cancelled() =>
+            {
+                tracing::warn!(%failure, delivered, "turn handed back for another try");
+                settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            }
+            Settled::Retry(failure) if abort.is_cancelled() => {
+                tracing::info!(%failure, "turn handed back on shutdown");
+                settle(&message, AckKind::Nak(None)).await;
+            }
+            Settled::Retry(failure) => {
+                self.publish_final(failed_result(&submission, failure, 0))
+                    .await;
+                settle(&message, AckKind::Ack).await;
+            }
+        }
+    }
+
+    async fn settle_turn(&self, submission: &TaskSubmission, abort: &CancellationToken) -> Settled {
+        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+        match self
+            .store
+            .final_result(tenant, session, &submission.task_id)
+            .await
+        {
+            Ok(Some(done)) => {
+                tracing::info!("task already finished; re-publishing its result");
+                self.emit_final(submission, done).await;
+                return Settled::Done;
+            }
+            Ok(None) => {}
+            Err(e) => return Settled::Retry(e.to_failure()),
+        }
+        let agent = match self
+            .agents
+            .resolve(&submission.agent, submission.overrides.as_ref())
+        {
+            Ok(agent) => agent,
+            Err(failure) => {
+                self.publish_final(failed_result(submission, failure, 0))
+                    .await;
+                return Settled::Done;
+            }
+        };
+        let token = format!("{}:{}", self.instance, submission.task_id);
+        if let Err(failure) = self.take_lease(submission, &token, abort).await {
+            return Settled::Retry(failure);
+        }
+        let settled = self
+            .turn_under_lease(submission, &agent, &token, abort)
+            .await;
+        if let Err(e) = self.store.release_lease(tenant, session, &token).await {
+            tracing::warn!(error = %e, "lease not released; it expires on its own");
+        }
+        settled
+    }
+
+    async fn turn_under_lease(
+        &self,
+        submission: &TaskSubmission,
+        agent: &skein_common::protocol::AgentSpec,
+        token: &str,
+        abort: &CancellationToken,
+    ) -> Settled {
+        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+        let loaded = match self.store.load(tenant, session).await {
+            Ok(loaded) => loaded,
+            Err(e) => return Settled::Retry(e.to_failure()),
+        };
+        let origin = submission.origin();
+        let events = EventSink::new(
+            self.bus.clone(),
+            self.runtime.hooks().clone(),
+            origin.clone(),
+            "lead",
+        );
+        events
+            .emit(EventKind::TurnStarted {
+                agent: agent.name.clone(),
+                session: session.to_owned(),
+                instance: self.instance.clone(),
+            })
+            .await;
+        let renew = self.keep_lease(tenant, session, token);
+        let turn = self.runtime.run_turn(TurnInput {
+            origin,
+            agent,
+            history: &loaded.state.history,
+            input: submission.input.clone(),
+            depth: 0,
+            events: &events,
+            cancel: abort,
+        });
+        let output = tokio::select! {
+            output = turn => output,
+            lost = renew => return Settled::Retry(lost),
+        };
+        if abort.is_cancelled() {
+            return Settled::Retry(Failure::new(FailureKind::Cancelled, "lead shutting down"));
+        }
+        if output.status == TurnStatus::Completed {
+            let mut state = loaded.state;
+            state.history.extend(output.new_messages.iter().cloned());
+            state.turns += 1;
+            if let Err(e) = self
+                .store
+                .save(tenant, session, loaded.version, &state)
+                .await
+            {
+                return Settled::Retry(e.to_failure());
+            }
+        }
+        let result = FinalResult {
+            v: PROTOCOL_VERSION,
+            task_id: submission.task_id.clone(),
+            tenant: tenant.to_owned(),
+            session: session.to_owned(),
+            status: output.status,
+            answer: output.answer,
+            failure: output.failure,
+            iterations: output.iterations,
+            limit_reached: output.limit_reached,
+            usage: output.usage,
+        };
+        if let Err(e) = self.store.store_final(&result).await {
+            tracing::warn!(error = %e, "final result not stored; it is still published");
+        }
+        events.emit(EventKind::Final { result }).await;
+        Settled::Done
+    }
+
+    /// Waits for the session's lease; turns of one session run one at a time.
+    async fn take_lease(
+        &self,
+        submission: &TaskSubmission,
+        token: &str,
+        abort: &CancellationToken,
+    ) -> Result<(), Failure> {
+        loop {
+            match self
+                .store
+                .try_lease(
+                    &submission.tenant,
+                    &submission.session,
+                    token,
+                    self.cfg.lease_ttl,
+                )
+                .await
+            {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(e.to_failure()),
+            }
+            tokio::select! {
+                _ = abort.cancelled() => return Err(Failure::new(FailureKind::Cancelled, "lead shutting down")),
+                _ = tokio::time::sleep(LEASE_POLL) => {}
+            }
+        }
+    }
+
+    /// Renews the lease until it is lost; returns why it was lost (never returns while held).
+    async fn keep_lease(&self, tenant: &str, session: &str, token: &str) -> Failure {
+        let every = self.cfg.lease_ttl / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            match self
+                .store
+                .renew_lease(tenant, session, token, self.cfg.lease_ttl)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Failure::new(
+                        FailureKind::Unavailable,
+                        "session lease lost to another lead",
+                    )
+                }
+                Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
+            }
+        }
+    }
+
+    /// Publishes (and stores) a final result for a task that did not run a turn.
+    async fn publish_final(&self, result: FinalResult) {
+        // Stored only under a valid session key; always published on the task's subject.
+        if validate_token("session", &result.session).is_ok() {
+            if let Err(e) = self.store.store_final(&result).await {
+                tracing::warn!(error = %e, "final result not stored");
+            }
+        }
+        let origin = skein_common::protocol::TaskOrigin {
+            task_id: result.task_id.clone(),
+            tenant: result.tenant.clone(),
+            user: String::new(),
+            session: result.session.clone(),
+        };
+        EventSink::new(self.bus.clone(), Hooks::default(), origin, "lead")
+            .emit(EventKind::Final { result })
+            .await;
+    }
+
+    async fn emit_final(&self, submission: &TaskSubmission, result: FinalResult) {
+        EventSink::new(
+            self.bus.clone(),
+            self.runtime.hooks().clone(),
+            submission.origin(),
+            "lead",
+        )
+        .emit(EventKind::Final { result })
+        .await;
+    }
+
+    /// A message that is not a submission: answer on its task's subject if the sender named one
+    /// (`Nats-Msg-Id` and a tenant subject), then terminate it — it would fail on every delivery.
+    async fn reject_undecodable(&self, message: &jetstream::Message, failure: Failure) {
+        let tenant = subjects::tenant_of_submit(&message.subject).map(str::to_owned);
+        let task_id = message_id(message);
+        tracing::warn!(subject = %message.subject, %failure, "undecodable submission rejected");
+        if let (Some(tenant), Some(task_id)) = (tenant, task_id) {
+            if validate_token("tenant", &tenant).is_ok()
+                && validate_token("task_id", &task_id).is_ok()
+            {
+                let stub = TaskSubmission {
+                    v: PROTOCOL_VERSION,
+                    task_id,
+                    tenant,
+                    user: String::new(),
+                    session: String::new(),
+                    agent: String::new(),
+                    input: String::new(),
+                    overrides: None,
+                };
+                self.publish_final(failed_result(&stub, failure, 0)).await;
+            }
+        }
+        settle(message, AckKind::Term).await;
+    }
+}
+
+fn failed_result(submission: &TaskSubmission, failure: Failure, iterations: u32) -> FinalResult {
+    FinalResult {
+        v: PROTOCOL_VERSION,
+        task_id: submission.task_id.clone(),
+        tenant: submission.tenant.clone(),
+        session: submission.session.clone(),
+        status: TurnStatus::Failed,
+        answer: None,
+        failure: Some(failure),
+        iterations,
+        limit_reached: false,
+        usage: Default::default(),
+    }
+}

@@ -1,0 +1,101 @@
+//! The worker's configuration: one clap struct, every field settable by flag or environment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use skein_common::config::*;
+use skein_common::protocol::validate_token;
+
+/// Tools a worker provides when none are configured.
+pub const DEFAULT_TOOLS: &str = "read_file,write_file,list_files,http_fetch";
+
+/// `skein-worker`: runs tool and subagent tasks for one pool.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "skein-worker", version, about)]
+pub struct Config {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[command(flatten)]
+    pub redis: RedisConfig,
+    /// Model used by subagent loops run on this worker.
+    #[command(flatten)]
+    pub model: ModelConfig,
+    /// Pool this worker serves; workers of one pool share one consumer and must provide the same tools.
+    #[arg(long, env = ENV_POOL, default_value = "default")]
+    pub pool: String,
+    /// Tools this worker provides (comma separated).
+    #[arg(long, env = ENV_TOOLS, default_value = DEFAULT_TOOLS, value_delimiter = ',')]
+    pub tools: Vec<String>,
+    /// Whether this worker runs subagent tasks.
+    #[arg(long, env = ENV_SUBAGENTS, default_value_t = true, action = clap::ArgAction::Set)]
+    pub subagents: bool,
+    /// Tasks run at once (tool tasks and subagent tasks each).
+    #[arg(long, env = ENV_CONCURRENCY, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Root of session workspaces (`<root>/<tenant>/<session>`); shared by the pool's workers.
+    #[arg(long, env = ENV_WORKSPACE_ROOT)]
+    pub workspace_root: Option<PathBuf>,
+    /// Where task scopes create scratch directories.
+    #[arg(long, env = ENV_SCRATCH_DIR)]
+    pub scratch_dir: Option<PathBuf>,
+    /// Hosts `http_fetch` may reach (comma separated; `*.example.com` patterns; `*` for any).
+    #[arg(long, env = ENV_HTTP_ALLOW, value_delimiter = ',')]
+    pub http_allow: Vec<String>,
+    /// Largest body `http_fetch` returns.
+    #[arg(long, env = ENV_HTTP_MAX_BYTES, default_value_t = 256 * 1024)]
+    pub http_max_bytes: usize,
+    /// Longest one tool call may run (caps what a task asks for).
+    #[arg(long, env = ENV_TOOL_TIMEOUT, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub tool_timeout: Duration,
+    /// Cap on message payloads.
+    #[arg(long, env = ENV_MAX_PAYLOAD, default_value_t = skein_common::bus::DEFAULT_MAX_PAYLOAD)]
+    pub max_payload: usize,
+    /// How often the worker announces itself.
+    #[arg(long, env = ENV_HEARTBEAT, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub heartbeat: Duration,
+    /// Time running tasks get to finish on SIGTERM before they are aborted.
+    #[arg(long, env = ENV_GRACE, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// How long a delivered task may go unacknowledged (progress acks extend it).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ack_wait: Duration,
+    /// Deliveries of a task before the broker gives up on it.
+    #[arg(long, default_value_t = 5)]
+    pub max_deliver: i64,
+    /// Unique id of this process; random when unset.
+    #[arg(long, env = ENV_INSTANCE_ID)]
+    pub instance_id: Option<String>,
+}
+
+impl Config {
+    /// Checks values clap cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_token("pool", &self.pool).map_err(|f| f.message)?;
+        if let Some(id) = &self.instance_id {
+            validate_token("instance id", id).map_err(|f| f.message)?;
+        }
+        if self.concurrency == 0 {
+            return Err("concurrency must be at least 1".into());
+        }
+        if self.tools.is_empty() && !self.subagents {
+            return Err("a worker must provide at least one tool or run subagents".into());
+        }
+        if self.ack_wait < Duration::from_secs(1) {
+            return Err("ack wait must be at least 1s".into());
+        }
+        Ok(())
+    }
+
+    pub fn workspace_root(&self) -> PathBuf {
+        self.workspace_root
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("skein").join("workspaces"))
+    }
+
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.scratch_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("skein").join("scratch"))
+    }
+}

@@ -1,0 +1,218 @@
+//! The worker process: connect, announce, serve the pool's tool and subagent consumers, drain.
+//!
+//! Shutdown: the root token stops intake (no new pulls) and removes the worker from the registry;
+//! running tasks get the grace period to finish, then the abort token stops them — their scopes
+//! still close and their messages are handed back to the broker for another worker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skein_common::agent::hooks::Hooks;
+use skein_common::agent::model::{ModelError, Provider};
+use skein_common::agent::runtime::{Runtime, RuntimeSettings};
+use skein_common::agent::skills::SkillCatalog;
+use skein_common::bus::{Bus, BusError, ConsumerSettings};
+use skein_common::dispatch::Dispatcher;
+use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
+use skein_common::store::{SessionStore, StoreError};
+use skein_common::{subjects, VERSION};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::execute::{self, WorkerContext};
+use crate::scope::ScopeStats;
+use crate::tools::{builtin_registry, BuiltinConfig};
+
+/// Why a worker could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("model provider: {0}")]
+    Model(#[from] ModelError),
+}
+
+/// Runs a worker until `shutdown` is cancelled, then drains.
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    run_with_stats(cfg, shutdown, Arc::default()).await
+}
+
+/// [`run`], counting task scopes into `stats` (for operators and tests).
+pub async fn run_with_stats(
+    cfg: Config,
+    shutdown: CancellationToken,
+    stats: Arc<ScopeStats>,
+) -> Result<(), WorkerError> {
+    cfg.validate().map_err(WorkerError::Config)?;
+    let instance = cfg
+        .instance_id
+        .clone()
+        .unwrap_or_else(|| format!("worker-{}", uuid::Uuid::new_v4().simple()));
+    let bus = Bus::connect(
+        &cfg.nats,
+        &format!("skein-worker {instance}"),
+        cfg.max_payload,
+    )
+    .await?;
+    bus.ensure_streams().await?;
+    let store = SessionStore::connect(&cfg.redis).await?;
+
+    let http = crate::tools::http::client(Duration::from_secs(5))
+        .map_err(|e| WorkerError::Config(format!("HTTP client: {e}")))?;
+    let builtins = BuiltinConfig {
+        workspace_root: cfg.workspace_root(),
+        http_allow: cfg.http_allow.clone(),
+        http_max_bytes: cfg.http_max_bytes,
+        http_timeout: Duration::from_secs(15).min(cfg.tool_timeout),
+        max_read_bytes: 60 * 1024,
+    };
+    let mut registry = builtin_registry(&builtins, http);
+    if let Some(unknown) = cfg.tools.iter().find(|t| !registry.contains(t)) {
+        return Err(WorkerError::Config(format!(
+            "unknown tool {unknown:?}; this worker can provide: {}",
+            registry.names().join(", ")
+        )));
+    }
+    registry.retain(|name| cfg.tools.iter().any(|t| t == name));
+
+    let tracker = TaskTracker::new();
+    let abort = CancellationToken::new();
+    // The reply listener outlives running tasks: it stops only after they are done.
+    let background = TaskTracker::new();
+    let background_stop = CancellationToken::new();
+    let runtime = if cfg.subagents {
+        let dispatcher = Dispatcher::start(
+            bus.clone(),
+            store.clone(),
+            &instance,
+            &background,
+            background_stop.clone(),
+        )
+        .await?;
+        let settings = RuntimeSettings {
+            default_model: cfg.model.model.clone(),
+            tool_timeout: cfg.tool_timeout,
+            ..RuntimeSettings::default()
+        };
+        Some(Runtime::new(
+            Provider::from_config(&cfg.model)?,
+            dispatcher,
+            store.clone(),
+            SkillCatalog::default(),
+            Hooks::default(),
+            settings,
+        ))
+    } else {
+        None
+    };
+
+    let announcement = WorkerAnnouncement {
+        v: PROTOCOL_VERSION,
+        worker_id: instance.clone(),
+        pool: cfg.pool.clone(),
+        version: VERSION.into(),
+        tools: registry.specs(),
+        runs_subagents: cfg.subagents,
+        capacity: cfg.concurrency as u32,
+        heartbeat_ms: now_ms(),
+        heartbeat_every_ms: cfg.heartbeat.as_millis() as u64,
+    };
+    store.announce_worker(&announcement).await?;
+
+    let has_tools = !registry.specs().is_empty();
+    let ctx = Arc::new(WorkerContext {
+        bus: bus.clone(),
+        store: store.clone(),
+        registry,
+        runtime,
+        stats,
+        instance: instance.clone(),
+        scratch_dir: cfg.scratch_dir(),
+        max_tool_timeout: cfg.tool_timeout,
+        progress_every: cfg.ack_wait / 3,
+    });
+    tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
+
+    let intake_stop = shutdown.clone();
+    let mut loops = Vec::new();
+    if has_tools {
+        let intake = bus
+            .intake(&ConsumerSettings {
+                stream: subjects::WORK_STREAM,
+                durable: subjects::tool_consumer(&cfg.pool),
+                filter: subjects::tool_filter(&cfg.pool),
+                ack_wait: cfg.ack_wait,
+                max_deliver: cfg.max_deliver,
+            })
+            .await?;
+        let (ctx, abort) = (ctx.clone(), abort.clone());
+        loops.push(tokio::spawn(intake.serve(
+            cfg.concurrency,
+            intake_stop.clone(),
+            tracker.clone(),
+            move |message| execute::tool_task(ctx.clone(), message, abort.child_token()),
+        )));
+    }
+    if ctx.runtime.is_some() {
+        let intake = bus
+            .intake(&ConsumerSettings {
+                stream: subjects::WORK_STREAM,
+                durable: subjects::agent_consumer(&cfg.pool),
+                filter: subjects::agent_filter(&cfg.pool),
+                ack_wait: cfg.ack_wait,
+                max_deliver: cfg.max_deliver,
+            })
+            .await?;
+        let (ctx, abort) = (ctx.clone(), abort.clone());
+        loops.push(tokio::spawn(intake.serve(
+            cfg.concurrency,
+            intake_stop.clone(),
+            tracker.clone(),
+            move |message| execute::subagent_task(ctx.clone(), message, abort.child_token()),
+        )));
+    }
+
+    // Heartbeats until shutdown.
+    let mut beats = tokio::time::interval(cfg.heartbeat);
+    let mut announcement = announcement;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = beats.tick() => {
+                announcement.heartbeat_ms = now_ms();
+                if let Err(e) = store.announce_worker(&announcement).await {
+                    tracing::warn!(error = %e, "heartbeat not recorded");
+                }
+            }
+        }
+    }
+
+    // Drain: stop taking work, leave the registry, let running tasks finish, then abort.
+    for intake in loops {
+        let _ = intake.await;
+    }
+    if let Err(e) = store.remove_worker(&instance).await {
+        tracing::warn!(error = %e, "could not leave the worker registry; the entry will expire");
+    }
+    tracker.close();
+    if tokio::time::timeout(cfg.grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?cfg.grace, "grace period over; aborting running tasks");
+        abort.cancel();
+        tracker.wait().await;
+    }
+    abort.cancel();
+    background_stop.cancel();
+    background.close();
+    background.wait().await;
+    tracing::info!(worker_id = %instance, "worker stopped");
+    Ok(())
+}
