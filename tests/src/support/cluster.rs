@@ -1,0 +1,193 @@
+//! A Skein cluster for one test: its own nats-server and redis-server, leads and workers run
+//! in-process (through their library `run`) or as processes, and a client. Everything stops when
+//! the cluster is dropped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use skein_common::client::SkeinClient;
+use skein_common::config::NatsConfig;
+use skein_common::protocol::{FinalResult, TaskSubmission, TurnEvent, PROTOCOL_VERSION};
+use skein_common::store::SessionStore;
+use skein_worker::scope::ScopeStats;
+use tokio_util::sync::CancellationToken;
+
+use super::servers::{NatsServer, RedisServer};
+use super::{eventually, unique};
+
+/// Servers plus the processes and tasks of one test's cluster.
+pub struct TestCluster {
+    pub nats: NatsServer,
+    pub redis: RedisServer,
+    /// Scratch space of this cluster (workspaces, scratch dirs, logs).
+    pub dir: PathBuf,
+    shutdown: CancellationToken,
+}
+
+impl Default for TestCluster {
+    fn default() -> Self {
+        Self::start()
+    }
+}
+
+impl TestCluster {
+    /// Starts fresh servers.
+    pub fn start() -> Self {
+        let dir = std::env::temp_dir().join(unique("skein-test"));
+        std::fs::create_dir_all(&dir).expect("test dir can be created");
+        Self {
+            nats: NatsServer::start(),
+            redis: RedisServer::start(),
+            dir,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// Lead configuration for this cluster; `extra` are more command-line flags.
+    pub fn lead_config(&self, extra: &[&str]) -> skein_lead::Config {
+        let mut args = vec![
+            "skein-lead".to_string(),
+            "--nats-url".into(),
+            self.nats.url.clone(),
+            "--redis-url".into(),
+            self.redis.url.clone(),
+            "--instance-id".into(),
+            unique("lead"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        skein_lead::Config::try_parse_from(args).expect("valid lead flags")
+    }
+
+    /// Worker configuration for this cluster; `extra` are more command-line flags.
+    pub fn worker_config(&self, extra: &[&str]) -> skein_worker::Config {
+        let mut args = vec![
+            "skein-worker".to_string(),
+            "--nats-url".into(),
+            self.nats.url.clone(),
+            "--redis-url".into(),
+            self.redis.url.clone(),
+            "--instance-id".into(),
+            unique("worker"),
+            "--workspace-root".into(),
+            self.dir.join("workspaces").display().to_string(),
+            "--scratch-dir".into(),
+            self.dir.join("scratch").display().to_string(),
+            "--heartbeat".into(),
+            "500ms".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        skein_worker::Config::try_parse_from(args).expect("valid worker flags")
+    }
+
+    /// Runs a lead in this process until the cluster drops.
+    pub fn spawn_lead(&self, cfg: skein_lead::Config) {
+        let shutdown = self.shutdown.child_token();
+        tokio::spawn(async move {
+            if let Err(e) = skein_lead::run(cfg, shutdown).await {
+                panic!("lead failed: {e}");
+            }
+        });
+    }
+
+    /// Runs a worker in this process until the cluster drops; returns its scope counters.
+    pub fn spawn_worker(&self, cfg: skein_worker::Config) -> Arc<ScopeStats> {
+        let stats = Arc::new(ScopeStats::new());
+        let shutdown = self.shutdown.child_token();
+        let counted = stats.clone();
+        tokio::spawn(async move {
+            if let Err(e) = skein_worker::run_with_stats(cfg, shutdown, counted).await {
+                panic!("worker failed: {e}");
+            }
+        });
+        stats
+    }
+
+    /// Command-line flags that point a `skein-node lead|worker` process at this cluster.
+    pub fn process_args(&self, role: &str) -> Vec<String> {
+        let mut args = vec![
+            role.to_string(),
+            "--nats-url".into(),
+            self.nats.url.clone(),
+            "--redis-url".into(),
+            self.redis.url.clone(),
+        ];
+        if role == "worker" {
+            args.extend([
+                "--workspace-root".into(),
+                self.dir.join("workspaces").display().to_string(),
+                "--scratch-dir".into(),
+                self.dir.join("scratch").display().to_string(),
+                "--heartbeat".into(),
+                "500ms".into(),
+            ]);
+        }
+        args
+    }
+
+    pub async fn client(&self) -> SkeinClient {
+        SkeinClient::connect(&NatsConfig::local(self.nats.url.clone()))
+            .await
+            .expect("client connects to the test NATS")
+    }
+
+    pub async fn store(&self) -> SessionStore {
+        SessionStore::connect(&skein_common::config::RedisConfig {
+            url: self.redis.url.clone(),
+        })
+        .await
+        .expect("store connects to the test Redis")
+    }
+
+    /// Waits until `n` workers are live in the registry.
+    pub async fn wait_for_workers(&self, n: usize) {
+        let store = self.store().await;
+        eventually(
+            &format!("{n} live workers"),
+            Duration::from_secs(20),
+            || {
+                let store = store.clone();
+                async move {
+                    let live = store.live_workers().await.ok()?;
+                    (live.len() >= n).then_some(())
+                }
+            },
+        )
+        .await
+    }
+
+    /// Submits and waits for the final result, collecting every event.
+    pub async fn run(&self, submission: &TaskSubmission) -> (FinalResult, Vec<TurnEvent>) {
+        let client = self.client().await;
+        let mut events = Vec::new();
+        let result = client
+            .run(submission, Duration::from_secs(60), |e| {
+                events.push(e.clone())
+            })
+            .await
+            .expect("the task reaches a final result");
+        (result, events)
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A submission to the `assistant` agent with fresh ids.
+pub fn submission(tenant: &str, session: &str, input: &str) -> TaskSubmission {
+    TaskSubmission {
+        v: PROTOCOL_VERSION,
+        task_id: unique("task"),
+        tenant: tenant.into(),
+        user: "tester".into(),
+        session: session.into(),
+        agent: "assistant".into(),
+        input: input.into(),
+        overrides: None,
+    }
+}

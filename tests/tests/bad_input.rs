@@ -1,0 +1,307 @@
+//! Bad input gets a clear error and nothing is lost: malformed and oversized submissions, unknown
+//! agents and tools, invalid tool arguments, undecodable tool tasks, unreachable servers.
+
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use futures::StreamExt;
+use serde_json::json;
+use skein_common::client::ClientError;
+use skein_common::config::{NatsConfig, RedisConfig};
+use skein_common::protocol::{EventKind, FailureKind, FinalResult, TurnStatus};
+use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::{free_port, unique, FakeOpenAi, FakeReply};
+
+/// Publishes raw bytes as a submission with a task id header, then waits for that task's final
+/// result on its event subject.
+async fn submit_raw(
+    cluster: &TestCluster,
+    tenant: &str,
+    task_id: &str,
+    payload: Vec<u8>,
+) -> FinalResult {
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut headers = HeaderMap::new();
+    headers.insert(NATS_MESSAGE_ID, task_id);
+    jetstream
+        .publish_with_headers(format!("skein.submit.{tenant}"), headers, payload.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored by JetStream");
+    let events = cluster
+        .client()
+        .await
+        .watch(tenant, task_id)
+        .await
+        .expect("watch");
+    futures::pin_mut!(events);
+    let wait = async {
+        while let Some(event) = events.next().await {
+            if let EventKind::Final { result } = event.expect("decodable event").event {
+                return result;
+            }
+        }
+        panic!("event stream ended without a final result");
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("final result within 30s")
+}
+
+fn failure_kind(result: &FinalResult) -> Option<FailureKind> {
+    result.failure.as_ref().map(|f| f.kind)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_submissions_end_with_clear_failures_and_the_lead_keeps_serving() {
+    let cluster = TestCluster::start();
+    cluster.spawn_worker(cluster.worker_config(&[]));
+    cluster.spawn_lead(cluster.lead_config(&["--max-payload", "4096"]));
+    cluster.wait_for_workers(1).await;
+
+    let malformed = submit_raw(
+        &cluster,
+        "acme",
+        "bad-json-1",
+        b"{ this is not json".to_vec(),
+    )
+    .await;
+    assert_eq!(malformed.status, TurnStatus::Failed);
+    assert_eq!(
+        failure_kind(&malformed),
+        Some(FailureKind::InvalidInput),
+        "{malformed:?}"
+    );
+
+    let mut huge = submission("acme", &unique("s"), "x");
+    huge.input = "x".repeat(10_000);
+    huge.task_id = "too-big-1".into();
+    let oversized = submit_raw(
+        &cluster,
+        "acme",
+        "too-big-1",
+        serde_json::to_vec(&huge).expect("encode"),
+    )
+    .await;
+    assert_eq!(
+        failure_kind(&oversized),
+        Some(FailureKind::TooLarge),
+        "{oversized:?}"
+    );
+    assert!(oversized
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.message.contains("4096")));
+
+    let wrong_version = json!({"v": 9, "task_id": "v9", "tenant": "acme", "user": "u", "session": "s", "agent": "assistant", "input": "hi"});
+    let versioned = submit_raw(
+        &cluster,
+        "acme",
+        "v9",
+        serde_json::to_vec(&wrong_version).expect("encode"),
+    )
+    .await;
+    assert_eq!(failure_kind(&versioned), Some(FailureKind::InvalidInput));
+    assert!(versioned
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.message.contains("version")));
+
+    // Nothing above stopped the lead.
+    let (ok, _) = cluster
+        .run(&submission("acme", &unique("s"), "still there?"))
+        .await;
+    assert_eq!(ok.status, TurnStatus::Completed, "{ok:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_agents_fail_the_task_and_name_the_known_ones() {
+    let cluster = TestCluster::start();
+    cluster.spawn_lead(cluster.lead_config(&[]));
+    let mut task = submission("acme", &unique("s"), "hello");
+    task.agent = "nobody".into();
+    let (result, _) = cluster.run(&task).await;
+    assert_eq!(failure_kind(&result), Some(FailureKind::UnknownAgent));
+    assert!(result
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.message.contains("assistant")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tools_and_invalid_arguments_become_observations() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![
+        FakeReply::ToolCalls(vec![
+            ("no_such_tool".into(), json!({})),
+            ("read_file".into(), json!({ "path": 5 })),
+            ("write_file".into(), json!({ "path": "a.txt" })),
+            (
+                "read_file".into(),
+                json!({ "path": "a.txt", "mode": "fast" }),
+            ),
+        ]),
+        FakeReply::Answer("recovered".into()),
+    ])
+    .await;
+    cluster.spawn_worker(cluster.worker_config(&[]));
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--model-provider",
+        "openai",
+        "--model-base-url",
+        &model.base_url,
+    ]));
+    cluster.wait_for_workers(1).await;
+
+    let (result, _) = cluster
+        .run(&submission("acme", &unique("s"), "misuse tools"))
+        .await;
+    assert_eq!(result.status, TurnStatus::Completed);
+    assert_eq!(result.answer.as_deref(), Some("recovered"));
+    let requests = model.requests();
+    let observations: Vec<String> = requests[1]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(observations.len(), 4, "{observations:?}");
+    assert!(
+        observations[0].starts_with("error (unknown_tool)"),
+        "{}",
+        observations[0]
+    );
+    assert!(
+        observations[0].contains("read_file"),
+        "lists the available tools"
+    );
+    for text in &observations[1..] {
+        assert!(text.starts_with("error (invalid_arguments)"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_model_fails_the_turn_as_retryable() {
+    let cluster = TestCluster::start();
+    let dead = format!("http://127.0.0.1:{}/v1", free_port());
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--model-provider",
+        "openai",
+        "--model-base-url",
+        &dead,
+    ]));
+    let (result, _) = cluster
+        .run(&submission("acme", &unique("s"), "hello?"))
+        .await;
+    assert_eq!(result.status, TurnStatus::Failed);
+    let failure = result.failure.expect("a failure");
+    assert_eq!(failure.kind, FailureKind::Unavailable, "{failure:?}");
+    assert!(failure.retryable);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_error_status_is_reported() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![FakeReply::Status(
+        400,
+        "bad request: no such model".into(),
+    )])
+    .await;
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--model-provider",
+        "openai",
+        "--model-base-url",
+        &model.base_url,
+    ]));
+    let (result, _) = cluster
+        .run(&submission("acme", &unique("s"), "hello?"))
+        .await;
+    let failure = result.failure.expect("a failure");
+    assert_eq!(failure.kind, FailureKind::ModelFailed);
+    assert!(!failure.retryable);
+    assert!(failure.message.contains("no such model"), "{failure:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_tool_tasks_are_terminated_and_the_worker_keeps_serving() {
+    let cluster = TestCluster::start();
+    cluster.spawn_worker(cluster.worker_config(&[]));
+    cluster.spawn_lead(cluster.lead_config(&[]));
+    cluster.wait_for_workers(1).await;
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let jetstream = async_nats::jetstream::new(client);
+    jetstream
+        .publish("skein.tool.default.read_file", "garbage".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+
+    let (result, _) = cluster
+        .run(&submission("acme", &unique("s"), "work as usual"))
+        .await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = jetstream
+        .get_stream("SKEIN_WORK")
+        .await
+        .expect("work stream")
+        .get_consumer("skein-tools-default")
+        .await
+        .expect("pool consumer");
+    let info = consumer.info().await.expect("consumer info");
+    assert_eq!(info.num_pending, 0, "nothing left waiting");
+    assert_eq!(info.num_ack_pending, 0, "nothing stuck unacknowledged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_ids_are_rejected_by_the_client_before_publishing() {
+    let cluster = TestCluster::start();
+    let mut task = submission("acme", &unique("s"), "hi");
+    task.tenant = "a.b".into();
+    let err = cluster
+        .client()
+        .await
+        .submit(&task)
+        .await
+        .expect_err("rejected");
+    assert!(
+        matches!(err, ClientError::Rejected(ref f) if f.kind == FailureKind::InvalidInput),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_nats_or_redis_stop_start_up_with_a_clear_error() {
+    let cluster = TestCluster::start();
+    let dead_nats = format!("nats://127.0.0.1:{}", free_port());
+    let dead_redis = format!("redis://127.0.0.1:{}/", free_port());
+
+    let mut cfg = cluster.lead_config(&[]);
+    cfg.nats = NatsConfig::local(dead_nats.clone());
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        skein_lead::run(cfg, Default::default()),
+    )
+    .await
+    .expect("gives up in time")
+    .expect_err("cannot run without NATS");
+    assert!(err.to_string().contains(&dead_nats), "{err}");
+
+    let mut cfg = cluster.worker_config(&[]);
+    cfg.redis = RedisConfig { url: dead_redis };
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        skein_worker::run(cfg, Default::default()),
+    )
+    .await
+    .expect("gives up in time")
+    .expect_err("cannot run without Redis");
+    assert!(err.to_string().contains("redis"), "{err}");
+}
