@@ -64,6 +64,9 @@ pub struct TaskOrigin {
     pub user: String,
     /// The session the call belongs to (a child session for subagent calls).
     pub session: String,
+    /// The session whose workspace files the call works in: the user's session, also for the
+    /// calls of its subagents.
+    pub workspace: String,
 }
 
 /// One tool call dispatched to a worker pool.
@@ -415,6 +418,7 @@ impl TaskSubmission {
             tenant: self.tenant.clone(),
             user: self.user.clone(),
             session: self.session.clone(),
+            workspace: self.session.clone(),
         }
     }
 }
@@ -475,6 +479,27 @@ mod tests {
         let long = child_session_id(&"p".repeat(120), "call.9!");
         assert!(validate_token("s", &long).is_ok());
         assert!(long.ends_with("call9"));
+    }
+
+    /// The schemas under `docs/protocol/` are what this build speaks. Regenerate them with
+    /// `SKEIN_UPDATE_SCHEMAS=1 cargo test -p skein-common published_schemas`.
+    #[test]
+    fn published_schemas_are_current() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/protocol");
+        let update = std::env::var_os("SKEIN_UPDATE_SCHEMAS").is_some();
+        for (file, schema) in schemas() {
+            let text = serde_json::to_string_pretty(&schema).expect("schemas serialize") + "\n";
+            let path = dir.join(file);
+            if update {
+                std::fs::create_dir_all(&dir).expect("docs/protocol can be created");
+                std::fs::write(&path, &text).expect("schema file can be written");
+            }
+            let published = std::fs::read_to_string(&path).unwrap_or_default();
+            assert_eq!(
+                published, text,
+                "{file} is stale; regenerate with SKEIN_UPDATE_SCHEMAS=1"
+            );
+        }
     }
 
     #[test]

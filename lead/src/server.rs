@@ -381,6 +381,7 @@ impl Lead {
             tenant: result.tenant.clone(),
             user: String::new(),
             session: result.session.clone(),
+            workspace: result.session.clone(),
         };
         EventSink::new(self.bus.clone(), Hooks::default(), origin, "lead")
             .emit(EventKind::Final { result })

@@ -269,6 +269,7 @@ fn check_origin(origin: &TaskOrigin, version: u32) -> Result<(), Failure> {
     }
     validate_token("task_id", &origin.task_id)?;
     validate_token("tenant", &origin.tenant)?;
+    validate_token("workspace", &origin.workspace)?;
     validate_token("session", &origin.session)
 }
 

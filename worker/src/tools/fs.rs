@@ -37,9 +37,9 @@ impl Workspace {
     /// The workspace of `origin`'s session under `root` (not created yet).
     pub fn for_session(root: &Path, origin: &TaskOrigin) -> Result<Self, ToolError> {
         validate_token("tenant", &origin.tenant).map_err(|f| ToolError::Denied(f.message))?;
-        validate_token("session", &origin.session).map_err(|f| ToolError::Denied(f.message))?;
+        validate_token("workspace", &origin.workspace).map_err(|f| ToolError::Denied(f.message))?;
         Ok(Self {
-            dir: root.join(&origin.tenant).join(&origin.session),
+            dir: root.join(&origin.tenant).join(&origin.workspace),
         })
     }
 

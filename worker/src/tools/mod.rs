@@ -391,6 +391,7 @@ pub(crate) mod test_support {
             tenant: tenant.into(),
             user: "user-1".into(),
             session: session.into(),
+            workspace: session.into(),
         }
     }
 
