@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use skein_common::client::SkeinClient;
-use skein_common::config::{NatsConfig, ENV_MODEL_PROVIDER, ENV_NATS_URL, ENV_REDIS_URL};
+use skein_common::config::{
+    NatsConfig, ENV_INSTANCE_ID, ENV_MODEL_PROVIDER, ENV_NATS_URL, ENV_REDIS_URL, ENV_SCRATCH_DIR,
+    ENV_WORKSPACE_ROOT,
+};
 use skein_common::protocol::{TaskSubmission, PROTOCOL_VERSION};
 use skein_common::store::SessionStore;
 use tokio::process::{Child, Command};
@@ -149,16 +152,16 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         cmd.arg("worker")
             .env(ENV_NATS_URL, &nats_url)
             .env(ENV_REDIS_URL, &redis_url)
-            .env("SKEIN_INSTANCE_ID", format!("dev-worker-{i}-{run_id}"))
-            .env("SKEIN_WORKSPACE_ROOT", &workspace)
-            .env("SKEIN_SCRATCH_DIR", cluster.dir.join("scratch"));
+            .env(ENV_INSTANCE_ID, format!("dev-worker-{i}-{run_id}"))
+            .env(ENV_WORKSPACE_ROOT, &workspace)
+            .env(ENV_SCRATCH_DIR, cluster.dir.join("scratch"));
         spawn(cluster, &format!("worker {i}"), cmd)?;
     }
     let mut cmd = Command::new(&exe);
     cmd.arg("lead")
         .env(ENV_NATS_URL, &nats_url)
         .env(ENV_REDIS_URL, &redis_url)
-        .env("SKEIN_INSTANCE_ID", format!("dev-lead-{run_id}"));
+        .env(ENV_INSTANCE_ID, format!("dev-lead-{run_id}"));
     spawn(cluster, "lead", cmd)?;
     let provider = std::env::var(ENV_MODEL_PROVIDER).unwrap_or_else(|_| "scripted".into());
     eprintln!(
