@@ -296,3 +296,89 @@ async fn workspace_escapes_are_denied_through_the_whole_path() {
     }
     assert!(!std::path::Path::new("/tmp/skein-escape").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_iteration_limit_ends_in_a_summary_not_an_error() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![
+        FakeReply::ToolCalls(vec![("list_files".into(), json!({}))]),
+        FakeReply::ToolCalls(vec![("list_files".into(), json!({}))]),
+        FakeReply::Answer("summary: looked twice, found nothing".into()),
+    ])
+    .await;
+    cluster.spawn_worker(cluster.worker_config(&[]));
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--model-provider",
+        "openai",
+        "--model-base-url",
+        &model.base_url,
+    ]));
+    cluster.wait_for_workers(1).await;
+
+    let mut task = submission("acme", &unique("s"), "keep looking");
+    task.overrides = Some(skein_common::protocol::AgentOverrides {
+        max_iterations: Some(2),
+        ..Default::default()
+    });
+    let (result, _) = cluster.run(&task).await;
+    assert_eq!(result.status, TurnStatus::Completed);
+    assert!(result.limit_reached);
+    assert_eq!(result.iterations, 3, "two steps and the summary");
+    assert_eq!(
+        result.answer.as_deref(),
+        Some("summary: looked twice, found nothing")
+    );
+    let last = &model.requests()[2];
+    assert!(
+        last.get("tools").is_none(),
+        "the summary call offers no tools: {last}"
+    );
+    assert!(
+        last["messages"].to_string().contains("steps allowed"),
+        "the model is told why"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resubmitting_a_task_id_runs_the_turn_once() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![FakeReply::Answer("only once".into())]).await;
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--model-provider",
+        "openai",
+        "--model-base-url",
+        &model.base_url,
+    ]));
+    let task = submission("acme", &unique("s"), "hello");
+    let (first, _) = cluster.run(&task).await;
+    // Within the broker's dedup window the copy is dropped at publish; after it, the lead answers
+    // from the stored final result. Either way the turn does not run again.
+    let (second, _) = cluster.run(&task).await;
+    assert_eq!(first.answer.as_deref(), Some("only once"));
+    assert_eq!(second, first);
+    assert_eq!(model.requests().len(), 1, "one model call in all");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_drains_on_sigterm_and_leaves_the_registry() {
+    let cluster = TestCluster::start();
+    let mut worker = node(&cluster, "worker", &["--grace", "5s"], "worker.log");
+    cluster.wait_for_workers(1).await;
+    worker.sigterm();
+    let status = worker.wait_exit(Duration::from_secs(15)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "clean exit: {status:?}\n{}",
+        worker.log()
+    );
+    let live = cluster
+        .store()
+        .await
+        .live_workers()
+        .await
+        .expect("registry readable");
+    assert!(
+        live.is_empty(),
+        "the drained worker left the registry: {live:?}"
+    );
+}
