@@ -38,6 +38,46 @@ async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// The work of a process: running tasks (aborted after the grace period) and background tasks
+/// that must outlive them (such as the reply listener of a dispatcher).
+pub struct Workload {
+    pub running: tokio_util::task::TaskTracker,
+    pub abort: CancellationToken,
+    pub background: tokio_util::task::TaskTracker,
+    pub background_stop: CancellationToken,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Self {
+            running: tokio_util::task::TaskTracker::new(),
+            abort: CancellationToken::new(),
+            background: tokio_util::task::TaskTracker::new(),
+            background_stop: CancellationToken::new(),
+        }
+    }
+}
+
+impl Workload {
+    /// Call after intake has stopped: lets running work finish within `grace`, then aborts it
+    /// (aborted work hands its messages back to the broker), then stops background tasks.
+    pub async fn drain(self, grace: std::time::Duration) {
+        self.running.close();
+        if tokio::time::timeout(grace, self.running.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(?grace, "grace period over; handing running work back");
+            self.abort.cancel();
+            self.running.wait().await;
+        }
+        self.abort.cancel();
+        self.background_stop.cancel();
+        self.background.close();
+        self.background.wait().await;
+    }
+}
+
 /// Runs a server process's `run` until SIGTERM/Ctrl-C, with telemetry installed; maps the outcome
 /// to an exit code (64 for bad configuration, 1 for a failure).
 pub async fn serve_until_signal<E, F>(

@@ -26,10 +26,10 @@ use skein_common::protocol::{
     validate_token, EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus,
     PROTOCOL_VERSION,
 };
+use skein_common::shutdown::Workload;
 use skein_common::store::{SessionStore, StoreError};
 use skein_common::subjects;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 
@@ -84,16 +84,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
     bus.ensure_streams().await?;
     let store = SessionStore::connect(&cfg.redis).await?;
 
-    let tracker = TaskTracker::new();
-    let abort = CancellationToken::new();
-    let background = TaskTracker::new();
-    let background_stop = CancellationToken::new();
+    let work = Workload::default();
     let dispatcher = Dispatcher::start(
         bus.clone(),
         store.clone(),
         &instance,
-        &background,
-        background_stop.clone(),
+        &work.background,
+        work.background_stop.clone(),
     )
     .await?;
     let runtime = Runtime::new(
@@ -130,25 +127,20 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
     });
 
     let handler_lead = lead.clone();
-    let handler_abort = abort.clone();
+    let handler_abort = work.abort.clone();
     intake
-        .serve(concurrency, shutdown, tracker.clone(), move |message| {
-            let lead = handler_lead.clone();
-            let abort = handler_abort.child_token();
-            async move { lead.handle(message, abort).await }
-        })
+        .serve(
+            concurrency,
+            shutdown,
+            work.running.clone(),
+            move |message| {
+                let lead = handler_lead.clone();
+                let abort = handler_abort.child_token();
+                async move { lead.handle(message, abort).await }
+            },
+        )
         .await;
-
-    tracker.close();
-    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-        tracing::warn!(?grace, "grace period over; handing running turns back");
-        abort.cancel();
-        tracker.wait().await;
-    }
-    abort.cancel();
-    background_stop.cancel();
-    background.close();
-    background.wait().await;
+    work.drain(grace).await;
     tracing::info!(lead_id = %instance, "lead stopped");
     Ok(())
 }

@@ -50,11 +50,7 @@ enum Work {
     Aborted,
 }
 
-pub(crate) async fn tool_task(
-    ctx: Arc<WorkerContext>,
-    message: jetstream::Message,
-    abort: CancellationToken,
-) {
+async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: CancellationToken) {
     let task: ToolTask = match ctx.bus.decode(&message.payload) {
         Ok(task) => task,
         Err(e) => return reject(&message, &e.to_string()).await,
@@ -65,9 +61,7 @@ pub(crate) async fn tool_task(
         return finish(
             &ctx,
             &message,
-            &task.origin,
-            &task.call_id,
-            &task.reply_to,
+            task_call(&task.origin, &task.call_id, &task.reply_to),
             CallOutcome::Failed { failure },
             Instant::now(),
         )
@@ -110,27 +104,11 @@ pub(crate) async fn tool_task(
         _ = abort.cancelled() => Work::Aborted,
         outcome = with_progress(&message, ctx.progress_every, run) => Work::Done(outcome),
     };
-    if let Err(e) = scope.close().await {
-        tracing::warn!(error = %e, "task scope closed with errors");
-    }
-    match work {
-        Work::Done(outcome) => {
-            finish(
-                &ctx,
-                &message,
-                &task.origin,
-                &task.call_id,
-                &task.reply_to,
-                outcome,
-                started,
-            )
-            .await
-        }
-        Work::Aborted => settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await,
-    }
+    let call = task_call(&task.origin, &task.call_id, &task.reply_to);
+    conclude(&ctx, &message, scope, work, call, started).await;
 }
 
-pub(crate) async fn subagent_task(
+async fn subagent_task(
     ctx: Arc<WorkerContext>,
     message: jetstream::Message,
     abort: CancellationToken,
@@ -147,9 +125,7 @@ pub(crate) async fn subagent_task(
         return finish(
             &ctx,
             &message,
-            &task.origin,
-            &task.call_id,
-            &task.reply_to,
+            task_call(&task.origin, &task.call_id, &task.reply_to),
             CallOutcome::Failed { failure },
             Instant::now(),
         )
@@ -166,16 +142,14 @@ pub(crate) async fn subagent_task(
         return finish(
             &ctx,
             &message,
-            &task.origin,
-            &task.call_id,
-            &task.reply_to,
+            task_call(&task.origin, &task.call_id, &task.reply_to),
             CallOutcome::Failed { failure },
             Instant::now(),
         )
         .await;
     };
     let started = Instant::now();
-    let mut scope = TaskScope::new(
+    let scope = TaskScope::new(
         ctx.stats.clone(),
         ctx.scratch_dir.clone(),
         format!("subagent {} {}", task.agent.name, task.call_id),
@@ -231,23 +205,62 @@ pub(crate) async fn subagent_task(
             Err(_) => CallOutcome::Failed { failure: Failure::new(FailureKind::TimedOut, format!("subagent ran longer than {timeout:?}")) },
         }),
     };
+    let call = task_call(&task.origin, &task.call_id, &task.reply_to);
+    conclude(&ctx, &message, scope, work, call, started).await;
+}
+
+/// Closes the task's scope, then settles: a result is recorded and sent, aborted work is handed
+/// back to the broker.
+async fn conclude(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    mut scope: TaskScope,
+    work: Work,
+    call: CallRef<'_>,
+    started: Instant,
+) {
     if let Err(e) = scope.close().await {
         tracing::warn!(error = %e, "task scope closed with errors");
     }
     match work {
-        Work::Done(outcome) => {
-            finish(
-                &ctx,
-                &message,
-                &task.origin,
-                &task.call_id,
-                &task.reply_to,
-                outcome,
-                started,
-            )
-            .await
-        }
-        Work::Aborted => settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await,
+        Work::Done(outcome) => finish(ctx, message, call, outcome, started).await,
+        Work::Aborted => settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await,
+    }
+}
+
+/// Which call a result belongs to and where it goes.
+#[derive(Clone, Copy)]
+struct CallRef<'a> {
+    origin: &'a TaskOrigin,
+    call_id: &'a str,
+    reply_to: &'a str,
+}
+
+fn task_call<'a>(origin: &'a TaskOrigin, call_id: &'a str, reply_to: &'a str) -> CallRef<'a> {
+    CallRef {
+        origin,
+        call_id,
+        reply_to,
+    }
+}
+
+/// Kinds of task a worker serves, one consumer each.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TaskKind {
+    Tool,
+    Subagent,
+}
+
+/// Runs one delivered task of `kind`.
+pub(crate) async fn task(
+    kind: TaskKind,
+    ctx: Arc<WorkerContext>,
+    message: jetstream::Message,
+    abort: CancellationToken,
+) {
+    match kind {
+        TaskKind::Tool => tool_task(ctx, message, abort).await,
+        TaskKind::Subagent => subagent_task(ctx, message, abort).await,
     }
 }
 
@@ -309,12 +322,15 @@ async fn resend_recorded(
 async fn finish(
     ctx: &WorkerContext,
     message: &jetstream::Message,
-    origin: &TaskOrigin,
-    call_id: &str,
-    reply_to: &str,
+    call: CallRef<'_>,
     outcome: CallOutcome,
     started: Instant,
 ) {
+    let CallRef {
+        origin,
+        call_id,
+        reply_to,
+    } = call;
     let result = ToolResult {
         v: PROTOCOL_VERSION,
         call_id: call_id.to_owned(),

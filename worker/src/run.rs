@@ -14,13 +14,13 @@ use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{Bus, BusError, ConsumerSettings};
 use skein_common::dispatch::Dispatcher;
 use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
+use skein_common::shutdown::Workload;
 use skein_common::store::{SessionStore, StoreError};
 use skein_common::{subjects, VERSION};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::execute::{self, WorkerContext};
+use crate::execute::{self, TaskKind, WorkerContext};
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig};
 
@@ -81,18 +81,15 @@ pub async fn run_with_stats(
     }
     registry.retain(|name| cfg.tools.iter().any(|t| t == name));
 
-    let tracker = TaskTracker::new();
-    let abort = CancellationToken::new();
-    // The reply listener outlives running tasks: it stops only after they are done.
-    let background = TaskTracker::new();
-    let background_stop = CancellationToken::new();
+    // The reply listener is background work: it outlives running tasks.
+    let work = Workload::default();
     let runtime = if cfg.subagents {
         let dispatcher = Dispatcher::start(
             bus.clone(),
             store.clone(),
             &instance,
-            &background,
-            background_stop.clone(),
+            &work.background,
+            work.background_stop.clone(),
         )
         .await?;
         let settings = RuntimeSettings {
@@ -139,42 +136,40 @@ pub async fn run_with_stats(
     });
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 
-    let intake_stop = shutdown.clone();
     let mut loops = Vec::new();
-    if has_tools {
+    let pools = [
+        (
+            has_tools,
+            subjects::tool_consumer(&cfg.pool),
+            subjects::tool_filter(&cfg.pool),
+            TaskKind::Tool,
+        ),
+        (
+            ctx.runtime.is_some(),
+            subjects::agent_consumer(&cfg.pool),
+            subjects::agent_filter(&cfg.pool),
+            TaskKind::Subagent,
+        ),
+    ];
+    for (enabled, durable, filter, kind) in pools {
+        if !enabled {
+            continue;
+        }
         let intake = bus
             .intake(&ConsumerSettings {
                 stream: subjects::WORK_STREAM,
-                durable: subjects::tool_consumer(&cfg.pool),
-                filter: subjects::tool_filter(&cfg.pool),
+                durable,
+                filter,
                 ack_wait: cfg.ack_wait,
                 max_deliver: cfg.max_deliver,
             })
             .await?;
-        let (ctx, abort) = (ctx.clone(), abort.clone());
+        let (ctx, abort) = (ctx.clone(), work.abort.clone());
         loops.push(tokio::spawn(intake.serve(
             cfg.concurrency,
-            intake_stop.clone(),
-            tracker.clone(),
-            move |message| execute::tool_task(ctx.clone(), message, abort.child_token()),
-        )));
-    }
-    if ctx.runtime.is_some() {
-        let intake = bus
-            .intake(&ConsumerSettings {
-                stream: subjects::WORK_STREAM,
-                durable: subjects::agent_consumer(&cfg.pool),
-                filter: subjects::agent_filter(&cfg.pool),
-                ack_wait: cfg.ack_wait,
-                max_deliver: cfg.max_deliver,
-            })
-            .await?;
-        let (ctx, abort) = (ctx.clone(), abort.clone());
-        loops.push(tokio::spawn(intake.serve(
-            cfg.concurrency,
-            intake_stop.clone(),
-            tracker.clone(),
-            move |message| execute::subagent_task(ctx.clone(), message, abort.child_token()),
+            shutdown.clone(),
+            work.running.clone(),
+            move |message| execute::task(kind, ctx.clone(), message, abort.child_token()),
         )));
     }
 
@@ -200,19 +195,7 @@ pub async fn run_with_stats(
     if let Err(e) = store.remove_worker(&instance).await {
         tracing::warn!(error = %e, "could not leave the worker registry; the entry will expire");
     }
-    tracker.close();
-    if tokio::time::timeout(cfg.grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?cfg.grace, "grace period over; aborting running tasks");
-        abort.cancel();
-        tracker.wait().await;
-    }
-    abort.cancel();
-    background_stop.cancel();
-    background.close();
-    background.wait().await;
+    work.drain(cfg.grace).await;
     tracing::info!(worker_id = %instance, "worker stopped");
     Ok(())
 }
