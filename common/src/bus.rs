@@ -29,6 +29,9 @@ use crate::subjects;
 /// Default cap on one message's payload (NATS' own default `max_payload` is 1 MiB).
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 
+/// How long start-up waits for JetStream to answer.
+const JETSTREAM_READY_WAIT: Duration = Duration::from_secs(15);
+
 /// How long a JetStream publish may wait for its acknowledgement.
 const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -166,15 +169,24 @@ impl Bus {
                 ..Default::default()
             },
         ];
+        // A server that just started (or restarted) may take a moment before JetStream answers.
+        let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
         for config in streams {
-            let name = config.name.clone();
-            self.jetstream
-                .get_or_create_stream(config)
-                .await
-                .map_err(|e| BusError::Stream {
-                    stream: name,
-                    message: e.to_string(),
-                })?;
+            loop {
+                match self.jetstream.get_or_create_stream(config.clone()).await {
+                    Ok(_) => break,
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        tracing::debug!(stream = %config.name, error = %e, "JetStream not ready; retrying");
+                        tokio::time::sleep(PULL_RETRY).await;
+                    }
+                    Err(e) => {
+                        return Err(BusError::Stream {
+                            stream: config.name.clone(),
+                            message: e.to_string(),
+                        })
+                    }
+                }
+            }
         }
         Ok(())
     }
