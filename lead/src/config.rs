@@ -30,19 +30,19 @@ pub struct Config {
     #[arg(long, env = ENV_TOOL_TIMEOUT, default_value = "60s", value_parser = humantime::parse_duration)]
     pub tool_timeout: Duration,
     /// Longest one subagent call may run.
-    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = ENV_SUBAGENT_TIMEOUT, default_value = "300s", value_parser = humantime::parse_duration)]
     pub subagent_timeout: Duration,
     /// Time running turns get to finish on SIGTERM before they are handed back.
     #[arg(long, env = ENV_GRACE, default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// How long a submitted task may go unacknowledged (progress acks extend it while it runs).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = ENV_ACK_WAIT, default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
     /// Deliveries of a task before the broker gives up on it.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = ENV_MAX_DELIVER, default_value_t = 5)]
     pub max_deliver: i64,
     /// How long a session lease lasts without renewal (a dead lead's lease frees after this).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = ENV_LEASE_TTL, default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease_ttl: Duration,
     /// Unique id of this process; random when unset.
     #[arg(long, env = ENV_INSTANCE_ID)]

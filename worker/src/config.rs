@@ -58,10 +58,10 @@ pub struct Config {
     #[arg(long, env = ENV_GRACE, default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// How long a delivered task may go unacknowledged (progress acks extend it).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = ENV_ACK_WAIT, default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
     /// Deliveries of a task before the broker gives up on it.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = ENV_MAX_DELIVER, default_value_t = 5)]
     pub max_deliver: i64,
     /// Unique id of this process; random when unset.
     #[arg(long, env = ENV_INSTANCE_ID)]
