@@ -270,6 +270,19 @@ impl<M: ModelClient> Runtime<M> {
         tools: &[ToolSpec],
         calls: &[ToolCall],
     ) -> Vec<ToolResult> {
+        if let Some(duplicate) = duplicate_call_id(calls) {
+            // Results are keyed by call id: two calls with one id cannot both be answered.
+            let failure = Failure::new(
+                FailureKind::InvalidArguments,
+                format!(
+                    "the model used call id {duplicate:?} twice in one response; no call was run"
+                ),
+            );
+            return calls
+                .iter()
+                .map(|c| failed(&c.id, failure.clone()))
+                .collect();
+        }
         let mut results = Vec::with_capacity(calls.len());
         for batch in concurrency_batches(calls, tools) {
             let running = batch
@@ -464,6 +477,14 @@ fn concurrency_batches<'c>(calls: &'c [ToolCall], tools: &[ToolSpec]) -> Vec<&'c
     batches
 }
 
+fn duplicate_call_id(calls: &[ToolCall]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    calls
+        .iter()
+        .map(|c| c.id.as_str())
+        .find(|id| !seen.insert(*id))
+}
+
 fn spawn_tool_spec(subagents: &[AgentSpec]) -> ToolSpec {
     let names: Vec<_> = subagents.iter().map(|s| s.name.clone()).collect();
     ToolSpec {
@@ -545,6 +566,15 @@ mod tests {
             .map(|b| b.iter().map(|c| c.id.as_str()).collect())
             .collect();
         assert_eq!(ids, vec![vec!["1", "2"], vec!["3"], vec!["4"], vec!["5"]]);
+    }
+
+    #[test]
+    fn duplicate_call_ids_are_found() {
+        assert_eq!(duplicate_call_id(&[call("1", "a"), call("2", "a")]), None);
+        assert_eq!(
+            duplicate_call_id(&[call("1", "a"), call("2", "b"), call("1", "c")]),
+            Some("1")
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::protocol::{ToolSpec, WorkerAnnouncement};
+use crate::protocol::{validate_token, ToolSpec, WorkerAnnouncement};
 
 /// Live tools and subagent capacity, as announced by workers.
 #[derive(Debug, Default)]
@@ -21,7 +21,17 @@ impl ToolCatalog {
         let mut tools: BTreeMap<String, (ToolSpec, Vec<String>)> = BTreeMap::new();
         let mut subagent_pools = Vec::new();
         for worker in workers {
+            // Names end up in subjects: an announcement that would inject a level or a wildcard is
+            // ignored rather than trusted.
+            if validate_token("pool", &worker.pool).is_err() {
+                tracing::warn!(worker_id = %worker.worker_id, "worker with an invalid pool name ignored");
+                continue;
+            }
             for spec in &worker.tools {
+                if validate_token("tool", &spec.name).is_err() {
+                    tracing::warn!(worker_id = %worker.worker_id, tool = %spec.name, "invalid tool name ignored");
+                    continue;
+                }
                 let entry = tools
                     .entry(spec.name.clone())
                     .or_insert_with(|| (spec.clone(), Vec::new()));
@@ -108,6 +118,18 @@ mod tests {
         assert_eq!(catalog.pool_for_tool("http_fetch"), Some("web"));
         assert_eq!(catalog.pool_for_tool("nope"), None);
         assert_eq!(catalog.pool_for_subagents(), Some("web"));
+    }
+
+    #[test]
+    fn names_that_would_break_subjects_are_ignored() {
+        let catalog = ToolCatalog::from_workers(&[
+            worker("w1", "p", &["ok", "x.>", "a b"], false),
+            worker("w2", "bad.pool", &["other"], true),
+        ]);
+        assert_eq!(catalog.pool_for_tool("ok"), Some("p"));
+        assert_eq!(catalog.pool_for_tool("x.>"), None);
+        assert_eq!(catalog.pool_for_tool("other"), None);
+        assert_eq!(catalog.pool_for_subagents(), None);
     }
 
     #[test]
