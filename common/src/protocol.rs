@@ -74,11 +74,13 @@ pub struct TaskOrigin {
 pub struct ToolTask {
     pub v: u32,
     pub origin: TaskOrigin,
-    /// Stable id of the call; results are recorded once per call id.
+    /// The model's id of the call.
     pub call_id: String,
+    /// The key the result is recorded under (see [`call_key`]); recorded once per key.
+    pub call_key: String,
     pub tool: String,
     pub arguments: Value,
-    /// Core NATS subject the result is published to.
+    /// Core NATS subject the result is published to (under `skein.reply.`).
     pub reply_to: String,
     /// How long the worker may run the call, in milliseconds.
     pub timeout_ms: u64,
@@ -91,6 +93,8 @@ pub struct SubagentTask {
     /// Origin of the parent turn; `origin.session` is the parent session.
     pub origin: TaskOrigin,
     pub call_id: String,
+    /// The key the result is recorded under (see [`call_key`]).
+    pub call_key: String,
     /// The child session, derived from the parent's by [`child_session_id`].
     pub child_session: String,
     /// The complete definition of the child agent, so any worker can run it.
@@ -434,10 +438,15 @@ pub fn child_session_id(parent_session: &str, call_id: &str) -> String {
     id
 }
 
-/// The key a call's result is recorded under in its session: unique across the session's turns.
-pub fn call_key(task_id: &str, call_id: &str) -> String {
-    format!("{task_id}:{call_id}")
+/// The key a call's result is recorded under in its session: unique across the session's turns
+/// and the steps of a turn (models may reuse call ids from step to step), and the same when a
+/// step is run again.
+pub fn call_key(task_id: &str, step: u32, call_id: &str) -> String {
+    format!("{task_id}:{step}:{call_id}")
 }
+
+/// Longest `call_key` a worker accepts.
+pub const MAX_CALL_KEY_LEN: usize = 512;
 
 /// JSON Schemas of every public message, by file name.
 pub fn schemas() -> Vec<(&'static str, Value)> {

@@ -5,7 +5,7 @@
 //! | `skein.submit.{tenant}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
 //! | `skein.tool.{pool}.{tool}` | stream `SKEIN_WORK` (work queue), consumer `skein-tools-{pool}` | `ToolTask` |
 //! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` | `SubagentTask` |
-//! | `skein.reply.{instance}` | core NATS | `ToolResult` |
+//! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
 //!
 //! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
@@ -67,9 +67,22 @@ pub fn agent_consumer(pool: &str) -> String {
     format!("skein-agents-{pool}")
 }
 
-/// Where results for calls dispatched by process `instance` arrive.
-pub fn reply(instance: &str) -> String {
-    format!("skein.reply.{instance}")
+/// Prefix of every reply subject.
+pub const REPLY_PREFIX: &str = "skein.reply.";
+
+/// Where the result of dispatch number `n` of process `instance` arrives.
+pub fn reply(instance: &str, n: u64) -> String {
+    format!("{REPLY_PREFIX}{instance}.{n}")
+}
+
+/// All reply subjects of process `instance`.
+pub fn reply_filter(instance: &str) -> String {
+    format!("{REPLY_PREFIX}{instance}.*")
+}
+
+/// The dispatch number a reply subject names.
+pub fn reply_number(subject: &str) -> Option<u64> {
+    subject.rsplit('.').next()?.parse().ok()
 }
 
 /// The events of one task.
@@ -89,6 +102,13 @@ mod tests {
         assert!(tool_task("default", "read_file").starts_with(tool.trim_end_matches('>')));
         assert!(agent_task("default", "researcher").starts_with(agent.trim_end_matches('>')));
         assert!(!tool_task("default", "x").starts_with(agent.trim_end_matches('>')));
+    }
+
+    #[test]
+    fn reply_subjects_carry_their_dispatch_number() {
+        assert_eq!(reply_number(&reply("lead-1", 42)), Some(42));
+        assert!(reply("lead-1", 7).starts_with(reply_filter("lead-1").trim_end_matches('*')));
+        assert_eq!(reply_number("skein.reply.lead-1.x"), None);
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Lead {
                 tracing::warn!(%failure, delivered, "turn handed back for another try");
                 settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
             }
-            Settled::Retry(failure) if abort.is_cancelled() => {
+            Settled::Retry(failure) if abort.is_cancelled() && delivered < self.cfg.max_deliver => {
                 tracing::info!(%failure, "turn handed back on shutdown");
                 settle(&message, AckKind::Nak(None)).await;
             }
@@ -198,18 +198,10 @@ impl Lead {
 
     async fn settle_turn(&self, submission: &TaskSubmission, abort: &CancellationToken) -> Settled {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
-        match self
-            .store
-            .final_result(tenant, session, &submission.task_id)
-            .await
-        {
-            Ok(Some(done)) => {
-                tracing::info!("task already finished; re-publishing its result");
-                self.emit_final(submission, done).await;
-                return Settled::Done;
-            }
-            Ok(None) => {}
-            Err(e) => return Settled::Retry(e.to_failure()),
+        match self.republish_if_finished(submission).await {
+            Ok(true) => return Settled::Done,
+            Ok(false) => {}
+            Err(failure) => return Settled::Retry(failure),
         }
         let agent = match self
             .agents
@@ -226,13 +218,36 @@ impl Lead {
         if let Err(failure) = self.take_lease(submission, &token, abort).await {
             return Settled::Retry(failure);
         }
-        let settled = self
-            .turn_under_lease(submission, &agent, &token, abort)
-            .await;
+        // A copy of this task may have finished while this one waited for the lease.
+        let settled = match self.republish_if_finished(submission).await {
+            Ok(true) => Settled::Done,
+            Ok(false) => {
+                self.turn_under_lease(submission, &agent, &token, abort)
+                    .await
+            }
+            Err(failure) => Settled::Retry(failure),
+        };
         if let Err(e) = self.store.release_lease(tenant, session, &token).await {
             tracing::warn!(error = %e, "lease not released; it expires on its own");
         }
         settled
+    }
+
+    /// If the task already finished, publishes its stored result again; true if it had.
+    async fn republish_if_finished(&self, submission: &TaskSubmission) -> Result<bool, Failure> {
+        let stored = self
+            .store
+            .final_result(&submission.tenant, &submission.session, &submission.task_id)
+            .await
+            .map_err(|e| e.to_failure())?;
+        match stored {
+            Some(done) => {
+                tracing::info!("task already finished; re-publishing its result");
+                self.emit_final(submission, done).await;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     async fn turn_under_lease(
@@ -276,7 +291,7 @@ impl Lead {
             lost = renew => return Settled::Retry(lost),
         };
         if abort.is_cancelled() {
-            return Settled::Retry(Failure::new(FailureKind::Cancelled, "lead shutting down"));
+            return Settled::Retry(Failure::new(FailureKind::Unavailable, "lead shutting down"));
         }
         if output.status == TurnStatus::Completed {
             let mut state = loaded.state;
@@ -332,7 +347,7 @@ impl Lead {
                 Err(e) => return Err(e.to_failure()),
             }
             tokio::select! {
-                _ = abort.cancelled() => return Err(Failure::new(FailureKind::Cancelled, "lead shutting down")),
+                _ = abort.cancelled() => return Err(Failure::new(FailureKind::Unavailable, "lead shutting down")),
                 _ = tokio::time::sleep(LEASE_POLL) => {}
             }
         }

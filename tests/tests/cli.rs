@@ -145,7 +145,11 @@ async fn bad_input_on_the_command_line_is_a_clear_error() {
         "read_file,teleport",
     ])
     .await;
-    assert!(!unknown_tool.status.success());
+    assert_eq!(
+        unknown_tool.status.code(),
+        Some(64),
+        "bad configuration exits 64"
+    );
     assert!(
         text(&unknown_tool.stderr).contains("teleport"),
         "{}",

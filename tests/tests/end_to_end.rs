@@ -382,3 +382,26 @@ async fn a_worker_drains_on_sigterm_and_leaves_the_registry() {
         "the drained worker left the registry: {live:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_whose_models_reuse_call_ids_get_their_own_results() {
+    // The scripted model gives every session the same call ids (call_t1_s1_0, ...): results must
+    // still reach the turn that dispatched the call.
+    let cluster = TestCluster::start();
+    cluster.spawn_worker(cluster.worker_config(&[]));
+    cluster.spawn_worker(cluster.worker_config(&[]));
+    cluster.spawn_lead(cluster.lead_config(&[]));
+    cluster.wait_for_workers(2).await;
+
+    let turns = (0..6).map(|_| {
+        let task = submission("acme", &unique("s"), "take a note");
+        let cluster = &cluster;
+        async move { cluster.run(&task).await }
+    });
+    for (result, events) in futures::future::join_all(turns).await {
+        assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+        let finished = finished_tools(&events);
+        assert!(finished.iter().all(|(_, ok, _)| *ok), "{finished:?}");
+        assert!(result.answer.unwrap_or_default().contains("notes/"));
+    }
+}

@@ -78,13 +78,30 @@ impl Config {
         if self.concurrency == 0 {
             return Err("concurrency must be at least 1".into());
         }
-        if self.tools.is_empty() && !self.subagents {
+        if let Some(unknown) = self
+            .tools()
+            .find(|t| !crate::tools::BUILTIN_TOOLS.contains(t))
+        {
+            return Err(format!(
+                "unknown tool {unknown:?}; available: {}",
+                crate::tools::BUILTIN_TOOLS.join(", ")
+            ));
+        }
+        if self.tools().next().is_none() && !self.subagents {
             return Err("a worker must provide at least one tool or run subagents".into());
         }
         if self.ack_wait < Duration::from_secs(1) {
             return Err("ack wait must be at least 1s".into());
         }
         Ok(())
+    }
+
+    /// The configured tool names (empty entries of the list ignored).
+    pub fn tools(&self) -> impl Iterator<Item = &str> {
+        self.tools
+            .iter()
+            .map(|t| t.trim())
+            .filter(|t| !t.is_empty())
     }
 
     pub fn workspace_root(&self) -> PathBuf {

@@ -1,26 +1,30 @@
 //! Running one task: a tool task through the registry, or a subagent task through the agent
-//! runtime. Each gets a `TaskScope` closed on every outcome, its result recorded once by call id
-//! and sent to the dispatcher, and its message settled only after the result is recorded.
+//! runtime. Each gets a `TaskScope` closed on every outcome (a panic in the task becomes a failure,
+//! so it closes too), its result recorded once by call key and sent to the dispatcher, and its
+//! message settled only after the result is recorded.
 //!
 //! Outcomes and how the message is settled:
 //! - result recorded (success or a failure as data): ack;
 //! - already recorded by an earlier delivery: the recorded result is re-sent, ack;
+//! - invalid task (bad ids, version, call key): a failure is sent back, nothing is recorded under
+//!   the names it carries, terminated;
 //! - undecodable message: logged and terminated (it would fail the same way every time);
-//! - result could not be recorded (Redis away) or the task was aborted by shutdown: nak, so the
-//!   broker redelivers it.
+//! - result could not be recorded, a child session could not be loaded (Redis away), or the task
+//!   was aborted by shutdown: nak, so the broker redelivers it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
+use futures::FutureExt;
 use skein_common::agent::events::EventSink;
 use skein_common::agent::model::Provider;
 use skein_common::agent::runtime::{Runtime, TurnInput};
 use skein_common::bus::{settle, with_progress, Bus};
 use skein_common::protocol::{
-    call_key, validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin,
-    ToolResult, ToolTask, TurnStatus, PROTOCOL_VERSION,
+    validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
+    ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
 };
 use skein_common::store::{SessionState, SessionStore};
 use tokio_util::sync::CancellationToken;
@@ -47,7 +51,8 @@ pub(crate) struct WorkerContext {
 /// How a task's work ended before its result is settled.
 enum Work {
     Done(CallOutcome),
-    Aborted,
+    /// Stopped by shutdown, or hit trouble another delivery may not: hand the task back.
+    HandBack,
 }
 
 async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: CancellationToken) {
@@ -57,17 +62,16 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
     };
     let span = tracing::info_span!("tool_task", task_id = %task.origin.task_id, call_id = %task.call_id, tool = %task.tool);
     let _enter = span.enter();
-    if let Err(failure) = check_origin(&task.origin, task.v) {
-        return finish(
-            &ctx,
-            &message,
-            task_call(&task.origin, &task.call_id, &task.reply_to),
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
+    let call = CallRef {
+        origin: &task.origin,
+        call_id: &task.call_id,
+        call_key: &task.call_key,
+        reply_to: &task.reply_to,
+    };
+    if let Err(failure) = check_task(&call, task.v) {
+        return refuse(&ctx, &message, call, failure).await;
     }
-    if resend_recorded(&ctx, &message, &task.origin, &task.call_id, &task.reply_to).await {
+    if resend_recorded(&ctx, &message, call).await {
         return;
     }
     let started = Instant::now();
@@ -78,20 +82,20 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         format!("tool {} {}", task.tool, task.call_id),
     );
     let run = async {
-        let call = ctx.registry.call(
-            &task.tool,
-            task.arguments.clone(),
-            ToolContext {
-                origin: &task.origin,
-                call_id: &task.call_id,
-                scope: &mut scope,
-            },
-        );
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(output)) => CallOutcome::Ok { output },
-            Ok(Err(e)) => CallOutcome::Failed {
+        let context = ToolContext {
+            origin: &task.origin,
+            call_id: &task.call_id,
+            scope: &mut scope,
+        };
+        let running = ctx
+            .registry
+            .call(&task.tool, task.arguments.clone(), context);
+        match tokio::time::timeout(timeout, contain_panic(running)).await {
+            Ok(Ok(Ok(output))) => CallOutcome::Ok { output },
+            Ok(Ok(Err(e))) => CallOutcome::Failed {
                 failure: e.to_failure(),
             },
+            Ok(Err(panicked)) => CallOutcome::Failed { failure: panicked },
             Err(_) => CallOutcome::Failed {
                 failure: Failure::new(
                     FailureKind::TimedOut,
@@ -101,10 +105,9 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         }
     };
     let work = tokio::select! {
-        _ = abort.cancelled() => Work::Aborted,
+        _ = abort.cancelled() => Work::HandBack,
         outcome = with_progress(&message, ctx.progress_every, run) => Work::Done(outcome),
     };
-    let call = task_call(&task.origin, &task.call_id, &task.reply_to);
     conclude(&ctx, &message, scope, work, call, started).await;
 }
 
@@ -119,19 +122,18 @@ async fn subagent_task(
     };
     let span = tracing::info_span!("subagent_task", task_id = %task.origin.task_id, call_id = %task.call_id, agent = %task.agent.name);
     let _enter = span.enter();
-    let checked = check_origin(&task.origin, task.v)
+    let call = CallRef {
+        origin: &task.origin,
+        call_id: &task.call_id,
+        call_key: &task.call_key,
+        reply_to: &task.reply_to,
+    };
+    let checked = check_task(&call, task.v)
         .and_then(|()| validate_token("child_session", &task.child_session));
     if let Err(failure) = checked {
-        return finish(
-            &ctx,
-            &message,
-            task_call(&task.origin, &task.call_id, &task.reply_to),
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
+        return refuse(&ctx, &message, call, failure).await;
     }
-    if resend_recorded(&ctx, &message, &task.origin, &task.call_id, &task.reply_to).await {
+    if resend_recorded(&ctx, &message, call).await {
         return;
     }
     let Some(runtime) = &ctx.runtime else {
@@ -139,14 +141,7 @@ async fn subagent_task(
             FailureKind::Unavailable,
             "this worker does not run subagents",
         );
-        return finish(
-            &ctx,
-            &message,
-            task_call(&task.origin, &task.call_id, &task.reply_to),
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
+        return refuse(&ctx, &message, call, failure).await;
     };
     let started = Instant::now();
     let scope = TaskScope::new(
@@ -166,50 +161,75 @@ async fn subagent_task(
     );
     let timeout = Duration::from_millis(task.timeout_ms);
     let run = async {
-        let loaded = ctx
+        let loaded = match ctx
             .store
             .load(&child_origin.tenant, &child_origin.session)
             .await
-            .map_err(|e| e.to_failure())?;
-        let output = runtime
-            .run_turn(TurnInput {
-                origin: child_origin.clone(),
-                agent: &task.agent,
-                history: &loaded.state.history,
-                input: task.input.clone(),
-                depth: task.depth,
-                events: &events,
-                cancel: &abort,
-            })
-            .await;
+        {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::warn!(error = %e, "child session not loaded; handing the task back");
+                return Work::HandBack;
+            }
+        };
+        let turn = runtime.run_turn(TurnInput {
+            origin: child_origin.clone(),
+            agent: &task.agent,
+            history: &loaded.state.history,
+            input: task.input.clone(),
+            depth: task.depth,
+            events: &events,
+            cancel: &abort,
+        });
+        let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
+            Ok(Ok(output)) => output,
+            Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
+            Err(_) => {
+                let failure = Failure::new(
+                    FailureKind::TimedOut,
+                    format!("subagent ran longer than {timeout:?}"),
+                );
+                return Work::Done(CallOutcome::Failed { failure });
+            }
+        };
         if output.status == TurnStatus::Completed {
             let mut state = loaded.state;
             state.history.extend(output.new_messages);
             state.turns += 1;
             save_child(&ctx.store, &child_origin, loaded.version, &state).await;
         }
-        match (output.answer, output.failure) {
-            (_, Some(failure)) => Err(failure),
-            (Some(answer), None) => Ok(answer),
-            (None, None) => Err(Failure::new(
-                FailureKind::ModelFailed,
-                "subagent gave no answer",
-            )),
-        }
+        Work::Done(match (output.answer, output.failure) {
+            (_, Some(failure)) => CallOutcome::Failed { failure },
+            (Some(output), None) => CallOutcome::Ok { output },
+            (None, None) => CallOutcome::Failed {
+                failure: Failure::new(FailureKind::ModelFailed, "subagent gave no answer"),
+            },
+        })
     };
     let work = tokio::select! {
-        _ = abort.cancelled() => Work::Aborted,
-        outcome = with_progress(&message, ctx.progress_every, tokio::time::timeout(timeout, run)) => Work::Done(match outcome {
-            Ok(Ok(output)) => CallOutcome::Ok { output },
-            Ok(Err(failure)) => CallOutcome::Failed { failure },
-            Err(_) => CallOutcome::Failed { failure: Failure::new(FailureKind::TimedOut, format!("subagent ran longer than {timeout:?}")) },
-        }),
+        _ = abort.cancelled() => Work::HandBack,
+        work = with_progress(&message, ctx.progress_every, run) => work,
     };
-    let call = task_call(&task.origin, &task.call_id, &task.reply_to);
     conclude(&ctx, &message, scope, work, call, started).await;
 }
 
-/// Closes the task's scope, then settles: a result is recorded and sent, aborted work is handed
+/// Runs `work`, turning a panic into a failure so the task still closes its scope and settles.
+async fn contain_panic<T>(work: impl std::future::Future<Output = T>) -> Result<T, Failure> {
+    std::panic::AssertUnwindSafe(work)
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(panic = %what, "task panicked");
+            Failure::new(FailureKind::Internal, format!("the task panicked: {what}"))
+        })
+}
+
+/// Closes the task's scope, then settles: a result is recorded and sent, or the task is handed
 /// back to the broker.
 async fn conclude(
     ctx: &WorkerContext,
@@ -224,7 +244,7 @@ async fn conclude(
     }
     match work {
         Work::Done(outcome) => finish(ctx, message, call, outcome, started).await,
-        Work::Aborted => settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await,
+        Work::HandBack => settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await,
     }
 }
 
@@ -233,15 +253,8 @@ async fn conclude(
 struct CallRef<'a> {
     origin: &'a TaskOrigin,
     call_id: &'a str,
+    call_key: &'a str,
     reply_to: &'a str,
-}
-
-fn task_call<'a>(origin: &'a TaskOrigin, call_id: &'a str, reply_to: &'a str) -> CallRef<'a> {
-    CallRef {
-        origin,
-        call_id,
-        reply_to,
-    }
 }
 
 /// Kinds of task a worker serves, one consumer each.
@@ -273,39 +286,63 @@ async fn save_child(store: &SessionStore, origin: &TaskOrigin, version: u64, sta
     }
 }
 
-fn check_origin(origin: &TaskOrigin, version: u32) -> Result<(), Failure> {
+/// Checks what a task names before anything is built from it (keys, subjects).
+fn check_task(call: &CallRef<'_>, version: u32) -> Result<(), Failure> {
     if version != PROTOCOL_VERSION {
         return Err(Failure::new(
             FailureKind::InvalidInput,
             format!("unsupported protocol version {version}"),
         ));
     }
+    let origin = call.origin;
     validate_token("task_id", &origin.task_id)?;
     validate_token("tenant", &origin.tenant)?;
     validate_token("workspace", &origin.workspace)?;
-    validate_token("session", &origin.session)
+    validate_token("session", &origin.session)?;
+    if call.call_key.is_empty() || call.call_key.len() > MAX_CALL_KEY_LEN {
+        return Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!("call_key must be 1-{MAX_CALL_KEY_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Answers a task that must not run (invalid, or not servable here) without recording anything
+/// under the names it carries, then terminates it.
+async fn refuse(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    call: CallRef<'_>,
+    failure: Failure,
+) {
+    tracing::warn!(%failure, "task refused");
+    let result = ToolResult {
+        v: PROTOCOL_VERSION,
+        call_id: call.call_id.to_owned(),
+        outcome: CallOutcome::Failed { failure },
+        worker_id: ctx.instance.clone(),
+        duration_ms: 0,
+    };
+    reply(ctx, call.reply_to, &result).await;
+    settle(message, AckKind::Term).await;
 }
 
 /// If an earlier delivery already recorded this call's result, re-sends it and acks.
 async fn resend_recorded(
     ctx: &WorkerContext,
     message: &jetstream::Message,
-    origin: &TaskOrigin,
-    call_id: &str,
-    reply_to: &str,
+    call: CallRef<'_>,
 ) -> bool {
+    let origin = call.origin;
     match ctx
         .store
-        .recorded_result(
-            &origin.tenant,
-            &origin.session,
-            &call_key(&origin.task_id, call_id),
-        )
+        .recorded_result(&origin.tenant, &origin.session, call.call_key)
         .await
     {
         Ok(Some(recorded)) => {
             tracing::info!("call already has a recorded result; re-sending it");
-            reply(ctx, reply_to, &recorded).await;
+            reply(ctx, call.reply_to, &recorded).await;
             settle(message, AckKind::Ack).await;
             true
         }
@@ -326,28 +363,22 @@ async fn finish(
     outcome: CallOutcome,
     started: Instant,
 ) {
-    let CallRef {
-        origin,
-        call_id,
-        reply_to,
-    } = call;
+    let origin = call.origin;
     let result = ToolResult {
         v: PROTOCOL_VERSION,
-        call_id: call_id.to_owned(),
+        call_id: call.call_id.to_owned(),
         outcome,
         worker_id: ctx.instance.clone(),
         duration_ms: started.elapsed().as_millis() as u64,
     };
-    let key = call_key(&origin.task_id, call_id);
-    let result = match ctx
-        .store
-        .record_result(&origin.tenant, &origin.session, &key, &result)
+    let store = &ctx.store;
+    let result = match store
+        .record_result(&origin.tenant, &origin.session, call.call_key, &result)
         .await
     {
         Ok(true) => result,
-        Ok(false) => match ctx
-            .store
-            .recorded_result(&origin.tenant, &origin.session, &key)
+        Ok(false) => match store
+            .recorded_result(&origin.tenant, &origin.session, call.call_key)
             .await
         {
             Ok(Some(first)) => first,
@@ -358,12 +389,12 @@ async fn finish(
             return settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
         }
     };
-    reply(ctx, reply_to, &result).await;
+    reply(ctx, call.reply_to, &result).await;
     settle(message, AckKind::Ack).await;
 }
 
 async fn reply(ctx: &WorkerContext, reply_to: &str, result: &ToolResult) {
-    if !reply_to.starts_with("skein.reply.") {
+    if !reply_to.starts_with(skein_common::subjects::REPLY_PREFIX) {
         tracing::warn!(
             reply_to,
             "refusing to reply outside skein.reply.*; result is recorded only"

@@ -165,7 +165,9 @@ impl<M: ModelClient> Runtime<M> {
                 out.answer = Some(response.message.content);
                 return out;
             }
-            let results = self.execute_calls(&turn, &catalog, &tools, &calls).await;
+            let results = self
+                .execute_calls(&turn, out.iterations, &catalog, &tools, &calls)
+                .await;
             for (call, result) in calls.iter().zip(results) {
                 out.new_messages
                     .push(Message::tool_result(&call.id, result.outcome.observation()));
@@ -217,8 +219,8 @@ impl<M: ModelClient> Runtime<M> {
             "context",
             priority::CONTEXT,
             format!(
-                "Session {} of tenant {}. Files you write persist in this session's workspace.",
-                turn.origin.session, turn.origin.tenant
+                "Session {} of tenant {}. Files you write persist in the workspace of session {}.",
+                turn.origin.session, turn.origin.tenant, turn.origin.workspace
             ),
         );
         self.hooks.transform_prompt(turn.agent, prompt.render())
@@ -266,6 +268,7 @@ impl<M: ModelClient> Runtime<M> {
     async fn execute_calls(
         &self,
         turn: &TurnInput<'_>,
+        step: u32,
         catalog: &ToolCatalog,
         tools: &[ToolSpec],
         calls: &[ToolCall],
@@ -287,7 +290,7 @@ impl<M: ModelClient> Runtime<M> {
         for batch in concurrency_batches(calls, tools) {
             let running = batch
                 .iter()
-                .map(|call| self.execute_call(turn, catalog, tools, call));
+                .map(|call| self.execute_call(turn, step, catalog, tools, call));
             let done = tokio::select! {
                 _ = turn.cancel.cancelled() => None,
                 done = futures::future::join_all(running) => Some(done),
@@ -308,6 +311,7 @@ impl<M: ModelClient> Runtime<M> {
     async fn execute_call(
         &self,
         turn: &TurnInput<'_>,
+        step: u32,
         catalog: &ToolCatalog,
         tools: &[ToolSpec],
         call: &ToolCall,
@@ -319,7 +323,7 @@ impl<M: ModelClient> Runtime<M> {
                 arguments: call.arguments.clone(),
             })
             .await;
-        let result = self.route_call(turn, catalog, tools, call).await;
+        let result = self.route_call(turn, step, catalog, tools, call).await;
         turn.events
             .emit(EventKind::ToolFinished {
                 call_id: call.id.clone(),
@@ -340,6 +344,7 @@ impl<M: ModelClient> Runtime<M> {
     async fn route_call(
         &self,
         turn: &TurnInput<'_>,
+        step: u32,
         catalog: &ToolCatalog,
         tools: &[ToolSpec],
         call: &ToolCall,
@@ -359,7 +364,7 @@ impl<M: ModelClient> Runtime<M> {
             );
         }
         if call.name == SPAWN_TOOL {
-            return self.spawn(turn, catalog, call).await;
+            return self.spawn(turn, step, catalog, call).await;
         }
         let Some(pool) = catalog.pool_for_tool(&call.name) else {
             return failed(
@@ -377,6 +382,7 @@ impl<M: ModelClient> Runtime<M> {
         self.dispatcher
             .call_tool(
                 &turn.origin,
+                step,
                 &call.id,
                 &call.name,
                 call.arguments.clone(),
@@ -388,6 +394,7 @@ impl<M: ModelClient> Runtime<M> {
     async fn spawn(
         &self,
         turn: &TurnInput<'_>,
+        step: u32,
         catalog: &ToolCatalog,
         call: &ToolCall,
     ) -> ToolResult {
@@ -426,6 +433,7 @@ impl<M: ModelClient> Runtime<M> {
         self.dispatcher
             .call_subagent(
                 &turn.origin,
+                step,
                 &call.id,
                 child.clone(),
                 task,

@@ -12,8 +12,10 @@ use crate::protocol::{validate_token, ToolSpec, WorkerAnnouncement};
 pub struct ToolCatalog {
     tools: BTreeMap<String, (ToolSpec, Vec<String>)>,
     subagent_pools: Vec<String>,
-    next: AtomicUsize,
 }
+
+/// Spreads calls over pools across turns (a catalog lives for one turn only).
+static NEXT_POOL: AtomicUsize = AtomicUsize::new(0);
 
 impl ToolCatalog {
     /// Builds the catalog from live workers' announcements.
@@ -46,7 +48,6 @@ impl ToolCatalog {
         Self {
             tools,
             subagent_pools,
-            next: AtomicUsize::new(0),
         }
     }
 
@@ -75,7 +76,7 @@ impl ToolCatalog {
         if pools.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % pools.len();
+        let i = NEXT_POOL.fetch_add(1, Ordering::Relaxed) % pools.len();
         Some(pools[i].as_str())
     }
 }

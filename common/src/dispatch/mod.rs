@@ -4,14 +4,16 @@
 //! Invariants:
 //! - a call whose result is already recorded (by call id) is not dispatched again: the recorded
 //!   result is returned, so a resumed turn does not re-run finished calls;
-//! - results arrive on this process's reply subject; a result for a call nobody waits for (a late
-//!   duplicate) is dropped, so the model never sees two results for one call;
+//! - each dispatch gets its own reply subject (`skein.reply.{instance}.{n}`), so concurrent turns
+//!   never receive each other's results, whatever call ids their models chose; a result nobody
+//!   waits for (a late duplicate) is dropped, so the model never sees two results for one call;
 //! - every wait is bounded: a call that returns nothing within its timeout (plus slack) ends as a
 //!   `timed_out` failure, after a last look at the recorded results.
 
 pub mod catalog;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,8 +24,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::{Bus, BusError};
 use crate::protocol::{
-    AgentSpec, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult, ToolTask,
-    PROTOCOL_VERSION,
+    call_key, AgentSpec, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
+    ToolTask, PROTOCOL_VERSION,
 };
 use crate::store::SessionStore;
 use crate::subjects;
@@ -33,15 +35,24 @@ pub use catalog::ToolCatalog;
 /// Time allowed on top of a call's own timeout for queueing and transport.
 const DISPATCH_SLACK: Duration = Duration::from_secs(30);
 
-type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<ToolResult>>>>;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ToolResult>>>>;
 
 /// Sends calls to worker pools and collects results for one process.
 #[derive(Clone)]
 pub struct Dispatcher {
     bus: Bus,
     store: SessionStore,
-    reply_subject: String,
+    instance: Arc<str>,
+    next_dispatch: Arc<AtomicU64>,
     pending: Pending,
+}
+
+/// One dispatch in flight: its number (reply subject), whose it is and its result key.
+struct Dispatch<'a> {
+    n: u64,
+    origin: &'a TaskOrigin,
+    call_key: &'a str,
+    call_id: &'a str,
 }
 
 /// Where and how long a call may run.
@@ -60,15 +71,15 @@ impl Dispatcher {
         tracker: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Result<Self, BusError> {
-        let reply_subject = subjects::reply(instance);
-        let mut replies = bus
-            .client()
-            .subscribe(reply_subject.clone())
-            .await
-            .map_err(|e| BusError::Consumer {
-                consumer: reply_subject.clone(),
-                message: e.to_string(),
-            })?;
+        let filter = subjects::reply_filter(instance);
+        let mut replies =
+            bus.client()
+                .subscribe(filter.clone())
+                .await
+                .map_err(|e| BusError::Consumer {
+                    consumer: filter.clone(),
+                    message: e.to_string(),
+                })?;
         let pending: Pending = Arc::default();
         let routes = pending.clone();
         let decoder = bus.clone();
@@ -86,10 +97,9 @@ impl Dispatcher {
                         continue;
                     }
                 };
-                let waiter = routes
-                    .lock()
-                    .map(|mut p| p.remove(&result.call_id))
-                    .unwrap_or(None);
+                let waiter = subjects::reply_number(&message.subject).and_then(|n| {
+                    routes.lock().map(|mut p| p.remove(&n)).unwrap_or(None)
+                });
                 match waiter {
                     Some(tx) => {
                         let _ = tx.send(result);
@@ -101,32 +111,41 @@ impl Dispatcher {
         Ok(Self {
             bus,
             store,
-            reply_subject,
+            instance: instance.into(),
+            next_dispatch: Arc::default(),
             pending,
         })
     }
 
-    /// Runs one tool call on a worker of `route.pool`.
+    /// Runs one tool call (of turn step `step`) on a worker of `route.pool`.
     pub async fn call_tool(
         &self,
         origin: &TaskOrigin,
+        step: u32,
         call_id: &str,
         tool: &str,
         arguments: serde_json::Value,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        let (n, reply_to) = self.reply_route();
         let task = ToolTask {
             v: PROTOCOL_VERSION,
             origin: origin.clone(),
             call_id: call_id.to_owned(),
+            call_key: call_key(&origin.task_id, step, call_id),
             tool: tool.to_owned(),
             arguments,
-            reply_to: self.reply_subject.clone(),
+            reply_to,
             timeout_ms: route.timeout.as_millis() as u64,
         };
         let subject = subjects::tool_task(route.pool, tool);
-        self.dispatch(origin, call_id, subject, &task, route.timeout)
-            .await
+        let call = Dispatch {
+            n,
+            origin,
+            call_key: &task.call_key,
+            call_id,
+        };
+        self.dispatch(call, subject, &task, route.timeout).await
     }
 
     /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
@@ -134,40 +153,58 @@ impl Dispatcher {
     pub async fn call_subagent(
         &self,
         origin: &TaskOrigin,
+        step: u32,
         call_id: &str,
         agent: AgentSpec,
         input: String,
         depth: u32,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        let (n, reply_to) = self.reply_route();
         let task = SubagentTask {
             v: PROTOCOL_VERSION,
             origin: origin.clone(),
             call_id: call_id.to_owned(),
+            call_key: call_key(&origin.task_id, step, call_id),
             child_session: crate::protocol::child_session_id(&origin.session, call_id),
             agent,
             input,
-            reply_to: self.reply_subject.clone(),
+            reply_to,
             timeout_ms: route.timeout.as_millis() as u64,
             depth,
         };
         let subject = subjects::agent_task(route.pool, &task.agent.name);
-        self.dispatch(origin, call_id, subject, &task, route.timeout)
-            .await
+        let call = Dispatch {
+            n,
+            origin,
+            call_key: &task.call_key,
+            call_id,
+        };
+        self.dispatch(call, subject, &task, route.timeout).await
+    }
+
+    /// A fresh dispatch number and its reply subject.
+    fn reply_route(&self) -> (u64, String) {
+        let n = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
+        (n, subjects::reply(&self.instance, n))
     }
 
     async fn dispatch<T: serde::Serialize>(
         &self,
-        origin: &TaskOrigin,
-        call_id: &str,
+        call: Dispatch<'_>,
         subject: String,
         task: &T,
         timeout: Duration,
     ) -> ToolResult {
-        let call_key = crate::protocol::call_key(&origin.task_id, call_id);
+        let Dispatch {
+            n,
+            origin,
+            call_key,
+            call_id,
+        } = call;
         match self
             .store
-            .recorded_result(&origin.tenant, &origin.session, &call_key)
+            .recorded_result(&origin.tenant, &origin.session, call_key)
             .await
         {
             Ok(Some(result)) => return result,
@@ -176,20 +213,20 @@ impl Dispatcher {
         }
         let (tx, rx) = oneshot::channel();
         if let Ok(mut pending) = self.pending.lock() {
-            pending.insert(call_id.to_owned(), tx);
+            pending.insert(n, tx);
         }
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
         if let Err(e) = self.bus.publish_work(subject, task, &dedup_id).await {
-            self.forget(call_id);
+            self.forget(n);
             return failed(call_id, e.to_failure());
         }
         let waited = tokio::time::timeout(timeout + DISPATCH_SLACK, rx).await;
-        self.forget(call_id);
+        self.forget(n);
         match waited {
             Ok(Ok(result)) => result,
             _ => match self
                 .store
-                .recorded_result(&origin.tenant, &origin.session, &call_key)
+                .recorded_result(&origin.tenant, &origin.session, call_key)
                 .await
             {
                 Ok(Some(result)) => result,
@@ -204,9 +241,9 @@ impl Dispatcher {
         }
     }
 
-    fn forget(&self, call_id: &str) {
+    fn forget(&self, n: u64) {
         if let Ok(mut pending) = self.pending.lock() {
-            pending.remove(call_id);
+            pending.remove(&n);
         }
     }
 }

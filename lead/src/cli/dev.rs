@@ -47,6 +47,8 @@ pub struct DevArgs {
 struct Cluster {
     dir: PathBuf,
     processes: Vec<(String, Child)>,
+    /// Keep the directory (logs) after stopping, for a failed run.
+    keep_logs: bool,
 }
 
 impl Cluster {
@@ -67,7 +69,9 @@ impl Cluster {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep_logs {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -80,12 +84,14 @@ pub async fn dev(args: DevArgs) -> ExitCode {
     let mut cluster = Cluster {
         dir: dir.clone(),
         processes: Vec::new(),
+        keep_logs: false,
     };
     let code = match start_and_answer(&args, &mut cluster).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("skein dev: {e}");
-            eprintln!("  logs: {}", dir.join("*.log").display());
+            eprintln!("  logs kept in {}", dir.display());
+            cluster.keep_logs = true;
             ExitCode::FAILURE
         }
     };

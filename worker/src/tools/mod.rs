@@ -329,6 +329,9 @@ pub struct BuiltinConfig {
     pub max_read_bytes: usize,
 }
 
+/// Names of the built-in tools.
+pub const BUILTIN_TOOLS: [&str; 4] = ["read_file", "write_file", "list_files", "http_fetch"];
+
 /// A registry with `read_file`, `write_file`, `list_files` and `http_fetch`. `http` is the
 /// worker's shared pool; build it with [`http::client`] so redirects are checked against the
 /// allowlist hop by hop.

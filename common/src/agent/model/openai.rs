@@ -284,9 +284,13 @@ fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
     })
 }
 
-/// An id for a tool call the server sent without one.
+/// An id for a tool call the server sent without one: unique, so calls of later steps never
+/// share an id with earlier ones.
 fn fallback_call_id(position: usize) -> String {
-    format!("call_{position}")
+    format!(
+        "call_{position}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 fn decode_argument_value(arguments: Option<Value>) -> Value {
