@@ -146,6 +146,60 @@ impl std::fmt::Debug for ModelConfig {
     }
 }
 
+/// Settings every long-running process (lead, worker) shares.
+#[derive(Debug, Clone, Args)]
+pub struct ProcessConfig {
+    /// Unique id of this process; random when unset.
+    #[arg(long, env = ENV_INSTANCE_ID)]
+    pub instance_id: Option<String>,
+    /// Cap on message payloads (and on a task's input).
+    #[arg(long, env = ENV_MAX_PAYLOAD, default_value_t = crate::bus::DEFAULT_MAX_PAYLOAD)]
+    pub max_payload: usize,
+    /// Longest one tool call may run.
+    #[arg(long, env = ENV_TOOL_TIMEOUT, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub tool_timeout: Duration,
+    /// Time running work gets to finish on SIGTERM before it is handed back to the broker.
+    #[arg(long, env = ENV_GRACE, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// How long a delivered task may go unacknowledged (progress acks extend it while it runs).
+    #[arg(long, env = ENV_ACK_WAIT, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ack_wait: Duration,
+    /// Deliveries of a task before the broker stops offering it.
+    #[arg(long, env = ENV_MAX_DELIVER, default_value_t = 5)]
+    pub max_deliver: i64,
+}
+
+impl ProcessConfig {
+    /// Checks values clap cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(id) = &self.instance_id {
+            crate::protocol::validate_token("instance id", id).map_err(|f| f.message)?;
+        }
+        if self.ack_wait < Duration::from_secs(1) {
+            return Err("ack wait must be at least 1s".into());
+        }
+        if self.max_deliver < 1 {
+            return Err("max deliver must be at least 1".into());
+        }
+        if self.max_payload < 1024 {
+            return Err("max payload must be at least 1024 bytes".into());
+        }
+        Ok(())
+    }
+
+    /// The configured instance id, or a fresh `{role}-{random}` one.
+    pub fn instance_id(&self, role: &str) -> String {
+        self.instance_id
+            .clone()
+            .unwrap_or_else(|| format!("{role}-{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// How often a running task tells the broker it is still being worked on.
+    pub fn progress_every(&self) -> Duration {
+        self.ack_wait / 3
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

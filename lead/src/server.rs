@@ -66,10 +66,7 @@ struct Lead {
 /// Runs a lead until `shutdown` is cancelled, then drains.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadError> {
     cfg.validate().map_err(LeadError::Config)?;
-    let instance = cfg
-        .instance_id
-        .clone()
-        .unwrap_or_else(|| format!("lead-{}", uuid::Uuid::new_v4().simple()));
+    let instance = cfg.process.instance_id("lead");
     let agents = match &cfg.agents_dir {
         Some(dir) => AgentCatalog::load_dir(dir)?,
         None => AgentCatalog::bundled()?,
@@ -78,7 +75,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
     let bus = Bus::connect(
         &cfg.nats,
         &format!("skein-lead {instance}"),
-        cfg.max_payload,
+        cfg.process.max_payload,
     )
     .await?;
     bus.ensure_streams().await?;
@@ -101,7 +98,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
         Hooks::default(),
         RuntimeSettings {
             default_model: cfg.model.model.clone(),
-            tool_timeout: cfg.tool_timeout,
+            tool_timeout: cfg.process.tool_timeout,
             subagent_timeout: cfg.subagent_timeout,
             ..RuntimeSettings::default()
         },
@@ -111,12 +108,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             stream: subjects::SUBMIT_STREAM,
             durable: subjects::LEADS_CONSUMER.into(),
             filter: subjects::SUBMIT_ALL.into(),
-            ack_wait: cfg.ack_wait,
-            max_deliver: cfg.max_deliver,
+            ack_wait: cfg.process.ack_wait,
+            max_deliver: cfg.process.max_deliver,
         })
         .await?;
     tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
-    let (concurrency, grace) = (cfg.concurrency, cfg.grace);
+    let (concurrency, grace) = (cfg.concurrency, cfg.process.grace);
     let lead = Arc::new(Lead {
         bus,
         store,
@@ -160,7 +157,7 @@ impl Lead {
             Ok(s) => s,
             Err(e) => return self.reject_undecodable(&message, e.to_failure()).await,
         };
-        if let Err(failure) = submission.validate(self.cfg.max_payload) {
+        if let Err(failure) = submission.validate(self.cfg.process.max_payload) {
             // Ids may be what is wrong: only answer on subjects built from valid tokens.
             if validate_token("tenant", &submission.tenant).is_ok()
                 && validate_token("task_id", &submission.task_id).is_ok()
@@ -174,17 +171,19 @@ impl Lead {
         }
         let span = tracing::info_span!("turn", task_id = %submission.task_id, session_id = %submission.session, tenant = %submission.tenant);
         let _enter = span.enter();
-        let every = self.cfg.ack_wait / 3;
+        let every = self.cfg.process.progress_every();
         let outcome = with_progress(&message, every, self.settle_turn(&submission, &abort)).await;
         match outcome {
             Settled::Done => settle(&message, AckKind::Ack).await,
             Settled::Retry(failure)
-                if delivered < self.cfg.max_deliver && !abort.is_cancelled() =>
+                if delivered < self.cfg.process.max_deliver && !abort.is_cancelled() =>
             {
                 tracing::warn!(%failure, delivered, "turn handed back for another try");
                 settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
             }
-            Settled::Retry(failure) if abort.is_cancelled() && delivered < self.cfg.max_deliver => {
+            Settled::Retry(failure)
+                if abort.is_cancelled() && delivered < self.cfg.process.max_deliver =>
+            {
                 tracing::info!(%failure, "turn handed back on shutdown");
                 settle(&message, AckKind::Nak(None)).await;
             }

@@ -9,7 +9,7 @@ use serde_json::json;
 use skein_common::client::ClientError;
 use skein_common::config::{NatsConfig, RedisConfig};
 use skein_common::protocol::{EventKind, FailureKind, FinalResult, TurnStatus};
-use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::cluster::{model_flags, submission, TestCluster};
 use skein_tests::support::{free_port, unique, FakeOpenAi, FakeReply};
 
 /// Publishes raw bytes as a submission with a task id header, then waits for that task's final
@@ -59,9 +59,7 @@ fn failure_kind(result: &FinalResult) -> Option<FailureKind> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_oversized_submissions_end_with_clear_failures_and_the_lead_keeps_serving() {
     let cluster = TestCluster::start();
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&["--max-payload", "4096"]));
-    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(1, &["--max-payload", "4096"]).await;
 
     let malformed = submit_raw(
         &cluster,
@@ -148,14 +146,7 @@ async fn unknown_tools_and_invalid_arguments_become_observations() {
         FakeReply::Answer("recovered".into()),
     ])
     .await;
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &model.base_url,
-    ]));
-    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(1, &model_flags(&model.base_url)).await;
 
     let (result, _) = cluster
         .run(&submission("acme", &unique("s"), "misuse tools"))
@@ -189,12 +180,7 @@ async fn unknown_tools_and_invalid_arguments_become_observations() {
 async fn an_unreachable_model_fails_the_turn_as_retryable() {
     let cluster = TestCluster::start();
     let dead = format!("http://127.0.0.1:{}/v1", free_port());
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &dead,
-    ]));
+    cluster.start_nodes(0, &model_flags(&dead)).await;
     let (result, _) = cluster
         .run(&submission("acme", &unique("s"), "hello?"))
         .await;
@@ -212,12 +198,7 @@ async fn a_model_error_status_is_reported() {
         "bad request: no such model".into(),
     )])
     .await;
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &model.base_url,
-    ]));
+    cluster.start_nodes(0, &model_flags(&model.base_url)).await;
     let (result, _) = cluster
         .run(&submission("acme", &unique("s"), "hello?"))
         .await;
@@ -230,9 +211,7 @@ async fn a_model_error_status_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_tool_tasks_are_terminated_and_the_worker_keeps_serving() {
     let cluster = TestCluster::start();
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[]));
-    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(1, &[]).await;
     let client = async_nats::connect(cluster.nats.url.as_str())
         .await
         .expect("connect");

@@ -27,7 +27,11 @@ fn text(bytes: &[u8]) -> String {
 async fn submit_streams_events_and_prints_the_answer() {
     let cluster = TestCluster::start();
     let worker = cluster.worker_config(&[]);
-    let worker_id = worker.instance_id.clone().expect("test workers have ids");
+    let worker_id = worker
+        .process
+        .instance_id
+        .clone()
+        .expect("test workers have ids");
     cluster.spawn_worker(worker);
     cluster.spawn_lead(cluster.lead_config(&[]));
     cluster.wait_for_workers(1).await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use skein_common::protocol::{child_session_id, EventKind, TurnEvent, TurnStatus};
-use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::cluster::{model_flags, submission, TestCluster};
 use skein_tests::support::slow_http::SlowHttp;
 use skein_tests::support::{unique, ChildProcess, FakeOpenAi, FakeReply};
 
@@ -157,14 +157,7 @@ async fn the_second_turn_of_a_session_sees_the_first() {
         FakeReply::Answer("you asked about France".into()),
     ])
     .await;
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &model.base_url,
-    ]));
-    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(1, &model_flags(&model.base_url)).await;
 
     let session = unique("s");
     let (first, _) = cluster
@@ -207,10 +200,7 @@ async fn a_subagent_runs_on_a_worker_and_its_answer_returns_to_the_parent() {
     let cluster = TestCluster::start();
     // The bundled scripted scenario: the assistant writes a note and spawns the researcher, whose
     // own tool call (list_files) is dispatched to workers again.
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[]));
-    cluster.wait_for_workers(2).await;
+    cluster.start_nodes(2, &[]).await;
 
     let session = unique("s");
     let task = submission("acme", &session, "take a note and look around");
@@ -273,14 +263,7 @@ async fn workspace_escapes_are_denied_through_the_whole_path() {
         FakeReply::Answer("done".into()),
     ])
     .await;
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &model.base_url,
-    ]));
-    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(1, &model_flags(&model.base_url)).await;
 
     let (result, events) = cluster
         .run(&submission("acme", &unique("s"), "escape"))
@@ -306,14 +289,7 @@ async fn the_iteration_limit_ends_in_a_summary_not_an_error() {
         FakeReply::Answer("summary: looked twice, found nothing".into()),
     ])
     .await;
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &model.base_url,
-    ]));
-    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(1, &model_flags(&model.base_url)).await;
 
     let mut task = submission("acme", &unique("s"), "keep looking");
     task.overrides = Some(skein_common::protocol::AgentOverrides {
@@ -343,12 +319,7 @@ async fn the_iteration_limit_ends_in_a_summary_not_an_error() {
 async fn resubmitting_a_task_id_runs_the_turn_once() {
     let cluster = TestCluster::start();
     let model = FakeOpenAi::start(vec![FakeReply::Answer("only once".into())]).await;
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--model-provider",
-        "openai",
-        "--model-base-url",
-        &model.base_url,
-    ]));
+    cluster.start_nodes(0, &model_flags(&model.base_url)).await;
     let task = submission("acme", &unique("s"), "hello");
     let (first, _) = cluster.run(&task).await;
     // Within the broker's dedup window the copy is dropped at publish; after it, the lead answers
@@ -388,10 +359,7 @@ async fn concurrent_turns_whose_models_reuse_call_ids_get_their_own_results() {
     // The scripted model gives every session the same call ids (call_t1_s1_0, ...): results must
     // still reach the turn that dispatched the call.
     let cluster = TestCluster::start();
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_worker(cluster.worker_config(&[]));
-    cluster.spawn_lead(cluster.lead_config(&[]));
-    cluster.wait_for_workers(2).await;
+    cluster.start_nodes(2, &[]).await;
 
     let turns = (0..6).map(|_| {
         let task = submission("acme", &unique("s"), "take a note");

@@ -21,6 +21,8 @@ pub struct Config {
     /// Model used by subagent loops run on this worker.
     #[command(flatten)]
     pub model: ModelConfig,
+    #[command(flatten)]
+    pub process: ProcessConfig,
     /// Pool this worker serves; workers of one pool share one consumer and must provide the same tools.
     #[arg(long, env = ENV_POOL, default_value = "default")]
     pub pool: String,
@@ -45,36 +47,16 @@ pub struct Config {
     /// Largest body `http_fetch` returns.
     #[arg(long, env = ENV_HTTP_MAX_BYTES, default_value_t = 256 * 1024)]
     pub http_max_bytes: usize,
-    /// Longest one tool call may run (caps what a task asks for).
-    #[arg(long, env = ENV_TOOL_TIMEOUT, default_value = "60s", value_parser = humantime::parse_duration)]
-    pub tool_timeout: Duration,
-    /// Cap on message payloads.
-    #[arg(long, env = ENV_MAX_PAYLOAD, default_value_t = skein_common::bus::DEFAULT_MAX_PAYLOAD)]
-    pub max_payload: usize,
     /// How often the worker announces itself.
     #[arg(long, env = ENV_HEARTBEAT, default_value = "2s", value_parser = humantime::parse_duration)]
     pub heartbeat: Duration,
-    /// Time running tasks get to finish on SIGTERM before they are aborted.
-    #[arg(long, env = ENV_GRACE, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub grace: Duration,
-    /// How long a delivered task may go unacknowledged (progress acks extend it).
-    #[arg(long, env = ENV_ACK_WAIT, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub ack_wait: Duration,
-    /// Deliveries of a task before the broker gives up on it.
-    #[arg(long, env = ENV_MAX_DELIVER, default_value_t = 5)]
-    pub max_deliver: i64,
-    /// Unique id of this process; random when unset.
-    #[arg(long, env = ENV_INSTANCE_ID)]
-    pub instance_id: Option<String>,
 }
 
 impl Config {
     /// Checks values clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         validate_token("pool", &self.pool).map_err(|f| f.message)?;
-        if let Some(id) = &self.instance_id {
-            validate_token("instance id", id).map_err(|f| f.message)?;
-        }
+        self.process.validate()?;
         if self.concurrency == 0 {
             return Err("concurrency must be at least 1".into());
         }
@@ -89,9 +71,6 @@ impl Config {
         }
         if self.tools().next().is_none() && !self.subagents {
             return Err("a worker must provide at least one tool or run subagents".into());
-        }
-        if self.ack_wait < Duration::from_secs(1) {
-            return Err("ack wait must be at least 1s".into());
         }
         Ok(())
     }

@@ -50,14 +50,11 @@ pub async fn run_with_stats(
     stats: Arc<ScopeStats>,
 ) -> Result<(), WorkerError> {
     cfg.validate().map_err(WorkerError::Config)?;
-    let instance = cfg
-        .instance_id
-        .clone()
-        .unwrap_or_else(|| format!("worker-{}", uuid::Uuid::new_v4().simple()));
+    let instance = cfg.process.instance_id("worker");
     let bus = Bus::connect(
         &cfg.nats,
         &format!("skein-worker {instance}"),
-        cfg.max_payload,
+        cfg.process.max_payload,
     )
     .await?;
     bus.ensure_streams().await?;
@@ -69,7 +66,7 @@ pub async fn run_with_stats(
         workspace_root: cfg.workspace_root(),
         http_allow: cfg.http_allow.clone(),
         http_max_bytes: cfg.http_max_bytes,
-        http_timeout: Duration::from_secs(15).min(cfg.tool_timeout),
+        http_timeout: Duration::from_secs(15).min(cfg.process.tool_timeout),
         max_read_bytes: 60 * 1024,
     };
     let mut registry = builtin_registry(&builtins, http);
@@ -88,7 +85,7 @@ pub async fn run_with_stats(
         .await?;
         let settings = RuntimeSettings {
             default_model: cfg.model.model.clone(),
-            tool_timeout: cfg.tool_timeout,
+            tool_timeout: cfg.process.tool_timeout,
             ..RuntimeSettings::default()
         };
         Some(Runtime::new(
@@ -125,8 +122,8 @@ pub async fn run_with_stats(
         stats,
         instance: instance.clone(),
         scratch_dir: cfg.scratch_dir(),
-        max_tool_timeout: cfg.tool_timeout,
-        progress_every: cfg.ack_wait / 3,
+        max_tool_timeout: cfg.process.tool_timeout,
+        progress_every: cfg.process.progress_every(),
     });
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 
@@ -154,8 +151,8 @@ pub async fn run_with_stats(
                 stream: subjects::WORK_STREAM,
                 durable,
                 filter,
-                ack_wait: cfg.ack_wait,
-                max_deliver: cfg.max_deliver,
+                ack_wait: cfg.process.ack_wait,
+                max_deliver: cfg.process.max_deliver,
             })
             .await?;
         let (ctx, abort) = (ctx.clone(), work.abort.clone());
@@ -189,7 +186,7 @@ pub async fn run_with_stats(
     if let Err(e) = store.remove_worker(&instance).await {
         tracing::warn!(error = %e, "could not leave the worker registry; the entry will expire");
     }
-    work.drain(cfg.grace).await;
+    work.drain(cfg.process.grace).await;
     tracing::info!(worker_id = %instance, "worker stopped");
     Ok(())
 }

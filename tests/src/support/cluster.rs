@@ -104,6 +104,18 @@ impl TestCluster {
         stats
     }
 
+    /// Starts `workers` in-process workers with default settings and a lead with `lead_flags`, and
+    /// waits until the workers are live.
+    pub async fn start_nodes(&self, workers: usize, lead_flags: &[&str]) {
+        for _ in 0..workers {
+            self.spawn_worker(self.worker_config(&[]));
+        }
+        self.spawn_lead(self.lead_config(lead_flags));
+        if workers > 0 {
+            self.wait_for_workers(workers).await;
+        }
+    }
+
     /// Command-line flags that point a `skein-node lead|worker` process at this cluster.
     pub fn process_args(&self, role: &str) -> Vec<String> {
         let mut args = vec![
@@ -176,6 +188,11 @@ impl Drop for TestCluster {
         self.shutdown.cancel();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Lead flags that use an OpenAI-compatible model at `base_url`.
+pub fn model_flags(base_url: &str) -> [&str; 4] {
+    ["--model-provider", "openai", "--model-base-url", base_url]
 }
 
 /// A submission to the `assistant` agent with fresh ids.
