@@ -83,7 +83,8 @@ pub struct ConsumerSettings {
     pub filter: String,
     /// How long a delivery may go unacknowledged (progress acks extend it).
     pub ack_wait: Duration,
-    /// Deliveries before the server gives up on a message.
+    /// Deliveries before the server gives up on a message; -1 for no limit (Skein counts attempts
+    /// itself, see `SessionStore::count_attempt`).
     pub max_deliver: i64,
 }
 
@@ -162,6 +163,13 @@ impl Bus {
                 ..Default::default()
             },
             stream::Config {
+                name: subjects::DLQ_STREAM.into(),
+                subjects: vec![subjects::DLQ_ALL.into()],
+                retention: stream::RetentionPolicy::Limits,
+                max_age: Duration::from_secs(14 * 24 * 3600),
+                ..Default::default()
+            },
+            stream::Config {
                 name: subjects::EVENTS_STREAM.into(),
                 subjects: vec![subjects::EVENTS_ALL.into()],
                 retention: stream::RetentionPolicy::Limits,
@@ -219,8 +227,39 @@ impl Bus {
         let mut headers = outgoing_headers();
         headers.insert(NATS_MESSAGE_ID, submission.task_id.as_str());
         let payload = self.encode(submission)?;
-        self.publish_durable(subjects::submit(&submission.tenant), headers, payload)
+        self.publish_durable(
+            subjects::submit(&submission.tenant, &submission.session),
+            headers,
+            payload,
+        )
+        .await
+    }
+
+    /// The stream sequence of a session's oldest unfinished submission (finished ones are removed
+    /// from the work-queue stream), if any.
+    pub async fn oldest_submission(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<u64>, BusError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let stream_error = |message: String| BusError::Stream {
+            stream: subjects::SUBMIT_STREAM.into(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::SUBMIT_STREAM)
             .await
+            .map_err(|e| stream_error(e.to_string()))?;
+        match stream
+            .get_first_raw_message_by_subject(subjects::submit(tenant, session), 1)
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(stream_error(e.to_string())),
+        }
     }
 
     /// Publishes a tool or subagent task durably on `subject`.
@@ -438,6 +477,156 @@ pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
 const PULL_WAIT: Duration = Duration::from_secs(2);
 /// Pause after a failed pull (NATS away).
 const PULL_RETRY: Duration = Duration::from_millis(500);
+
+/// Header of a dead letter: the subject the message was first published on.
+pub const HEADER_ORIGINAL_SUBJECT: &str = "Skein-Original-Subject";
+/// Header of a dead letter: why it was set aside.
+pub const HEADER_DEAD_REASON: &str = "Skein-Dead-Reason";
+/// Header of a dead letter: how often it was tried.
+pub const HEADER_ATTEMPTS: &str = "Skein-Attempts";
+/// Header of a dead letter: the original message's `Nats-Msg-Id`, if it had one.
+pub const HEADER_ORIGINAL_ID: &str = "Skein-Original-Id";
+
+/// A message set aside in the dead-letter stream.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// Position in the dead-letter stream; names the letter for show, replay and removal.
+    pub seq: u64,
+    pub original_subject: String,
+    pub original_id: Option<String>,
+    pub reason: String,
+    pub attempts: u64,
+    pub payload: Bytes,
+}
+
+impl DeadLetter {
+    fn from_stream(message: async_nats::jetstream::message::StreamMessage) -> Self {
+        let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+        Self {
+            seq: message.sequence,
+            original_subject: header(HEADER_ORIGINAL_SUBJECT)
+                .unwrap_or_else(|| message.subject.to_string()),
+            original_id: header(HEADER_ORIGINAL_ID),
+            reason: header(HEADER_DEAD_REASON).unwrap_or_default(),
+            attempts: header(HEADER_ATTEMPTS)
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
+            payload: message.payload,
+        }
+    }
+}
+
+impl Bus {
+    /// Sets a message aside in the dead-letter stream, with why and how often it was tried.
+    pub async fn dead_letter(
+        &self,
+        original_subject: &str,
+        original_id: Option<&str>,
+        payload: Bytes,
+        reason: &str,
+        attempts: u64,
+    ) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
+        headers.insert(
+            HEADER_DEAD_REASON,
+            reason.replace(['\r', '\n'], " ").as_str(),
+        );
+        headers.insert(HEADER_ATTEMPTS, attempts.to_string().as_str());
+        if let Some(id) = original_id {
+            headers.insert(HEADER_ORIGINAL_ID, id);
+        }
+        tracing::warn!(
+            subject = original_subject,
+            reason,
+            attempts,
+            "message dead-lettered"
+        );
+        self.publish_durable(subjects::dead_letter(original_subject), headers, payload)
+            .await
+    }
+
+    /// Every dead letter, oldest first.
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BusError> {
+        let mut stream = self.dlq_stream().await?;
+        let state = stream
+            .info()
+            .await
+            .map_err(|e| dlq_error(e.to_string()))?
+            .state
+            .clone();
+        let mut letters = Vec::new();
+        if state.messages == 0 {
+            return Ok(letters);
+        }
+        for seq in state.first_sequence..=state.last_sequence {
+            if let Some(letter) = self.dead_letter_at(seq).await? {
+                letters.push(letter);
+            }
+        }
+        Ok(letters)
+    }
+
+    /// The dead letter at `seq`, if there is one.
+    pub async fn dead_letter_at(&self, seq: u64) -> Result<Option<DeadLetter>, BusError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let stream = self.dlq_stream().await?;
+        match stream.get_raw_message(seq).await {
+            Ok(message) => Ok(Some(DeadLetter::from_stream(message))),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(dlq_error(e.to_string())),
+        }
+    }
+
+    /// Publishes a dead letter's message again on its original subject, then removes the letter.
+    pub async fn replay_dead_letter(&self, letter: &DeadLetter) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        let id = format!(
+            "{}-replay-{}",
+            letter.original_id.as_deref().unwrap_or("dlq"),
+            letter.seq
+        );
+        headers.insert(NATS_MESSAGE_ID, id.as_str());
+        self.publish_durable(
+            letter.original_subject.clone(),
+            headers,
+            letter.payload.clone(),
+        )
+        .await?;
+        self.remove_dead_letter(letter.seq).await.map(|_| ())
+    }
+
+    /// Removes one dead letter; false if there was none at `seq`.
+    pub async fn remove_dead_letter(&self, seq: u64) -> Result<bool, BusError> {
+        let stream = self.dlq_stream().await?;
+        match stream.delete_message(seq).await {
+            Ok(deleted) => Ok(deleted),
+            Err(e) if e.to_string().contains("no message found") => Ok(false),
+            Err(e) => Err(dlq_error(e.to_string())),
+        }
+    }
+
+    /// Removes every dead letter; returns how many there were.
+    pub async fn purge_dead_letters(&self) -> Result<u64, BusError> {
+        let stream = self.dlq_stream().await?;
+        let purged = stream.purge().await.map_err(|e| dlq_error(e.to_string()))?;
+        Ok(purged.purged)
+    }
+
+    async fn dlq_stream(&self) -> Result<stream::Stream, BusError> {
+        self.jetstream
+            .get_stream(subjects::DLQ_STREAM)
+            .await
+            .map_err(|e| dlq_error(e.to_string()))
+    }
+}
+
+fn dlq_error(message: String) -> BusError {
+    BusError::Stream {
+        stream: subjects::DLQ_STREAM.into(),
+        message,
+    }
+}
 
 /// Headers every message Skein publishes carries. Trace context is injected here.
 pub fn outgoing_headers() -> HeaderMap {

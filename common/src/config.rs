@@ -26,7 +26,7 @@ pub const ENV_MAX_PAYLOAD: &str = "SKEIN_MAX_PAYLOAD";
 pub const ENV_TOOL_TIMEOUT: &str = "SKEIN_TOOL_TIMEOUT";
 pub const ENV_GRACE: &str = "SKEIN_GRACE";
 pub const ENV_ACK_WAIT: &str = "SKEIN_ACK_WAIT";
-pub const ENV_MAX_DELIVER: &str = "SKEIN_MAX_DELIVER";
+pub const ENV_MAX_ATTEMPTS: &str = "SKEIN_MAX_ATTEMPTS";
 pub const ENV_LEASE_TTL: &str = "SKEIN_LEASE_TTL";
 pub const ENV_SUBAGENT_TIMEOUT: &str = "SKEIN_SUBAGENT_TIMEOUT";
 pub const ENV_POOL: &str = "SKEIN_POOL";
@@ -164,9 +164,10 @@ pub struct ProcessConfig {
     /// How long a delivered task may go unacknowledged (progress acks extend it while it runs).
     #[arg(long, env = ENV_ACK_WAIT, default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
-    /// Deliveries of a task before the broker stops offering it.
-    #[arg(long, env = ENV_MAX_DELIVER, default_value_t = 5)]
-    pub max_deliver: i64,
+    /// Attempts at a turn or a call (a crashed or failed try counts; a hand-back on shutdown does
+    /// not) before it is dead-lettered and ends as a failure.
+    #[arg(long, env = ENV_MAX_ATTEMPTS, default_value_t = 5)]
+    pub max_attempts: u64,
 }
 
 impl ProcessConfig {
@@ -178,8 +179,8 @@ impl ProcessConfig {
         if self.ack_wait < Duration::from_secs(1) {
             return Err("ack wait must be at least 1s".into());
         }
-        if self.max_deliver < 1 {
-            return Err("max deliver must be at least 1".into());
+        if self.max_attempts < 1 {
+            return Err("max attempts must be at least 1".into());
         }
         if self.max_payload < 1024 {
             return Err("max payload must be at least 1024 bytes".into());

@@ -208,6 +208,8 @@ pub enum FailureKind {
     /// The model call failed or answered something unusable.
     ModelFailed,
     Cancelled,
+    /// The work failed on every attempt and was set aside in the dead-letter stream.
+    DeadLettered,
     Internal,
     /// A kind this build does not know (sent by a newer peer).
     #[serde(other)]
@@ -228,6 +230,7 @@ impl FailureKind {
             FailureKind::ToolFailed => "tool_failed",
             FailureKind::ModelFailed => "model_failed",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::DeadLettered => "dead_lettered",
             FailureKind::Internal => "internal",
             FailureKind::Unknown => "unknown",
         }

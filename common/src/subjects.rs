@@ -2,11 +2,12 @@
 //!
 //! | subject | carried by | payload |
 //! | --- | --- | --- |
-//! | `skein.submit.{tenant}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
+//! | `skein.submit.{tenant}.{session}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
 //! | `skein.tool.{pool}.{tool}` | stream `SKEIN_WORK` (work queue), consumer `skein-tools-{pool}` | `ToolTask` |
 //! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` | `SubagentTask` |
 //! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
+//! | `skein.dlq.{submit,tool,agent,other}` | stream `SKEIN_DLQ` (limits, 14 days) | the original payload, with why and how often it was tried in headers |
 //!
 //! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
 //! process-chosen id of the same alphabet), so no subject gains a wildcard or an extra level. Each
@@ -16,6 +17,7 @@
 pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
 pub const WORK_STREAM: &str = "SKEIN_WORK";
 pub const EVENTS_STREAM: &str = "SKEIN_EVENTS";
+pub const DLQ_STREAM: &str = "SKEIN_DLQ";
 pub const LEADS_CONSUMER: &str = "skein-leads";
 
 /// All subjects of the submit stream.
@@ -24,17 +26,21 @@ pub const SUBMIT_ALL: &str = "skein.submit.>";
 pub const WORK_ALL: [&str; 2] = ["skein.tool.>", "skein.agent.>"];
 /// All subjects of the events stream.
 pub const EVENTS_ALL: &str = "skein.events.>";
+/// All subjects of the dead-letter stream.
+pub const DLQ_ALL: &str = "skein.dlq.>";
 
-/// Where a tenant's tasks are submitted.
-pub fn submit(tenant: &str) -> String {
-    format!("skein.submit.{tenant}")
+/// Where the tasks of one session are submitted. One subject per session lets a lead find the
+/// session's oldest unfinished task in the work-queue stream, which keeps turns in order.
+pub fn submit(tenant: &str, session: &str) -> String {
+    format!("skein.submit.{tenant}.{session}")
 }
 
-/// The tenant named by a submit subject, if it is one.
-pub fn tenant_of_submit(subject: &str) -> Option<&str> {
-    subject
-        .strip_prefix("skein.submit.")
-        .filter(|t| !t.is_empty() && !t.contains('.'))
+/// The tenant and session named by a submit subject, if it is one.
+pub fn parse_submit(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("skein.submit.")?;
+    let (tenant, session) = rest.split_once('.')?;
+    (!tenant.is_empty() && !session.is_empty() && !session.contains('.'))
+        .then_some((tenant, session))
 }
 
 /// Where a call of `tool` is sent for workers of `pool`.
@@ -85,6 +91,16 @@ pub fn reply_number(subject: &str) -> Option<u64> {
     subject.rsplit('.').next()?.parse().ok()
 }
 
+/// Where a message that could not be handled is kept, by the kind of its original subject
+/// (`submit`, `tool`, `agent`, or `other`).
+pub fn dead_letter(original_subject: &str) -> String {
+    let kind = match original_subject.split('.').nth(1) {
+        Some(kind @ ("submit" | "tool" | "agent")) => kind,
+        _ => "other",
+    };
+    format!("skein.dlq.{kind}")
+}
+
 /// The events of one task.
 pub fn events(tenant: &str, task_id: &str) -> String {
     format!("skein.events.{tenant}.{task_id}")
@@ -105,6 +121,14 @@ mod tests {
     }
 
     #[test]
+    fn dead_letters_are_filed_by_kind() {
+        assert_eq!(dead_letter(&submit("a", "s")), "skein.dlq.submit");
+        assert_eq!(dead_letter(&tool_task("p", "read_file")), "skein.dlq.tool");
+        assert_eq!(dead_letter(&agent_task("p", "r")), "skein.dlq.agent");
+        assert_eq!(dead_letter("weird"), "skein.dlq.other");
+    }
+
+    #[test]
     fn reply_subjects_carry_their_dispatch_number() {
         assert_eq!(reply_number(&reply("lead-1", 42)), Some(42));
         assert!(reply("lead-1", 7).starts_with(reply_filter("lead-1").trim_end_matches('*')));
@@ -113,8 +137,9 @@ mod tests {
 
     #[test]
     fn tenant_is_read_back_from_submit_subjects() {
-        assert_eq!(tenant_of_submit(&submit("acme")), Some("acme"));
-        assert_eq!(tenant_of_submit("skein.submit.a.b"), None);
-        assert_eq!(tenant_of_submit("skein.other.a"), None);
+        assert_eq!(parse_submit(&submit("acme", "s1")), Some(("acme", "s1")));
+        assert_eq!(parse_submit("skein.submit.a"), None);
+        assert_eq!(parse_submit("skein.submit.a.b.c"), None);
+        assert_eq!(parse_submit("skein.other.a.b"), None);
     }
 }

@@ -35,8 +35,12 @@ use crate::config::Config;
 
 /// Delay before a handed-back task is redelivered.
 const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
-/// Pause between attempts to take a busy session's lease.
+/// Pause between looks at a busy session (its lease, or its older unfinished task).
 const LEASE_POLL: Duration = Duration::from_millis(50);
+/// Longest a task waits for an older task of its session before it hands its slot back.
+const ORDER_WAIT: Duration = Duration::from_secs(5);
+/// Delay before a task handed back for ordering is offered again.
+const REQUEUE_DELAY: Duration = Duration::from_millis(200);
 
 /// Why a lead could not run.
 #[derive(Debug, thiserror::Error)]
@@ -109,7 +113,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             durable: subjects::LEADS_CONSUMER.into(),
             filter: subjects::SUBMIT_ALL.into(),
             ack_wait: cfg.process.ack_wait,
-            max_deliver: cfg.process.max_deliver,
+            max_deliver: -1,
         })
         .await?;
     tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
@@ -146,18 +150,25 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
 enum Settled {
     /// Finished (successfully or not); the final result is stored and published.
     Done,
-    /// Hand the message back for another try.
+    /// Not this task's turn yet (an older task of the session is unfinished): hand it back
+    /// without counting an attempt.
+    NotYet,
+    /// Transient trouble: hand the message back for another attempt.
     Retry(Failure),
+    /// The last attempt failed too: dead-letter it and end with a failed final result.
+    GiveUp(Failure, u64),
 }
 
 impl Lead {
     async fn handle(&self, message: jetstream::Message, abort: CancellationToken) {
-        let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
         let submission: TaskSubmission = match self.bus.decode(&message.payload) {
             Ok(s) => s,
             Err(e) => return self.reject_undecodable(&message, e.to_failure()).await,
         };
-        if let Err(failure) = submission.validate(self.cfg.process.max_payload) {
+        let checked = submission
+            .validate(self.cfg.process.max_payload)
+            .and_then(|()| subject_matches(&message, &submission));
+        if let Err(failure) = checked {
             // Ids may be what is wrong: only answer on subjects built from valid tokens.
             if validate_token("tenant", &submission.tenant).is_ok()
                 && validate_token("task_id", &submission.task_id).is_ok()
@@ -171,23 +182,43 @@ impl Lead {
         }
         let span = tracing::info_span!("turn", task_id = %submission.task_id, session_id = %submission.session, tenant = %submission.tenant);
         let _enter = span.enter();
+        let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
         let every = self.cfg.process.progress_every();
-        let outcome = with_progress(&message, every, self.settle_turn(&submission, &abort)).await;
+        let outcome = with_progress(
+            &message,
+            every,
+            self.settle_turn(&submission, sequence, &abort),
+        )
+        .await;
         match outcome {
             Settled::Done => settle(&message, AckKind::Ack).await,
-            Settled::Retry(failure)
-                if delivered < self.cfg.process.max_deliver && !abort.is_cancelled() =>
-            {
-                tracing::warn!(%failure, delivered, "turn handed back for another try");
-                settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
-            }
-            Settled::Retry(failure)
-                if abort.is_cancelled() && delivered < self.cfg.process.max_deliver =>
-            {
+            Settled::NotYet => settle(&message, AckKind::Nak(Some(REQUEUE_DELAY))).await,
+            Settled::Retry(failure) if abort.is_cancelled() => {
                 tracing::info!(%failure, "turn handed back on shutdown");
                 settle(&message, AckKind::Nak(None)).await;
             }
             Settled::Retry(failure) => {
+                tracing::warn!(%failure, "turn handed back for another attempt");
+                settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            }
+            Settled::GiveUp(failure, attempts) => {
+                let reason = format!("turn failed {attempts} times; last: {failure}");
+                let id = message_id(&message);
+                if let Err(e) = self
+                    .bus
+                    .dead_letter(
+                        &message.subject,
+                        id.as_deref(),
+                        message.payload.clone(),
+                        &reason,
+                        attempts,
+                    )
+                    .await
+                {
+                    // Keep the message: without its dead letter it must not disappear.
+                    tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
+                    return settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+                }
                 self.publish_final(failed_result(&submission, failure, 0))
                     .await;
                 settle(&message, AckKind::Ack).await;
@@ -195,7 +226,12 @@ impl Lead {
         }
     }
 
-    async fn settle_turn(&self, submission: &TaskSubmission, abort: &CancellationToken) -> Settled {
+    async fn settle_turn(
+        &self,
+        submission: &TaskSubmission,
+        sequence: u64,
+        abort: &CancellationToken,
+    ) -> Settled {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         match self.republish_if_finished(submission).await {
             Ok(true) => return Settled::Done,
@@ -213,23 +249,90 @@ impl Lead {
                 return Settled::Done;
             }
         };
-        let token = format!("{}:{}", self.instance, submission.task_id);
-        if let Err(failure) = self.take_lease(submission, &token, abort).await {
-            return Settled::Retry(failure);
+        match self.wait_for_turn_order(submission, sequence, abort).await {
+            Ok(true) => {}
+            Ok(false) => return Settled::NotYet,
+            Err(failure) => return Settled::Retry(failure),
         }
-        // A copy of this task may have finished while this one waited for the lease.
-        let settled = match self.republish_if_finished(submission).await {
-            Ok(true) => Settled::Done,
-            Ok(false) => {
-                self.turn_under_lease(submission, &agent, &token, abort)
-                    .await
-            }
-            Err(failure) => Settled::Retry(failure),
+        let work = format!("turn:{}", submission.task_id);
+        let attempt = match self.store.count_attempt(tenant, session, &work).await {
+            Ok(n) => n,
+            Err(e) => return Settled::Retry(e.to_failure()),
         };
-        if let Err(e) = self.store.release_lease(tenant, session, &token).await {
-            tracing::warn!(error = %e, "lease not released; it expires on its own");
+        let max_attempts = self.cfg.process.max_attempts;
+        if attempt > max_attempts {
+            let failure = Failure::new(
+                FailureKind::Unavailable,
+                format!(
+                    "gave up after {max_attempts} attempts (the lead running it stopped each time)"
+                ),
+            );
+            return Settled::GiveUp(failure, attempt - 1);
         }
-        settled
+        let token = format!("{}:{}", self.instance, submission.task_id);
+        let settled = match self.take_lease(submission, &token, abort).await {
+            Err(failure) => Settled::Retry(failure),
+            Ok(()) => {
+                // A copy of this task may have finished while this one waited for the lease.
+                let settled = match self.republish_if_finished(submission).await {
+                    Ok(true) => Settled::Done,
+                    Ok(false) => {
+                        self.turn_under_lease(submission, &agent, &token, abort)
+                            .await
+                    }
+                    Err(failure) => Settled::Retry(failure),
+                };
+                if let Err(e) = self.store.release_lease(tenant, session, &token).await {
+                    tracing::warn!(error = %e, "lease not released; it expires on its own");
+                }
+                settled
+            }
+        };
+        match settled {
+            Settled::Retry(_) if abort.is_cancelled() => {
+                // Shutdown is not this task's fault: the attempt does not count.
+                if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
+                    tracing::warn!(error = %e, "attempt not taken back");
+                }
+                settled
+            }
+            Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
+            other => other,
+        }
+    }
+
+    /// Waits until no older task of the session is unfinished, so turns run in submission order
+    /// across leads. False if that takes too long (the caller hands the task back, freeing its
+    /// slot for the older task).
+    async fn wait_for_turn_order(
+        &self,
+        submission: &TaskSubmission,
+        sequence: u64,
+        abort: &CancellationToken,
+    ) -> Result<bool, Failure> {
+        let deadline = tokio::time::Instant::now() + ORDER_WAIT;
+        loop {
+            let oldest = self
+                .bus
+                .oldest_submission(&submission.tenant, &submission.session)
+                .await
+                .map_err(|e| e.to_failure())?;
+            match oldest {
+                Some(oldest) if oldest < sequence => {}
+                _ => return Ok(true),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::info!(
+                    sequence,
+                    "an older task of the session is unfinished; handing this one back"
+                );
+                return Ok(false);
+            }
+            tokio::select! {
+                _ = abort.cancelled() => return Ok(false),
+                _ = tokio::time::sleep(LEASE_POLL) => {}
+            }
+        }
     }
 
     /// If the task already finished, publishes its stored result again; true if it had.
@@ -408,7 +511,7 @@ impl Lead {
     /// A message that is not a submission: answer on its task's subject if the sender named one
     /// (`Nats-Msg-Id` and a tenant subject), then terminate it — it would fail on every delivery.
     async fn reject_undecodable(&self, message: &jetstream::Message, failure: Failure) {
-        let tenant = subjects::tenant_of_submit(&message.subject).map(str::to_owned);
+        let tenant = subjects::parse_submit(&message.subject).map(|(tenant, _)| tenant.to_owned());
         let task_id = message_id(message);
         tracing::warn!(subject = %message.subject, %failure, "undecodable submission rejected");
         if let (Some(tenant), Some(task_id)) = (tenant, task_id) {
@@ -429,6 +532,25 @@ impl Lead {
             }
         }
         settle(message, AckKind::Term).await;
+    }
+}
+
+/// A submission must arrive on its own session's subject: ordering and tenant isolation rely on it.
+fn subject_matches(
+    message: &jetstream::Message,
+    submission: &TaskSubmission,
+) -> Result<(), Failure> {
+    let expected = subjects::submit(&submission.tenant, &submission.session);
+    if message.subject.as_str() == expected {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!(
+                "published on {}; a task of this tenant and session goes to {expected}",
+                message.subject
+            ),
+        ))
     }
 }
 

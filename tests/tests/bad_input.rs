@@ -12,8 +12,8 @@ use skein_common::protocol::{EventKind, FailureKind, FinalResult, TurnStatus};
 use skein_tests::support::cluster::{model_flags, submission, TestCluster};
 use skein_tests::support::{free_port, unique, FakeOpenAi, FakeReply};
 
-/// Publishes raw bytes as a submission with a task id header, then waits for that task's final
-/// result on its event subject.
+/// Publishes raw bytes as a submission (on session `raw` of `tenant`) with a task id header, then
+/// waits for that task's final result on its event subject.
 async fn submit_raw(
     cluster: &TestCluster,
     tenant: &str,
@@ -27,7 +27,11 @@ async fn submit_raw(
     let mut headers = HeaderMap::new();
     headers.insert(NATS_MESSAGE_ID, task_id);
     jetstream
-        .publish_with_headers(format!("skein.submit.{tenant}"), headers, payload.into())
+        .publish_with_headers(
+            format!("skein.submit.{tenant}.raw"),
+            headers,
+            payload.into(),
+        )
         .await
         .expect("publish")
         .await
@@ -95,7 +99,7 @@ async fn malformed_and_oversized_submissions_end_with_clear_failures_and_the_lea
         .as_ref()
         .is_some_and(|f| f.message.contains("4096")));
 
-    let wrong_version = json!({"v": 9, "task_id": "v9", "tenant": "acme", "user": "u", "session": "s", "agent": "assistant", "input": "hi"});
+    let wrong_version = json!({"v": 9, "task_id": "v9", "tenant": "acme", "user": "u", "session": "raw", "agent": "assistant", "input": "hi"});
     let versioned = submit_raw(
         &cluster,
         "acme",
@@ -108,6 +112,17 @@ async fn malformed_and_oversized_submissions_end_with_clear_failures_and_the_lea
         .failure
         .as_ref()
         .is_some_and(|f| f.message.contains("version")));
+
+    // A task must travel on its own session's subject (ordering and tenant isolation rely on it).
+    let mut misrouted = submission("acme", "other-session", "hi");
+    misrouted.task_id = "misrouted-1".into();
+    let payload = serde_json::to_vec(&misrouted).expect("encode");
+    let misrouted = submit_raw(&cluster, "acme", "misrouted-1", payload).await;
+    assert_eq!(failure_kind(&misrouted), Some(FailureKind::InvalidInput));
+    assert!(misrouted
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.message.contains("skein.submit.acme.other-session")));
 
     // Nothing above stopped the lead.
     let (ok, _) = cluster

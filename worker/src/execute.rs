@@ -46,6 +46,7 @@ pub(crate) struct WorkerContext {
     pub scratch_dir: PathBuf,
     pub max_tool_timeout: Duration,
     pub progress_every: Duration,
+    pub max_attempts: u64,
 }
 
 /// How a task's work ended before its result is settled.
@@ -58,7 +59,7 @@ enum Work {
 async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: CancellationToken) {
     let task: ToolTask = match ctx.bus.decode(&message.payload) {
         Ok(task) => task,
-        Err(e) => return reject(&message, &e.to_string()).await,
+        Err(e) => return reject(&ctx, &message, &e.to_string()).await,
     };
     let span = tracing::info_span!("tool_task", task_id = %task.origin.task_id, call_id = %task.call_id, tool = %task.tool);
     let _enter = span.enter();
@@ -74,6 +75,9 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
     if resend_recorded(&ctx, &message, call).await {
         return;
     }
+    let Some(attempt) = begin_attempt(&ctx, &message, call).await else {
+        return;
+    };
     let started = Instant::now();
     let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_tool_timeout);
     let mut scope = TaskScope::new(
@@ -108,7 +112,7 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         _ = abort.cancelled() => Work::HandBack,
         outcome = with_progress(&message, ctx.progress_every, run) => Work::Done(outcome),
     };
-    conclude(&ctx, &message, scope, work, call, started).await;
+    conclude(&ctx, &message, scope, work, call, started, attempt).await;
 }
 
 async fn subagent_task(
@@ -118,7 +122,7 @@ async fn subagent_task(
 ) {
     let task: SubagentTask = match ctx.bus.decode(&message.payload) {
         Ok(task) => task,
-        Err(e) => return reject(&message, &e.to_string()).await,
+        Err(e) => return reject(&ctx, &message, &e.to_string()).await,
     };
     let span = tracing::info_span!("subagent_task", task_id = %task.origin.task_id, call_id = %task.call_id, agent = %task.agent.name);
     let _enter = span.enter();
@@ -142,6 +146,9 @@ async fn subagent_task(
             "this worker does not run subagents",
         );
         return refuse(&ctx, &message, call, failure).await;
+    };
+    let Some(attempt) = begin_attempt(&ctx, &message, call).await else {
+        return;
     };
     let started = Instant::now();
     let scope = TaskScope::new(
@@ -210,7 +217,7 @@ async fn subagent_task(
         _ = abort.cancelled() => Work::HandBack,
         work = with_progress(&message, ctx.progress_every, run) => work,
     };
-    conclude(&ctx, &message, scope, work, call, started).await;
+    conclude(&ctx, &message, scope, work, call, started, attempt).await;
 }
 
 /// Runs `work`, turning a panic into a failure so the task still closes its scope and settles.
@@ -229,8 +236,8 @@ async fn contain_panic<T>(work: impl std::future::Future<Output = T>) -> Result<
         })
 }
 
-/// Closes the task's scope, then settles: a result is recorded and sent, or the task is handed
-/// back to the broker.
+/// Closes the task's scope, then settles: a result is recorded and sent, a transient failure is
+/// tried again after a backoff, or the task is handed back to the broker.
 async fn conclude(
     ctx: &WorkerContext,
     message: &jetstream::Message,
@@ -238,13 +245,123 @@ async fn conclude(
     work: Work,
     call: CallRef<'_>,
     started: Instant,
+    attempt: u64,
 ) {
     if let Err(e) = scope.close().await {
         tracing::warn!(error = %e, "task scope closed with errors");
     }
     match work {
-        Work::Done(outcome) => finish(ctx, message, call, outcome, started).await,
-        Work::HandBack => settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await,
+        Work::Done(outcome) if worth_retrying(&outcome) && attempt < ctx.max_attempts => {
+            let delay = retry_backoff(attempt);
+            tracing::info!(attempt, ?delay, "transient failure; trying again");
+            settle(message, AckKind::Nak(Some(delay))).await;
+        }
+        Work::Done(outcome) => {
+            if worth_retrying(&outcome) {
+                let reason = format!(
+                    "failed on all {attempt} attempts; last: {}",
+                    outcome.observation()
+                );
+                if !dead_letter(ctx, message, &reason, attempt).await {
+                    return;
+                }
+            }
+            finish(ctx, message, call, outcome, started).await
+        }
+        Work::HandBack => {
+            // Shutdown is not the task's fault: the attempt does not count.
+            let origin = call.origin;
+            if let Err(e) = ctx
+                .store
+                .uncount_attempt(&origin.tenant, &origin.session, call.call_key)
+                .await
+            {
+                tracing::warn!(error = %e, "attempt not taken back");
+            }
+            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await
+        }
+    }
+}
+
+/// A failure another attempt may cure: an upstream that was unreachable. (A call that used up
+/// its time limit is not tried again: that would double its cost; the model decides.)
+fn worth_retrying(outcome: &CallOutcome) -> bool {
+    matches!(outcome, CallOutcome::Failed { failure } if failure.retryable && failure.kind == FailureKind::Unavailable)
+}
+
+/// Delay before attempt `attempt + 1`: 250 ms doubling, at most 4 s.
+fn retry_backoff(attempt: u64) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(4) as u32;
+    Duration::from_millis(250 * 2u64.pow(exponent)).min(Duration::from_secs(4))
+}
+
+/// Counts this attempt. `None` when the task was settled here instead: Redis could not count it
+/// (handed back), or it already used all its attempts — its worker crashed or stopped each time —
+/// so it is dead-lettered and answered with a failure.
+async fn begin_attempt(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    call: CallRef<'_>,
+) -> Option<u64> {
+    let origin = call.origin;
+    let attempt = match ctx
+        .store
+        .count_attempt(&origin.tenant, &origin.session, call.call_key)
+        .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count the attempt; handing the task back");
+            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            return None;
+        }
+    };
+    if attempt <= ctx.max_attempts {
+        return Some(attempt);
+    }
+    let tries = attempt - 1;
+    let reason =
+        format!("no attempt of {tries} finished (its worker crashed or stopped each time)");
+    if dead_letter(ctx, message, &reason, tries).await {
+        let failure = Failure::new(FailureKind::DeadLettered, reason);
+        finish(
+            ctx,
+            message,
+            call,
+            CallOutcome::Failed { failure },
+            Instant::now(),
+        )
+        .await;
+    }
+    None
+}
+
+/// Copies the task to the dead-letter stream; false (and the task handed back) if that failed,
+/// so nothing disappears.
+async fn dead_letter(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    reason: &str,
+    attempts: u64,
+) -> bool {
+    let id = skein_common::bus::message_id(message);
+    match ctx
+        .bus
+        .dead_letter(
+            &message.subject,
+            id.as_deref(),
+            message.payload.clone(),
+            reason,
+            attempts,
+        )
+        .await
+    {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
+            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            false
+        }
     }
 }
 
@@ -406,8 +523,10 @@ async fn reply(ctx: &WorkerContext, reply_to: &str, result: &ToolResult) {
     }
 }
 
-/// Terminates a message that cannot be decoded: it would fail the same way on every delivery.
-async fn reject(message: &jetstream::Message, reason: &str) {
-    tracing::error!(subject = %message.subject, reason, "undecodable task terminated");
-    settle(message, AckKind::Term).await;
+/// Sets aside a message that cannot be decoded: it would fail the same way on every delivery.
+async fn reject(ctx: &WorkerContext, message: &jetstream::Message, reason: &str) {
+    tracing::error!(subject = %message.subject, reason, "undecodable task dead-lettered");
+    if dead_letter(ctx, message, &format!("undecodable: {reason}"), 1).await {
+        settle(message, AckKind::Term).await;
+    }
 }

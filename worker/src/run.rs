@@ -124,6 +124,7 @@ pub async fn run_with_stats(
         scratch_dir: cfg.scratch_dir(),
         max_tool_timeout: cfg.process.tool_timeout,
         progress_every: cfg.process.progress_every(),
+        max_attempts: cfg.process.max_attempts,
     });
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 
@@ -152,7 +153,7 @@ pub async fn run_with_stats(
                 durable,
                 filter,
                 ack_wait: cfg.process.ack_wait,
-                max_deliver: cfg.process.max_deliver,
+                max_deliver: -1,
             })
             .await?;
         let (ctx, abort) = (ctx.clone(), work.abort.clone());

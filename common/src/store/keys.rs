@@ -9,6 +9,7 @@
 //! | `skein:{t:s}:session` | hash `version`, `state` | the session (history), versioned for compare-and-set |
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
 //! | `skein:{t:s}:results` | hash `task_id:call_id` → `ToolResult` | call results, first write wins |
+//! | `skein:{t:s}:attempts` | hash work key → count | attempts at a turn (`turn:{task}`) or a call (its call key) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
 
@@ -28,6 +29,10 @@ pub fn results(tenant: &str, session: &str) -> String {
     format!("{}:results", tag(tenant, session))
 }
 
+pub fn attempts(tenant: &str, session: &str) -> String {
+    format!("{}:attempts", tag(tenant, session))
+}
+
 pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:final:{task_id}", tag(tenant, session))
 }
@@ -43,6 +48,7 @@ mod tests {
             super::session("acme", "s1"),
             super::lease("acme", "s1"),
             super::results("acme", "s1"),
+            super::attempts("acme", "s1"),
             super::final_result("acme", "s1", "t1"),
         ] {
             assert!(key.contains(tag), "{key}");

@@ -23,6 +23,8 @@ use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult, WorkerAnnou
 
 /// How long a final result stays retrievable.
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
+/// How long attempt counters live after their last change.
+const ATTEMPTS_TTL_SECS: u64 = 7 * 24 * 3600;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +236,52 @@ impl SessionStore {
         let json: Option<String> = conn.hget(keys::results(tenant, session), call_key).await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
             .transpose()
+    }
+
+    /// Counts one more attempt at a piece of work (a turn or a call) of the session; returns the
+    /// count including this one. Counting ourselves keeps retries bounded without relying on the
+    /// broker's max-deliveries advisories, which nats-server 2.9 sends as core messages only.
+    pub async fn count_attempt(
+        &self,
+        tenant: &str,
+        session: &str,
+        work: &str,
+    ) -> Result<u64, StoreError> {
+        let mut conn = self.connection.clone();
+        let key = keys::attempts(tenant, session);
+        let (count, _): (u64, bool) = redis::pipe()
+            .atomic()
+            .hincr(&key, work, 1)
+            .expire(&key, ATTEMPTS_TTL_SECS as i64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(count)
+    }
+
+    /// Takes back an attempt that did not really happen (work handed back on shutdown).
+    pub async fn uncount_attempt(
+        &self,
+        tenant: &str,
+        session: &str,
+        work: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = conn
+            .hincr(keys::attempts(tenant, session), work, -1)
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets the attempts at a piece of work (before a dead letter is replayed).
+    pub async fn clear_attempts(
+        &self,
+        tenant: &str,
+        session: &str,
+        work: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = conn.hdel(keys::attempts(tenant, session), work).await?;
+        Ok(())
     }
 
     /// Stores a task's final result for later lookup.
