@@ -94,10 +94,11 @@ pub fn reply_number(subject: &str) -> Option<u64> {
 /// Where a message that could not be handled is kept, by the kind of its original subject
 /// (`submit`, `tool`, `agent`, or `other`).
 pub fn dead_letter(original_subject: &str) -> String {
-    let kind = match original_subject.split('.').nth(1) {
-        Some(kind @ ("submit" | "tool" | "agent")) => kind,
-        _ => "other",
-    };
+    let kind = original_subject
+        .split('.')
+        .nth(1)
+        .filter(|kind| matches!(*kind, "submit" | "tool" | "agent"))
+        .unwrap_or("other");
     format!("skein.dlq.{kind}")
 }
 
