@@ -264,6 +264,9 @@ pub enum EventKind {
         agent: String,
         session: String,
         instance: String,
+        /// Set when the turn continues an earlier, interrupted run: the steps already done.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resumed_at_step: Option<u32>,
     },
     ModelDelta {
         text: String,

@@ -19,7 +19,7 @@ use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::events::EventSink;
 use skein_common::agent::hooks::Hooks;
 use skein_common::agent::model::{ModelError, Provider};
-use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput};
+use skein_common::agent::runtime::{Checkpoints, Interrupted, Runtime, RuntimeSettings, TurnInput};
 use skein_common::bus::{message_id, settle, with_progress, Bus, BusError, ConsumerSettings};
 use skein_common::dispatch::Dispatcher;
 use skein_common::protocol::{
@@ -364,6 +364,14 @@ impl Lead {
             Ok(loaded) => loaded,
             Err(e) => return Settled::Retry(e.to_failure()),
         };
+        let resume = match self
+            .store
+            .checkpoint(tenant, session, &submission.task_id)
+            .await
+        {
+            Ok(resume) => resume,
+            Err(e) => return Settled::Retry(e.to_failure()),
+        };
         let origin = submission.origin();
         let events = EventSink::new(
             self.bus.clone(),
@@ -376,8 +384,16 @@ impl Lead {
                 agent: agent.name.clone(),
                 session: session.to_owned(),
                 instance: self.instance.clone(),
+                resumed_at_step: resume.as_ref().map(|r| r.iterations),
             })
             .await;
+        let checkpoints = Checkpoints {
+            store: self.store.clone(),
+            tenant: tenant.to_owned(),
+            session: session.to_owned(),
+            task_id: submission.task_id.clone(),
+            lease_token: token.to_owned(),
+        };
         let renew = self.keep_lease(tenant, session, token);
         let turn = self.runtime.run_turn(TurnInput {
             origin,
@@ -387,26 +403,23 @@ impl Lead {
             depth: 0,
             events: &events,
             cancel: abort,
+            resume,
+            checkpoints: Some(&checkpoints),
         });
         let output = tokio::select! {
             output = turn => output,
             lost = renew => return Settled::Retry(lost),
         };
-        if abort.is_cancelled() {
-            return Settled::Retry(Failure::new(FailureKind::Unavailable, "lead shutting down"));
-        }
-        if output.status == TurnStatus::Completed {
+        let output = match output {
+            Ok(output) => output,
+            Err(Interrupted(failure)) => return Settled::Retry(failure),
+        };
+        let state = (output.status == TurnStatus::Completed).then(|| {
             let mut state = loaded.state;
             state.history.extend(output.new_messages.iter().cloned());
             state.turns += 1;
-            if let Err(e) = self
-                .store
-                .save(tenant, session, loaded.version, &state)
-                .await
-            {
-                return Settled::Retry(e.to_failure());
-            }
-        }
+            state
+        });
         let result = FinalResult {
             v: PROTOCOL_VERSION,
             task_id: submission.task_id.clone(),
@@ -419,8 +432,12 @@ impl Lead {
             limit_reached: output.limit_reached,
             usage: output.usage,
         };
-        if let Err(e) = self.store.store_final(&result).await {
-            tracing::warn!(error = %e, "final result not stored; it is still published");
+        if let Err(e) = self
+            .store
+            .complete_turn(token, loaded.version, state.as_ref(), &result)
+            .await
+        {
+            return Settled::Retry(e.to_failure());
         }
         events.emit(EventKind::Final { result }).await;
         Settled::Done

@@ -187,9 +187,12 @@ async fn subagent_task(
             depth: task.depth,
             events: &events,
             cancel: &abort,
+            resume: None,
+            checkpoints: None,
         });
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
-            Ok(Ok(output)) => output,
+            Ok(Ok(Ok(output))) => output,
+            Ok(Ok(Err(_interrupted))) => return Work::HandBack,
             Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
             Err(_) => {
                 let failure = Failure::new(

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::context::{self, ContextLimits};
 use crate::agent::events::EventSink;
 use crate::agent::hooks::Hooks;
-use crate::agent::message::{Message, ToolCall, Usage};
+use crate::agent::message::{Message, Role, ToolCall, Usage};
 use crate::agent::model::{ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
 use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::skills::SkillCatalog;
@@ -28,7 +28,7 @@ use crate::dispatch::{failed, CallRoute, Dispatcher, ToolCatalog};
 use crate::protocol::{
     AgentSpec, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec, TurnStatus,
 };
-use crate::store::SessionStore;
+use crate::store::{SessionStore, TurnCheckpoint};
 
 /// Name of the tool through which an agent hands a subtask to one of its subagents.
 pub const SPAWN_TOOL: &str = "spawn_agent";
@@ -72,6 +72,49 @@ pub struct TurnInput<'a> {
     pub depth: u32,
     pub events: &'a EventSink,
     pub cancel: &'a CancellationToken,
+    /// Progress of an earlier run of this turn to continue from.
+    pub resume: Option<TurnCheckpoint>,
+    /// Where to record progress after every step; `None` records nothing.
+    pub checkpoints: Option<&'a Checkpoints>,
+}
+
+/// Why a turn stopped without ending: it was cancelled, or its progress could not be recorded
+/// (the session lease was lost, or Redis went away). The turn has no result; it may run again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interrupted(pub Failure);
+
+/// Where a turn records its progress after every step, fenced by the session lease: a lead that
+/// lost the lease cannot overwrite the progress of the lead that took it over.
+pub struct Checkpoints {
+    pub store: SessionStore,
+    pub tenant: String,
+    pub session: String,
+    pub task_id: String,
+    pub lease_token: String,
+}
+
+impl Checkpoints {
+    async fn save(&self, state: &TurnCheckpoint) -> Result<(), Failure> {
+        let saved = self
+            .store
+            .save_checkpoint(
+                &self.tenant,
+                &self.session,
+                &self.task_id,
+                &self.lease_token,
+                state,
+            )
+            .await
+            .map_err(|e| e.to_failure())?;
+        if saved {
+            Ok(())
+        } else {
+            Err(Failure::new(
+                FailureKind::Unavailable,
+                "session lease lost; progress not recorded",
+            ))
+        }
+    }
 }
 
 /// How a turn ended.
@@ -121,8 +164,10 @@ impl<M: ModelClient> Runtime<M> {
         &self.hooks
     }
 
-    /// Runs one turn to its end.
-    pub async fn run_turn(&self, turn: TurnInput<'_>) -> TurnOutput {
+    /// Runs one turn to its end, or resumes it from `turn.resume`. `Err` means the turn was
+    /// interrupted (cancelled, or its checkpoint could not be written) and did not end: the
+    /// caller decides whether it runs again.
+    pub async fn run_turn(&self, turn: TurnInput<'_>) -> Result<TurnOutput, Interrupted> {
         let mut out = TurnOutput {
             status: TurnStatus::Completed,
             answer: None,
@@ -132,6 +177,11 @@ impl<M: ModelClient> Runtime<M> {
             usage: Usage::default(),
             new_messages: vec![Message::user(turn.input.clone())],
         };
+        if let Some(resumed) = turn.resume.clone() {
+            out.new_messages = resumed.new_messages;
+            out.iterations = resumed.iterations;
+            out.usage = resumed.usage;
+        }
         let catalog = match self.store.live_workers().await {
             Ok(workers) => ToolCatalog::from_workers(&workers),
             Err(e) => {
@@ -151,30 +201,44 @@ impl<M: ModelClient> Runtime<M> {
         let system = self.system_prompt(&turn);
         let history = context::prepare(turn.history, self.settings.context);
 
-        for _ in 0..turn.agent.max_iterations {
+        loop {
+            interrupted_if_cancelled(&turn)?;
+            match out.new_messages.last() {
+                // Calls asked for but not yet observed (also when resuming after a crash): run
+                // them. Calls already recorded are not run again: the dispatcher returns their
+                // recorded results.
+                Some(last) if last.role == Role::Assistant && !last.tool_calls.is_empty() => {
+                    let calls = last.tool_calls.clone();
+                    let results = self
+                        .execute_calls(&turn, out.iterations, &catalog, &tools, &calls)
+                        .await;
+                    interrupted_if_cancelled(&turn)?;
+                    for (call, result) in calls.iter().zip(results) {
+                        out.new_messages
+                            .push(Message::tool_result(&call.id, result.outcome.observation()));
+                    }
+                    checkpoint(&turn, &out).await?;
+                    continue;
+                }
+                // An answer (a turn resumed after it was answered but before it was saved).
+                Some(last) if last.role == Role::Assistant => {
+                    out.answer = Some(last.content.clone());
+                    return Ok(out);
+                }
+                _ => {}
+            }
+            if out.iterations >= turn.agent.max_iterations {
+                break;
+            }
             let messages = conversation(&system, &history, &out.new_messages);
             let response = match self.model_call(&turn, messages, tools.clone()).await {
                 Ok(response) => response,
-                Err(failure) => return finish_failed(out, failure),
+                Err(failure) => return finished_failed(&turn, out, failure),
             };
             out.iterations += 1;
             out.usage.add(response.usage);
-            let calls = response.message.tool_calls.clone();
-            out.new_messages.push(response.message.clone());
-            if calls.is_empty() {
-                out.answer = Some(response.message.content);
-                return out;
-            }
-            let results = self
-                .execute_calls(&turn, out.iterations, &catalog, &tools, &calls)
-                .await;
-            for (call, result) in calls.iter().zip(results) {
-                out.new_messages
-                    .push(Message::tool_result(&call.id, result.outcome.observation()));
-            }
-            if turn.cancel.is_cancelled() {
-                return finish_failed(out, Failure::new(FailureKind::Cancelled, "turn cancelled"));
-            }
+            out.new_messages.push(response.message);
+            checkpoint(&turn, &out).await?;
         }
 
         // Iteration limit: one more call, without tools, for a summary answer.
@@ -193,9 +257,9 @@ impl<M: ModelClient> Runtime<M> {
                 message.tool_calls.clear();
                 out.answer = Some(message.content.clone());
                 out.new_messages.push(message);
-                out
+                Ok(out)
             }
-            Err(failure) => finish_failed(out, failure),
+            Err(failure) => finished_failed(&turn, out, failure),
         }
     }
 
@@ -453,10 +517,40 @@ fn conversation(system: &str, history: &[Message], turn_messages: &[Message]) ->
     messages
 }
 
-fn finish_failed(mut out: TurnOutput, failure: Failure) -> TurnOutput {
+/// A turn that ends failed; a failure caused by cancellation is an interruption instead.
+fn finished_failed(
+    turn: &TurnInput<'_>,
+    mut out: TurnOutput,
+    failure: Failure,
+) -> Result<TurnOutput, Interrupted> {
+    interrupted_if_cancelled(turn)?;
     out.status = TurnStatus::Failed;
     out.failure = Some(failure);
-    out
+    Ok(out)
+}
+
+fn interrupted_if_cancelled(turn: &TurnInput<'_>) -> Result<(), Interrupted> {
+    if turn.cancel.is_cancelled() {
+        Err(Interrupted(Failure::new(
+            FailureKind::Cancelled,
+            "turn cancelled",
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+/// Records the turn so far, if the caller asked for checkpoints.
+async fn checkpoint(turn: &TurnInput<'_>, out: &TurnOutput) -> Result<(), Interrupted> {
+    let Some(checkpoints) = turn.checkpoints else {
+        return Ok(());
+    };
+    let state = TurnCheckpoint {
+        new_messages: out.new_messages.clone(),
+        iterations: out.iterations,
+        usage: out.usage,
+    };
+    checkpoints.save(&state).await.map_err(Interrupted)
 }
 
 /// Groups calls so that consecutive concurrency-safe calls run together and an unsafe call runs

@@ -10,6 +10,7 @@
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
 //! | `skein:{t:s}:results` | hash `task_id:call_id` → `ToolResult` | call results, first write wins |
 //! | `skein:{t:s}:attempts` | hash work key → count | attempts at a turn (`turn:{task}`) or a call (its call key) |
+//! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
 
@@ -33,6 +34,10 @@ pub fn attempts(tenant: &str, session: &str) -> String {
     format!("{}:attempts", tag(tenant, session))
 }
 
+pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:turn:{task_id}", tag(tenant, session))
+}
+
 pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:final:{task_id}", tag(tenant, session))
 }
@@ -49,6 +54,7 @@ mod tests {
             super::lease("acme", "s1"),
             super::results("acme", "s1"),
             super::attempts("acme", "s1"),
+            super::checkpoint("acme", "s1", "t1"),
             super::final_result("acme", "s1", "t1"),
         ] {
             assert!(key.contains(tag), "{key}");

@@ -23,6 +23,8 @@ use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult, WorkerAnnou
 
 /// How long a final result stays retrievable.
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
+/// How long the checkpoint of an unfinished turn is kept.
+const CHECKPOINT_TTL_SECS: u64 = 24 * 3600;
 /// How long attempt counters live after their last change.
 const ATTEMPTS_TTL_SECS: u64 = 7 * 24 * 3600;
 
@@ -34,6 +36,8 @@ pub enum StoreError {
     Unavailable(#[source] redis::RedisError),
     #[error("session was saved by another writer (expected version {expected})")]
     Conflict { expected: u64 },
+    #[error("the session lease was lost to another writer")]
+    LeaseLost,
     #[error("stored value is corrupt: {0}")]
     Corrupt(#[source] serde_json::Error),
 }
@@ -41,7 +45,7 @@ pub enum StoreError {
 impl StoreError {
     pub fn to_failure(&self) -> Failure {
         match self {
-            StoreError::Unavailable(_) | StoreError::Conflict { .. } => {
+            StoreError::Unavailable(_) | StoreError::Conflict { .. } | StoreError::LeaseLost => {
                 Failure::new(FailureKind::Unavailable, self.to_string())
             }
             StoreError::Corrupt(_) => Failure::new(FailureKind::Internal, self.to_string()),
@@ -63,6 +67,17 @@ pub struct SessionState {
     pub turns: u64,
 }
 
+/// The progress of a turn that has not ended, recorded after every step so another lead can
+/// resume it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TurnCheckpoint {
+    /// What the turn has added so far: the user's input, model messages, observations.
+    pub new_messages: Vec<Message>,
+    /// Model calls made so far.
+    pub iterations: u32,
+    pub usage: crate::agent::message::Usage,
+}
+
 /// A session as loaded, with the version a save must name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadedSession {
@@ -75,6 +90,31 @@ const SAVE_SCRIPT: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '0') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3])
+return 1
+"#;
+
+/// Writes a turn checkpoint only while the writer holds the session lease.
+/// KEYS[1] lease, KEYS[2] checkpoint; ARGV token, checkpoint, ttl seconds.
+const CHECKPOINT_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"#;
+
+/// Ends a turn atomically while the writer holds the lease: saves the session (compare-and-set,
+/// unless ARGV[4] is empty), stores the final result and drops the checkpoint.
+/// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint.
+/// ARGV token, expected version, new version, state, final, final ttl seconds.
+/// Returns 1 done, 0 version conflict, -1 lease lost.
+const COMPLETE_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+if ARGV[4] ~= '' then
+  local current = redis.call('HGET', KEYS[1], 'version')
+  if (current or '0') ~= ARGV[2] then return 0 end
+  redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4])
+end
+redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
+redis.call('DEL', KEYS[4])
 return 1
 "#;
 
@@ -206,6 +246,81 @@ impl SessionStore {
             .invoke_async(&mut conn)
             .await?;
         Ok(done == 1)
+    }
+
+    /// Records a turn's progress if `lease_token` still holds the session lease; false if not.
+    pub async fn save_checkpoint(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+        lease_token: &str,
+        checkpoint: &TurnCheckpoint,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(checkpoint).map_err(StoreError::Corrupt)?;
+        let saved: i64 = Script::new(CHECKPOINT_SCRIPT)
+            .key(keys::lease(tenant, session))
+            .key(keys::checkpoint(tenant, session, task_id))
+            .arg(lease_token)
+            .arg(json)
+            .arg(CHECKPOINT_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(saved == 1)
+    }
+
+    /// The recorded progress of a turn that has not ended, if any.
+    pub async fn checkpoint(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+    ) -> Result<Option<TurnCheckpoint>, StoreError> {
+        let mut conn = self.connection.clone();
+        let json: Option<String> = conn.get(keys::checkpoint(tenant, session, task_id)).await?;
+        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
+            .transpose()
+    }
+
+    /// Ends a turn in one step while `lease_token` holds the lease: saves the session state (when
+    /// given, compare-and-set on `expected_version`), stores the final result, drops the
+    /// checkpoint. A crash can therefore never save a turn's history without its final result
+    /// (which would append it twice on resume).
+    pub async fn complete_turn(
+        &self,
+        lease_token: &str,
+        expected_version: u64,
+        state: Option<&SessionState>,
+        result: &FinalResult,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let (tenant, session) = (result.tenant.as_str(), result.session.as_str());
+        let state = match state {
+            Some(state) => serde_json::to_string(state).map_err(StoreError::Corrupt)?,
+            None => String::new(),
+        };
+        let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let done: i64 = Script::new(COMPLETE_SCRIPT)
+            .key(keys::session(tenant, session))
+            .key(keys::lease(tenant, session))
+            .key(keys::final_result(tenant, session, &result.task_id))
+            .key(keys::checkpoint(tenant, session, &result.task_id))
+            .arg(lease_token)
+            .arg(expected_version)
+            .arg(expected_version + 1)
+            .arg(state)
+            .arg(final_json)
+            .arg(FINAL_RESULT_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        match done {
+            1 => Ok(()),
+            0 => Err(StoreError::Conflict {
+                expected: expected_version,
+            }),
+            _ => Err(StoreError::LeaseLost),
+        }
     }
 
     /// Records a call's result under its key (`protocol::call_key`) unless one is already
