@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::execute::{self, TaskKind, WorkerContext};
 use crate::scope::ScopeStats;
-use crate::tools::{builtin_registry, BuiltinConfig};
+use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
 
 /// Why a worker could not run.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,17 @@ pub async fn run_with_stats(
     shutdown: CancellationToken,
     stats: Arc<ScopeStats>,
 ) -> Result<(), WorkerError> {
+    run_with_tools(cfg, shutdown, stats, |_| {}).await
+}
+
+/// [`run_with_stats`], with more tools than the built-in ones: `extra` adds them to the registry
+/// (embedders with their own tools, and tests).
+pub async fn run_with_tools(
+    cfg: Config,
+    shutdown: CancellationToken,
+    stats: Arc<ScopeStats>,
+    extra: impl FnOnce(&mut ToolRegistry),
+) -> Result<(), WorkerError> {
     cfg.validate().map_err(WorkerError::Config)?;
     let instance = cfg.process.instance_id("worker");
     let bus = Bus::connect(
@@ -71,6 +82,7 @@ pub async fn run_with_stats(
     };
     let mut registry = builtin_registry(&builtins, http);
     registry.retain(|name| cfg.tools().any(|t| t == name));
+    extra(&mut registry);
 
     // The reply listener is background work: it outlives running tasks.
     let work = Workload::default();

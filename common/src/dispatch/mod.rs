@@ -8,7 +8,8 @@
 //!   never receive each other's results, whatever call ids their models chose; a result nobody
 //!   waits for (a late duplicate) is dropped, so the model never sees two results for one call;
 //! - every wait is bounded: a call that returns nothing within its timeout (plus slack) ends as a
-//!   `timed_out` failure, after a last look at the recorded results.
+//!   `timed_out` failure; meanwhile the recorded results are looked at every second, so a result
+//!   whose reply went elsewhere (the call was first dispatched by a lead that died) still arrives.
 
 pub mod catalog;
 
@@ -34,6 +35,8 @@ pub use catalog::ToolCatalog;
 
 /// Time allowed on top of a call's own timeout for queueing and transport.
 const DISPATCH_SLACK: Duration = Duration::from_secs(30);
+/// How often a waiting call looks for its result among the recorded ones.
+const RECORD_POLL: Duration = Duration::from_secs(1);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ToolResult>>>>;
 
@@ -220,25 +223,50 @@ impl Dispatcher {
             self.forget(n);
             return failed(call_id, e.to_failure());
         }
-        let waited = tokio::time::timeout(timeout + DISPATCH_SLACK, rx).await;
+        let result = self
+            .wait_for_result(rx, origin, call_key, timeout + DISPATCH_SLACK)
+            .await;
         self.forget(n);
-        match waited {
-            Ok(Ok(result)) => result,
-            _ => match self
-                .store
-                .recorded_result(&origin.tenant, &origin.session, call_key)
-                .await
-            {
-                Ok(Some(result)) => result,
-                _ => failed(
-                    call_id,
-                    Failure::new(
-                        FailureKind::TimedOut,
-                        format!("no result within {:?}", timeout + DISPATCH_SLACK),
-                    ),
+        result.unwrap_or_else(|| {
+            failed(
+                call_id,
+                Failure::new(
+                    FailureKind::TimedOut,
+                    format!("no result within {:?}", timeout + DISPATCH_SLACK),
                 ),
-            },
+            )
+        })
+    }
+
+    /// Waits for the reply, and looks at the recorded results now and then: the reply may go to
+    /// another process (the call was first dispatched by a lead that died, and this publish was a
+    /// duplicate the broker dropped) or be lost while NATS reconnects.
+    async fn wait_for_result(
+        &self,
+        mut reply: oneshot::Receiver<ToolResult>,
+        origin: &TaskOrigin,
+        call_key: &str,
+        limit: Duration,
+    ) -> Option<ToolResult> {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut looks =
+            tokio::time::interval_at(tokio::time::Instant::now() + RECORD_POLL, RECORD_POLL);
+        loop {
+            tokio::select! {
+                result = &mut reply => return result.ok(),
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = looks.tick() => {
+                    if let Ok(Some(result)) = self.store.recorded_result(&origin.tenant, &origin.session, call_key).await {
+                        return Some(result);
+                    }
+                }
+            }
         }
+        self.store
+            .recorded_result(&origin.tenant, &origin.session, call_key)
+            .await
+            .ok()
+            .flatten()
     }
 
     fn forget(&self, n: u64) {

@@ -1,0 +1,114 @@
+//! Tools that exist only in tests: a slow tool whose side effect is counted (to see which calls
+//! ran more than once after a crash), and a tool that kills its worker process (a poison task).
+//! `skein-node test-worker ...` runs a real worker process that provides them next to the
+//! built-in tools.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use skein_worker::tools::{Tool, ToolContext, ToolError, ToolRegistry};
+
+/// Environment variable naming the file `slow_effect` appends its effects to.
+pub const EFFECTS_FILE_ENV: &str = "SKEIN_TEST_EFFECTS";
+
+/// Adds the test tools to a worker's registry.
+pub fn register(registry: &mut ToolRegistry, effects: PathBuf) {
+    registry.register(SlowEffect { effects });
+    registry.register(CrashWorker);
+}
+
+/// Waits, recording when it starts and when it is done: a side effect that can be counted.
+pub struct SlowEffect {
+    effects: PathBuf,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlowEffectArgs {
+    /// Names the effect.
+    pub key: String,
+    /// How long the tool works, in milliseconds.
+    pub ms: u64,
+}
+
+impl Tool for SlowEffect {
+    const NAME: &'static str = "slow_effect";
+    type Args = SlowEffectArgs;
+
+    fn description(&self) -> String {
+        "Works for a while and records that it did (test tool).".into()
+    }
+
+    async fn call(&self, args: SlowEffectArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
+        let line = |what: &str| {
+            format!(
+                "{what}\t{}\t{}\t{}\n",
+                args.key, ctx.origin.task_id, ctx.call_id
+            )
+        };
+        append(&self.effects, &line("start")).map_err(|e| ToolError::Failed(e.to_string()))?;
+        tokio::time::sleep(Duration::from_millis(args.ms)).await;
+        append(&self.effects, &line("done")).map_err(|e| ToolError::Failed(e.to_string()))?;
+        Ok(format!("effect {} done", args.key))
+    }
+}
+
+/// Kills the worker process that runs it (test tool).
+pub struct CrashWorker;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CrashWorkerArgs {}
+
+impl Tool for CrashWorker {
+    const NAME: &'static str = "crash_worker";
+    type Args = CrashWorkerArgs;
+
+    fn description(&self) -> String {
+        "Kills the worker that runs it (test tool).".into()
+    }
+
+    async fn call(
+        &self,
+        _args: CrashWorkerArgs,
+        _ctx: ToolContext<'_>,
+    ) -> Result<String, ToolError> {
+        std::process::abort()
+    }
+}
+
+fn append(path: &Path, line: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    file.write_all(line.as_bytes())
+}
+
+/// Counts of one effect key in an effects file.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EffectCount {
+    pub started: usize,
+    pub done: usize,
+}
+
+/// Reads an effects file: per key, how often the effect started and finished.
+pub fn read_effects(path: &Path) -> std::collections::BTreeMap<String, EffectCount> {
+    let mut counts = std::collections::BTreeMap::<String, EffectCount>::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        let mut fields = line.split('\t');
+        let (Some(what), Some(key)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let entry = counts.entry(key.to_owned()).or_default();
+        match what {
+            "start" => entry.started += 1,
+            "done" => entry.done += 1,
+            _ => {}
+        }
+    }
+    counts
+}
