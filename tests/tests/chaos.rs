@@ -278,7 +278,7 @@ async fn poison_and_undecodable_tasks_are_dead_lettered_and_the_cluster_keeps_se
         .await;
     // Two workers, restarted whenever the poison kills one (as an orchestrator would).
     let flags = ["--max-attempts", "3", "--ack-wait", "1s"];
-    let mut workers = vec![
+    let mut workers = [
         test_worker(&cluster, &flags, "worker-0.log"),
         test_worker(&cluster, &flags, "worker-1.log"),
     ];
