@@ -163,6 +163,14 @@ impl Bus {
                 ..Default::default()
             },
             stream::Config {
+                name: subjects::CANCEL_STREAM.into(),
+                subjects: vec![subjects::CANCEL_ALL.into()],
+                retention: stream::RetentionPolicy::Limits,
+                max_age: Duration::from_secs(24 * 3600),
+                max_messages_per_subject: 1,
+                ..Default::default()
+            },
+            stream::Config {
                 name: subjects::DLQ_STREAM.into(),
                 subjects: vec![subjects::DLQ_ALL.into()],
                 retention: stream::RetentionPolicy::Limits,
@@ -258,6 +266,42 @@ impl Bus {
         {
             Ok(message) => Ok(Some(message.sequence)),
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(stream_error(e.to_string())),
+        }
+    }
+
+    /// Asks every process to stop a task; kept so that work starting later sees it too.
+    pub async fn request_cancel(
+        &self,
+        request: &crate::protocol::CancelRequest,
+    ) -> Result<(), BusError> {
+        let payload = self.encode(request)?;
+        self.publish_durable(
+            subjects::cancel(&request.tenant, &request.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
+    }
+
+    /// Whether a cancel request for the task was published.
+    pub async fn cancel_requested(&self, tenant: &str, task_id: &str) -> Result<bool, BusError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let stream_error = |message: String| BusError::Stream {
+            stream: subjects::CANCEL_STREAM.into(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::CANCEL_STREAM)
+            .await
+            .map_err(|e| stream_error(e.to_string()))?;
+        match stream
+            .get_last_raw_message_by_subject(&subjects::cancel(tenant, task_id))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
             Err(e) => Err(stream_error(e.to_string())),
         }
     }

@@ -52,6 +52,30 @@ impl SkeinClient {
         Ok(())
     }
 
+    /// Asks every lead and worker to stop a task. Kept for a day, so work of the task that starts
+    /// later is not started.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        task_id: &str,
+        reason: &str,
+    ) -> Result<(), ClientError> {
+        crate::protocol::validate_token("tenant", tenant).map_err(ClientError::Rejected)?;
+        crate::protocol::validate_token("task_id", task_id).map_err(ClientError::Rejected)?;
+        let request = crate::protocol::CancelRequest {
+            v: crate::protocol::PROTOCOL_VERSION,
+            tenant: tenant.to_owned(),
+            task_id: task_id.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.bus.request_cancel(&request).await?;
+        Ok(())
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
     /// The task's events from the first one, live, ending after the final result.
     pub async fn watch(
         &self,

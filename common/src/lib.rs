@@ -8,6 +8,7 @@
 //!   one message at a time.
 //! - [`store`]: session state, call results, final results and the worker registry in Redis.
 //! - [`client`]: submitting tasks and watching their events, for the CLI and any Rust client.
+//! - [`cancel`]: the running work of a process by task, reached by cancel requests.
 //! - [`dispatch`]: turning tool calls into tool and subagent tasks and collecting their results.
 //! - [`agent`]: the agent runtime (definitions, model providers, prompt sections, skills, context,
 //!   hooks, the ReAct loop).
@@ -15,6 +16,7 @@
 
 pub mod agent;
 pub mod bus;
+pub mod cancel;
 pub mod client;
 pub mod config;
 pub mod dispatch;

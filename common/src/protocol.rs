@@ -39,6 +39,10 @@ pub struct TaskSubmission {
     /// Per-task overrides of the agent definition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overrides: Option<AgentOverrides>,
+    /// Milliseconds since the Unix epoch after which the task must not start, and is stopped if
+    /// running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
 }
 
 /// Fields of an agent definition a single task may override.
@@ -56,6 +60,17 @@ pub struct AgentOverrides {
     pub max_iterations: Option<u32>,
 }
 
+/// A request to stop a task, published on `skein.cancel.{tenant}.{task_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CancelRequest {
+    pub v: u32,
+    pub tenant: String,
+    pub task_id: String,
+    /// Why, for the record.
+    #[serde(default)]
+    pub reason: String,
+}
+
 /// Who a piece of work belongs to; travels with every task so workers stay stateless.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskOrigin {
@@ -67,6 +82,18 @@ pub struct TaskOrigin {
     /// The session whose workspace files the call works in: the user's session, also for the
     /// calls of its subagents.
     pub workspace: String,
+    /// The task's deadline (milliseconds since the Unix epoch): expired work is not started, and
+    /// no call runs past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+}
+
+impl TaskOrigin {
+    /// Time left before the deadline (`None` without one; zero once it passed).
+    pub fn time_left(&self) -> Option<std::time::Duration> {
+        self.deadline_ms
+            .map(|deadline| std::time::Duration::from_millis(deadline.saturating_sub(now_ms())))
+    }
 }
 
 /// One tool call dispatched to a worker pool.
@@ -320,6 +347,8 @@ pub struct FinalResult {
 pub enum TurnStatus {
     Completed,
     Failed,
+    /// Stopped by a cancel request (`skein cancel`); the session is left as it was.
+    Cancelled,
 }
 
 /// A worker's announcement of itself, refreshed by heartbeats.
@@ -429,6 +458,7 @@ impl TaskSubmission {
             user: self.user.clone(),
             session: self.session.clone(),
             workspace: self.session.clone(),
+            deadline_ms: self.deadline_ms,
         }
     }
 }
@@ -467,6 +497,7 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("turn-event.json", schema::<TurnEvent>()),
         ("final-result.json", schema::<FinalResult>()),
         ("failure.json", schema::<Failure>()),
+        ("cancel-request.json", schema::<CancelRequest>()),
         ("worker-announcement.json", schema::<WorkerAnnouncement>()),
     ]
 }
@@ -536,6 +567,7 @@ mod tests {
             agent: "assistant".into(),
             input: "hi".into(),
             overrides: None,
+            deadline_ms: None,
         };
         assert!(s.validate(10).is_ok());
         s.input = "x".repeat(11);

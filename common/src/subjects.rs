@@ -7,6 +7,7 @@
 //! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` | `SubagentTask` |
 //! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
+//! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
 //! | `skein.dlq.{submit,tool,agent,other}` | stream `SKEIN_DLQ` (limits, 14 days) | the original payload, with why and how often it was tried in headers |
 //!
 //! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
@@ -18,6 +19,7 @@ pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
 pub const WORK_STREAM: &str = "SKEIN_WORK";
 pub const EVENTS_STREAM: &str = "SKEIN_EVENTS";
 pub const DLQ_STREAM: &str = "SKEIN_DLQ";
+pub const CANCEL_STREAM: &str = "SKEIN_CANCEL";
 pub const LEADS_CONSUMER: &str = "skein-leads";
 
 /// All subjects of the submit stream.
@@ -26,6 +28,8 @@ pub const SUBMIT_ALL: &str = "skein.submit.>";
 pub const WORK_ALL: [&str; 2] = ["skein.tool.>", "skein.agent.>"];
 /// All subjects of the events stream.
 pub const EVENTS_ALL: &str = "skein.events.>";
+/// All cancel requests.
+pub const CANCEL_ALL: &str = "skein.cancel.>";
 /// All subjects of the dead-letter stream.
 pub const DLQ_ALL: &str = "skein.dlq.>";
 
@@ -102,6 +106,19 @@ pub fn dead_letter(original_subject: &str) -> String {
     format!("skein.dlq.{kind}")
 }
 
+/// Where a request to cancel a task is published (kept in `SKEIN_CANCEL`, so work that starts
+/// later still sees it).
+pub fn cancel(tenant: &str, task_id: &str) -> String {
+    format!("skein.cancel.{tenant}.{task_id}")
+}
+
+/// The tenant and task a cancel subject names.
+pub fn parse_cancel(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("skein.cancel.")?;
+    let (tenant, task) = rest.split_once('.')?;
+    (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
+}
+
 /// The events of one task.
 pub fn events(tenant: &str, task_id: &str) -> String {
     format!("skein.events.{tenant}.{task_id}")
@@ -119,6 +136,12 @@ mod tests {
         assert!(tool_task("default", "read_file").starts_with(tool.trim_end_matches('>')));
         assert!(agent_task("default", "researcher").starts_with(agent.trim_end_matches('>')));
         assert!(!tool_task("default", "x").starts_with(agent.trim_end_matches('>')));
+    }
+
+    #[test]
+    fn cancel_subjects_name_tenant_and_task() {
+        assert_eq!(parse_cancel(&cancel("acme", "t1")), Some(("acme", "t1")));
+        assert_eq!(parse_cancel("skein.cancel.acme"), None);
     }
 
     #[test]

@@ -19,8 +19,11 @@ use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::events::EventSink;
 use skein_common::agent::hooks::Hooks;
 use skein_common::agent::model::{ModelError, Provider};
-use skein_common::agent::runtime::{Checkpoints, Interrupted, Runtime, RuntimeSettings, TurnInput};
+use skein_common::agent::runtime::{
+    Checkpoints, Interrupted, Runtime, RuntimeSettings, TurnInput, TurnOutput,
+};
 use skein_common::bus::{message_id, settle, with_progress, Bus, BusError, ConsumerSettings};
+use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
 use skein_common::protocol::{
     validate_token, EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus,
@@ -60,6 +63,7 @@ pub enum LeadError {
 
 struct Lead {
     bus: Bus,
+    cancels: CancelRegistry,
     store: SessionStore,
     agents: AgentCatalog,
     runtime: Runtime<Provider>,
@@ -118,8 +122,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
         .await?;
     tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
     let (concurrency, grace) = (cfg.concurrency, cfg.process.grace);
+    let cancels = CancelRegistry::default();
+    cancels
+        .listen(&bus, &work.background, work.background_stop.clone())
+        .await?;
     let lead = Arc::new(Lead {
         bus,
+        cancels,
         store,
         agents,
         runtime,
@@ -249,6 +258,17 @@ impl Lead {
                 return Settled::Done;
             }
         };
+        if let Some(failure) = self.not_startable(submission).await {
+            let status = if failure.kind == FailureKind::Cancelled {
+                TurnStatus::Cancelled
+            } else {
+                TurnStatus::Failed
+            };
+            let mut result = failed_result(submission, failure, 0);
+            result.status = status;
+            self.publish_final(result).await;
+            return Settled::Done;
+        }
         match self.wait_for_turn_order(submission, sequence, abort).await {
             Ok(true) => {}
             Ok(false) => return Settled::NotYet,
@@ -298,6 +318,35 @@ impl Lead {
             }
             Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
             other => other,
+        }
+    }
+
+    /// Why the task must not start, if it must not: it was cancelled, or its deadline passed.
+    async fn not_startable(&self, submission: &TaskSubmission) -> Option<Failure> {
+        if submission
+            .origin()
+            .time_left()
+            .is_some_and(|left| left.is_zero())
+        {
+            return Some(Failure::new(
+                FailureKind::TimedOut,
+                "the task's deadline passed before it started",
+            ));
+        }
+        match self
+            .bus
+            .cancel_requested(&submission.tenant, &submission.task_id)
+            .await
+        {
+            Ok(true) => Some(Failure::new(
+                FailureKind::Cancelled,
+                "cancelled before it started",
+            )),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for a cancel request; running the task");
+                None
+            }
         }
     }
 
@@ -394,6 +443,12 @@ impl Lead {
             task_id: submission.task_id.clone(),
             lease_token: token.to_owned(),
         };
+        // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
+        let stop = abort.child_token();
+        let _registration = self
+            .cancels
+            .register(tenant, &submission.task_id, stop.clone());
+        let time_left = origin.time_left();
         let renew = self.keep_lease(tenant, session, token);
         let turn = self.runtime.run_turn(TurnInput {
             origin,
@@ -402,17 +457,61 @@ impl Lead {
             input: submission.input.clone(),
             depth: 0,
             events: &events,
-            cancel: abort,
+            cancel: &stop,
             resume,
             checkpoints: Some(&checkpoints),
         });
+        let deadline = async {
+            match time_left {
+                Some(left) => tokio::time::sleep(left).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut deadline_hit = false;
         let output = tokio::select! {
-            output = turn => output,
             lost = renew => return Settled::Retry(lost),
+            output = async {
+                tokio::pin!(turn);
+                tokio::select! {
+                    output = &mut turn => output,
+                    () = deadline => {
+                        deadline_hit = true;
+                        stop.cancel();
+                        turn.await
+                    }
+                }
+            } => output,
         };
         let output = match output {
             Ok(output) => output,
-            Err(Interrupted(failure)) => return Settled::Retry(failure),
+            Err(Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
+                return Settled::Retry(failure)
+            }
+            Err(Interrupted(_)) => {
+                let (status, failure) = if deadline_hit {
+                    (
+                        TurnStatus::Failed,
+                        Failure::new(
+                            FailureKind::TimedOut,
+                            "the task's deadline passed while it ran",
+                        ),
+                    )
+                } else {
+                    (
+                        TurnStatus::Cancelled,
+                        Failure::new(FailureKind::Cancelled, "cancelled while running"),
+                    )
+                };
+                TurnOutput {
+                    status,
+                    answer: None,
+                    failure: Some(failure),
+                    iterations: 0,
+                    limit_reached: false,
+                    usage: Default::default(),
+                    new_messages: Vec::new(),
+                }
+            }
         };
         let state = (output.status == TurnStatus::Completed).then(|| {
             let mut state = loaded.state;
@@ -508,6 +607,7 @@ impl Lead {
             user: String::new(),
             session: result.session.clone(),
             workspace: result.session.clone(),
+            deadline_ms: None,
         };
         EventSink::new(self.bus.clone(), Hooks::default(), origin, "lead")
             .emit(EventKind::Final { result })
@@ -544,6 +644,7 @@ impl Lead {
                     agent: String::new(),
                     input: String::new(),
                     overrides: None,
+                    deadline_ms: None,
                 };
                 self.publish_final(failed_result(&stub, failure, 0)).await;
             }

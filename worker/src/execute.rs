@@ -47,6 +47,7 @@ pub(crate) struct WorkerContext {
     pub max_tool_timeout: Duration,
     pub progress_every: Duration,
     pub max_attempts: u64,
+    pub cancels: skein_common::cancel::CancelRegistry,
 }
 
 /// How a task's work ended before its result is settled.
@@ -75,9 +76,23 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
     if resend_recorded(&ctx, &message, call).await {
         return;
     }
+    if let Some(failure) = not_startable(&ctx, call.origin).await {
+        return finish(
+            &ctx,
+            &message,
+            call,
+            CallOutcome::Failed { failure },
+            Instant::now(),
+        )
+        .await;
+    }
     let Some(attempt) = begin_attempt(&ctx, &message, call).await else {
         return;
     };
+    let stop = abort.child_token();
+    let _registration =
+        ctx.cancels
+            .register(&task.origin.tenant, &task.origin.task_id, stop.clone());
     let started = Instant::now();
     let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_tool_timeout);
     let mut scope = TaskScope::new(
@@ -109,7 +124,7 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         }
     };
     let work = tokio::select! {
-        _ = abort.cancelled() => Work::HandBack,
+        _ = stop.cancelled() => stopped(&abort),
         outcome = with_progress(&message, ctx.progress_every, run) => Work::Done(outcome),
     };
     conclude(&ctx, &message, scope, work, call, started, attempt).await;
@@ -147,9 +162,23 @@ async fn subagent_task(
         );
         return refuse(&ctx, &message, call, failure).await;
     };
+    if let Some(failure) = not_startable(&ctx, call.origin).await {
+        return finish(
+            &ctx,
+            &message,
+            call,
+            CallOutcome::Failed { failure },
+            Instant::now(),
+        )
+        .await;
+    }
     let Some(attempt) = begin_attempt(&ctx, &message, call).await else {
         return;
     };
+    let stop = abort.child_token();
+    let _registration =
+        ctx.cancels
+            .register(&task.origin.tenant, &task.origin.task_id, stop.clone());
     let started = Instant::now();
     let scope = TaskScope::new(
         ctx.stats.clone(),
@@ -186,13 +215,13 @@ async fn subagent_task(
             input: task.input.clone(),
             depth: task.depth,
             events: &events,
-            cancel: &abort,
+            cancel: &stop,
             resume: None,
             checkpoints: None,
         });
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
             Ok(Ok(Ok(output))) => output,
-            Ok(Ok(Err(_interrupted))) => return Work::HandBack,
+            Ok(Ok(Err(_interrupted))) => return stopped(&abort),
             Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
             Err(_) => {
                 let failure = Failure::new(
@@ -217,10 +246,47 @@ async fn subagent_task(
         })
     };
     let work = tokio::select! {
-        _ = abort.cancelled() => Work::HandBack,
+        _ = stop.cancelled() => stopped(&abort),
         work = with_progress(&message, ctx.progress_every, run) => work,
     };
     conclude(&ctx, &message, scope, work, call, started, attempt).await;
+}
+
+/// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends
+/// as a `cancelled` failure).
+fn stopped(abort: &CancellationToken) -> Work {
+    if abort.is_cancelled() {
+        Work::HandBack
+    } else {
+        let failure = Failure::new(FailureKind::Cancelled, "the task was cancelled");
+        Work::Done(CallOutcome::Failed { failure })
+    }
+}
+
+/// Why work of this task must not start, if it must not: its deadline passed, or it was
+/// cancelled.
+async fn not_startable(ctx: &WorkerContext, origin: &TaskOrigin) -> Option<Failure> {
+    if origin.time_left().is_some_and(|left| left.is_zero()) {
+        return Some(Failure::new(
+            FailureKind::TimedOut,
+            "the task's deadline passed before the call started",
+        ));
+    }
+    match ctx
+        .bus
+        .cancel_requested(&origin.tenant, &origin.task_id)
+        .await
+    {
+        Ok(true) => Some(Failure::new(
+            FailureKind::Cancelled,
+            "the task was cancelled",
+        )),
+        Ok(false) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot look for a cancel request; running the call");
+            None
+        }
+    }
 }
 
 /// Runs `work`, turning a panic into a failure so the task still closes its scope and settles.

@@ -126,6 +126,10 @@ pub async fn run_with_tools(
     store.announce_worker(&announcement).await?;
 
     let has_tools = !registry.specs().is_empty();
+    let cancels = skein_common::cancel::CancelRegistry::default();
+    cancels
+        .listen(&bus, &work.background, work.background_stop.clone())
+        .await?;
     let ctx = Arc::new(WorkerContext {
         bus: bus.clone(),
         store: store.clone(),
@@ -137,6 +141,7 @@ pub async fn run_with_tools(
         max_tool_timeout: cfg.process.tool_timeout,
         progress_every: cfg.process.progress_every(),
         max_attempts: cfg.process.max_attempts,
+        cancels: cancels.clone(),
     });
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 

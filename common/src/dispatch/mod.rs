@@ -130,6 +130,9 @@ impl Dispatcher {
         arguments: serde_json::Value,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        let Some(timeout) = within_deadline(origin, route.timeout) else {
+            return failed(call_id, deadline_passed());
+        };
         let (n, reply_to) = self.reply_route();
         let task = ToolTask {
             v: PROTOCOL_VERSION,
@@ -139,7 +142,7 @@ impl Dispatcher {
             tool: tool.to_owned(),
             arguments,
             reply_to,
-            timeout_ms: route.timeout.as_millis() as u64,
+            timeout_ms: timeout.as_millis() as u64,
         };
         let subject = subjects::tool_task(route.pool, tool);
         let call = Dispatch {
@@ -148,7 +151,7 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, route.timeout).await
+        self.dispatch(call, subject, &task, timeout).await
     }
 
     /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
@@ -163,6 +166,9 @@ impl Dispatcher {
         depth: u32,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        let Some(timeout) = within_deadline(origin, route.timeout) else {
+            return failed(call_id, deadline_passed());
+        };
         let (n, reply_to) = self.reply_route();
         let task = SubagentTask {
             v: PROTOCOL_VERSION,
@@ -173,7 +179,7 @@ impl Dispatcher {
             agent,
             input,
             reply_to,
-            timeout_ms: route.timeout.as_millis() as u64,
+            timeout_ms: timeout.as_millis() as u64,
             depth,
         };
         let subject = subjects::agent_task(route.pool, &task.agent.name);
@@ -183,7 +189,7 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, route.timeout).await
+        self.dispatch(call, subject, &task, timeout).await
     }
 
     /// A fresh dispatch number and its reply subject.
@@ -274,6 +280,22 @@ impl Dispatcher {
             pending.remove(&n);
         }
     }
+}
+
+/// The call's time limit cut to the task's deadline; `None` once the deadline has passed.
+fn within_deadline(origin: &TaskOrigin, timeout: Duration) -> Option<Duration> {
+    match origin.time_left() {
+        None => Some(timeout),
+        Some(left) if left.is_zero() => None,
+        Some(left) => Some(timeout.min(left)),
+    }
+}
+
+fn deadline_passed() -> Failure {
+    Failure::new(
+        FailureKind::TimedOut,
+        "the task's deadline has passed; the call was not started",
+    )
 }
 
 /// A result for a call that never produced one.

@@ -387,15 +387,43 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Forgets the attempts at a piece of work (before a dead letter is replayed).
-    pub async fn clear_attempts(
+    /// Forgets a task's final result and its turn's attempts, so the task can run again (replay
+    /// of a dead letter).
+    pub async fn forget_turn(
         &self,
         tenant: &str,
         session: &str,
-        work: &str,
+        task_id: &str,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
-        let _: i64 = conn.hdel(keys::attempts(tenant, session), work).await?;
+        let () = redis::pipe()
+            .atomic()
+            .del(keys::final_result(tenant, session, task_id))
+            .ignore()
+            .hdel(keys::attempts(tenant, session), format!("turn:{task_id}"))
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets a call's recorded result and attempts, so it can run again (replay of a dead
+    /// letter).
+    pub async fn forget_call(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let () = redis::pipe()
+            .atomic()
+            .hdel(keys::results(tenant, session), call_key)
+            .ignore()
+            .hdel(keys::attempts(tenant, session), call_key)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
         Ok(())
     }
 

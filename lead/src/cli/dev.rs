@@ -209,6 +209,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         agent: "assistant".into(),
         input: args.input.clone(),
         overrides: None,
+        deadline_ms: None,
     };
     let began = Instant::now();
     let code = super::submit::run_and_render(&client, &submission, args.timeout, false).await;

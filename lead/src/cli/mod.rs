@@ -1,7 +1,8 @@
-//! The `skein` command: submit tasks and watch them, list live workers, run a local cluster, or
-//! run a lead or worker in the foreground.
+//! The `skein` command: submit tasks and watch them, cancel them, list live workers, manage dead
+//! letters, run a local cluster, or run a lead or worker in the foreground.
 
 mod dev;
+mod ops;
 mod submit;
 
 use std::process::ExitCode;
@@ -23,6 +24,10 @@ pub enum Command {
     Submit(Box<submit::SubmitArgs>),
     /// List live workers and the tools they provide.
     Workers(submit::WorkersArgs),
+    /// Stop a running task: its turn ends as cancelled and its calls stop on the workers.
+    Cancel(Box<ops::CancelArgs>),
+    /// Inspect, replay or purge dead letters.
+    Dlq(Box<ops::DlqArgs>),
     /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
     Dev(Box<dev::DevArgs>),
     /// Run a lead in the foreground.
@@ -48,6 +53,8 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Submit(args) => submit::submit(*args).await,
             Command::Workers(args) => submit::workers(args).await,
+            Command::Cancel(args) => ops::cancel(*args).await,
+            Command::Dlq(args) => ops::dlq(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,

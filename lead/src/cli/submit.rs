@@ -31,6 +31,9 @@ pub struct SubmitArgs {
     /// Print events and the final result as JSON lines (for scripts).
     #[arg(long)]
     pub json: bool,
+    /// Deadline of the task, from now: it is not started after it and is stopped when it passes.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub deadline: Option<Duration>,
     /// Longest to wait for the final result.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -60,6 +63,9 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
         agent: args.agent,
         input: args.input,
         overrides: None,
+        deadline_ms: args
+            .deadline
+            .map(|d| skein_common::protocol::now_ms() + d.as_millis() as u64),
     };
     let client = match SkeinClient::connect(&args.nats).await {
         Ok(client) => client,
@@ -103,7 +109,7 @@ pub async fn run_and_render(
             }
             match result.status {
                 TurnStatus::Completed => ExitCode::SUCCESS,
-                TurnStatus::Failed => ExitCode::FAILURE,
+                TurnStatus::Failed | TurnStatus::Cancelled => ExitCode::FAILURE,
             }
         }
         Err(e) => {

@@ -104,6 +104,39 @@ impl TestCluster {
         stats
     }
 
+    /// Runs an in-process worker that also provides the test tools (effects go to
+    /// [`effects_file`](Self::effects_file)); returns its scope counters.
+    pub fn spawn_test_worker(&self, cfg: skein_worker::Config) -> Arc<ScopeStats> {
+        let stats = Arc::new(ScopeStats::new());
+        let shutdown = self.shutdown.child_token();
+        let counted = stats.clone();
+        let effects = self.effects_file();
+        tokio::spawn(async move {
+            let with_test_tools = |registry: &mut skein_worker::tools::ToolRegistry| {
+                super::test_tools::register(registry, effects)
+            };
+            if let Err(e) =
+                skein_worker::run_with_tools(cfg, shutdown, counted, with_test_tools).await
+            {
+                panic!("worker failed: {e}");
+            }
+        });
+        stats
+    }
+
+    /// Where the test tools of this cluster's workers record their effects.
+    pub fn effects_file(&self) -> PathBuf {
+        self.dir.join("effects.log")
+    }
+
+    /// Writes a scripted-model scenario whose `assistant` plays `turns`; returns its path.
+    pub fn scenario(&self, turns: serde_json::Value) -> String {
+        let path = self.dir.join(format!("{}.json", unique("scenario")));
+        let scenario = serde_json::json!({ "agents": { "assistant": { "turns": turns } } });
+        std::fs::write(&path, scenario.to_string()).expect("scenario written");
+        path.display().to_string()
+    }
+
     /// Starts `workers` in-process workers with default settings and a lead with `lead_flags`, and
     /// waits until the workers are live.
     pub async fn start_nodes(&self, workers: usize, lead_flags: &[&str]) {
@@ -206,5 +239,6 @@ pub fn submission(tenant: &str, session: &str, input: &str) -> TaskSubmission {
         agent: "assistant".into(),
         input: input.into(),
         overrides: None,
+        deadline_ms: None,
     }
 }

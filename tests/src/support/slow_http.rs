@@ -15,9 +15,14 @@ pub struct SlowHttp {
 
 impl SlowHttp {
     pub async fn start(delay: Duration) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_on(0, delay).await
+    }
+
+    /// Like [`start`](Self::start), on a given port (0 for any free one).
+    pub async fn start_on(port: u16, delay: Duration) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port))
             .await
-            .expect("bind a free port");
+            .expect("bind the port");
         let port = listener.local_addr().expect("bound address").port();
         let task = tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {

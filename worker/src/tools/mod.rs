@@ -395,6 +395,7 @@ pub(crate) mod test_support {
             user: "user-1".into(),
             session: session.into(),
             workspace: session.into(),
+            deadline_ms: None,
         }
     }
 

@@ -1,0 +1,192 @@
+//! Operator commands: `skein cancel` (stop a task everywhere) and `skein dlq` (inspect, replay and
+//! purge dead letters).
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use skein_common::bus::DeadLetter;
+use skein_common::client::SkeinClient;
+use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
+use skein_common::protocol::{SubagentTask, TaskSubmission, ToolTask};
+use skein_common::store::SessionStore;
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[arg(long, env = ENV_TENANT, default_value = "default")]
+    pub tenant: String,
+    /// Why, for the record.
+    #[arg(long, default_value = "cancelled from the command line")]
+    pub reason: String,
+    /// The task to stop.
+    pub task_id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DlqArgs {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[command(flatten)]
+    pub redis: RedisConfig,
+    #[command(subcommand)]
+    pub action: DlqAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// One line per dead letter: number, original subject, attempts, reason.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A dead letter in full, with its message.
+    Show { seq: u64 },
+    /// Runs a dead letter's task or call again (its attempts and recorded outcome are forgotten).
+    Replay { seq: u64 },
+    /// Removes every dead letter.
+    Purge,
+}
+
+pub async fn cancel(args: CancelArgs) -> ExitCode {
+    let result = async {
+        let client = SkeinClient::connect(&args.nats).await?;
+        client
+            .cancel(&args.tenant, &args.task_id, &args.reason)
+            .await
+    };
+    match result.await {
+        Ok(()) => {
+            eprintln!(
+                "cancel requested for task {} of tenant {}",
+                args.task_id, args.tenant
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub async fn dlq(args: DlqArgs) -> ExitCode {
+    match run_dlq(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_dlq(args: DlqArgs) -> Result<(), String> {
+    let client = SkeinClient::connect(&args.nats)
+        .await
+        .map_err(|e| e.to_string())?;
+    let bus = client.bus();
+    match args.action {
+        DlqAction::List { json } => {
+            let letters = bus.dead_letters().await.map_err(|e| e.to_string())?;
+            if letters.is_empty() && !json {
+                println!("no dead letters");
+            }
+            for letter in letters {
+                if json {
+                    println!("{}", letter_json(&letter));
+                } else {
+                    println!(
+                        "{}\t{}\t{} attempts\t{}",
+                        letter.seq, letter.original_subject, letter.attempts, letter.reason
+                    );
+                }
+            }
+        }
+        DlqAction::Show { seq } => {
+            let letter = find(bus, seq).await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&letter_json(&letter)).map_err(|e| e.to_string())?
+            );
+        }
+        DlqAction::Replay { seq } => {
+            let letter = find(bus, seq).await?;
+            let store = SessionStore::connect(&args.redis)
+                .await
+                .map_err(|e| e.to_string())?;
+            forget_outcome(&store, &letter).await?;
+            bus.replay_dead_letter(&letter)
+                .await
+                .map_err(|e| e.to_string())?;
+            eprintln!("replayed dead letter {seq} to {}", letter.original_subject);
+        }
+        DlqAction::Purge => {
+            let purged = bus.purge_dead_letters().await.map_err(|e| e.to_string())?;
+            eprintln!("purged {purged} dead letters");
+        }
+    }
+    Ok(())
+}
+
+async fn find(bus: &skein_common::bus::Bus, seq: u64) -> Result<DeadLetter, String> {
+    bus.dead_letter_at(seq)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no dead letter {seq}"))
+}
+
+/// Forgets what the dead letter's work left behind (its failed outcome, its attempts), so that
+/// replaying it runs the work again instead of answering with the old failure.
+async fn forget_outcome(store: &SessionStore, letter: &DeadLetter) -> Result<(), String> {
+    let kind = letter
+        .original_subject
+        .split('.')
+        .nth(1)
+        .unwrap_or_default();
+    let undecodable = || {
+        format!(
+            "dead letter {} cannot be decoded as a {kind} task, so it cannot be replayed",
+            letter.seq
+        )
+    };
+    let forgotten = match kind {
+        "submit" => {
+            let task: TaskSubmission =
+                serde_json::from_slice(&letter.payload).map_err(|_| undecodable())?;
+            store
+                .forget_turn(&task.tenant, &task.session, &task.task_id)
+                .await
+        }
+        "tool" => {
+            let task: ToolTask =
+                serde_json::from_slice(&letter.payload).map_err(|_| undecodable())?;
+            store
+                .forget_call(&task.origin.tenant, &task.origin.session, &task.call_key)
+                .await
+        }
+        "agent" => {
+            let task: SubagentTask =
+                serde_json::from_slice(&letter.payload).map_err(|_| undecodable())?;
+            store
+                .forget_call(&task.origin.tenant, &task.origin.session, &task.call_key)
+                .await
+        }
+        _ => return Err(undecodable()),
+    };
+    forgotten.map_err(|e| e.to_string())
+}
+
+fn letter_json(letter: &DeadLetter) -> serde_json::Value {
+    let message =
+        serde_json::from_slice::<serde_json::Value>(&letter.payload).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&letter.payload).into_owned())
+        });
+    serde_json::json!({
+        "seq": letter.seq,
+        "original_subject": letter.original_subject,
+        "original_id": letter.original_id,
+        "reason": letter.reason,
+        "attempts": letter.attempts,
+        "message": message,
+    })
+}
