@@ -369,9 +369,21 @@ pub struct WorkerAnnouncement {
     pub heartbeat_every_ms: u64,
 }
 
+/// How long calls are still routed to a silent worker's pool: its work queue keeps the calls
+/// until a worker of the pool pulls them, so a short silence (a Redis outage that stopped the
+/// heartbeats) must not make its tools vanish.
+pub const ROUTABLE_SILENCE_MS: u64 = 60_000;
+
 impl WorkerAnnouncement {
+    /// Heard from within three heartbeat periods.
     pub fn is_alive(&self, now_ms: u64) -> bool {
         now_ms.saturating_sub(self.heartbeat_ms) <= self.heartbeat_every_ms.saturating_mul(3)
+    }
+
+    /// Recent enough that calls may still be routed to its pool.
+    pub fn is_routable(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.heartbeat_ms)
+            <= ROUTABLE_SILENCE_MS.max(self.heartbeat_every_ms.saturating_mul(3))
     }
 }
 

@@ -529,3 +529,143 @@ async fn an_unreachable_upstream_is_retried_then_dead_lettered_and_replays_once_
         "the letter is gone"
     );
 }
+
+/// Scenario of the load tests: one slow call with a side effect per turn.
+fn one_slow_call(cluster: &TestCluster, ms: u64) -> String {
+    cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": ms } } ] },
+        { "answer": "{{observations}}" }
+    ] }]))
+}
+
+fn summarize(
+    label: &str,
+    tasks: &[skein_common::protocol::TaskSubmission],
+    results: &[(FinalResult, Vec<TurnEvent>)],
+    effects: &Path,
+) {
+    let effects = read_effects(effects);
+    let completed = results
+        .iter()
+        .filter(|(r, _)| r.status == TurnStatus::Completed)
+        .count();
+    println!(
+        "{label}: submitted {} completed {} lost {} effects run more than once {}",
+        tasks.len(),
+        completed,
+        tasks.len() - completed,
+        effects.values().filter(|c| c.started > 1).count()
+    );
+    for (task, (result, _)) in tasks.iter().zip(results) {
+        assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+        assert_eq!(
+            result.answer.as_deref(),
+            Some(format!("effect {} done", task.input).as_str())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_a_lead_and_a_worker_under_load_loses_nothing() {
+    let cluster = TestCluster::start();
+    let script = one_slow_call(&cluster, 1000);
+    let lead_flags = [
+        "--scenario",
+        script.as_str(),
+        "--grace",
+        "20s",
+        "--ack-wait",
+        "3s",
+    ];
+    let worker_flags = ["--grace", "20s", "--ack-wait", "3s"];
+    let mut draining_lead = lead_process(&cluster, &lead_flags, "lead-draining.log");
+    let _lead = lead_process(&cluster, &lead_flags, "lead.log");
+    let mut draining_worker = test_worker(&cluster, &worker_flags, "worker-draining.log");
+    let _worker = test_worker(&cluster, &worker_flags, "worker.log");
+    cluster.wait_for_workers(2).await;
+
+    let tasks: Vec<_> = (0..10)
+        .map(|i| submission("acme", &unique("s"), &format!("job{i}")))
+        .collect();
+    let running = run_all(&cluster, &tasks);
+    let drain = async {
+        eventually("work under way", Duration::from_secs(30), || async {
+            (read_effects(&cluster.effects_file()).len() >= 4).then_some(())
+        })
+        .await;
+        draining_lead.sigterm();
+        draining_worker.sigterm();
+        let lead_exit = draining_lead.wait_exit(Duration::from_secs(40)).await;
+        let worker_exit = draining_worker.wait_exit(Duration::from_secs(40)).await;
+        (lead_exit, worker_exit)
+    };
+    let (results, (lead_exit, worker_exit)) = tokio::join!(running, drain);
+    summarize("sigterm", &tasks, &results, &cluster.effects_file());
+    assert!(
+        lead_exit.is_some_and(|s| s.success()),
+        "the lead drained and exited: {lead_exit:?}"
+    );
+    assert!(
+        worker_exit.is_some_and(|s| s.success()),
+        "the worker drained and exited: {worker_exit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_under_load_loses_nothing() {
+    let mut cluster = TestCluster::start();
+    let script = one_slow_call(&cluster, 1500);
+    cluster.spawn_test_worker(cluster.worker_config(&["--ack-wait", "2s"]));
+    cluster.wait_for_workers(1).await;
+    cluster
+        .start_nodes(0, &["--scenario", &script, "--ack-wait", "2s"])
+        .await;
+
+    let tasks: Vec<_> = (0..6)
+        .map(|i| submission("acme", &unique("s"), &format!("job{i}")))
+        .collect();
+    let client = cluster.client().await;
+    for task in &tasks {
+        client.submit(task).await.expect("submitted");
+    }
+    eventually("work under way", Duration::from_secs(30), || async {
+        (!read_effects(&cluster.effects_file()).is_empty()).then_some(())
+    })
+    .await;
+    cluster.nats.restart();
+    let results = run_all(&cluster, &tasks).await;
+    summarize("nats restart", &tasks, &results, &cluster.effects_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_delays_turns_until_it_returns() {
+    let mut cluster = TestCluster::start();
+    let script = one_slow_call(&cluster, 200);
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(0, &["--scenario", &script]).await;
+    let (warm_up, _) = cluster
+        .run(&submission("acme", &unique("s"), "warm-up"))
+        .await;
+    assert_eq!(
+        warm_up.status,
+        TurnStatus::Completed,
+        "the lead is up before Redis goes away"
+    );
+
+    cluster.redis.stop();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| submission("acme", &unique("s"), &format!("job{i}")))
+        .collect();
+    let client = cluster.client().await;
+    for task in &tasks {
+        client
+            .submit(task)
+            .await
+            .expect("submitted while Redis is away");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.redis.restart();
+    let results = run_all(&cluster, &tasks).await;
+    summarize("redis outage", &tasks, &results, &cluster.effects_file());
+}

@@ -182,7 +182,7 @@ impl<M: ModelClient> Runtime<M> {
             out.iterations = resumed.iterations;
             out.usage = resumed.usage;
         }
-        let catalog = match self.store.live_workers().await {
+        let catalog = match self.store.routable_workers().await {
             Ok(workers) => ToolCatalog::from_workers(&workers),
             Err(e) => {
                 turn.events

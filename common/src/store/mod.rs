@@ -471,21 +471,30 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Live workers; entries silent for too long are pruned from the registry.
+    /// Live workers (heard from within three heartbeats).
     pub async fn live_workers(&self) -> Result<Vec<WorkerAnnouncement>, StoreError> {
+        let now = crate::protocol::now_ms();
+        let mut workers = self.routable_workers().await?;
+        workers.retain(|w| w.is_alive(now));
+        Ok(workers)
+    }
+
+    /// Workers whose pools calls may be routed to (see `WorkerAnnouncement::is_routable`); entries
+    /// silent for longer, or unreadable, are pruned from the registry.
+    pub async fn routable_workers(&self) -> Result<Vec<WorkerAnnouncement>, StoreError> {
         let mut conn = self.connection.clone();
         let all: Vec<(String, String)> = conn.hgetall(keys::WORKERS).await?;
         let now = crate::protocol::now_ms();
-        let mut live = Vec::new();
+        let mut routable = Vec::new();
         for (id, json) in all {
             match serde_json::from_str::<WorkerAnnouncement>(&json) {
-                Ok(a) if a.is_alive(now) => live.push(a),
+                Ok(a) if a.is_routable(now) => routable.push(a),
                 _ => {
                     let _: i64 = conn.hdel(keys::WORKERS, &id).await?;
                 }
             }
         }
-        live.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
-        Ok(live)
+        routable.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        Ok(routable)
     }
 }

@@ -122,7 +122,7 @@ impl NatsServer {
 // ---------------------------------------------------------------------------------------------
 // Redis
 
-/// A `redis-server` without persistence on a free port (or an external server, see the module
+/// A `redis-server` with an append-only file (data survives a restart) on a free port (or an external server, see the module
 /// header).
 #[derive(Debug)]
 pub struct RedisServer {
@@ -152,8 +152,11 @@ impl RedisServer {
             "127.0.0.1".into(),
             "--save".into(),
             "".into(),
+            // Kept across restarts like a production Redis (fault tests restart it).
             "--appendonly".into(),
-            "no".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            "everysec".into(),
             "--daemonize".into(),
             "no".into(),
             "--dir".into(),
@@ -177,7 +180,8 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port and directory (stopping it first if it still
-    /// runs) and waits until it is ready. Without persistence the data does not survive.
+    /// runs) and waits until it is ready. Data survives through the append-only file (up to the
+    /// last second of writes, as with `appendfsync everysec`).
     ///
     /// # Panics
     /// For an external server, or when the server does not become ready in time.
