@@ -73,26 +73,14 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
     if let Err(failure) = check_task(&call, task.v) {
         return refuse(&ctx, &message, call, failure).await;
     }
-    if resend_recorded(&ctx, &message, call).await {
-        return;
-    }
-    if let Some(failure) = not_startable(&ctx, call.origin).await {
-        return finish(
-            &ctx,
-            &message,
-            call,
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
-    }
-    let Some(attempt) = begin_attempt(&ctx, &message, call).await else {
+    let Some(Admitted {
+        attempt,
+        stop,
+        _registration,
+    }) = admit(&ctx, &message, call, &abort).await
+    else {
         return;
     };
-    let stop = abort.child_token();
-    let _registration =
-        ctx.cancels
-            .register(&task.origin.tenant, &task.origin.task_id, stop.clone());
     let started = Instant::now();
     let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_tool_timeout);
     let mut scope = TaskScope::new(
@@ -152,9 +140,6 @@ async fn subagent_task(
     if let Err(failure) = checked {
         return refuse(&ctx, &message, call, failure).await;
     }
-    if resend_recorded(&ctx, &message, call).await {
-        return;
-    }
     let Some(runtime) = &ctx.runtime else {
         let failure = Failure::new(
             FailureKind::Unavailable,
@@ -162,23 +147,14 @@ async fn subagent_task(
         );
         return refuse(&ctx, &message, call, failure).await;
     };
-    if let Some(failure) = not_startable(&ctx, call.origin).await {
-        return finish(
-            &ctx,
-            &message,
-            call,
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
-    }
-    let Some(attempt) = begin_attempt(&ctx, &message, call).await else {
+    let Some(Admitted {
+        attempt,
+        stop,
+        _registration,
+    }) = admit(&ctx, &message, call, &abort).await
+    else {
         return;
     };
-    let stop = abort.child_token();
-    let _registration =
-        ctx.cancels
-            .register(&task.origin.tenant, &task.origin.task_id, stop.clone());
     let started = Instant::now();
     let scope = TaskScope::new(
         ctx.stats.clone(),
@@ -250,6 +226,49 @@ async fn subagent_task(
         work = with_progress(&message, ctx.progress_every, run) => work,
     };
     conclude(&ctx, &message, scope, work, call, started, attempt).await;
+}
+
+/// A task cleared to run: its attempt number, and the token that stops it (shutdown or a cancel
+/// request), registered for cancel requests while it runs.
+struct Admitted {
+    attempt: u64,
+    stop: CancellationToken,
+    _registration: skein_common::cancel::Registration,
+}
+
+/// Decides whether a valid task runs now. `None` when it was settled here instead: its result was
+/// already recorded (re-sent), it must not start (deadline passed or cancelled: answered with a
+/// failure), or its attempts are used up (dead-lettered).
+async fn admit(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    call: CallRef<'_>,
+    abort: &CancellationToken,
+) -> Option<Admitted> {
+    if resend_recorded(ctx, message, call).await {
+        return None;
+    }
+    if let Some(failure) = not_startable(ctx, call.origin).await {
+        finish(
+            ctx,
+            message,
+            call,
+            CallOutcome::Failed { failure },
+            Instant::now(),
+        )
+        .await;
+        return None;
+    }
+    let attempt = begin_attempt(ctx, message, call).await?;
+    let stop = abort.child_token();
+    let registration =
+        ctx.cancels
+            .register(&call.origin.tenant, &call.origin.task_id, stop.clone());
+    Some(Admitted {
+        attempt,
+        stop,
+        _registration: registration,
+    })
 }
 
 /// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends
