@@ -669,3 +669,52 @@ async fn a_redis_outage_delays_turns_until_it_returns() {
     let results = run_all(&cluster, &tasks).await;
     summarize("redis outage", &tasks, &results, &cluster.effects_file());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_lead_dies_on_every_attempt_is_dead_lettered() {
+    let cluster = TestCluster::start();
+    let script = one_slow_call(&cluster, 2500);
+    let _worker = test_worker(&cluster, &[], "worker.log");
+    cluster.wait_for_workers(1).await;
+    let flags = [
+        "--scenario",
+        script.as_str(),
+        "--max-attempts",
+        "1",
+        "--ack-wait",
+        "2s",
+        "--lease-ttl",
+        "2s",
+    ];
+    let mut first = lead_process(&cluster, &flags, "lead-first.log");
+    let task = submission("acme", &unique("s"), "doomed");
+    let failover = async {
+        wait_for_effect(&cluster.effects_file(), "doomed", true).await;
+        first.kill();
+        lead_process(&cluster, &flags, "lead-second.log")
+    };
+    let ((result, _), _second) = tokio::join!(cluster.run(&task), failover);
+    assert_eq!(result.status, TurnStatus::Failed, "{result:?}");
+    let failure = result.failure.expect("a failure");
+    assert!(
+        failure.message.contains("gave up after 1 attempts"),
+        "{failure:?}"
+    );
+    let letters = cluster
+        .client()
+        .await
+        .bus()
+        .dead_letters()
+        .await
+        .expect("dead letters");
+    println!(
+        "lead died every time: {:?}",
+        letters
+            .iter()
+            .map(|l| (&l.original_subject, l.attempts))
+            .collect::<Vec<_>>()
+    );
+    assert!(letters.iter().any(|l| l.original_subject
+        == format!("skein.submit.acme.{}", task.session)
+        && l.attempts == 1));
+}
