@@ -481,26 +481,40 @@ async fn an_unreachable_upstream_is_retried_then_dead_lettered_and_replays_once_
     );
     assert_eq!(letter.attempts, 3);
 
-    // The upstream comes back; the operator replays the dead letter with the CLI.
-    let _upstream = skein_tests::support::slow_http::SlowHttp::start_on(port, Duration::ZERO).await;
-    let seq = letter.seq.to_string();
-    let replay = std::process::Command::new(NODE)
-        .args([
+    // The operator inspects the dead letters with the CLI...
+    let dlq = |args: &[&str]| {
+        let mut all = vec![
             "dlq",
             "--nats-url",
-            &cluster.nats.url,
+            cluster.nats.url.as_str(),
             "--redis-url",
-            &cluster.redis.url,
-            "replay",
-            &seq,
-        ])
-        .output()
-        .expect("skein dlq runs");
+            cluster.redis.url.as_str(),
+        ];
+        all.extend_from_slice(args);
+        let out = std::process::Command::new(NODE)
+            .args(&all)
+            .output()
+            .expect("skein dlq runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listing = dlq(&["list"]);
     assert!(
-        replay.status.success(),
-        "{}",
-        String::from_utf8_lossy(&replay.stderr)
+        listing.contains("skein.tool.default.http_fetch") && listing.contains("3 attempts"),
+        "{listing}"
     );
+    let shown: serde_json::Value =
+        serde_json::from_str(&dlq(&["show", &letter.seq.to_string()])).expect("show prints JSON");
+    assert_eq!(shown["message"]["tool"], "http_fetch");
+
+    // ...and once the upstream is back, replays it.
+    let _upstream = skein_tests::support::slow_http::SlowHttp::start_on(port, Duration::ZERO).await;
+    let seq = letter.seq.to_string();
+    dlq(&["replay", &seq]);
     let store = cluster.store().await;
     let key = skein_common::protocol::call_key(&task.task_id, 1, "call_t1_s1_0");
     let replayed = eventually(
@@ -528,6 +542,8 @@ async fn an_unreachable_upstream_is_retried_then_dead_lettered_and_replays_once_
             .is_none(),
         "the letter is gone"
     );
+    dlq(&["purge"]);
+    assert_eq!(dlq(&["list"]).trim(), "no dead letters");
 }
 
 /// Scenario of the load tests: one slow call with a side effect per turn.
