@@ -561,16 +561,46 @@ impl DeadLetter {
 }
 
 impl Bus {
-    /// Sets a message aside in the dead-letter stream, with why and how often it was tried.
+    /// Sets a delivered work message aside in the dead-letter stream, with why and how often it
+    /// was tried. Setting the same delivery aside twice (a retry after a failure to settle it)
+    /// stores one letter: the letter's id is the message's stream position.
+    pub async fn dead_letter_message(
+        &self,
+        message: &jetstream::Message,
+        reason: &str,
+        attempts: u64,
+    ) -> Result<(), BusError> {
+        let position = message
+            .info()
+            .map(|info| format!("dead-{}-{}", info.stream, info.stream_sequence))
+            .ok();
+        let id = message_id(message);
+        self.dead_letter(
+            &message.subject,
+            id.as_deref(),
+            position.as_deref(),
+            message.payload.clone(),
+            reason,
+            attempts,
+        )
+        .await
+    }
+
+    /// Sets a message aside in the dead-letter stream, with why and how often it was tried;
+    /// `dedup_id` (if any) keeps a repeated call from storing a second letter.
     pub async fn dead_letter(
         &self,
         original_subject: &str,
         original_id: Option<&str>,
+        dedup_id: Option<&str>,
         payload: Bytes,
         reason: &str,
         attempts: u64,
     ) -> Result<(), BusError> {
         let mut headers = outgoing_headers();
+        if let Some(dedup_id) = dedup_id {
+            headers.insert(NATS_MESSAGE_ID, dedup_id);
+        }
         headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
         headers.insert(
             HEADER_DEAD_REASON,
@@ -643,9 +673,13 @@ impl Bus {
     /// Removes one dead letter; false if there was none at `seq`.
     pub async fn remove_dead_letter(&self, seq: u64) -> Result<bool, BusError> {
         let stream = self.dlq_stream().await?;
+        use async_nats::jetstream::stream::DeleteMessageErrorKind;
+        use async_nats::jetstream::ErrorCode;
         match stream.delete_message(seq).await {
             Ok(deleted) => Ok(deleted),
-            Err(e) if e.to_string().contains("no message found") => Ok(false),
+            Err(e) if matches!(e.kind(), DeleteMessageErrorKind::JetStream(j) if j.error_code() == ErrorCode::NO_MESSAGE_FOUND) => {
+                Ok(false)
+            }
             Err(e) => Err(dlq_error(e.to_string())),
         }
     }

@@ -1,6 +1,6 @@
 //! `SkeinClient`: submit tasks and watch them, for the `skein` CLI and any Rust program. (Clients in
 //! other languages do the same with a plain NATS client: publish a `TaskSubmission` JSON to
-//! `skein.submit.{tenant}` with header `Nats-Msg-Id: <task_id>`, then read
+//! `skein.submit.{tenant}.{session}` with header `Nats-Msg-Id: <task_id>`, then read
 //! `skein.events.{tenant}.{task_id}` from the `SKEIN_EVENTS` stream.)
 
 use std::time::Duration;

@@ -1,15 +1,17 @@
 //! The lead process: pulls submitted tasks, runs each as one agent turn and settles it.
 //!
-//! Per task: decode and validate (bad input ends as a failed final result, never a crash) →
-//! answer from the stored final result if the task already ran (idempotent resubmits) → resolve
-//! the agent → take the session lease (one turn per session at a time, across leads) → load the
-//! session → run the turn → save the session with compare-and-set → store and publish the final
-//! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
-//! lease is renewed.
+//! Per task: decode and validate (bad input is answered with a failed final result and set aside
+//! as a dead letter, never a crash) → answer from the stored final result if the task already ran
+//! (idempotent resubmits) → resolve the agent → refuse to start if cancelled or past its deadline
+//! → wait until no older task of the session is unfinished (submission order) → count the attempt
+//! → take the session lease (one turn per session at a time, across leads) → load the session and
+//! any checkpoint → run (or resume) the turn, checkpointing every step → end it atomically
+//! (session, final result) → publish the final result → ack. While a turn runs, progress acks keep
+//! the broker from redelivering it and the lease is renewed.
 //!
-//! Transient trouble (Redis away, a save that lost a race) hands the task back to the broker (nak)
-//! so it runs again, on this or another lead, until its deliveries run out; then it ends as a
-//! failed final result marked retryable.
+//! Transient trouble (Redis away, a save that lost a race, a lost lease) hands the task back to the
+//! broker (nak) so it runs again, on this or another lead; after `max_attempts` counted attempts it
+//! is dead-lettered and ends as a `dead_lettered` failure.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,22 +174,17 @@ impl Lead {
     async fn handle(&self, message: jetstream::Message, abort: CancellationToken) {
         let submission: TaskSubmission = match self.bus.decode(&message.payload) {
             Ok(s) => s,
-            Err(e) => return self.reject_undecodable(&message, e.to_failure()).await,
+            Err(e) => {
+                let task_id = message_id(&message);
+                return self.reject(&message, task_id, e.to_failure()).await;
+            }
         };
         let checked = submission
             .validate(self.cfg.process.max_payload)
             .and_then(|()| subject_matches(&message, &submission));
         if let Err(failure) = checked {
-            // Ids may be what is wrong: only answer on subjects built from valid tokens.
-            if validate_token("tenant", &submission.tenant).is_ok()
-                && validate_token("task_id", &submission.task_id).is_ok()
-            {
-                self.publish_final(failed_result(&submission, failure, 0))
-                    .await;
-            } else {
-                tracing::warn!(%failure, "invalid submission rejected");
-            }
-            return settle(&message, AckKind::Term).await;
+            let task_id = Some(submission.task_id.clone());
+            return self.reject(&message, task_id, failure).await;
         }
         let span = tracing::info_span!("turn", task_id = %submission.task_id, session_id = %submission.session, tenant = %submission.tenant);
         let _enter = span.enter();
@@ -210,18 +207,14 @@ impl Lead {
                 tracing::warn!(%failure, "turn handed back for another attempt");
                 settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
             }
-            Settled::GiveUp(failure, attempts) => {
-                let reason = format!("turn failed {attempts} times; last: {failure}");
-                let id = message_id(&message);
+            Settled::GiveUp(last, attempts) => {
+                let failure = Failure::new(
+                    FailureKind::DeadLettered,
+                    format!("the turn failed on all {attempts} attempts; last: {last}"),
+                );
                 if let Err(e) = self
                     .bus
-                    .dead_letter(
-                        &message.subject,
-                        id.as_deref(),
-                        message.payload.clone(),
-                        &reason,
-                        attempts,
-                    )
+                    .dead_letter_message(&message, &failure.message, attempts)
                     .await
                 {
                     // Keep the message: without its dead letter it must not disappear.
@@ -258,6 +251,11 @@ impl Lead {
                 return Settled::Done;
             }
         };
+        // From here on a cancel request reaches this task: `stop` fires on it (and on shutdown).
+        let stop = abort.child_token();
+        let _registration = self
+            .cancels
+            .register(tenant, &submission.task_id, stop.clone());
         if let Some(failure) = self.not_startable(submission).await {
             let status = if failure.kind == FailureKind::Cancelled {
                 TurnStatus::Cancelled
@@ -269,8 +267,11 @@ impl Lead {
             self.publish_final(result).await;
             return Settled::Done;
         }
-        match self.wait_for_turn_order(submission, sequence, abort).await {
+        match self.wait_for_turn_order(submission, sequence, &stop).await {
             Ok(true) => {}
+            Ok(false) if stop.is_cancelled() => {
+                return self.stopped_before_start(submission, abort).await
+            }
             Ok(false) => return Settled::NotYet,
             Err(failure) => return Settled::Retry(failure),
         }
@@ -290,14 +291,15 @@ impl Lead {
             return Settled::GiveUp(failure, attempt - 1);
         }
         let token = format!("{}:{}", self.instance, submission.task_id);
-        let settled = match self.take_lease(submission, &token, abort).await {
+        let settled = match self.take_lease(submission, &token, &stop).await {
+            Err(_) if stop.is_cancelled() => self.stopped_before_start(submission, abort).await,
             Err(failure) => Settled::Retry(failure),
             Ok(()) => {
                 // A copy of this task may have finished while this one waited for the lease.
                 let settled = match self.republish_if_finished(submission).await {
                     Ok(true) => Settled::Done,
                     Ok(false) => {
-                        self.turn_under_lease(submission, &agent, &token, abort)
+                        self.turn_under_lease(submission, &agent, &token, abort, &stop)
                             .await
                     }
                     Err(failure) => Settled::Retry(failure),
@@ -319,6 +321,26 @@ impl Lead {
             Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
             other => other,
         }
+    }
+
+    /// The task was stopped while it waited for its turn: by shutdown (hand it back) or by a cancel
+    /// request (it ends cancelled).
+    async fn stopped_before_start(
+        &self,
+        submission: &TaskSubmission,
+        abort: &CancellationToken,
+    ) -> Settled {
+        if abort.is_cancelled() {
+            return Settled::Retry(Failure::new(FailureKind::Unavailable, "lead shutting down"));
+        }
+        let mut result = failed_result(
+            submission,
+            Failure::new(FailureKind::Cancelled, "cancelled before it started"),
+            0,
+        );
+        result.status = TurnStatus::Cancelled;
+        self.publish_final(result).await;
+        Settled::Done
     }
 
     /// Why the task must not start, if it must not: it was cancelled, or its deadline passed.
@@ -357,7 +379,7 @@ impl Lead {
         &self,
         submission: &TaskSubmission,
         sequence: u64,
-        abort: &CancellationToken,
+        stop: &CancellationToken,
     ) -> Result<bool, Failure> {
         let deadline = tokio::time::Instant::now() + ORDER_WAIT;
         loop {
@@ -378,7 +400,7 @@ impl Lead {
                 return Ok(false);
             }
             tokio::select! {
-                _ = abort.cancelled() => return Ok(false),
+                _ = stop.cancelled() => return Ok(false),
                 _ = tokio::time::sleep(LEASE_POLL) => {}
             }
         }
@@ -407,6 +429,7 @@ impl Lead {
         agent: &skein_common::protocol::AgentSpec,
         token: &str,
         abort: &CancellationToken,
+        stop: &CancellationToken,
     ) -> Settled {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         let loaded = match self.store.load(tenant, session).await {
@@ -444,10 +467,6 @@ impl Lead {
             lease_token: token.to_owned(),
         };
         // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
-        let stop = abort.child_token();
-        let _registration = self
-            .cancels
-            .register(tenant, &submission.task_id, stop.clone());
         let time_left = origin.time_left();
         let renew = self.keep_lease(tenant, session, token);
         let turn = self.runtime.run_turn(TurnInput {
@@ -457,7 +476,7 @@ impl Lead {
             input: submission.input.clone(),
             depth: 0,
             events: &events,
-            cancel: &stop,
+            cancel: stop,
             resume,
             checkpoints: Some(&checkpoints),
         });
@@ -547,7 +566,7 @@ impl Lead {
         &self,
         submission: &TaskSubmission,
         token: &str,
-        abort: &CancellationToken,
+        stop: &CancellationToken,
     ) -> Result<(), Failure> {
         loop {
             match self
@@ -565,7 +584,7 @@ impl Lead {
                 Err(e) => return Err(e.to_failure()),
             }
             tokio::select! {
-                _ = abort.cancelled() => return Err(Failure::new(FailureKind::Unavailable, "lead shutting down")),
+                _ = stop.cancelled() => return Err(Failure::new(FailureKind::Cancelled, "stopped while waiting for the session lease")),
                 _ = tokio::time::sleep(LEASE_POLL) => {}
             }
         }
@@ -593,14 +612,16 @@ impl Lead {
         }
     }
 
-    /// Publishes (and stores) a final result for a task that did not run a turn.
+    /// Stores and publishes the final result of a task that ended without running a turn.
     async fn publish_final(&self, result: FinalResult) {
-        // Stored only under a valid session key; always published on the task's subject.
-        if validate_token("session", &result.session).is_ok() {
-            if let Err(e) = self.store.store_final(&result).await {
-                tracing::warn!(error = %e, "final result not stored");
-            }
+        if let Err(e) = self.store.store_final(&result).await {
+            tracing::warn!(error = %e, "final result not stored");
         }
+        self.announce_final(result).await;
+    }
+
+    /// Publishes a final result on its task's event subject (stores nothing).
+    async fn announce_final(&self, result: FinalResult) {
         let origin = skein_common::protocol::TaskOrigin {
             task_id: result.task_id.clone(),
             tenant: result.tenant.clone(),
@@ -625,20 +646,27 @@ impl Lead {
         .await;
     }
 
-    /// A message that is not a submission: answer on its task's subject if the sender named one
-    /// (`Nats-Msg-Id` and a tenant subject), then terminate it — it would fail on every delivery.
-    async fn reject_undecodable(&self, message: &jetstream::Message, failure: Failure) {
-        let tenant = subjects::parse_submit(&message.subject).map(|(tenant, _)| tenant.to_owned());
-        let task_id = message_id(message);
-        tracing::warn!(subject = %message.subject, %failure, "undecodable submission rejected");
+    /// Refuses a submission that will not run — it cannot be decoded, breaks a protocol rule, or
+    /// travels on another session's subject. The failure is announced on the task's event subject
+    /// of the tenant the *subject* names (never one the body claims) and nothing is stored under
+    /// the names it carries; the message is set aside as a dead letter and terminated, since it
+    /// would fail the same way on every delivery.
+    async fn reject(
+        &self,
+        message: &jetstream::Message,
+        task_id: Option<String>,
+        failure: Failure,
+    ) {
+        tracing::warn!(subject = %message.subject, %failure, "submission rejected");
+        let tenant = subjects::parse_submit(&message.subject).map(|(tenant, _)| tenant);
         if let (Some(tenant), Some(task_id)) = (tenant, task_id) {
-            if validate_token("tenant", &tenant).is_ok()
+            if validate_token("tenant", tenant).is_ok()
                 && validate_token("task_id", &task_id).is_ok()
             {
                 let stub = TaskSubmission {
                     v: PROTOCOL_VERSION,
                     task_id,
-                    tenant,
+                    tenant: tenant.to_owned(),
                     user: String::new(),
                     session: String::new(),
                     agent: String::new(),
@@ -646,8 +674,14 @@ impl Lead {
                     overrides: None,
                     deadline_ms: None,
                 };
-                self.publish_final(failed_result(&stub, failure, 0)).await;
+                self.announce_final(failed_result(&stub, failure.clone(), 0))
+                    .await;
             }
+        }
+        let reason = format!("rejected: {failure}");
+        if let Err(e) = self.bus.dead_letter_message(message, &reason, 1).await {
+            tracing::error!(error = %e, "cannot dead-letter the rejected submission; handing it back");
+            return settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
         }
         settle(message, AckKind::Term).await;
     }

@@ -124,6 +124,27 @@ async fn malformed_and_oversized_submissions_end_with_clear_failures_and_the_lea
         .as_ref()
         .is_some_and(|f| f.message.contains("skein.submit.acme.other-session")));
 
+    // Nothing is stored under the names a refused message carries...
+    let planted = cluster
+        .store()
+        .await
+        .final_result("acme", "other-session", "misrouted-1")
+        .await;
+    assert!(matches!(planted, Ok(None)), "{planted:?}");
+    // ...and every refused submission is kept as a dead letter for inspection.
+    let letters = cluster
+        .client()
+        .await
+        .bus()
+        .dead_letters()
+        .await
+        .expect("dead letters");
+    let refused = letters
+        .iter()
+        .filter(|l| l.reason.starts_with("rejected:"))
+        .count();
+    assert_eq!(refused, 4, "{letters:?}");
+
     // Nothing above stopped the lead.
     let (ok, _) = cluster
         .run(&submission("acme", &unique("s"), "still there?"))

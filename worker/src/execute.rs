@@ -6,11 +6,17 @@
 //! Outcomes and how the message is settled:
 //! - result recorded (success or a failure as data): ack;
 //! - already recorded by an earlier delivery: the recorded result is re-sent, ack;
+//! - not to be started (deadline passed, task cancelled): a failure is recorded and sent, ack;
+//! - cancelled while running: the work stops, a `cancelled` failure is recorded and sent, ack;
+//! - a tool call that failed transiently (`unavailable`): tried again after a backoff (nak with a
+//!   delay) until `max_attempts`, then dead-lettered with its last failure, which is recorded;
+//! - attempts used up before one finished (its worker crashed each time): dead-lettered, a
+//!   `dead_lettered` failure recorded and sent, ack;
 //! - invalid task (bad ids, version, call key): a failure is sent back, nothing is recorded under
 //!   the names it carries, terminated;
-//! - undecodable message: logged and terminated (it would fail the same way every time);
+//! - undecodable message: dead-lettered and terminated (it would fail the same way every time);
 //! - result could not be recorded, a child session could not be loaded (Redis away), or the task
-//!   was aborted by shutdown: nak, so the broker redelivers it.
+//!   was aborted by shutdown: nak (the attempt is not counted), so the broker redelivers it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,6 +75,7 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         call_id: &task.call_id,
         call_key: &task.call_key,
         reply_to: &task.reply_to,
+        retries: true,
     };
     if let Err(failure) = check_task(&call, task.v) {
         return refuse(&ctx, &message, call, failure).await;
@@ -134,6 +141,7 @@ async fn subagent_task(
         call_id: &task.call_id,
         call_key: &task.call_key,
         reply_to: &task.reply_to,
+        retries: false,
     };
     let checked = check_task(&call, task.v)
         .and_then(|()| validate_token("child_session", &task.child_session));
@@ -339,13 +347,15 @@ async fn conclude(
         tracing::warn!(error = %e, "task scope closed with errors");
     }
     match work {
-        Work::Done(outcome) if worth_retrying(&outcome) && attempt < ctx.max_attempts => {
+        Work::Done(outcome)
+            if call.retries && worth_retrying(&outcome) && attempt < ctx.max_attempts =>
+        {
             let delay = retry_backoff(attempt);
             tracing::info!(attempt, ?delay, "transient failure; trying again");
             settle(message, AckKind::Nak(Some(delay))).await;
         }
         Work::Done(outcome) => {
-            if worth_retrying(&outcome) {
+            if call.retries && worth_retrying(&outcome) {
                 let reason = format!(
                     "failed on all {attempt} attempts; last: {}",
                     outcome.observation()
@@ -357,7 +367,7 @@ async fn conclude(
             finish(ctx, message, call, outcome, started).await
         }
         Work::HandBack => {
-            // Shutdown is not the task's fault: the attempt does not count.
+            // Shutdown or Redis trouble is not the task's fault: the attempt does not count.
             let origin = call.origin;
             if let Err(e) = ctx
                 .store
@@ -432,18 +442,7 @@ async fn dead_letter(
     reason: &str,
     attempts: u64,
 ) -> bool {
-    let id = skein_common::bus::message_id(message);
-    match ctx
-        .bus
-        .dead_letter(
-            &message.subject,
-            id.as_deref(),
-            message.payload.clone(),
-            reason,
-            attempts,
-        )
-        .await
-    {
+    match ctx.bus.dead_letter_message(message, reason, attempts).await {
         Ok(()) => true,
         Err(e) => {
             tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
@@ -460,6 +459,9 @@ struct CallRef<'a> {
     call_id: &'a str,
     call_key: &'a str,
     reply_to: &'a str,
+    /// Whether transient failures are tried again here: for tool calls, which fail fast; not for
+    /// subagent turns, whose retries could outlast the caller's wait.
+    retries: bool,
 }
 
 /// Kinds of task a worker serves, one consumer each.

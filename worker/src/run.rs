@@ -53,7 +53,8 @@ pub async fn run_with_stats(
 }
 
 /// [`run_with_stats`], with more tools than the built-in ones: `extra` adds them to the registry
-/// (embedders with their own tools, and tests).
+/// (embedders with their own tools, and tests). `SKEIN_TOOLS` selects among the built-in tools
+/// only; every tool `extra` adds is provided.
 pub async fn run_with_tools(
     cfg: Config,
     shutdown: CancellationToken,

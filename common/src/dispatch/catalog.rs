@@ -1,4 +1,4 @@
-//! `ToolCatalog`: a snapshot of what live workers provide — tool specs, which pools serve each
+//! `ToolCatalog`: a snapshot of what recently heard-from workers provide — tool specs, which pools serve each
 //! tool, which pools run subagents. A turn takes one snapshot and the model sees exactly its
 //! tools for that turn; routing picks a pool that provides the called tool.
 
@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::protocol::{validate_token, ToolSpec, WorkerAnnouncement};
 
-/// Live tools and subagent capacity, as announced by workers.
+/// Tools and subagent capacity, as announced by workers.
 #[derive(Debug, Default)]
 pub struct ToolCatalog {
     tools: BTreeMap<String, (ToolSpec, Vec<String>)>,

@@ -2,7 +2,8 @@
 //! for their results.
 //!
 //! Invariants:
-//! - a call whose result is already recorded (by call id) is not dispatched again: the recorded
+//! - a call whose result is already recorded (by call key, `task_id:step:call_id`) is not
+//!   dispatched again: the recorded
 //!   result is returned, so a resumed turn does not re-run finished calls;
 //! - each dispatch gets its own reply subject (`skein.reply.{instance}.{n}`), so concurrent turns
 //!   never receive each other's results, whatever call ids their models chose; a result nobody
@@ -48,6 +49,20 @@ pub struct Dispatcher {
     instance: Arc<str>,
     next_dispatch: Arc<AtomicU64>,
     pending: Pending,
+}
+
+/// Removes a dispatch's waiter when dropped.
+struct Waiter {
+    pending: Pending,
+    n: u64,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.remove(&self.n);
+        }
+    }
 }
 
 /// One dispatch in flight: its number (reply subject), whose it is and its result key.
@@ -224,15 +239,18 @@ impl Dispatcher {
         if let Ok(mut pending) = self.pending.lock() {
             pending.insert(n, tx);
         }
+        // The waiter goes away however this call ends, also when the turn drops it (cancelled).
+        let _waiter = Waiter {
+            pending: self.pending.clone(),
+            n,
+        };
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
         if let Err(e) = self.bus.publish_work(subject, task, &dedup_id).await {
-            self.forget(n);
             return failed(call_id, e.to_failure());
         }
         let result = self
             .wait_for_result(rx, origin, call_key, timeout + DISPATCH_SLACK)
             .await;
-        self.forget(n);
         result.unwrap_or_else(|| {
             failed(
                 call_id,
@@ -273,12 +291,6 @@ impl Dispatcher {
             .await
             .ok()
             .flatten()
-    }
-
-    fn forget(&self, n: u64) {
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.remove(&n);
-        }
     }
 }
 
