@@ -542,6 +542,22 @@ async fn an_unreachable_upstream_is_retried_then_dead_lettered_and_replays_once_
             .is_none(),
         "the letter is gone"
     );
+    let missing = std::process::Command::new(NODE)
+        .args([
+            "dlq",
+            "--nats-url",
+            &cluster.nats.url,
+            "--redis-url",
+            &cluster.redis.url,
+            "remove",
+            &seq,
+        ])
+        .output()
+        .expect("skein dlq runs");
+    assert!(
+        !missing.status.success(),
+        "removing a letter that is gone is an error"
+    );
     dlq(&["purge"]);
     assert_eq!(dlq(&["list"]).trim(), "no dead letters");
 }

@@ -44,6 +44,8 @@ pub enum DlqAction {
     Show { seq: u64 },
     /// Runs a dead letter's task or call again (its attempts and recorded outcome are forgotten).
     Replay { seq: u64 },
+    /// Removes one dead letter without replaying it.
+    Remove { seq: u64 },
     /// Removes every dead letter.
     Purge,
 }
@@ -119,6 +121,16 @@ async fn run_dlq(args: DlqArgs) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
             eprintln!("replayed dead letter {seq} to {}", letter.original_subject);
+        }
+        DlqAction::Remove { seq } => {
+            if !bus
+                .remove_dead_letter(seq)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                return Err(format!("no dead letter {seq}"));
+            }
+            eprintln!("removed dead letter {seq}");
         }
         DlqAction::Purge => {
             let purged = bus.purge_dead_letters().await.map_err(|e| e.to_string())?;
