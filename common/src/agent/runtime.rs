@@ -338,7 +338,8 @@ impl<M: ModelClient> Runtime<M> {
         calls: &[ToolCall],
     ) -> Vec<ToolResult> {
         if let Some(duplicate) = duplicate_call_id(calls) {
-            // Results are keyed by call id: two calls with one id cannot both be answered.
+            // Results are keyed by call id within a step: two calls with one id cannot both be
+            // answered.
             let failure = Failure::new(
                 FailureKind::InvalidArguments,
                 format!(
