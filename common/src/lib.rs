@@ -14,12 +14,14 @@
 //!   hooks, the ReAct loop).
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
 
+pub mod admin;
 pub mod agent;
 pub mod bus;
 pub mod cancel;
 pub mod client;
 pub mod config;
 pub mod dispatch;
+pub mod metrics;
 pub mod protocol;
 pub mod shutdown;
 pub mod store;
