@@ -7,7 +7,9 @@
 //! - every payload is checked against the configured cap before it is published, and on receipt
 //!   before it is decoded;
 //! - subjects come from [`crate::subjects`] only;
-//! - the submit path is idempotent: a submission's `task_id` is its `Nats-Msg-Id`.
+//! - the submit path is idempotent: a submission's `task_id` is its `Nats-Msg-Id`;
+//! - every message carries the W3C trace context of the span that sent it; work (submissions,
+//!   tool and subagent tasks) is published under a `publish {subject}` producer span.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::config::NatsConfig;
 use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
@@ -235,12 +238,9 @@ impl Bus {
         let mut headers = outgoing_headers();
         headers.insert(NATS_MESSAGE_ID, submission.task_id.as_str());
         let payload = self.encode(submission)?;
-        self.publish_durable(
-            subjects::submit(&submission.tenant, &submission.session),
-            headers,
-            payload,
-        )
-        .await
+        let subject = subjects::submit(&submission.tenant, &submission.session);
+        self.publish_traced(subject, headers, payload, &submission.task_id)
+            .await
     }
 
     /// The stream sequence of a session's oldest unfinished submission (finished ones are removed
@@ -316,7 +316,8 @@ impl Bus {
         let mut headers = outgoing_headers();
         headers.insert(NATS_MESSAGE_ID, dedup_id);
         let payload = self.encode(task)?;
-        self.publish_durable(subject, headers, payload).await
+        self.publish_traced(subject, headers, payload, dedup_id)
+            .await
     }
 
     /// Publishes a turn event to the task's replayable event subject.
@@ -340,6 +341,40 @@ impl Bus {
                 subject: subject.to_owned(),
                 message: e.to_string(),
             })
+    }
+
+    /// Publishes work (a submission, a tool or subagent task) under its own producer span; the
+    /// receiver's `process` span becomes its child.
+    async fn publish_traced(
+        &self,
+        subject: String,
+        mut headers: HeaderMap,
+        payload: Bytes,
+        message_id: &str,
+    ) -> Result<(), BusError> {
+        let span = tracing::info_span!(
+            "publish",
+            "otel.name" = format!("publish {subject}"),
+            "otel.kind" = "producer",
+            "messaging.system" = "nats",
+            "messaging.operation.type" = "send",
+            "messaging.destination.name" = %subject,
+            "messaging.message.id" = message_id,
+            "messaging.message.body.size" = payload.len(),
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let published = async {
+            crate::telemetry::propagation::inject_current(&mut headers);
+            self.publish_durable(subject, headers, payload).await
+        }
+        .instrument(span.clone())
+        .await;
+        if published.is_err() {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", "publish_failed");
+        }
+        published
     }
 
     async fn publish_durable(
@@ -390,6 +425,61 @@ impl Bus {
             .await
             .map_err(|e| consumer_error(e.to_string()))?;
         Ok(Intake { consumer })
+    }
+
+    /// Pending and unacknowledged messages of a durable consumer.
+    pub async fn consumer_depth(
+        &self,
+        stream: &str,
+        durable: &str,
+    ) -> Result<(u64, u64), BusError> {
+        let consumer_error = |message: String| BusError::Consumer {
+            consumer: durable.to_owned(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let mut consumer: consumer::PullConsumer = stream
+            .get_consumer(durable)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        Ok((info.num_pending, info.num_ack_pending as u64))
+    }
+
+    /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until `stop`.
+    pub fn watch_queue_depth(
+        &self,
+        metrics: crate::metrics::Metrics,
+        consumers: Vec<(&'static str, String)>,
+        every: Duration,
+        tracker: &TaskTracker,
+        stop: CancellationToken,
+    ) {
+        let bus = self.clone();
+        tracker.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = ticks.tick() => {}
+                }
+                for (stream, durable) in &consumers {
+                    match bus.consumer_depth(stream, durable).await {
+                        Ok((pending, ack_pending)) => {
+                            metrics.queue_depth(durable, pending, ack_pending)
+                        }
+                        Err(e) => tracing::debug!(error = %e, "queue depth unknown"),
+                    }
+                }
+            }
+        });
     }
 
     /// A replaying, ordered view of one subject of the events stream, from its first message.
@@ -706,9 +796,34 @@ fn dlq_error(message: String) -> BusError {
     }
 }
 
-/// Headers every message Skein publishes carries. Trace context is injected here.
+/// Headers every message Skein publishes carries: the W3C trace context of the current span, so
+/// the receiver's work joins the sender's trace.
 pub fn outgoing_headers() -> HeaderMap {
-    HeaderMap::new()
+    let mut headers = HeaderMap::new();
+    crate::telemetry::propagation::inject_current(&mut headers);
+    headers
+}
+
+/// The consumer span of a delivered work message: `process {subject}`, a child of the span that
+/// published it (trace context from the message headers), so one trace crosses the broker.
+pub fn process_span(message: &jetstream::Message) -> tracing::Span {
+    let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
+    let span = tracing::info_span!(
+        "process",
+        "otel.name" = format!("process {}", message.subject),
+        "otel.kind" = "consumer",
+        "messaging.system" = "nats",
+        "messaging.operation.type" = "process",
+        "messaging.destination.name" = %message.subject,
+        "messaging.message.id" = message_id(message).unwrap_or_default(),
+        "messaging.message.body.size" = message.payload.len(),
+        "skein.delivery" = delivered,
+        "skein.kind" = tracing::field::Empty,
+        "skein.task_id" = tracing::field::Empty,
+        "gen_ai.conversation.id" = tracing::field::Empty,
+    );
+    crate::telemetry::propagation::set_parent(&span, message.headers.as_ref());
+    span
 }
 
 /// The Nats-Msg-Id of a received message, if any.

@@ -39,6 +39,11 @@ pub const ENV_HTTP_MAX_BYTES: &str = "SKEIN_HTTP_MAX_BYTES";
 pub const ENV_HEARTBEAT: &str = "SKEIN_HEARTBEAT";
 pub const ENV_TENANT: &str = "SKEIN_TENANT";
 pub const ENV_USER: &str = "SKEIN_USER";
+pub const ENV_TRACE_CONTENT: &str = "SKEIN_TRACE_CONTENT";
+pub const ENV_K8S_POD: &str = "SKEIN_K8S_POD";
+pub const ENV_K8S_NAMESPACE: &str = "SKEIN_K8S_NAMESPACE";
+pub const ENV_ADMIN_ADDR: &str = "SKEIN_ADMIN_ADDR";
+pub const ENV_JAEGER_UI: &str = "SKEIN_JAEGER_UI";
 
 /// How to reach NATS. Credentials are never logged: `Debug` redacts them.
 #[derive(Clone, Args)]

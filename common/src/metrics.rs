@@ -1,1 +1,390 @@
-//! placeholder
+//! Every Prometheus metric Skein exports, in one place: the metric names, their labels and their
+//! buckets, behind typed events (`turn_finished`, `model_call`, `in_flight`, ...). Callers report
+//! what happened; only this file knows how that becomes a series. [`Metrics::render`] produces the
+//! OpenMetrics text served on `/metrics` by [`crate::admin`].
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Prefix of every metric name.
+const PREFIX: &str = "skein";
+
+/// Longest label value kept; longer values are cut so a stray value cannot blow up a series name.
+const MAX_LABEL_CHARS: usize = 64;
+
+/// Upper bounds (seconds) of the duration histograms: 10 ms to 5 min, roughly ×2.5 per step.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0,
+];
+
+/// Declares label sets: structs of `String` labels, encoded in field order.
+macro_rules! label_sets {
+    ($($name:ident { $($label:ident),+ })*) => {$(
+        #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+        struct $name { $($label: String),+ }
+    )*};
+}
+
+label_sets! {
+    OutcomeLabels { outcome }
+    ToolLabels { tool }
+    ToolOutcomeLabels { tool, outcome }
+    ProviderLabels { provider }
+    ProviderOutcomeLabels { provider, outcome }
+    TokenLabels { provider, direction }
+    KindLabels { kind }
+    ConsumerLabels { consumer }
+}
+
+type DurationFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// A label value as exported: at most [`MAX_LABEL_CHARS`] characters.
+fn label(value: &str) -> String {
+    match value.char_indices().nth(MAX_LABEL_CHARS) {
+        Some((cut, _)) => value[..cut].to_owned(),
+        None => value.to_owned(),
+    }
+}
+
+fn kind(value: &str) -> KindLabels {
+    KindLabels { kind: label(value) }
+}
+
+/// Label sets a family can be keyed by.
+trait Labels: EncodeLabelSet + Clone + Hash + Eq + Debug + Send + Sync + 'static {}
+impl<S: EncodeLabelSet + Clone + Hash + Eq + Debug + Send + Sync + 'static> Labels for S {}
+
+fn counter<S: Labels>(registry: &mut Registry, name: &str, help: &str) -> Family<S, Counter> {
+    let family = Family::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn gauge<S: Labels>(registry: &mut Registry, name: &str, help: &str) -> Family<S, Gauge> {
+    let family = Family::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+/// A duration histogram; its name gets the `_seconds` unit suffix.
+fn seconds<S: Labels>(registry: &mut Registry, name: &str, help: &str) -> DurationFamily<S> {
+    let family: DurationFamily<S> = Family::new_with_constructor(duration_histogram);
+    registry.register_with_unit(name, help, Unit::Seconds, family.clone());
+    family
+}
+
+/// The metric families; the registry holds clones of the same (shared) families.
+struct Families {
+    turns: Family<OutcomeLabels, Counter>,
+    turn_duration: DurationFamily<OutcomeLabels>,
+    tool_tasks: Family<ToolOutcomeLabels, Counter>,
+    tool_duration: DurationFamily<ToolLabels>,
+    model_calls: Family<ProviderOutcomeLabels, Counter>,
+    model_call_duration: DurationFamily<ProviderLabels>,
+    model_tokens: Family<TokenLabels, Counter>,
+    in_flight: Family<KindLabels, Gauge>,
+    redeliveries: Family<KindLabels, Counter>,
+    dead_letters: Family<KindLabels, Counter>,
+    open_resources: Family<KindLabels, Gauge>,
+    queue_pending: Family<ConsumerLabels, Gauge>,
+    queue_ack_pending: Family<ConsumerLabels, Gauge>,
+}
+
+impl Families {
+    /// Every family under its name and help, registered: the one list of what Skein exports.
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            turns: counter(r, "turns", "Agent turns finished, by outcome"),
+            turn_duration: seconds(r, "turn_duration", "Duration of agent turns, by outcome"),
+            tool_tasks: counter(r, "tool_tasks", "Tool tasks finished, by tool and outcome"),
+            tool_duration: seconds(r, "tool_duration", "Duration of tool tasks, by tool"),
+            model_calls: counter(r, "model_calls", "Model calls, by provider and outcome"),
+            model_call_duration: seconds(
+                r,
+                "model_call_duration",
+                "Duration of model calls, by provider",
+            ),
+            model_tokens: counter(
+                r,
+                "model_tokens",
+                "Model tokens used, by provider and direction (input or output)",
+            ),
+            in_flight: gauge(r, "in_flight", "Work running in this process, by kind"),
+            redeliveries: counter(r, "redeliveries", "Deliveries beyond the first, by kind"),
+            dead_letters: counter(r, "dead_letters", "Messages dead-lettered, by kind"),
+            open_resources: gauge(r, "open_resources", "Resources held open, by kind"),
+            queue_pending: gauge(
+                r,
+                "queue_pending",
+                "Messages not yet delivered, by consumer",
+            ),
+            queue_ack_pending: gauge(
+                r,
+                "queue_ack_pending",
+                "Messages delivered and not yet acknowledged, by consumer",
+            ),
+        }
+    }
+}
+
+struct Inner {
+    registry: Registry,
+    families: Families,
+}
+
+/// The metrics of one process. Cheap to clone: every clone records into the same registry.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics with its own registry (names prefixed `skein_`).
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let families = Families::register(&mut registry);
+        Self {
+            inner: Arc::new(Inner { registry, families }),
+        }
+    }
+
+    fn families(&self) -> &Families {
+        &self.inner.families
+    }
+
+    /// The current values in the OpenMetrics text format (ends with `# EOF`).
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(error) =
+            prometheus_client::encoding::text::encode(&mut text, &self.inner.registry)
+        {
+            // Writing into a String cannot fail; a failure here means an encoder bug.
+            tracing::error!(%error, "cannot encode metrics");
+        }
+        text
+    }
+
+    /// An agent turn ended: `completed`, `failed`, `cancelled` or `dead_lettered`.
+    pub fn turn_finished(&self, outcome: &str, duration: Duration) {
+        let labels = OutcomeLabels {
+            outcome: label(outcome),
+        };
+        let f = self.families();
+        f.turns.get_or_create(&labels).inc();
+        f.turn_duration
+            .get_or_create(&labels)
+            .observe(duration.as_secs_f64());
+    }
+
+    /// A tool task ended: `outcome` is `ok` or the failure kind.
+    pub fn tool_task_finished(&self, tool: &str, outcome: &str, duration: Duration) {
+        let tool = label(tool);
+        let f = self.families();
+        f.tool_tasks
+            .get_or_create(&ToolOutcomeLabels {
+                tool: tool.clone(),
+                outcome: label(outcome),
+            })
+            .inc();
+        f.tool_duration
+            .get_or_create(&ToolLabels { tool })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// A model provider call ended: `outcome` is `ok` or the failure kind.
+    pub fn model_call(
+        &self,
+        provider: &str,
+        outcome: &str,
+        duration: Duration,
+        input_tokens: u64,
+        output_tokens: u64,
+    ) {
+        let provider = label(provider);
+        let f = self.families();
+        f.model_calls
+            .get_or_create(&ProviderOutcomeLabels {
+                provider: provider.clone(),
+                outcome: label(outcome),
+            })
+            .inc();
+        f.model_call_duration
+            .get_or_create(&ProviderLabels {
+                provider: provider.clone(),
+            })
+            .observe(duration.as_secs_f64());
+        for (direction, tokens) in [("input", input_tokens), ("output", output_tokens)] {
+            f.model_tokens
+                .get_or_create(&TokenLabels {
+                    provider: provider.clone(),
+                    direction: direction.to_owned(),
+                })
+                .inc_by(tokens);
+        }
+    }
+
+    /// One more unit of work (`turn`, `tool`, `subagent`) running until the guard drops.
+    pub fn in_flight(&self, kind_name: &str) -> InFlight {
+        let gauge = self
+            .families()
+            .in_flight
+            .get_or_create_owned(&kind(kind_name));
+        gauge.inc();
+        InFlight { gauge }
+    }
+
+    /// A message of `kind` (`turn`, `tool`, `subagent`) was delivered again.
+    pub fn redelivered(&self, kind_name: &str) {
+        self.families()
+            .redeliveries
+            .get_or_create(&kind(kind_name))
+            .inc();
+    }
+
+    /// A message of `kind` (`submit`, `tool`, `agent`) went to the dead-letter stream.
+    pub fn dead_lettered(&self, kind_name: &str) {
+        self.families()
+            .dead_letters
+            .get_or_create(&kind(kind_name))
+            .inc();
+    }
+
+    /// How many resources of `kind` (e.g. `scopes`) are open now.
+    pub fn open_resources(&self, kind_name: &str, open: i64) {
+        self.families()
+            .open_resources
+            .get_or_create(&kind(kind_name))
+            .set(open);
+    }
+
+    /// The backlog of a consumer as last read from JetStream.
+    pub fn queue_depth(&self, consumer: &str, pending: u64, ack_pending: u64) {
+        let labels = ConsumerLabels {
+            consumer: label(consumer),
+        };
+        let f = self.families();
+        f.queue_pending
+            .get_or_create(&labels)
+            .set(saturating_i64(pending));
+        f.queue_ack_pending
+            .get_or_create(&labels)
+            .set(saturating_i64(ack_pending));
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Counts one unit of work in `skein_in_flight` for as long as it lives.
+#[must_use = "the work stops being counted as in flight when this guard drops"]
+#[derive(Debug)]
+pub struct InFlight {
+    gauge: Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_render_as_series() {
+        let metrics = Metrics::new();
+        metrics.turn_finished("completed", Duration::from_millis(1500));
+        metrics.tool_task_finished("shell", "ok", Duration::from_millis(20));
+        metrics.tool_task_finished("shell", "timeout", Duration::from_secs(60));
+        metrics.model_call("openai", "ok", Duration::from_secs(2), 120, 30);
+        metrics.model_call("openai", "ok", Duration::from_secs(1), 10, 5);
+        metrics.redelivered("tool");
+        metrics.dead_lettered("submit");
+        metrics.open_resources("scopes", 3);
+        metrics.queue_depth("workers-tool", 7, 2);
+
+        let text = metrics.clone().render();
+        for expected in [
+            "skein_turns_total{outcome=\"completed\"} 1\n",
+            "skein_turn_duration_seconds_count{outcome=\"completed\"} 1\n",
+            "skein_turn_duration_seconds_sum{outcome=\"completed\"} 1.5\n",
+            "skein_tool_tasks_total{tool=\"shell\",outcome=\"ok\"} 1\n",
+            "skein_tool_tasks_total{tool=\"shell\",outcome=\"timeout\"} 1\n",
+            "skein_tool_duration_seconds_count{tool=\"shell\"} 2\n",
+            "skein_model_calls_total{provider=\"openai\",outcome=\"ok\"} 2\n",
+            "skein_model_call_duration_seconds_count{provider=\"openai\"} 2\n",
+            "skein_model_tokens_total{provider=\"openai\",direction=\"input\"} 130\n",
+            "skein_model_tokens_total{provider=\"openai\",direction=\"output\"} 35\n",
+            "skein_redeliveries_total{kind=\"tool\"} 1\n",
+            "skein_dead_letters_total{kind=\"submit\"} 1\n",
+            "skein_open_resources{kind=\"scopes\"} 3\n",
+            "skein_queue_pending{consumer=\"workers-tool\"} 7\n",
+            "skein_queue_ack_pending{consumer=\"workers-tool\"} 2\n",
+            "# EOF\n",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_span_ten_ms_to_five_minutes() {
+        let metrics = Metrics::new();
+        metrics.turn_finished("failed", Duration::from_millis(5));
+        let text = metrics.render();
+        for le in ["0.01", "300.0", "+Inf"] {
+            let bucket =
+                format!("skein_turn_duration_seconds_bucket{{le=\"{le}\",outcome=\"failed\"}} 1\n");
+            assert!(text.contains(&bucket), "missing {bucket:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn in_flight_returns_to_zero_when_guards_drop() {
+        let metrics = Metrics::new();
+        let in_flight = |n: u32| format!("skein_in_flight{{kind=\"turn\"}} {n}\n");
+        let first = metrics.in_flight("turn");
+        let second = metrics.in_flight("turn");
+        assert!(metrics.render().contains(&in_flight(2)));
+        drop(first);
+        assert!(metrics.render().contains(&in_flight(1)));
+        drop(second);
+        assert!(metrics.render().contains(&in_flight(0)));
+    }
+
+    #[test]
+    fn long_label_values_are_truncated() {
+        let metrics = Metrics::new();
+        metrics.redelivered(&"é".repeat(100));
+        let kept = "é".repeat(MAX_LABEL_CHARS);
+        let series = format!("skein_redeliveries_total{{kind=\"{kept}\"}} 1\n");
+        assert!(metrics.render().contains(&series), "{}", metrics.render());
+    }
+}

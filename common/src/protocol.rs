@@ -294,6 +294,9 @@ pub enum EventKind {
         /// Set when the turn continues an earlier, interrupted run: the steps already done.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resumed_at_step: Option<u32>,
+        /// The trace the turn is recorded in (32 hex digits), when tracing is on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trace_id: Option<String>,
     },
     ModelDelta {
         text: String,
@@ -340,6 +343,9 @@ pub struct FinalResult {
     pub limit_reached: bool,
     #[serde(default)]
     pub usage: Usage,
+    /// The trace the turn is recorded in (32 hex digits), when tracing is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

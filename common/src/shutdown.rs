@@ -78,10 +78,13 @@ impl Workload {
     }
 }
 
-/// Runs a server process's `run` until SIGTERM/Ctrl-C, with telemetry installed; maps the outcome
-/// to an exit code (64 for bad configuration, 1 for a failure).
+/// Runs a server process's `run` until SIGTERM/Ctrl-C, with telemetry installed (traces exported
+/// when `telemetry` names an endpoint); maps the outcome to an exit code (64 for bad
+/// configuration, 1 for a failure).
 pub async fn serve_until_signal<E, F>(
     service: &str,
+    instance: &str,
+    telemetry: &crate::telemetry::TelemetryConfig,
     validated: Result<(), String>,
     run: impl FnOnce(CancellationToken) -> F,
 ) -> std::process::ExitCode
@@ -89,11 +92,12 @@ where
     E: std::fmt::Display,
     F: std::future::Future<Output = Result<(), E>>,
 {
-    let _telemetry = crate::telemetry::init(service);
     if let Err(reason) = validated {
+        let _telemetry = crate::telemetry::init_logs(service);
         eprintln!("{service}: {reason}");
         return std::process::ExitCode::from(EXIT_CONFIG);
     }
+    let _telemetry = crate::telemetry::init(service, instance, telemetry);
     match run(on_signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

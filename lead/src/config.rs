@@ -18,6 +18,10 @@ pub struct Config {
     pub model: ModelConfig,
     #[command(flatten)]
     pub process: ProcessConfig,
+    #[command(flatten)]
+    pub telemetry: skein_common::telemetry::TelemetryConfig,
+    #[command(flatten)]
+    pub admin: skein_common::admin::AdminConfig,
     /// Workspace folder with AGENTS.md, subagents/ and skills/; the bundled example when unset.
     #[arg(long, env = ENV_AGENTS_DIR)]
     pub agents_dir: Option<PathBuf>,
@@ -36,6 +40,8 @@ impl Config {
     /// Checks values clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         self.process.validate()?;
+        self.telemetry.validate()?;
+        self.admin.validate()?;
         if self.concurrency == 0 {
             return Err("concurrency must be at least 1".into());
         }

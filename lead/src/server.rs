@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use skein_common::admin::{self, Readiness};
 use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::events::EventSink;
 use skein_common::agent::hooks::Hooks;
@@ -24,9 +25,12 @@ use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::{
     Checkpoints, Interrupted, Runtime, RuntimeSettings, TurnInput, TurnOutput,
 };
-use skein_common::bus::{message_id, settle, with_progress, Bus, BusError, ConsumerSettings};
+use skein_common::bus::{
+    message_id, process_span, settle, with_progress, Bus, BusError, ConsumerSettings,
+};
 use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
+use skein_common::metrics::Metrics;
 use skein_common::protocol::{
     validate_token, EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus,
     PROTOCOL_VERSION,
@@ -35,9 +39,12 @@ use skein_common::shutdown::Workload;
 use skein_common::store::{SessionStore, StoreError};
 use skein_common::subjects;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::Config;
 
+/// How often the depth of the leads' consumer is reported as metrics.
+const QUEUE_DEPTH_EVERY: Duration = Duration::from_secs(5);
 /// Delay before a handed-back task is redelivered.
 const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
 /// Pause between looks at a busy session (its lease, or its older unfinished task).
@@ -61,6 +68,8 @@ pub enum LeadError {
     Store(#[from] StoreError),
     #[error("model provider: {0}")]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Admin(#[from] skein_common::admin::AdminError),
 }
 
 struct Lead {
@@ -69,6 +78,7 @@ struct Lead {
     store: SessionStore,
     agents: AgentCatalog,
     runtime: Runtime<Provider>,
+    metrics: Metrics,
     instance: String,
     cfg: Config,
 }
@@ -82,6 +92,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
         None => AgentCatalog::bundled()?,
     };
     let provider = Provider::from_config(&cfg.model)?;
+    let provider_name = provider.label();
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
     let bus = Bus::connect(
         &cfg.nats,
         &format!("skein-lead {instance}"),
@@ -92,6 +105,17 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
     let store = SessionStore::connect(&cfg.redis).await?;
 
     let work = Workload::default();
+    if let Some(addr) = cfg.admin.socket_addr() {
+        let bound = admin::serve(
+            addr,
+            metrics.clone(),
+            readiness.clone(),
+            &work.background,
+            work.background_stop.clone(),
+        )
+        .await?;
+        tracing::info!(%bound, "admin server (metrics, health, readiness) listening");
+    }
     let dispatcher = Dispatcher::start(
         bus.clone(),
         store.clone(),
@@ -108,11 +132,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
         Hooks::default(),
         RuntimeSettings {
             default_model: cfg.model.model.clone(),
+            provider: provider_name.into(),
             tool_timeout: cfg.process.tool_timeout,
             subagent_timeout: cfg.subagent_timeout,
             ..RuntimeSettings::default()
         },
-    );
+    )
+    .with_metrics(metrics.clone());
     let intake = bus
         .intake(&ConsumerSettings {
             stream: subjects::SUBMIT_STREAM,
@@ -122,6 +148,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             max_deliver: -1,
         })
         .await?;
+    bus.watch_queue_depth(
+        metrics.clone(),
+        vec![(subjects::SUBMIT_STREAM, subjects::LEADS_CONSUMER.to_owned())],
+        QUEUE_DEPTH_EVERY,
+        &work.background,
+        work.background_stop.clone(),
+    );
+    readiness.set_ready(true);
     tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
     let (concurrency, grace) = (cfg.concurrency, cfg.process.grace);
     let cancels = CancelRegistry::default();
@@ -134,6 +168,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
         store,
         agents,
         runtime,
+        metrics,
         instance: instance.clone(),
         cfg,
     });
@@ -152,6 +187,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             },
         )
         .await;
+    readiness.set_ready(false);
     work.drain(grace).await;
     tracing::info!(lead_id = %instance, "lead stopped");
     Ok(())
@@ -172,6 +208,16 @@ enum Settled {
 
 impl Lead {
     async fn handle(&self, message: jetstream::Message, abort: CancellationToken) {
+        let _in_flight = self.metrics.in_flight("turn");
+        if message.info().map(|i| i.delivered).unwrap_or(1) > 1 {
+            self.metrics.redelivered("turn");
+        }
+        let span = process_span(&message);
+        span.record("skein.kind", "submission");
+        self.handle_delivery(message, abort).instrument(span).await
+    }
+
+    async fn handle_delivery(&self, message: jetstream::Message, abort: CancellationToken) {
         let submission: TaskSubmission = match self.bus.decode(&message.payload) {
             Ok(s) => s,
             Err(e) => {
@@ -186,8 +232,9 @@ impl Lead {
             let task_id = Some(submission.task_id.clone());
             return self.reject(&message, task_id, failure).await;
         }
-        let span = tracing::info_span!("turn", task_id = %submission.task_id, session_id = %submission.session, tenant = %submission.tenant);
-        let _enter = span.enter();
+        let span = tracing::Span::current();
+        span.record("skein.task_id", submission.task_id.as_str());
+        span.record("gen_ai.conversation.id", submission.session.as_str());
         let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
         let every = self.cfg.process.progress_every();
         let outcome = with_progress(
@@ -221,6 +268,9 @@ impl Lead {
                     tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
                     return settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
                 }
+                self.metrics.dead_lettered("submit");
+                self.metrics
+                    .turn_finished("dead_lettered", std::time::Duration::ZERO);
                 self.publish_final(failed_result(&submission, failure, 0))
                     .await;
                 settle(&message, AckKind::Ack).await;
@@ -431,6 +481,7 @@ impl Lead {
         abort: &CancellationToken,
         stop: &CancellationToken,
     ) -> Settled {
+        let started = std::time::Instant::now();
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         let loaded = match self.store.load(tenant, session).await {
             Ok(loaded) => loaded,
@@ -457,6 +508,7 @@ impl Lead {
                 session: session.to_owned(),
                 instance: self.instance.clone(),
                 resumed_at_step: resume.as_ref().map(|r| r.iterations),
+                trace_id: skein_common::telemetry::current_trace_id(),
             })
             .await;
         let checkpoints = Checkpoints {
@@ -549,6 +601,7 @@ impl Lead {
             iterations: output.iterations,
             limit_reached: output.limit_reached,
             usage: output.usage,
+            trace_id: skein_common::telemetry::current_trace_id(),
         };
         if let Err(e) = self
             .store
@@ -557,6 +610,12 @@ impl Lead {
         {
             return Settled::Retry(e.to_failure());
         }
+        let outcome = match result.status {
+            TurnStatus::Completed => "completed",
+            TurnStatus::Failed => "failed",
+            TurnStatus::Cancelled => "cancelled",
+        };
+        self.metrics.turn_finished(outcome, started.elapsed());
         events.emit(EventKind::Final { result }).await;
         Settled::Done
     }
@@ -678,6 +737,7 @@ impl Lead {
                     .await;
             }
         }
+        self.metrics.dead_lettered("submit");
         let reason = format!("rejected: {failure}");
         if let Err(e) = self.bus.dead_letter_message(message, &reason, 1).await {
             tracing::error!(error = %e, "cannot dead-letter the rejected submission; handing it back");
@@ -718,5 +778,6 @@ fn failed_result(submission: &TaskSubmission, failure: Failure, iterations: u32)
         iterations,
         limit_reached: false,
         usage: Default::default(),
+        trace_id: skein_common::telemetry::current_trace_id(),
     }
 }

@@ -23,6 +23,10 @@ pub struct Config {
     pub model: ModelConfig,
     #[command(flatten)]
     pub process: ProcessConfig,
+    #[command(flatten)]
+    pub telemetry: skein_common::telemetry::TelemetryConfig,
+    #[command(flatten)]
+    pub admin: skein_common::admin::AdminConfig,
     /// Pool this worker serves; workers of one pool share one consumer and must provide the same tools.
     #[arg(long, env = ENV_POOL, default_value = "default")]
     pub pool: String,
@@ -57,6 +61,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         validate_token("pool", &self.pool).map_err(|f| f.message)?;
         self.process.validate()?;
+        self.telemetry.validate()?;
+        self.admin.validate()?;
         if self.concurrency == 0 {
             return Err("concurrency must be at least 1".into());
         }

@@ -34,6 +34,7 @@ use skein_common::protocol::{
 };
 use skein_common::store::{SessionState, SessionStore};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::scope::{ScopeStats, TaskScope};
 use crate::tools::{ToolContext, ToolRegistry};
@@ -43,6 +44,7 @@ const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
 
 /// What every task of this worker shares (borrowed by tasks, never owned by them).
 pub(crate) struct WorkerContext {
+    pub metrics: skein_common::metrics::Metrics,
     pub bus: Bus,
     pub store: SessionStore,
     pub registry: ToolRegistry,
@@ -68,14 +70,14 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         Ok(task) => task,
         Err(e) => return reject(&ctx, &message, &e.to_string()).await,
     };
-    let span = tracing::info_span!("tool_task", task_id = %task.origin.task_id, call_id = %task.call_id, tool = %task.tool);
-    let _enter = span.enter();
+    tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
     let call = CallRef {
         origin: &task.origin,
         call_id: &task.call_id,
         call_key: &task.call_key,
         reply_to: &task.reply_to,
         retries: true,
+        label: &task.tool,
     };
     if let Err(failure) = check_task(&call, task.v) {
         return refuse(&ctx, &message, call, failure).await;
@@ -101,14 +103,28 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
             call_id: &task.call_id,
             scope: &mut scope,
         };
+        let span = tracing::info_span!(
+            "execute_tool",
+            "otel.name" = format!("execute_tool {}", task.tool),
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %task.tool,
+            "gen_ai.tool.call.id" = %task.call_id,
+            "skein.attempt" = attempt,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
         let running = ctx
             .registry
-            .call(&task.tool, task.arguments.clone(), context);
+            .call(&task.tool, task.arguments.clone(), context)
+            .instrument(span.clone());
         match tokio::time::timeout(timeout, contain_panic(running)).await {
             Ok(Ok(Ok(output))) => CallOutcome::Ok { output },
-            Ok(Ok(Err(e))) => CallOutcome::Failed {
-                failure: e.to_failure(),
-            },
+            Ok(Ok(Err(e))) => {
+                let failure = e.to_failure();
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", failure.kind.as_str());
+                CallOutcome::Failed { failure }
+            }
             Ok(Err(panicked)) => CallOutcome::Failed { failure: panicked },
             Err(_) => CallOutcome::Failed {
                 failure: Failure::new(
@@ -134,14 +150,14 @@ async fn subagent_task(
         Ok(task) => task,
         Err(e) => return reject(&ctx, &message, &e.to_string()).await,
     };
-    let span = tracing::info_span!("subagent_task", task_id = %task.origin.task_id, call_id = %task.call_id, agent = %task.agent.name);
-    let _enter = span.enter();
+    tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
     let call = CallRef {
         origin: &task.origin,
         call_id: &task.call_id,
         call_key: &task.call_key,
         reply_to: &task.reply_to,
         retries: false,
+        label: &task.agent.name,
     };
     let checked = check_task(&call, task.v)
         .and_then(|()| validate_token("child_session", &task.child_session));
@@ -443,7 +459,11 @@ async fn dead_letter(
     attempts: u64,
 ) -> bool {
     match ctx.bus.dead_letter_message(message, reason, attempts).await {
-        Ok(()) => true,
+        Ok(()) => {
+            let kind = message.subject.split('.').nth(1).unwrap_or("other");
+            ctx.metrics.dead_lettered(kind);
+            true
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
             settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
@@ -462,6 +482,8 @@ struct CallRef<'a> {
     /// Whether transient failures are tried again here: for tool calls, which fail fast; not for
     /// subagent turns, whose retries could outlast the caller's wait.
     retries: bool,
+    /// What ran, for metrics: the tool's name, or the subagent's.
+    label: &'a str,
 }
 
 /// Kinds of task a worker serves, one consumer each.
@@ -478,9 +500,24 @@ pub(crate) async fn task(
     message: jetstream::Message,
     abort: CancellationToken,
 ) {
+    let kind_name = match kind {
+        TaskKind::Tool => "tool",
+        TaskKind::Subagent => "subagent",
+    };
+    let _in_flight = ctx.metrics.in_flight(kind_name);
+    if message.info().map(|i| i.delivered).unwrap_or(1) > 1 {
+        ctx.metrics.redelivered(kind_name);
+    }
+    let span = skein_common::bus::process_span(&message);
     match kind {
-        TaskKind::Tool => tool_task(ctx, message, abort).await,
-        TaskKind::Subagent => subagent_task(ctx, message, abort).await,
+        TaskKind::Tool => {
+            span.record("skein.kind", "tool");
+            tool_task(ctx, message, abort).instrument(span).await
+        }
+        TaskKind::Subagent => {
+            span.record("skein.kind", "subagent");
+            subagent_task(ctx, message, abort).instrument(span).await
+        }
     }
 }
 
@@ -571,6 +608,12 @@ async fn finish(
     started: Instant,
 ) {
     let origin = call.origin;
+    let outcome_label = match &outcome {
+        CallOutcome::Ok { .. } => "ok",
+        CallOutcome::Failed { failure } => failure.kind.as_str(),
+    };
+    ctx.metrics
+        .tool_task_finished(call.label, outcome_label, started.elapsed());
     let result = ToolResult {
         v: PROTOCOL_VERSION,
         call_id: call.call_id.to_owned(),

@@ -7,12 +7,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use skein_common::admin::{self, Readiness};
 use skein_common::agent::hooks::Hooks;
 use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::{Runtime, RuntimeSettings};
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{Bus, BusError, ConsumerSettings};
 use skein_common::dispatch::Dispatcher;
+use skein_common::metrics::Metrics;
 use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
 use skein_common::shutdown::Workload;
 use skein_common::store::{SessionStore, StoreError};
@@ -23,6 +25,9 @@ use crate::config::Config;
 use crate::execute::{self, TaskKind, WorkerContext};
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
+
+/// How often the depth of the pool's consumers is reported as metrics.
+const QUEUE_DEPTH_EVERY: Duration = Duration::from_secs(5);
 
 /// Why a worker could not run.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +41,8 @@ pub enum WorkerError {
     Store(#[from] StoreError),
     #[error("model provider: {0}")]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Admin(#[from] skein_common::admin::AdminError),
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains.
@@ -85,8 +92,21 @@ pub async fn run_with_tools(
     registry.retain(|name| cfg.tools().any(|t| t == name));
     extra(&mut registry);
 
-    // The reply listener is background work: it outlives running tasks.
+    // The reply listener and the admin server are background work: they outlive running tasks.
     let work = Workload::default();
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    if let Some(addr) = cfg.admin.socket_addr() {
+        let bound = admin::serve(
+            addr,
+            metrics.clone(),
+            readiness.clone(),
+            &work.background,
+            work.background_stop.clone(),
+        )
+        .await?;
+        tracing::info!(%bound, "admin server (metrics, health, readiness) listening");
+    }
     let runtime = if cfg.subagents {
         let dispatcher = Dispatcher::start(
             bus.clone(),
@@ -96,19 +116,24 @@ pub async fn run_with_tools(
             work.background_stop.clone(),
         )
         .await?;
+        let provider = Provider::from_config(&cfg.model)?;
         let settings = RuntimeSettings {
             default_model: cfg.model.model.clone(),
+            provider: provider.label().into(),
             tool_timeout: cfg.process.tool_timeout,
             ..RuntimeSettings::default()
         };
-        Some(Runtime::new(
-            Provider::from_config(&cfg.model)?,
-            dispatcher,
-            store.clone(),
-            SkillCatalog::default(),
-            Hooks::default(),
-            settings,
-        ))
+        Some(
+            Runtime::new(
+                provider,
+                dispatcher,
+                store.clone(),
+                SkillCatalog::default(),
+                Hooks::default(),
+                settings,
+            )
+            .with_metrics(metrics.clone()),
+        )
     } else {
         None
     };
@@ -132,6 +157,7 @@ pub async fn run_with_tools(
         .listen(&bus, &work.background, work.background_stop.clone())
         .await?;
     let ctx = Arc::new(WorkerContext {
+        metrics: metrics.clone(),
         bus: bus.clone(),
         store: store.clone(),
         registry,
@@ -147,6 +173,7 @@ pub async fn run_with_tools(
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 
     let mut loops = Vec::new();
+    let mut watched = Vec::new();
     let pools = [
         (
             has_tools,
@@ -165,6 +192,7 @@ pub async fn run_with_tools(
         if !enabled {
             continue;
         }
+        watched.push((subjects::WORK_STREAM, durable.clone()));
         let intake = bus
             .intake(&ConsumerSettings {
                 stream: subjects::WORK_STREAM,
@@ -183,7 +211,16 @@ pub async fn run_with_tools(
         )));
     }
 
-    // Heartbeats until shutdown.
+    bus.watch_queue_depth(
+        metrics.clone(),
+        watched,
+        QUEUE_DEPTH_EVERY,
+        &work.background,
+        work.background_stop.clone(),
+    );
+    readiness.set_ready(true);
+
+    // Heartbeats (and the open-scope gauge) until shutdown.
     let mut beats = tokio::time::interval(cfg.heartbeat);
     let mut announcement = announcement;
     loop {
@@ -191,6 +228,7 @@ pub async fn run_with_tools(
             _ = shutdown.cancelled() => break,
             _ = beats.tick() => {
                 announcement.heartbeat_ms = now_ms();
+                metrics.open_resources("scopes", ctx.stats.snapshot().open_scopes() as i64);
                 if let Err(e) = store.announce_worker(&announcement).await {
                     tracing::warn!(error = %e, "heartbeat not recorded");
                 }
@@ -199,6 +237,7 @@ pub async fn run_with_tools(
     }
 
     // Drain: stop taking work, leave the registry, let running tasks finish, then abort.
+    readiness.set_ready(false);
     for intake in loops {
         let _ = intake.await;
     }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::context::{self, ContextLimits};
 use crate::agent::events::EventSink;
@@ -26,7 +27,8 @@ use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::skills::SkillCatalog;
 use crate::dispatch::{failed, CallRoute, Dispatcher, ToolCatalog};
 use crate::protocol::{
-    AgentSpec, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec, TurnStatus,
+    AgentSpec, CallOutcome, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec,
+    TurnStatus,
 };
 use crate::store::{SessionStore, TurnCheckpoint};
 
@@ -41,6 +43,8 @@ const PREVIEW_CHARS: usize = 200;
 pub struct RuntimeSettings {
     /// Model used when an agent names none.
     pub default_model: String,
+    /// The model provider's name, for telemetry (`openai`, `scripted`).
+    pub provider: String,
     pub tool_timeout: Duration,
     pub subagent_timeout: Duration,
     /// Deepest subagent nesting allowed (a user's agent is depth 0).
@@ -52,6 +56,7 @@ impl Default for RuntimeSettings {
     fn default() -> Self {
         Self {
             default_model: "gpt-4o-mini".into(),
+            provider: "openai".into(),
             tool_timeout: Duration::from_secs(60),
             subagent_timeout: Duration::from_secs(300),
             max_depth: 2,
@@ -139,6 +144,7 @@ pub struct Runtime<M> {
     skills: SkillCatalog,
     hooks: Hooks,
     settings: RuntimeSettings,
+    metrics: crate::metrics::Metrics,
 }
 
 impl<M: ModelClient> Runtime<M> {
@@ -157,7 +163,14 @@ impl<M: ModelClient> Runtime<M> {
             skills,
             hooks,
             settings,
+            metrics: crate::metrics::Metrics::new(),
         }
+    }
+
+    /// Counts model calls into `metrics` (the process's registry) instead of a private one.
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn hooks(&self) -> &Hooks {
@@ -168,6 +181,33 @@ impl<M: ModelClient> Runtime<M> {
     /// interrupted (cancelled, or its checkpoint could not be written) and did not end: the
     /// caller decides whether it runs again.
     pub async fn run_turn(&self, turn: TurnInput<'_>) -> Result<TurnOutput, Interrupted> {
+        let span = tracing::info_span!(
+            "invoke_agent",
+            "otel.name" = format!("invoke_agent {}", turn.agent.name),
+            "gen_ai.operation.name" = "invoke_agent",
+            "gen_ai.agent.name" = %turn.agent.name,
+            "gen_ai.conversation.id" = %turn.origin.session,
+            "skein.task_id" = %turn.origin.task_id,
+            "skein.tenant" = %turn.origin.tenant,
+            "skein.depth" = turn.depth,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let result = self.run_turn_steps(turn).instrument(span.clone()).await;
+        match &result {
+            Ok(TurnOutput {
+                failure: Some(failure),
+                ..
+            })
+            | Err(Interrupted(failure)) => {
+                record_failure(&span, failure);
+            }
+            Ok(_) => {}
+        }
+        result
+    }
+
+    async fn run_turn_steps(&self, turn: TurnInput<'_>) -> Result<TurnOutput, Interrupted> {
         let mut out = TurnOutput {
             status: TurnStatus::Completed,
             answer: None,
@@ -302,12 +342,80 @@ impl<M: ModelClient> Runtime<M> {
         } else {
             turn.agent.model.clone()
         };
+        let span = tracing::info_span!(
+            "chat",
+            "otel.name" = format!("chat {model}"),
+            "otel.kind" = "client",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.provider.name" = %self.settings.provider,
+            "gen_ai.request.model" = %model,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "gen_ai.response.finish_reasons" = tracing::field::Empty,
+            "gen_ai.input.messages" = tracing::field::Empty,
+            "gen_ai.output.messages" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        if crate::telemetry::record_content() {
+            span.record(
+                "gen_ai.input.messages",
+                serde_json::to_string(&messages).unwrap_or_default(),
+            );
+        }
         let request = ModelRequest {
             model,
             agent: turn.agent.name.clone(),
             messages,
             tools,
         };
+        let started = std::time::Instant::now();
+        let result = self
+            .stream_model(turn, request)
+            .instrument(span.clone())
+            .await;
+        let duration = started.elapsed();
+        match &result {
+            Ok(response) => {
+                span.record("gen_ai.usage.input_tokens", response.usage.prompt_tokens);
+                span.record(
+                    "gen_ai.usage.output_tokens",
+                    response.usage.completion_tokens,
+                );
+                if let Some(reason) = &response.finish_reason {
+                    span.record("gen_ai.response.finish_reasons", reason.as_str());
+                }
+                if crate::telemetry::record_content() {
+                    span.record("gen_ai.output.messages", response.message.content.as_str());
+                }
+                self.metrics.model_call(
+                    &self.settings.provider,
+                    "ok",
+                    duration,
+                    response.usage.prompt_tokens,
+                    response.usage.completion_tokens,
+                );
+            }
+            Err(failure) => {
+                record_failure(&span, failure);
+                self.metrics.model_call(
+                    &self.settings.provider,
+                    failure.kind.as_str(),
+                    duration,
+                    0,
+                    0,
+                );
+            }
+        }
+        result
+    }
+
+    /// Streams one model answer, forwarding text deltas as events.
+    async fn stream_model(
+        &self,
+        turn: &TurnInput<'_>,
+        request: ModelRequest,
+    ) -> Result<ModelResponse, Failure> {
         let streamed = async {
             let mut stream = self.model.stream(request).await?;
             while let Some(chunk) = stream.next().await {
@@ -388,7 +496,35 @@ impl<M: ModelClient> Runtime<M> {
                 arguments: call.arguments.clone(),
             })
             .await;
-        let result = self.route_call(turn, step, catalog, tools, call).await;
+        let span = tracing::info_span!(
+            "execute_tool",
+            "otel.name" = format!("execute_tool {}", call.name),
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %call.name,
+            "gen_ai.tool.call.id" = %call.id,
+            "gen_ai.tool.call.arguments" = tracing::field::Empty,
+            "gen_ai.tool.call.result" = tracing::field::Empty,
+            "skein.worker_id" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        if crate::telemetry::record_content() {
+            span.record("gen_ai.tool.call.arguments", call.arguments.to_string());
+        }
+        let result = self
+            .route_call(turn, step, catalog, tools, call)
+            .instrument(span.clone())
+            .await;
+        if !result.worker_id.is_empty() {
+            span.record("skein.worker_id", result.worker_id.as_str());
+        }
+        match &result.outcome {
+            CallOutcome::Failed { failure } => record_failure(&span, failure),
+            CallOutcome::Ok { output } if crate::telemetry::record_content() => {
+                span.record("gen_ai.tool.call.result", output.as_str());
+            }
+            CallOutcome::Ok { .. } => {}
+        }
         turn.events
             .emit(EventKind::ToolFinished {
                 call_id: call.id.clone(),
@@ -507,6 +643,12 @@ impl<M: ModelClient> Runtime<M> {
             )
             .await
     }
+}
+
+/// Marks a span failed, with the failure's kind as `error.type`.
+fn record_failure(span: &tracing::Span, failure: &Failure) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", failure.kind.as_str());
 }
 
 /// The messages of one model call: system prompt, prepared history, this turn so far.

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use skein_common::client::SkeinClient;
 use skein_common::config::{
-    NatsConfig, ENV_INSTANCE_ID, ENV_MODEL_PROVIDER, ENV_NATS_URL, ENV_REDIS_URL, ENV_SCRATCH_DIR,
-    ENV_WORKSPACE_ROOT,
+    NatsConfig, ENV_ADMIN_ADDR, ENV_INSTANCE_ID, ENV_MODEL_PROVIDER, ENV_NATS_URL, ENV_REDIS_URL,
+    ENV_SCRATCH_DIR, ENV_WORKSPACE_ROOT,
 };
 use skein_common::protocol::{TaskSubmission, PROTOCOL_VERSION};
 use skein_common::store::SessionStore;
@@ -156,6 +156,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
     for i in 1..=2 {
         let mut cmd = Command::new(&exe);
         cmd.arg("worker")
+            .env(ENV_ADMIN_ADDR, "127.0.0.1:0")
             .env(ENV_NATS_URL, &nats_url)
             .env(ENV_REDIS_URL, &redis_url)
             .env(ENV_INSTANCE_ID, format!("dev-worker-{i}-{run_id}"))
@@ -165,6 +166,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
     }
     let mut cmd = Command::new(&exe);
     cmd.arg("lead")
+        .env(ENV_ADMIN_ADDR, "127.0.0.1:0")
         .env(ENV_NATS_URL, &nats_url)
         .env(ENV_REDIS_URL, &redis_url)
         .env(ENV_INSTANCE_ID, format!("dev-lead-{run_id}"));

@@ -28,6 +28,8 @@ pub enum Command {
     Cancel(Box<ops::CancelArgs>),
     /// Inspect, replay or purge dead letters.
     Dlq(Box<ops::DlqArgs>),
+    /// Print a task's trace id and its Jaeger link.
+    Trace(Box<ops::TraceArgs>),
     /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
     Dev(Box<dev::DevArgs>),
     /// Run a lead in the foreground.
@@ -55,6 +57,7 @@ pub fn main() -> ExitCode {
             Command::Workers(args) => submit::workers(args).await,
             Command::Cancel(args) => ops::cancel(*args).await,
             Command::Dlq(args) => ops::dlq(*args).await,
+            Command::Trace(args) => ops::trace(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,
@@ -63,9 +66,13 @@ pub fn main() -> ExitCode {
 }
 
 /// Runs a lead until SIGTERM/Ctrl-C (the `skein-lead` binary and `skein lead`).
-pub async fn run_lead(cfg: crate::Config) -> ExitCode {
+pub async fn run_lead(mut cfg: crate::Config) -> ExitCode {
+    // One id for the process: its telemetry and its work carry the same.
+    let instance = cfg.process.instance_id("lead");
+    cfg.process.instance_id = Some(instance.clone());
     let validated = cfg.validate();
-    serve_until_signal("skein-lead", validated, |shutdown| {
+    let telemetry = cfg.telemetry.clone();
+    serve_until_signal("skein-lead", &instance, &telemetry, validated, |shutdown| {
         crate::run(cfg, shutdown)
     })
     .await
@@ -73,10 +80,25 @@ pub async fn run_lead(cfg: crate::Config) -> ExitCode {
 
 /// Runs a worker until SIGTERM/Ctrl-C (the `skein-worker` binary and `skein worker`).
 pub async fn run_worker(cfg: skein_worker::Config) -> ExitCode {
+    run_worker_with(cfg, |_| {}).await
+}
+
+/// [`run_worker`] with more tools than the built-in ones (see `skein_worker::run_with_tools`).
+pub async fn run_worker_with(
+    mut cfg: skein_worker::Config,
+    extra: impl FnOnce(&mut skein_worker::tools::ToolRegistry),
+) -> ExitCode {
+    let instance = cfg.process.instance_id("worker");
+    cfg.process.instance_id = Some(instance.clone());
     let validated = cfg.validate();
-    serve_until_signal("skein-worker", validated, |shutdown| {
-        skein_worker::run(cfg, shutdown)
-    })
+    let telemetry = cfg.telemetry.clone();
+    serve_until_signal(
+        "skein-worker",
+        &instance,
+        &telemetry,
+        validated,
+        |shutdown| skein_worker::run_with_tools(cfg, shutdown, Default::default(), extra),
+    )
     .await
 }
 

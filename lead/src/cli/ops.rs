@@ -1,12 +1,12 @@
-//! Operator commands: `skein cancel` (stop a task everywhere) and `skein dlq` (inspect, replay and
-//! purge dead letters).
+//! Operator commands: `skein cancel` (stop a task everywhere), `skein dlq` (inspect, replay and
+//! purge dead letters) and `skein trace` (the trace of a task, and its Jaeger link).
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use skein_common::bus::DeadLetter;
 use skein_common::client::SkeinClient;
-use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
+use skein_common::config::{NatsConfig, RedisConfig, ENV_JAEGER_UI, ENV_TENANT};
 use skein_common::protocol::{SubagentTask, TaskSubmission, ToolTask};
 use skein_common::store::SessionStore;
 
@@ -20,6 +20,22 @@ pub struct CancelArgs {
     #[arg(long, default_value = "cancelled from the command line")]
     pub reason: String,
     /// The task to stop.
+    pub task_id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[arg(long, env = ENV_TENANT, default_value = "default")]
+    pub tenant: String,
+    /// Base URL of the Jaeger UI.
+    #[arg(long, env = ENV_JAEGER_UI, default_value = "http://localhost:16686")]
+    pub jaeger_ui: String,
+    /// Longest to wait for the task's first events.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
+    /// The task whose trace to show.
     pub task_id: String,
 }
 
@@ -70,6 +86,58 @@ pub async fn cancel(args: CancelArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+pub async fn trace(args: TraceArgs) -> ExitCode {
+    match find_trace(&args).await {
+        Ok(trace_id) => {
+            println!("{trace_id}");
+            println!("{}/trace/{trace_id}", args.jaeger_ui.trim_end_matches('/'));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The trace id the lead reported for the task (in `turn_started`, or in the final result).
+async fn find_trace(args: &TraceArgs) -> Result<String, String> {
+    use futures::StreamExt;
+    use skein_common::protocol::EventKind;
+    let client = SkeinClient::connect(&args.nats)
+        .await
+        .map_err(|e| e.to_string())?;
+    let events = client
+        .watch(&args.tenant, &args.task_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let search = async {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event.map_err(|e| e.to_string())?.event {
+                EventKind::TurnStarted {
+                    trace_id: Some(id), ..
+                } => return Ok(id),
+                EventKind::Final { result } => {
+                    return result.trace_id.ok_or_else(|| {
+                        "the task ran without tracing (no OTLP endpoint on its lead)".to_owned()
+                    })
+                }
+                _ => {}
+            }
+        }
+        Err("the task's events ended without a trace id".to_owned())
+    };
+    tokio::time::timeout(args.timeout, search)
+        .await
+        .map_err(|_| {
+            format!(
+                "no trace for task {} of tenant {} within {:?} (unknown task, or not started yet)",
+                args.task_id, args.tenant, args.timeout
+            )
+        })?
 }
 
 pub async fn dlq(args: DlqArgs) -> ExitCode {

@@ -155,9 +155,16 @@ impl Progress {
         };
         let mut err = std::io::stderr();
         match &event.event {
-            EventKind::TurnStarted { instance, .. } => {
-                let _ = writeln!(err, "{who}started on {instance}");
-            }
+            EventKind::TurnStarted {
+                instance, trace_id, ..
+            } => match trace_id {
+                Some(trace_id) => {
+                    let _ = writeln!(err, "{who}started on {instance} · trace {trace_id}");
+                }
+                None => {
+                    let _ = writeln!(err, "{who}started on {instance}");
+                }
+            },
             EventKind::ModelDelta { .. } => {
                 if !std::io::stderr().is_terminal() {
                     return;

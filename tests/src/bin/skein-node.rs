@@ -4,10 +4,8 @@
 //! `support::test_tools`), writing effects to the file named by `SKEIN_TEST_EFFECTS`.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
-use skein_common::shutdown::serve_until_signal;
 use skein_tests::support::test_tools;
 
 fn main() -> ExitCode {
@@ -20,7 +18,6 @@ fn main() -> ExitCode {
     let effects = std::env::var_os(test_tools::EFFECTS_FILE_ENV)
         .map(Into::into)
         .unwrap_or_else(|| std::env::temp_dir().join("skein-test-effects.log"));
-    let validated = cfg.validate();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -31,9 +28,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(serve_until_signal("skein-worker", validated, |shutdown| {
-        skein_worker::run_with_tools(cfg, shutdown, Arc::default(), |registry| {
-            test_tools::register(registry, effects)
-        })
+    runtime.block_on(skein_lead::cli::run_worker_with(cfg, |registry| {
+        test_tools::register(registry, effects)
     }))
 }

@@ -55,6 +55,8 @@ impl TestCluster {
             self.redis.url.clone(),
             "--instance-id".into(),
             unique("lead"),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         skein_lead::Config::try_parse_from(args).expect("valid lead flags")
@@ -70,6 +72,8 @@ impl TestCluster {
             self.redis.url.clone(),
             "--instance-id".into(),
             unique("worker"),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
             "--workspace-root".into(),
             self.dir.join("workspaces").display().to_string(),
             "--scratch-dir".into(),
@@ -157,6 +161,8 @@ impl TestCluster {
             self.nats.url.clone(),
             "--redis-url".into(),
             self.redis.url.clone(),
+            "--admin-addr".into(),
+            "127.0.0.1:0".into(),
         ];
         if role == "worker" {
             args.extend([

@@ -1,0 +1,307 @@
+//! The log side of telemetry: the `tracing` subscriber stack (registry + env filter + one fmt
+//! layer + the OpenTelemetry layer) and the event formats. `SKEIN_LOG` filters (default `info`);
+//! `SKEIN_LOG_FORMAT=json` (the default when stderr is not a terminal) writes JSON lines, anything
+//! else a compact human format. Every line written inside a span carries the OTel trace id (JSON
+//! lines also the span id) so logs and traces join up.
+
+use std::fmt;
+use std::io::IsTerminal;
+
+use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry_sdk::trace::SdkTracer;
+use tracing::{Event, Subscriber};
+use tracing_opentelemetry::OtelData;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
+
+use crate::config::{ENV_LOG, ENV_LOG_FORMAT};
+
+/// Crates whose spans never go to the trace exporter: the exporter's own transport would
+/// otherwise trace its exports (and those traces' exports, and so on).
+const TRANSPORT_TARGETS: &[&str] = &[
+    "h2",
+    "hyper",
+    "tonic",
+    "tower",
+    "reqwest",
+    "rustls",
+    "opentelemetry",
+];
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// One JSON object a line, event fields flattened.
+    Json,
+    /// Compact text, coloured when `ansi`.
+    Human { ansi: bool },
+}
+
+impl LogFormat {
+    /// From `SKEIN_LOG_FORMAT`, else JSON unless stderr is a terminal.
+    pub(crate) fn from_env() -> Self {
+        let terminal = std::io::stderr().is_terminal();
+        let json = match std::env::var(ENV_LOG_FORMAT) {
+            Ok(format) => format == "json",
+            Err(_) => !terminal,
+        };
+        if json {
+            Self::Json
+        } else {
+            Self::Human {
+                ansi: terminal && std::env::var_os("NO_COLOR").is_none(),
+            }
+        }
+    }
+}
+
+/// The filter from `SKEIN_LOG`, `info` when unset or unparsable.
+pub(crate) fn env_filter() -> EnvFilter {
+    EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// The full subscriber: `filter` gates everything, spans (minus the exporter's transport) go to
+/// `tracer`, events are written to `writer` in `format`.
+pub(crate) fn subscriber<W>(
+    filter: EnvFilter,
+    tracer: SdkTracer,
+    format: LogFormat,
+    writer: W,
+) -> impl Subscriber + Send + Sync + 'static
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let not_transport = TRANSPORT_TARGETS.iter().fold(
+        Targets::new().with_default(LevelFilter::TRACE),
+        |t, target| t.with_target(*target, LevelFilter::OFF),
+    );
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(not_transport);
+    let (json, human) = match format {
+        LogFormat::Json => (
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(writer)
+                    .with_ansi(false)
+                    .fmt_fields(JsonFields::new())
+                    .event_format(WithTraceIds {
+                        inner: tracing_subscriber::fmt::format().json().flatten_event(true),
+                        style: IdStyle::Json,
+                    }),
+            ),
+            None,
+        ),
+        LogFormat::Human { ansi } => (
+            None,
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(writer)
+                    .with_ansi(ansi)
+                    .event_format(WithTraceIds {
+                        inner: tracing_subscriber::fmt::format().compact().with_ansi(ansi),
+                        style: IdStyle::Human,
+                    }),
+            ),
+        ),
+    };
+    Registry::default()
+        .with(filter)
+        .with(otel)
+        .with(json)
+        .with(human)
+}
+
+/// Where the ids go in a line.
+#[derive(Debug, Clone, Copy)]
+enum IdStyle {
+    /// `"trace_id"` and `"span_id"` members added to the object.
+    Json,
+    /// ` trace_id=…` appended to the line.
+    Human,
+}
+
+/// Wraps a stock event format, adding the OTel ids of the event's span to each line.
+struct WithTraceIds<F> {
+    inner: F,
+    style: IdStyle,
+}
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let Some((trace_id, span_id)) = otel_ids(ctx) else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.inner
+            .format_event(ctx, Writer::new(&mut line), event)?;
+        let body = line.trim_end_matches('\n');
+        match self.style {
+            IdStyle::Json => match body.strip_suffix('}') {
+                Some(open) => writeln!(
+                    writer,
+                    r#"{open},"trace_id":"{trace_id}","span_id":"{span_id}"}}"#
+                ),
+                None => writeln!(writer, "{body}"),
+            },
+            IdStyle::Human => writeln!(writer, "{body} trace_id={trace_id}"),
+        }
+    }
+}
+
+/// The ids of the nearest enclosing span the OpenTelemetry layer knows, once that span has
+/// started (entering it starts it), and when its trace id is valid.
+fn otel_ids<S, N>(ctx: &FmtContext<'_, S, N>) -> Option<(TraceId, SpanId)>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    let scope = ctx.event_scope()?;
+    for span in scope {
+        let extensions = span.extensions();
+        let Some(data) = extensions.get::<OtelData>() else {
+            continue;
+        };
+        let trace_id = data.trace_id().filter(|id| *id != TraceId::INVALID)?;
+        let span_id = data.span_id()?;
+        return Some((trace_id, span_id));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+    use crate::telemetry::span_trace_id;
+
+    /// Collects written log bytes.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Buffer {
+        fn lines(&self) -> Vec<String> {
+            let bytes = self.0.lock().expect("buffer lock").clone();
+            String::from_utf8(bytes)
+                .expect("utf-8 log output")
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    impl io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("buffer lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'w> MakeWriter<'w> for Buffer {
+        type Writer = Buffer;
+        fn make_writer(&'w self) -> Self::Writer {
+            self.clone()
+        }
+    }
+
+    fn log_with(
+        format: LogFormat,
+        emit: impl FnOnce() -> Option<String>,
+    ) -> (Vec<String>, Option<String>) {
+        let buffer = Buffer::default();
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = subscriber(
+            EnvFilter::new("info"),
+            provider.tracer("test"),
+            format,
+            buffer.clone(),
+        );
+        let trace_id = tracing::subscriber::with_default(subscriber, emit);
+        (buffer.lines(), trace_id)
+    }
+
+    fn is_hex(s: &str, len: usize) -> bool {
+        s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit())
+    }
+
+    #[test]
+    fn json_lines_carry_the_span_ids() {
+        let (lines, trace_id) = log_with(LogFormat::Json, || {
+            let span = tracing::info_span!("turn", session = "s1");
+            let _entered = span.enter();
+            tracing::info!(step = 3, "hello");
+            span_trace_id(&span)
+        });
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line: serde_json::Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+        assert_eq!(line["message"], "hello");
+        assert_eq!(line["step"], 3);
+        assert_eq!(line["span"]["session"], "s1");
+        let logged = line["trace_id"].as_str().expect("trace_id");
+        assert!(is_hex(logged, 32), "{logged}");
+        assert_eq!(Some(logged.to_owned()), trace_id);
+        assert!(is_hex(line["span_id"].as_str().expect("span_id"), 16));
+    }
+
+    #[test]
+    fn json_lines_outside_spans_have_no_ids() {
+        let (lines, _) = log_with(LogFormat::Json, || {
+            tracing::info!("no span");
+            None
+        });
+        let line: serde_json::Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+        assert_eq!(line["message"], "no span");
+        assert!(line.get("trace_id").is_none());
+        assert!(line.get("span_id").is_none());
+    }
+
+    #[test]
+    fn human_lines_end_with_the_trace_id() {
+        let (lines, trace_id) = log_with(LogFormat::Human { ansi: false }, || {
+            let span = tracing::info_span!("turn");
+            let _entered = span.enter();
+            tracing::warn!("careful");
+            span_trace_id(&span)
+        });
+        let trace_id = trace_id.expect("a valid trace id");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("careful"), "{}", lines[0]);
+        assert!(
+            lines[0].ends_with(&format!(" trace_id={trace_id}")),
+            "{}",
+            lines[0]
+        );
+    }
+
+    #[test]
+    fn transport_spans_are_not_traced() {
+        let (_, trace_id) = log_with(LogFormat::Json, || {
+            let span = tracing::info_span!(target: "hyper::client", "connect");
+            let _entered = span.enter();
+            span_trace_id(&span)
+        });
+        assert_eq!(trace_id, None);
+    }
+}

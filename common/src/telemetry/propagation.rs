@@ -1,0 +1,169 @@
+//! Trace-context propagation over NATS message headers: W3C `traceparent`/`tracestate` written
+//! from the current span on publish, read back on receipt to parent the handling span. Uses the
+//! global text-map propagator, which [`super::init`] sets to W3C TraceContext.
+
+use std::str::FromStr;
+
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::Context;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// Writes the current span's trace context into `headers` (nothing when there is none).
+pub fn inject_current(headers: &mut HeaderMap) {
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&cx, &mut HeaderInjector(headers));
+    });
+}
+
+/// The remote trace context carried by `headers`; an empty context when there are none or
+/// they do not parse.
+pub fn extract(headers: Option<&HeaderMap>) -> Context {
+    let Some(headers) = headers else {
+        return Context::new();
+    };
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract_with_context(&Context::new(), &HeaderExtractor(headers))
+    })
+}
+
+/// Makes `span` a child of the remote context in `headers`. Without a valid remote context the
+/// span keeps its local parent. Call it before the span is first entered: once started, a span's
+/// parent is fixed and this does nothing (likewise when telemetry is not initialised).
+pub fn set_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
+    let remote = extract(headers);
+    if remote.span().span_context().is_valid() {
+        // The only failures are "already started", "span disabled" and "no OpenTelemetry layer";
+        // in each the span simply keeps its local parent.
+        let _ = span.set_parent(remote);
+    }
+}
+
+/// Writes propagation fields as NATS headers; names or values NATS would reject are skipped.
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_str(key), HeaderValue::from_str(&value)) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+/// Reads propagation fields from NATS headers (names are case-sensitive in NATS; the W3C
+/// propagator asks for lowercase ones).
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        let name = HeaderName::from_str(key).ok()?;
+        self.0.get(name).map(HeaderValue::as_str)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| name.as_ref()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+    use crate::telemetry::span_trace_id;
+
+    /// Runs `body` under a subscriber with an OpenTelemetry layer (nothing is exported).
+    fn traced<T>(body: impl FnOnce() -> T) -> T {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, body)
+    }
+
+    fn span_id(span: &tracing::Span) -> String {
+        span.context().span().span_context().span_id().to_string()
+    }
+
+    #[test]
+    fn context_round_trips_through_headers() {
+        traced(|| {
+            let sender = tracing::info_span!("publish");
+            let mut headers = HeaderMap::new();
+            {
+                let _entered = sender.enter();
+                inject_current(&mut headers);
+            }
+            let trace_id = span_trace_id(&sender).expect("sender has a trace");
+            let traceparent = headers.get("traceparent").expect("traceparent set");
+            assert_eq!(
+                traceparent.as_str(),
+                format!("00-{trace_id}-{}-01", span_id(&sender))
+            );
+
+            let remote = extract(Some(&headers));
+            assert!(remote.span().span_context().is_remote());
+            assert_eq!(
+                remote.span().span_context().trace_id().to_string(),
+                trace_id
+            );
+
+            let receiver = tracing::info_span!("handle");
+            set_parent(&receiver, Some(&headers));
+            let _entered = receiver.enter();
+            assert_eq!(crate::telemetry::current_trace_id(), Some(trace_id));
+            assert_ne!(span_id(&receiver), span_id(&sender));
+        });
+    }
+
+    #[test]
+    fn nothing_is_injected_outside_a_span() {
+        traced(|| {
+            let mut headers = HeaderMap::new();
+            inject_current(&mut headers);
+            assert!(headers.get("traceparent").is_none());
+            assert_eq!(crate::telemetry::current_trace_id(), None);
+        });
+    }
+
+    #[test]
+    fn missing_or_garbage_headers_give_an_empty_context() {
+        traced(|| {
+            assert!(!extract(None).span().span_context().is_valid());
+            assert!(!extract(Some(&HeaderMap::new()))
+                .span()
+                .span_context()
+                .is_valid());
+            let mut garbage = HeaderMap::new();
+            garbage.insert("traceparent", "00-zz-not-a-trace-01");
+            garbage.insert("tracestate", "=,=");
+            assert!(!extract(Some(&garbage)).span().span_context().is_valid());
+            let mut upper = HeaderMap::new();
+            upper.insert(
+                "Traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            );
+            assert!(!extract(Some(&upper)).span().span_context().is_valid());
+        });
+    }
+
+    #[test]
+    fn garbage_headers_keep_the_local_parent() {
+        traced(|| {
+            let parent = tracing::info_span!("turn");
+            let _in_parent = parent.enter();
+            let mut garbage = HeaderMap::new();
+            garbage.insert("traceparent", "nonsense");
+            let child = tracing::info_span!("call");
+            set_parent(&child, Some(&garbage));
+            set_parent(&child, None);
+            assert_eq!(span_trace_id(&child), span_trace_id(&parent));
+            assert!(span_trace_id(&child).is_some());
+        });
+    }
+}
