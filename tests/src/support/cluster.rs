@@ -225,7 +225,11 @@ impl TestCluster {
 impl Drop for TestCluster {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("SKEIN_TEST_KEEP").is_some() {
+            eprintln!("kept test files in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod fake_openai;
+pub mod otlp;
 pub mod servers;
 pub mod slow_http;
 pub mod test_tools;
