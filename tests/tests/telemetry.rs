@@ -279,6 +279,34 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
         }
     }
 
+    // `skein trace` finds the trace of the task and links it in Jaeger.
+    let traced_cli = std::process::Command::new(NODE)
+        .args([
+            "trace",
+            "--nats-url",
+            &cluster.nats.url,
+            "--tenant",
+            "acme",
+            "--jaeger-ui",
+            "http://jaeger.example:16686/",
+        ])
+        .arg(&task.task_id)
+        .output()
+        .expect("skein trace runs");
+    let printed = String::from_utf8_lossy(&traced_cli.stdout);
+    assert!(
+        traced_cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&traced_cli.stderr)
+    );
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        [
+            trace_id.clone(),
+            format!("http://jaeger.example:16686/trace/{trace_id}")
+        ]
+    );
+
     // Metrics and health of the lead after the turn.
     let http = reqwest::Client::new();
     let metrics = http
