@@ -106,7 +106,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
 
     let work = Workload::default();
     if let Some(addr) = cfg.admin.socket_addr() {
-        let bound = admin::serve(
+        admin::serve(
             addr,
             metrics.clone(),
             readiness.clone(),
@@ -114,7 +114,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             work.background_stop.clone(),
         )
         .await?;
-        tracing::info!(%bound, "admin server (metrics, health, readiness) listening");
     }
     let dispatcher = Dispatcher::start(
         bus.clone(),

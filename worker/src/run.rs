@@ -97,7 +97,7 @@ pub async fn run_with_tools(
     let metrics = Metrics::new();
     let readiness = Readiness::default();
     if let Some(addr) = cfg.admin.socket_addr() {
-        let bound = admin::serve(
+        admin::serve(
             addr,
             metrics.clone(),
             readiness.clone(),
@@ -105,7 +105,6 @@ pub async fn run_with_tools(
             work.background_stop.clone(),
         )
         .await?;
-        tracing::info!(%bound, "admin server (metrics, health, readiness) listening");
     }
     let runtime = if cfg.subagents {
         let dispatcher = Dispatcher::start(

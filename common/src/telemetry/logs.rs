@@ -76,7 +76,9 @@ where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let not_transport = TRANSPORT_TARGETS.iter().fold(
-        Targets::new().with_default(LevelFilter::TRACE),
+        // Spans are exported at `info` and above whatever `SKEIN_LOG` says: the log filter decides
+        // what is logged, not what is traced.
+        Targets::new().with_default(LevelFilter::INFO),
         |t, target| t.with_target(*target, LevelFilter::OFF),
     );
     let otel = tracing_opentelemetry::layer()
@@ -92,7 +94,8 @@ where
                     .event_format(WithTraceIds {
                         inner: tracing_subscriber::fmt::format().json().flatten_event(true),
                         style: IdStyle::Json,
-                    }),
+                    })
+                    .with_filter(filter),
             ),
             None,
         ),
@@ -105,15 +108,12 @@ where
                     .event_format(WithTraceIds {
                         inner: tracing_subscriber::fmt::format().compact().with_ansi(ansi),
                         style: IdStyle::Human,
-                    }),
+                    })
+                    .with_filter(filter),
             ),
         ),
     };
-    Registry::default()
-        .with(filter)
-        .with(otel)
-        .with(json)
-        .with(human)
+    Registry::default().with(otel).with(json).with(human)
 }
 
 /// Where the ids go in a line.

@@ -65,7 +65,7 @@ pub struct TelemetryConfig {
         long = "otel-disabled",
         env = "OTEL_SDK_DISABLED"
     )]
-    #[arg(default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub disabled: bool,
     /// Record prompt and tool contents in spans (off by default; never secrets).
     #[arg(id = "trace_content", long = "trace-content", env = ENV_TRACE_CONTENT)]

@@ -40,7 +40,12 @@ pub enum Command {
 
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    main_from(std::env::args())
+}
+
+/// Parses `args` (the program name first) and runs the command.
+pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
+    let cli = Cli::parse_from(args);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -122,7 +122,7 @@ async fn find_trace(args: &TraceArgs) -> Result<String, String> {
                 } => return Ok(id),
                 EventKind::Final { result } => {
                     return result.trace_id.ok_or_else(|| {
-                        "the task ran without tracing (no OTLP endpoint on its lead)".to_owned()
+                        "the task ran on a lead without telemetry, so it has no trace".to_owned()
                     })
                 }
                 _ => {}

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod fake_openai;
+pub mod node;
 pub mod otlp;
 pub mod servers;
 pub mod slow_http;

@@ -1,5 +1,6 @@
-//! Tools that exist only in tests: a slow tool whose side effect is counted (to see which calls
-//! ran more than once after a crash), and a tool that kills its worker process (a poison task).
+//! Tools that exist only in tests and benchmarks: a slow tool whose side effect is counted (to see
+//! which calls ran more than once after a crash), a tool that kills its worker process (a poison
+//! task), and a tool that does nothing (the cost of the path around a tool).
 //! `skein-node test-worker ...` runs a real worker process that provides them next to the
 //! built-in tools.
 
@@ -18,6 +19,27 @@ pub const EFFECTS_FILE_ENV: &str = "SKEIN_TEST_EFFECTS";
 pub fn register(registry: &mut ToolRegistry, effects: PathBuf) {
     registry.register(SlowEffect { effects });
     registry.register(CrashWorker);
+    registry.register(Noop);
+}
+
+/// Does nothing and answers at once: the cost of the path around a tool (test and bench tool).
+pub struct Noop;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoopArgs {}
+
+impl Tool for Noop {
+    const NAME: &'static str = "noop";
+    type Args = NoopArgs;
+
+    fn description(&self) -> String {
+        "Does nothing (test tool).".into()
+    }
+
+    async fn call(&self, _args: NoopArgs, _ctx: ToolContext<'_>) -> Result<String, ToolError> {
+        Ok("ok".into())
+    }
 }
 
 /// Waits, recording when it starts and when it is done: a side effect that can be counted.
