@@ -353,9 +353,15 @@ async fn floor_jetstream(
         taken.push(started.elapsed());
     }
     latencies(report, "floor: JetStream publish with ack", taken);
-    let mut acks = Vec::with_capacity(calls);
+    // Publish in windows: the client bounds acknowledgements in flight, so collect them as we go.
+    let mut acks = Vec::with_capacity(1000);
     for _ in 0..calls {
         acks.push(js.publish("bench.js", payload.clone()).await?);
+        if acks.len() == 1000 {
+            for ack in acks.drain(..) {
+                ack.await?;
+            }
+        }
     }
     for ack in acks {
         ack.await?;
