@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -18,11 +19,15 @@ use crate::subjects;
 
 type Registered = HashMap<(String, String), Vec<(u64, CancellationToken)>>;
 
-/// Running work of this process, by (tenant, task id).
+/// How long this process remembers a cancel request it heard.
+const REMEMBERED: Duration = Duration::from_secs(600);
+
+/// Running work of this process, by (tenant, task id), and the cancel requests it heard lately.
 #[derive(Clone, Default)]
 pub struct CancelRegistry {
     inner: Arc<Mutex<Registered>>,
     next: Arc<AtomicU64>,
+    heard: Arc<Mutex<HashMap<(String, String), Instant>>>,
 }
 
 /// Removes its registration when dropped.
@@ -78,6 +83,24 @@ impl CancelRegistry {
         tokens.len()
     }
 
+    /// Whether this process heard a cancel request for the task in the last ten minutes (work
+    /// that arrives after its task was cancelled is not started; see `Bus::cancel_requested` for
+    /// requests published before the process listened).
+    pub fn heard(&self, tenant: &str, task_id: &str) -> bool {
+        self.heard
+            .lock()
+            .map(|heard| heard.contains_key(&(tenant.to_owned(), task_id.to_owned())))
+            .unwrap_or(false)
+    }
+
+    fn remember(&self, tenant: &str, task_id: &str) {
+        if let Ok(mut heard) = self.heard.lock() {
+            let now = Instant::now();
+            heard.retain(|_, at| now.duration_since(*at) < REMEMBERED);
+            heard.insert((tenant.to_owned(), task_id.to_owned()), now);
+        }
+    }
+
     /// Listens for cancel requests until `stop`, cancelling matching work.
     pub async fn listen(
         &self,
@@ -102,6 +125,7 @@ impl CancelRegistry {
                 };
                 let Some(request) = request else { break };
                 if let Some((tenant, task_id)) = subjects::parse_cancel(&request.subject) {
+                    registry.remember(tenant, task_id);
                     let stopped = registry.cancel(tenant, task_id);
                     tracing::info!(tenant, task_id, stopped, "cancel request");
                 }

@@ -32,7 +32,7 @@ use skein_common::protocol::{
     validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
     ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
 };
-use skein_common::store::{SessionState, SessionStore};
+use skein_common::store::{CallAdmission, SessionState, SessionStore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -262,17 +262,35 @@ struct Admitted {
 
 /// Decides whether a valid task runs now. `None` when it was settled here instead: its result was
 /// already recorded (re-sent), it must not start (deadline passed or cancelled: answered with a
-/// failure), or its attempts are used up (dead-lettered).
+/// failure), its attempts are used up (dead-lettered), or Redis could not be asked (handed back).
 async fn admit(
     ctx: &WorkerContext,
     message: &jetstream::Message,
     call: CallRef<'_>,
     abort: &CancellationToken,
 ) -> Option<Admitted> {
-    if resend_recorded(ctx, message, call).await {
-        return None;
-    }
-    if let Some(failure) = not_startable(ctx, call.origin).await {
+    let origin = call.origin;
+    // One trip: the recorded result of an earlier delivery, or this attempt's number.
+    let attempt = match ctx
+        .store
+        .admit_call(&origin.tenant, &origin.session, call.call_key)
+        .await
+    {
+        Ok(CallAdmission::Recorded(recorded)) => {
+            tracing::info!("call already has a recorded result; re-sending it");
+            reply(ctx, call.reply_to, &recorded).await;
+            settle(message, AckKind::Ack).await;
+            return None;
+        }
+        Ok(CallAdmission::Attempt(n)) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot admit the call; handing the task back");
+            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            return None;
+        }
+    };
+    let redelivered = message.info().map(|i| i.delivered > 1).unwrap_or(true);
+    if let Some(failure) = not_startable(ctx, origin, redelivered).await {
         finish(
             ctx,
             message,
@@ -283,11 +301,27 @@ async fn admit(
         .await;
         return None;
     }
-    let attempt = begin_attempt(ctx, message, call).await?;
+    if attempt > ctx.max_attempts {
+        let tries = attempt - 1;
+        let reason =
+            format!("no attempt of {tries} finished (its worker crashed or stopped each time)");
+        if dead_letter(ctx, message, &reason, tries).await {
+            let failure = Failure::new(FailureKind::DeadLettered, reason);
+            finish(
+                ctx,
+                message,
+                call,
+                CallOutcome::Failed { failure },
+                Instant::now(),
+            )
+            .await;
+        }
+        return None;
+    }
     let stop = abort.child_token();
-    let registration =
-        ctx.cancels
-            .register(&call.origin.tenant, &call.origin.task_id, stop.clone());
+    let registration = ctx
+        .cancels
+        .register(&origin.tenant, &origin.task_id, stop.clone());
     Some(Admitted {
         attempt,
         stop,
@@ -307,23 +341,38 @@ fn stopped(abort: &CancellationToken) -> Work {
 }
 
 /// Why work of this task must not start, if it must not: its deadline passed, or it was
-/// cancelled.
-async fn not_startable(ctx: &WorkerContext, origin: &TaskOrigin) -> Option<Failure> {
+/// cancelled. Cancel requests this worker heard are remembered; the cancel stream is asked only
+/// for a redelivered task (the request may have come while this worker was not listening), which
+/// keeps a broker round trip off every first delivery.
+async fn not_startable(
+    ctx: &WorkerContext,
+    origin: &TaskOrigin,
+    redelivered: bool,
+) -> Option<Failure> {
     if origin.time_left().is_some_and(|left| left.is_zero()) {
         return Some(Failure::new(
             FailureKind::TimedOut,
             "the task's deadline passed before the call started",
         ));
     }
+    let cancelled = || {
+        Some(Failure::new(
+            FailureKind::Cancelled,
+            "the task was cancelled",
+        ))
+    };
+    if ctx.cancels.heard(&origin.tenant, &origin.task_id) {
+        return cancelled();
+    }
+    if !redelivered {
+        return None;
+    }
     match ctx
         .bus
         .cancel_requested(&origin.tenant, &origin.task_id)
         .await
     {
-        Ok(true) => Some(Failure::new(
-            FailureKind::Cancelled,
-            "the task was cancelled",
-        )),
+        Ok(true) => cancelled(),
         Ok(false) => None,
         Err(e) => {
             tracing::warn!(error = %e, "cannot look for a cancel request; running the call");
@@ -407,47 +456,6 @@ fn worth_retrying(outcome: &CallOutcome) -> bool {
 fn retry_backoff(attempt: u64) -> Duration {
     let exponent = attempt.saturating_sub(1).min(4) as u32;
     Duration::from_millis(250 * 2u64.pow(exponent)).min(Duration::from_secs(4))
-}
-
-/// Counts this attempt. `None` when the task was settled here instead: Redis could not count it
-/// (handed back), or it already used all its attempts — its worker crashed or stopped each time —
-/// so it is dead-lettered and answered with a failure.
-async fn begin_attempt(
-    ctx: &WorkerContext,
-    message: &jetstream::Message,
-    call: CallRef<'_>,
-) -> Option<u64> {
-    let origin = call.origin;
-    let attempt = match ctx
-        .store
-        .count_attempt(&origin.tenant, &origin.session, call.call_key)
-        .await
-    {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot count the attempt; handing the task back");
-            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
-            return None;
-        }
-    };
-    if attempt <= ctx.max_attempts {
-        return Some(attempt);
-    }
-    let tries = attempt - 1;
-    let reason =
-        format!("no attempt of {tries} finished (its worker crashed or stopped each time)");
-    if dead_letter(ctx, message, &reason, tries).await {
-        let failure = Failure::new(FailureKind::DeadLettered, reason);
-        finish(
-            ctx,
-            message,
-            call,
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
-    }
-    None
 }
 
 /// Copies the task to the dead-letter stream; false (and the task handed back) if that failed,
@@ -570,33 +578,6 @@ async fn refuse(
     };
     reply(ctx, call.reply_to, &result).await;
     settle(message, AckKind::Term).await;
-}
-
-/// If an earlier delivery already recorded this call's result, re-sends it and acks.
-async fn resend_recorded(
-    ctx: &WorkerContext,
-    message: &jetstream::Message,
-    call: CallRef<'_>,
-) -> bool {
-    let origin = call.origin;
-    match ctx
-        .store
-        .recorded_result(&origin.tenant, &origin.session, call.call_key)
-        .await
-    {
-        Ok(Some(recorded)) => {
-            tracing::info!("call already has a recorded result; re-sending it");
-            reply(ctx, call.reply_to, &recorded).await;
-            settle(message, AckKind::Ack).await;
-            true
-        }
-        Ok(None) => false,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot check recorded results; handing the task back");
-            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
-            true
-        }
-    }
 }
 
 /// Records the result (first write wins), sends it, then acks.

@@ -579,6 +579,7 @@ impl<M: ModelClient> Runtime<M> {
         let route = CallRoute {
             pool,
             timeout: self.settings.tool_timeout,
+            check_recorded: turn.resume.is_some(),
         };
         self.dispatcher
             .call_tool(
@@ -630,6 +631,7 @@ impl<M: ModelClient> Runtime<M> {
         let route = CallRoute {
             pool,
             timeout: self.settings.subagent_timeout,
+            check_recorded: turn.resume.is_some(),
         };
         self.dispatcher
             .call_subagent(

@@ -2,9 +2,9 @@
 //! for their results.
 //!
 //! Invariants:
-//! - a call whose result is already recorded (by call key, `task_id:step:call_id`) is not
-//!   dispatched again: the recorded
-//!   result is returned, so a resumed turn does not re-run finished calls;
+//! - a call whose result is already recorded (by call key, `task_id:step:call_id`) is not run
+//!   again: a resumed turn looks it up before dispatching, and workers look before running; the
+//!   recorded result is returned, so a resumed turn does not re-run finished calls;
 //! - each dispatch gets its own reply subject (`skein.reply.{instance}.{n}`), so concurrent turns
 //!   never receive each other's results, whatever call ids their models chose; a result nobody
 //!   waits for (a late duplicate) is dropped, so the model never sees two results for one call;
@@ -78,6 +78,10 @@ struct Dispatch<'a> {
 pub struct CallRoute<'a> {
     pub pool: &'a str,
     pub timeout: Duration,
+    /// Look for a recorded result before dispatching: worth a store round trip only when the
+    /// call may have run before (a resumed turn). Workers check again before running, so a call
+    /// never runs twice either way.
+    pub check_recorded: bool,
 }
 
 impl Dispatcher {
@@ -166,7 +170,8 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, timeout).await
+        self.dispatch(call, subject, &task, timeout, route.check_recorded)
+            .await
     }
 
     /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
@@ -204,7 +209,8 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, timeout).await
+        self.dispatch(call, subject, &task, timeout, route.check_recorded)
+            .await
     }
 
     /// A fresh dispatch number and its reply subject.
@@ -219,6 +225,7 @@ impl Dispatcher {
         subject: String,
         task: &T,
         timeout: Duration,
+        check_recorded: bool,
     ) -> ToolResult {
         let Dispatch {
             n,
@@ -226,14 +233,16 @@ impl Dispatcher {
             call_key,
             call_id,
         } = call;
-        match self
-            .store
-            .recorded_result(&origin.tenant, &origin.session, call_key)
-            .await
-        {
-            Ok(Some(result)) => return result,
-            Ok(None) => {}
-            Err(e) => return failed(call_id, e.to_failure()),
+        if check_recorded {
+            match self
+                .store
+                .recorded_result(&origin.tenant, &origin.session, call_key)
+                .await
+            {
+                Ok(Some(result)) => return result,
+                Ok(None) => {}
+                Err(e) => return failed(call_id, e.to_failure()),
+            }
         }
         let (tx, rx) = oneshot::channel();
         if let Ok(mut pending) = self.pending.lock() {

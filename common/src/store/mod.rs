@@ -78,6 +78,15 @@ pub struct TurnCheckpoint {
     pub usage: crate::agent::message::Usage,
 }
 
+/// What a worker may do with a call it was handed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallAdmission {
+    /// An earlier delivery finished it: this is its result.
+    Recorded(ToolResult),
+    /// Run it: this is attempt number n.
+    Attempt(u64),
+}
+
 /// A session as loaded, with the version a save must name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadedSession {
@@ -116,6 +125,16 @@ end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])
 return 1
+"#;
+
+/// Admits a call on a worker in one trip: its recorded result if there is one, else counts the
+/// attempt. KEYS[1] results, KEYS[2] attempts; ARGV call key, attempts ttl seconds.
+const ADMIT_SCRIPT: &str = r#"
+local recorded = redis.call('HGET', KEYS[1], ARGV[1])
+if recorded then return {0, recorded} end
+local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return {1, tostring(n)}
 "#;
 
 /// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).
@@ -371,6 +390,31 @@ impl SessionStore {
             .query_async(&mut conn)
             .await?;
         Ok(count)
+    }
+
+    /// Admits a call on a worker: its recorded result if an earlier delivery finished it, else
+    /// the number of this attempt (counted).
+    pub async fn admit_call(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+    ) -> Result<CallAdmission, StoreError> {
+        let mut conn = self.connection.clone();
+        let (recorded, value): (i64, String) = Script::new(ADMIT_SCRIPT)
+            .key(keys::results(tenant, session))
+            .key(keys::attempts(tenant, session))
+            .arg(call_key)
+            .arg(ATTEMPTS_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        if recorded == 0 {
+            Ok(CallAdmission::Recorded(
+                serde_json::from_str(&value).map_err(StoreError::Corrupt)?,
+            ))
+        } else {
+            Ok(CallAdmission::Attempt(value.parse().unwrap_or(u64::MAX)))
+        }
     }
 
     /// Takes back an attempt that did not really happen (work handed back on shutdown).

@@ -554,6 +554,7 @@ async fn noop_calls(
     let route = || CallRoute {
         pool: "default",
         timeout: Duration::from_secs(30),
+        check_recorded: false,
     };
     let call = |dispatcher: Arc<Dispatcher>, i: usize| async move {
         let result = dispatcher
