@@ -536,8 +536,11 @@ impl Intake {
 
 impl Intake {
     /// Pulls and runs messages until `shutdown`: at most `capacity` run at once, and a message is
-    /// pulled only when a slot is free. A pull in flight is never abandoned (that would strand a
-    /// delivered message until its ack deadline); shutdown is noticed between pulls.
+    /// pulled only when a slot is free for it. Up to [`PULLERS`] pulls are outstanding at once
+    /// (each holding the slot its message will use), so intake does not wait on one pull round
+    /// trip at a time, yet nothing waits in a client-side buffer while its ack deadline runs out.
+    /// A pull in flight is never abandoned (that would strand a delivered message until its ack
+    /// deadline); shutdown is noticed between pulls.
     pub async fn serve<F, Fut>(
         self,
         capacity: usize,
@@ -548,7 +551,23 @@ impl Intake {
         F: Fn(jetstream::Message) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let slots = Arc::new(Semaphore::new(capacity.max(1)));
+        let capacity = capacity.max(1);
+        let slots = Arc::new(Semaphore::new(capacity));
+        let pullers = (0..capacity.min(PULLERS))
+            .map(|_| self.pull_into_slots(&slots, &shutdown, &tracker, &handler));
+        futures::future::join_all(pullers).await;
+    }
+
+    async fn pull_into_slots<F, Fut>(
+        &self,
+        slots: &Arc<Semaphore>,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+        handler: &F,
+    ) where
+        F: Fn(jetstream::Message) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         loop {
             let slot = tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -606,6 +625,9 @@ pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
         tracing::warn!(error = %e, ?kind, "acknowledgement not delivered; the broker will redeliver");
     }
 }
+
+/// Most pulls a consumer keeps outstanding at once (each for one message, each with a free slot).
+pub const PULLERS: usize = 4;
 
 /// How long one pull waits for a message; also bounds how late shutdown is noticed.
 const PULL_WAIT: Duration = Duration::from_secs(2);
