@@ -44,6 +44,9 @@ struct Args {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also measure the Celery peer (benches/peers) on the same Redis; needs python3 and PyPI.
+    #[arg(long)]
+    celery: bool,
 }
 
 fn main() -> ExitCode {
@@ -164,6 +167,17 @@ async fn run(args: Args) -> Result<(), Failed> {
     lead.kill();
     first.kill();
     second.kill();
+    if args.celery {
+        eprintln!("peer: celery");
+        celery_peer(
+            &redis.url,
+            &dir,
+            args.samples.min(1000),
+            args.calls,
+            &mut report,
+        )
+        .await?;
+    }
     print_table(&report);
     if let Some(path) = args.json {
         let rows: Vec<Value> = report
@@ -688,6 +702,73 @@ async fn burst(
     Ok(())
 }
 
+/// The Celery peer: a worker and a client from `benches/peers/celery_bench.py`, in a cached
+/// virtual environment, on the bench's Redis (its own database).
+async fn celery_peer(
+    redis_url: &str,
+    dir: &std::path::Path,
+    samples: usize,
+    calls: usize,
+    report: &mut Report,
+) -> Result<(), Failed> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/peers/celery_bench.py");
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("skein-bench-celery");
+    let python = cache.join("bin/python");
+    if !python.exists() {
+        let made = std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&cache)
+            .status()?;
+        let installed = std::process::Command::new(cache.join("bin/pip"))
+            .args(["install", "--quiet", "celery[redis]>=5,<6"])
+            .status()?;
+        if !made.success() || !installed.success() {
+            return Err(
+                "could not install Celery (python3 -m venv, pip install celery[redis])".into(),
+            );
+        }
+    }
+    let url = format!("{}/1", redis_url.trim_end_matches('/'));
+    let mut worker = std::process::Command::new(&python);
+    worker.arg(&script).args(["worker", &url]);
+    let _worker = ChildProcess::spawn(worker, dir.join("celery-worker.log"));
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .args(["client", &url, &samples.to_string(), &calls.to_string()])
+        .output()
+        .await?;
+    if !output.status.success() {
+        return Err(format!(
+            "the Celery client failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    let figures: Value = serde_json::from_slice(&output.stdout)?;
+    let figure = |name: &str| figures[name].as_f64().unwrap_or(f64::NAN);
+    report.add(
+        "peer: Celery task round trip p50",
+        figure("round_trip_p50_us"),
+        "µs",
+    );
+    report.add(
+        "peer: Celery task round trip p99",
+        figure("round_trip_p99_us"),
+        "µs",
+    );
+    report.add(
+        "peer: Celery tasks (2 worker processes)",
+        figure("throughput_per_s"),
+        "tasks/s",
+    );
+    Ok(())
+}
+
 /// A memory figure of a process from /proc (KiB).
 fn rss_kib(pid: u32, field: &str) -> Result<f64, Failed> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -708,6 +789,10 @@ fn ratios(report: &Report) -> Vec<Value> {
         json!({ "name": "no-op calls with 2 workers / pipelined core NATS", "value": report.get("skein: no-op tool calls with 2 worker(s)") / pipelined, "target": ">= 0.15" }),
         json!({ "name": "whole turn p50 / request-reply p50", "value": report.get("skein: whole turn (two tool calls) p50") / rr, "target": "<= 12" }),
         json!({ "name": "checkpoint p50 / Redis SET p50", "value": report.get("skein: checkpoint of a step p50") / set, "target": "<= 1.5" }),
+        json!({ "name": "Celery round trip p50 / no-op round trip p50", "value": report.get("peer: Celery task round trip p50") / report.get("skein: no-op tool call round trip p50"), "target": ">= 4" }),
+        json!({ "name": "no-op calls with 2 workers / Celery tasks", "value": report.get("skein: no-op tool calls with 2 worker(s)") / report.get("peer: Celery tasks (2 worker processes)"), "target": ">= 20" }),
+        json!({ "name": "Celery round trip p50 / no-op round trip p50", "value": report.get("peer: Celery task round trip p50") / report.get("skein: no-op tool call round trip p50"), "target": ">= 4" }),
+        json!({ "name": "no-op calls with 2 workers / Celery tasks", "value": report.get("skein: no-op tool calls with 2 worker(s)") / report.get("peer: Celery tasks (2 worker processes)"), "target": ">= 20" }),
     ]
 }
 
