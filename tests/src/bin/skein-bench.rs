@@ -784,15 +784,40 @@ fn ratios(report: &Report) -> Vec<Value> {
     let rr = report.get("floor: core NATS request-reply p50");
     let pipelined = report.get("floor: pipelined core NATS request-reply");
     let set = report.get("floor: Redis SET of the same bytes p50");
+    let round_trip = report.get("skein: no-op tool call round trip p50");
+    let two_workers = report.get("skein: no-op tool calls with 2 worker(s)");
+    let ratio = |name: &str, value: f64, target: &str| json!({ "name": name, "value": value, "target": target });
     vec![
-        json!({ "name": "no-op round trip p50 / request-reply p50", "value": report.get("skein: no-op tool call round trip p50") / rr, "target": "<= 3" }),
-        json!({ "name": "no-op calls with 2 workers / pipelined core NATS", "value": report.get("skein: no-op tool calls with 2 worker(s)") / pipelined, "target": ">= 0.15" }),
-        json!({ "name": "whole turn p50 / request-reply p50", "value": report.get("skein: whole turn (two tool calls) p50") / rr, "target": "<= 12" }),
-        json!({ "name": "checkpoint p50 / Redis SET p50", "value": report.get("skein: checkpoint of a step p50") / set, "target": "<= 1.5" }),
-        json!({ "name": "Celery round trip p50 / no-op round trip p50", "value": report.get("peer: Celery task round trip p50") / report.get("skein: no-op tool call round trip p50"), "target": ">= 4" }),
-        json!({ "name": "no-op calls with 2 workers / Celery tasks", "value": report.get("skein: no-op tool calls with 2 worker(s)") / report.get("peer: Celery tasks (2 worker processes)"), "target": ">= 20" }),
-        json!({ "name": "Celery round trip p50 / no-op round trip p50", "value": report.get("peer: Celery task round trip p50") / report.get("skein: no-op tool call round trip p50"), "target": ">= 4" }),
-        json!({ "name": "no-op calls with 2 workers / Celery tasks", "value": report.get("skein: no-op tool calls with 2 worker(s)") / report.get("peer: Celery tasks (2 worker processes)"), "target": ">= 20" }),
+        ratio(
+            "no-op round trip p50 / request-reply p50",
+            round_trip / rr,
+            "<= 3",
+        ),
+        ratio(
+            "no-op calls with 2 workers / pipelined core NATS",
+            two_workers / pipelined,
+            ">= 0.15",
+        ),
+        ratio(
+            "whole turn p50 / request-reply p50",
+            report.get("skein: whole turn (two tool calls) p50") / rr,
+            "<= 12",
+        ),
+        ratio(
+            "checkpoint p50 / Redis SET p50",
+            report.get("skein: checkpoint of a step p50") / set,
+            "<= 1.5",
+        ),
+        ratio(
+            "Celery round trip p50 / no-op round trip p50",
+            report.get("peer: Celery task round trip p50") / round_trip,
+            ">= 4",
+        ),
+        ratio(
+            "no-op calls with 2 workers / Celery tasks",
+            two_workers / report.get("peer: Celery tasks (2 worker processes)"),
+            ">= 20",
+        ),
     ]
 }
 
