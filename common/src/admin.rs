@@ -162,6 +162,28 @@ async fn not_found_handler() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "not found")
 }
 
+/// Starts the admin server the configuration asks for (none for `off`) as background work of
+/// `work`, stopping with it; returns the bound address.
+pub async fn serve_configured(
+    cfg: &AdminConfig,
+    metrics: Metrics,
+    readiness: Readiness,
+    work: &crate::shutdown::Workload,
+) -> Result<Option<SocketAddr>, AdminError> {
+    match cfg.socket_addr() {
+        Some(addr) => serve(
+            addr,
+            metrics,
+            readiness,
+            &work.background,
+            work.background_stop.clone(),
+        )
+        .await
+        .map(Some),
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

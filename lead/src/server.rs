@@ -105,16 +105,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
     let store = SessionStore::connect(&cfg.redis).await?;
 
     let work = Workload::default();
-    if let Some(addr) = cfg.admin.socket_addr() {
-        admin::serve(
-            addr,
-            metrics.clone(),
-            readiness.clone(),
-            &work.background,
-            work.background_stop.clone(),
-        )
-        .await?;
-    }
+    admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
     let dispatcher = Dispatcher::start(
         bus.clone(),
         store.clone(),

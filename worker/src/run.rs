@@ -96,16 +96,7 @@ pub async fn run_with_tools(
     let work = Workload::default();
     let metrics = Metrics::new();
     let readiness = Readiness::default();
-    if let Some(addr) = cfg.admin.socket_addr() {
-        admin::serve(
-            addr,
-            metrics.clone(),
-            readiness.clone(),
-            &work.background,
-            work.background_stop.clone(),
-        )
-        .await?;
-    }
+    admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
     let runtime = if cfg.subagents {
         let dispatcher = Dispatcher::start(
             bus.clone(),
