@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Semaphore;
@@ -320,10 +321,16 @@ impl Bus {
             .await
     }
 
-    /// Publishes a turn event to the task's replayable event subject.
-    pub async fn publish_event(&self, tenant: &str, event: &TurnEvent) -> Result<(), BusError> {
+    /// Publishes a turn event to the task's replayable event subject without waiting for the
+    /// stream to confirm it: events leave in order, and the confirmation is awaited later
+    /// ([`PendingAck::confirmed`]), off the turn's path.
+    pub async fn publish_event(
+        &self,
+        tenant: &str,
+        event: &TurnEvent,
+    ) -> Result<PendingAck, BusError> {
         let payload = self.encode(event)?;
-        self.publish_durable(
+        self.send_durable(
             subjects::events(tenant, &event.task_id),
             outgoing_headers(),
             payload,
@@ -383,19 +390,29 @@ impl Bus {
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<(), BusError> {
-        let publish_error = |message: String| BusError::Publish {
-            subject: subject.clone(),
-            message,
-        };
-        let ack = self
+        self.send_durable(subject, headers, payload)
+            .await?
+            .confirmed()
+            .await
+    }
+
+    /// Sends a message to its stream; the returned ack says whether the stream stored it.
+    async fn send_durable(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<PendingAck, BusError> {
+        match self
             .jetstream
             .publish_with_headers(subject.clone(), headers, payload)
             .await
-            .map_err(|e| publish_error(e.to_string()))?;
-        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(publish_error(e.to_string())),
-            Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
+        {
+            Ok(ack) => Ok(PendingAck { subject, ack }),
+            Err(e) => Err(BusError::Publish {
+                subject,
+                message: e.to_string(),
+            }),
         }
     }
 
@@ -508,6 +525,28 @@ impl Bus {
     }
 }
 
+/// A message sent to a stream whose storage the stream has not confirmed yet. Dropping it leaves
+/// the confirmation to the client's background acker (a failure is then only logged there).
+pub struct PendingAck {
+    subject: String,
+    ack: jetstream::context::PublishAckFuture,
+}
+
+impl PendingAck {
+    /// Waits (bounded) until the stream confirms it stored the message.
+    pub async fn confirmed(self) -> Result<(), BusError> {
+        let publish_error = |message: String| BusError::Publish {
+            subject: self.subject.clone(),
+            message,
+        };
+        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(publish_error(e.to_string())),
+            Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
+        }
+    }
+}
+
 /// A durable work-queue consumer pulled one message at a time.
 pub struct Intake {
     consumer: consumer::Consumer<consumer::pull::Config>,
@@ -517,30 +556,33 @@ impl Intake {
     /// Waits up to `wait` for one message. Call it only when there is capacity to run the message:
     /// this is a fresh pull request for exactly one message, so nothing is prefetched.
     pub async fn next(&self, wait: Duration) -> Result<Option<jetstream::Message>, BusError> {
-        use futures::StreamExt;
-        let mut batch = self
-            .consumer
-            .batch()
-            .max_messages(1)
-            .expires(wait)
-            .messages()
-            .await
-            .map_err(|e| BusError::Pull(e.to_string()))?;
+        let mut batch = self.pull(1, wait).await?;
         match batch.next().await {
             Some(Ok(message)) => Ok(Some(message)),
             Some(Err(e)) => Err(BusError::Pull(e.to_string())),
             None => Ok(None),
         }
     }
-}
 
-impl Intake {
-    /// Pulls and runs messages until `shutdown`: at most `capacity` run at once, and a message is
-    /// pulled only when a slot is free for it. Up to [`PULLERS`] pulls are outstanding at once
-    /// (each holding the slot its message will use), so intake does not wait on one pull round
-    /// trip at a time, yet nothing waits in a client-side buffer while its ack deadline runs out.
-    /// A pull in flight is never abandoned (that would strand a delivered message until its ack
-    /// deadline); shutdown is noticed between pulls.
+    /// One pull request for at most `count` messages, delivered as they come until `count` have
+    /// come or `wait` ends.
+    async fn pull(&self, count: usize, wait: Duration) -> Result<consumer::pull::Batch, BusError> {
+        self.consumer
+            .batch()
+            .max_messages(count)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| BusError::Pull(e.to_string()))
+    }
+
+    /// Pulls and runs messages until `shutdown`: at most `capacity` run at once, and the broker
+    /// is asked only for as many messages as there are free slots. Each pull request asks for
+    /// every slot free when it is made (each message then runs in a slot held for it), and up to
+    /// [`PULLERS`] requests are outstanding, so slots freed while one request waits are offered
+    /// by the next: intake keeps pace with the broker, yet no message waits in a client-side
+    /// buffer while its ack deadline runs out. A pull in flight is never abandoned (that would
+    /// strand a delivered message until its ack deadline); shutdown is noticed between pulls.
     pub async fn serve<F, Fut>(
         self,
         capacity: usize,
@@ -569,31 +611,53 @@ impl Intake {
         Fut: Future<Output = ()> + Send + 'static,
     {
         loop {
-            let slot = tokio::select! {
+            let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 slot = slots.clone().acquire_owned() => slot,
             };
-            let Ok(slot) = slot else { break };
+            let Ok(mut held) = first else { break };
+            let more = slots.available_permits().min(MAX_PULL_BATCH - 1);
+            if more > 0 {
+                if let Ok(extra) = slots.clone().try_acquire_many_owned(more as u32) {
+                    held.merge(extra);
+                }
+            }
             if shutdown.is_cancelled() {
                 break;
             }
-            match self.next(PULL_WAIT).await {
-                Ok(Some(message)) => {
-                    let work = handler(message);
-                    tracker.spawn(async move {
-                        work.await;
-                        drop(slot);
-                    });
-                }
-                Ok(None) => {}
+            let mut batch = match self.pull(held.num_permits(), PULL_WAIT).await {
+                Ok(batch) => batch,
                 Err(e) => {
                     tracing::warn!(error = %e, "pull failed; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = tokio::time::sleep(PULL_RETRY) => {}
                     }
+                    continue;
+                }
+            };
+            while let Some(delivered) = batch.next().await {
+                match delivered {
+                    Ok(message) => {
+                        // The broker sends at most as many messages as were asked for.
+                        let Some(slot) = held.split(1) else {
+                            tracing::error!("more messages than asked for; handing one back");
+                            settle(&message, jetstream::AckKind::Nak(None)).await;
+                            continue;
+                        };
+                        let work = handler(message);
+                        tracker.spawn(async move {
+                            work.await;
+                            drop(slot);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pull ended early");
+                        break;
+                    }
                 }
             }
+            // Slots asked for but not filled before the pull ended go back here (`held` drops).
         }
     }
 }
@@ -619,6 +683,17 @@ pub async fn with_progress<T>(
     }
 }
 
+/// True for the first delivery of a message that is not a replayed dead letter: no earlier
+/// delivery of this work can have run. (A message whose delivery count is unknown is not.)
+pub fn first_delivery(message: &jetstream::Message) -> bool {
+    let delivered_once = message.info().map(|i| i.delivered == 1).unwrap_or(false);
+    let replayed = message
+        .headers
+        .as_ref()
+        .is_some_and(|h| h.get(HEADER_REPLAYED).is_some());
+    delivered_once && !replayed
+}
+
 /// Settles a message, logging (not failing) when the broker cannot be told.
 pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
     if let Err(e) = message.ack_with(kind).await {
@@ -626,8 +701,11 @@ pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
     }
 }
 
-/// Most pulls a consumer keeps outstanding at once (each for one message, each with a free slot).
+/// Most pull requests a consumer keeps outstanding at once (each for as many messages as it holds
+/// free slots).
 pub const PULLERS: usize = 4;
+/// Most messages one pull request asks for.
+const MAX_PULL_BATCH: usize = 256;
 
 /// How long one pull waits for a message; also bounds how late shutdown is noticed.
 const PULL_WAIT: Duration = Duration::from_secs(2);
@@ -642,6 +720,8 @@ pub const HEADER_DEAD_REASON: &str = "Skein-Dead-Reason";
 pub const HEADER_ATTEMPTS: &str = "Skein-Attempts";
 /// Header of a dead letter: the original message's `Nats-Msg-Id`, if it had one.
 pub const HEADER_ORIGINAL_ID: &str = "Skein-Original-Id";
+/// Header of a replayed dead letter: the letter's sequence in the dead-letter stream.
+pub const HEADER_REPLAYED: &str = "Skein-Replayed";
 
 /// A message set aside in the dead-letter stream.
 #[derive(Debug, Clone)]
@@ -773,6 +853,7 @@ impl Bus {
             letter.seq
         );
         headers.insert(NATS_MESSAGE_ID, id.as_str());
+        headers.insert(HEADER_REPLAYED, letter.seq.to_string().as_str());
         self.publish_durable(
             letter.original_subject.clone(),
             headers,

@@ -111,6 +111,11 @@ pub struct ToolTask {
     pub reply_to: String,
     /// How long the worker may run the call, in milliseconds.
     pub timeout_ms: u64,
+    /// True when the dispatcher knows of no earlier dispatch of this call (its turn did not
+    /// resume): the first delivery of such a task cannot have a recorded result or an earlier
+    /// attempt, so a worker runs it without asking the store first. Absent means false.
+    #[serde(default)]
+    pub first_dispatch: bool,
 }
 
 /// A subtask handed to a child agent that a worker runs.
@@ -131,6 +136,11 @@ pub struct SubagentTask {
     pub timeout_ms: u64,
     /// Nesting depth of the child (1 for a direct child of the user's agent).
     pub depth: u32,
+    /// True when the dispatcher knows of no earlier dispatch of this call (its turn did not
+    /// resume): the first delivery of such a task cannot have a recorded result or an earlier
+    /// attempt, so a worker runs it without asking the store first. Absent means false.
+    #[serde(default)]
+    pub first_dispatch: bool,
 }
 
 /// An agent definition as it travels on the wire.

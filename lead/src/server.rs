@@ -26,7 +26,8 @@ use skein_common::agent::runtime::{
     Checkpoints, Interrupted, Runtime, RuntimeSettings, TurnInput, TurnOutput,
 };
 use skein_common::bus::{
-    message_id, process_span, settle, with_progress, Bus, BusError, ConsumerSettings,
+    first_delivery, message_id, process_span, settle, with_progress, Bus, BusError,
+    ConsumerSettings,
 };
 use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
@@ -36,7 +37,10 @@ use skein_common::protocol::{
     PROTOCOL_VERSION,
 };
 use skein_common::shutdown::Workload;
-use skein_common::store::{SessionStore, StoreError};
+use skein_common::store::keys::turn_attempts_field;
+use skein_common::store::{
+    LoadedSession, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnStart,
+};
 use skein_common::subjects;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -196,6 +200,22 @@ enum Settled {
     GiveUp(Failure, u64),
 }
 
+/// A turn whose lease is held: the lease token, the session as loaded, any checkpoint to resume
+/// from, and whether no earlier run can have dispatched its calls.
+struct StartedTurn<'a> {
+    token: &'a str,
+    loaded: LoadedSession,
+    resume: Option<TurnCheckpoint>,
+    first_run: bool,
+}
+
+/// Where a submission sits in its stream, and whether this is its first delivery.
+#[derive(Debug, Clone, Copy)]
+struct Delivery {
+    sequence: u64,
+    first: bool,
+}
+
 impl Lead {
     async fn handle(&self, message: jetstream::Message, abort: CancellationToken) {
         let _in_flight = self.metrics.in_flight("turn");
@@ -225,12 +245,15 @@ impl Lead {
         let span = tracing::Span::current();
         span.record("skein.task_id", submission.task_id.as_str());
         span.record("gen_ai.conversation.id", submission.session.as_str());
-        let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
+        let delivery = Delivery {
+            sequence: message.info().map(|i| i.stream_sequence).unwrap_or(0),
+            first: first_delivery(&message),
+        };
         let every = self.cfg.process.progress_every();
         let outcome = with_progress(
             &message,
             every,
-            self.settle_turn(&submission, sequence, &abort),
+            self.settle_turn(&submission, delivery, &abort),
         )
         .await;
         match outcome {
@@ -271,15 +294,10 @@ impl Lead {
     async fn settle_turn(
         &self,
         submission: &TaskSubmission,
-        sequence: u64,
+        delivery: Delivery,
         abort: &CancellationToken,
     ) -> Settled {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
-        match self.republish_if_finished(submission).await {
-            Ok(true) => return Settled::Done,
-            Ok(false) => {}
-            Err(failure) => return Settled::Retry(failure),
-        }
         let agent = match self
             .agents
             .resolve(&submission.agent, submission.overrides.as_ref())
@@ -296,7 +314,19 @@ impl Lead {
         let _registration = self
             .cancels
             .register(tenant, &submission.task_id, stop.clone());
-        if let Some(failure) = self.not_startable(submission).await {
+        // Independent looks in one round trip: a stored final result (a resubmit of a task that
+        // ran), a cancel request, and the session's oldest unfinished submission.
+        let (finished, unstartable, oldest) = tokio::join!(
+            self.republish_if_finished(submission),
+            self.not_startable(submission),
+            self.bus.oldest_submission(tenant, session),
+        );
+        match finished {
+            Ok(true) => return Settled::Done,
+            Ok(false) => {}
+            Err(failure) => return Settled::Retry(failure),
+        }
+        if let Some(failure) = unstartable {
             let status = if failure.kind == FailureKind::Cancelled {
                 TurnStatus::Cancelled
             } else {
@@ -307,52 +337,85 @@ impl Lead {
             self.publish_final(result).await;
             return Settled::Done;
         }
-        match self.wait_for_turn_order(submission, sequence, &stop).await {
-            Ok(true) => {}
-            Ok(false) if stop.is_cancelled() => {
-                return self.stopped_before_start(submission, abort).await
-            }
-            Ok(false) => return Settled::NotYet,
-            Err(failure) => return Settled::Retry(failure),
-        }
-        let work = format!("turn:{}", submission.task_id);
-        let attempt = match self.store.count_attempt(tenant, session, &work).await {
-            Ok(n) => n,
+        let first_in_line = match oldest {
+            Ok(oldest) => oldest.is_none_or(|oldest| oldest >= delivery.sequence),
             Err(e) => return Settled::Retry(e.to_failure()),
         };
-        let max_attempts = self.cfg.process.max_attempts;
-        if attempt > max_attempts {
-            let failure = Failure::new(
-                FailureKind::Unavailable,
-                format!(
-                    "gave up after {max_attempts} attempts (the lead running it stopped each time)"
-                ),
-            );
-            return Settled::GiveUp(failure, attempt - 1);
+        if !first_in_line {
+            match self
+                .wait_for_turn_order(submission, delivery.sequence, &stop)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) if stop.is_cancelled() => {
+                    return self.stopped_before_start(submission, abort).await
+                }
+                Ok(false) => return Settled::NotYet,
+                Err(failure) => return Settled::Retry(failure),
+            }
         }
         let token = format!("{}:{}", self.instance, submission.task_id);
-        let settled = match self.take_lease(submission, &token, &stop).await {
-            Err(_) if stop.is_cancelled() => self.stopped_before_start(submission, abort).await,
-            Err(failure) => Settled::Retry(failure),
-            Ok(()) => {
-                // A copy of this task may have finished while this one waited for the lease.
-                let settled = match self.republish_if_finished(submission).await {
-                    Ok(true) => Settled::Done,
-                    Ok(false) => {
-                        self.turn_under_lease(submission, &agent, &token, abort, &stop)
-                            .await
-                    }
-                    Err(failure) => Settled::Retry(failure),
-                };
-                if let Err(e) = self.store.release_lease(tenant, session, &token).await {
-                    tracing::warn!(error = %e, "lease not released; it expires on its own");
+        let max_attempts = self.cfg.process.max_attempts;
+        let claim = TurnClaim {
+            tenant,
+            session,
+            task_id: &submission.task_id,
+            lease_token: &token,
+            lease_ttl: self.cfg.lease_ttl,
+            max_attempts,
+        };
+        // One trip: a copy of this task may have finished meanwhile; else count the attempt, take
+        // the session's lease (turns of one session run one at a time) and load the session.
+        let (attempt, loaded, resume) = loop {
+            match self.store.begin_turn(claim).await {
+                Ok(TurnStart::Started {
+                    attempt,
+                    session,
+                    checkpoint,
+                }) => break (attempt, session, checkpoint),
+                Ok(TurnStart::Finished(done)) => {
+                    tracing::info!("task already finished; re-publishing its result");
+                    self.emit_final(submission, done).await;
+                    return Settled::Done;
                 }
-                settled
+                Ok(TurnStart::Exhausted(attempt)) => {
+                    let failure = Failure::new(
+                        FailureKind::Unavailable,
+                        format!(
+                            "gave up after {max_attempts} attempts (the lead running it stopped each time)"
+                        ),
+                    );
+                    return Settled::GiveUp(failure, attempt - 1);
+                }
+                Ok(TurnStart::Busy) => {}
+                Err(e) => return Settled::Retry(e.to_failure()),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return self.stopped_before_start(submission, abort).await,
+                _ = tokio::time::sleep(LEASE_POLL) => {}
             }
         };
+        let started = StartedTurn {
+            token: &token,
+            loaded,
+            // Only the first delivery's first attempt can be sure that no earlier run dispatched
+            // the turn's calls.
+            first_run: delivery.first && attempt == 1 && resume.is_none(),
+            resume,
+        };
+        let settled = self
+            .turn_under_lease(submission, &agent, started, abort, &stop)
+            .await;
+        // A completed turn released the lease as it ended; any other outcome releases it here.
+        if !matches!(settled, Settled::Done) {
+            if let Err(e) = self.store.release_lease(tenant, session, &token).await {
+                tracing::warn!(error = %e, "lease not released; it expires on its own");
+            }
+        }
         match settled {
             Settled::Retry(_) if abort.is_cancelled() => {
                 // Shutdown is not this task's fault: the attempt does not count.
+                let work = turn_attempts_field(&submission.task_id);
                 if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
                     tracing::warn!(error = %e, "attempt not taken back");
                 }
@@ -467,24 +530,18 @@ impl Lead {
         &self,
         submission: &TaskSubmission,
         agent: &skein_common::protocol::AgentSpec,
-        token: &str,
+        turn: StartedTurn<'_>,
         abort: &CancellationToken,
         stop: &CancellationToken,
     ) -> Settled {
         let started = std::time::Instant::now();
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
-        let loaded = match self.store.load(tenant, session).await {
-            Ok(loaded) => loaded,
-            Err(e) => return Settled::Retry(e.to_failure()),
-        };
-        let resume = match self
-            .store
-            .checkpoint(tenant, session, &submission.task_id)
-            .await
-        {
-            Ok(resume) => resume,
-            Err(e) => return Settled::Retry(e.to_failure()),
-        };
+        let StartedTurn {
+            token,
+            loaded,
+            resume,
+            first_run,
+        } = turn;
         let origin = submission.origin();
         let events = EventSink::new(
             self.bus.clone(),
@@ -519,6 +576,7 @@ impl Lead {
             depth: 0,
             events: &events,
             cancel: stop,
+            first_run,
             resume,
             checkpoints: Some(&checkpoints),
         });
@@ -607,36 +665,8 @@ impl Lead {
         };
         self.metrics.turn_finished(outcome, started.elapsed());
         events.emit(EventKind::Final { result }).await;
+        events.flush().await;
         Settled::Done
-    }
-
-    /// Waits for the session's lease; turns of one session run one at a time.
-    async fn take_lease(
-        &self,
-        submission: &TaskSubmission,
-        token: &str,
-        stop: &CancellationToken,
-    ) -> Result<(), Failure> {
-        loop {
-            match self
-                .store
-                .try_lease(
-                    &submission.tenant,
-                    &submission.session,
-                    token,
-                    self.cfg.lease_ttl,
-                )
-                .await
-            {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(e.to_failure()),
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return Err(Failure::new(FailureKind::Cancelled, "stopped while waiting for the session lease")),
-                _ = tokio::time::sleep(LEASE_POLL) => {}
-            }
-        }
     }
 
     /// Renews the lease until it is lost; returns why it was lost (never returns while held).
@@ -679,20 +709,20 @@ impl Lead {
             workspace: result.session.clone(),
             deadline_ms: None,
         };
-        EventSink::new(self.bus.clone(), Hooks::default(), origin, "lead")
-            .emit(EventKind::Final { result })
-            .await;
+        let events = EventSink::new(self.bus.clone(), Hooks::default(), origin, "lead");
+        events.emit(EventKind::Final { result }).await;
+        events.flush().await;
     }
 
     async fn emit_final(&self, submission: &TaskSubmission, result: FinalResult) {
-        EventSink::new(
+        let events = EventSink::new(
             self.bus.clone(),
             self.runtime.hooks().clone(),
             submission.origin(),
             "lead",
-        )
-        .emit(EventKind::Final { result })
-        .await;
+        );
+        events.emit(EventKind::Final { result }).await;
+        events.flush().await;
     }
 
     /// Refuses a submission that will not run — it cannot be decoded, breaks a protocol rule, or

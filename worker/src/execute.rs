@@ -1,10 +1,14 @@
 //! Running one task: a tool task through the registry, or a subagent task through the agent
 //! runtime. Each gets a `TaskScope` closed on every outcome (a panic in the task becomes a failure,
-//! so it closes too), its result recorded once by call key and sent to the dispatcher, and its
+//! so it closes too), its result sent to the dispatcher and recorded once by call key, and its
 //! message settled only after the result is recorded.
 //!
+//! The store is asked before a task runs unless this is the first delivery of a first dispatch
+//! (`first_dispatch`): nothing can be recorded for it yet, so it runs at once as attempt 1, and
+//! its redeliveries count that attempt too.
+//!
 //! Outcomes and how the message is settled:
-//! - result recorded (success or a failure as data): ack;
+//! - result sent and recorded (success or a failure as data): ack;
 //! - already recorded by an earlier delivery: the recorded result is re-sent, ack;
 //! - not to be started (deadline passed, task cancelled): a failure is recorded and sent, ack;
 //! - cancelled while running: the work stops, a `cancelled` failure is recorded and sent, ack;
@@ -27,7 +31,7 @@ use futures::FutureExt;
 use skein_common::agent::events::EventSink;
 use skein_common::agent::model::Provider;
 use skein_common::agent::runtime::{Runtime, TurnInput};
-use skein_common::bus::{settle, with_progress, Bus};
+use skein_common::bus::{first_delivery, settle, with_progress, Bus};
 use skein_common::protocol::{
     validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
     ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
@@ -78,6 +82,7 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         reply_to: &task.reply_to,
         retries: true,
         label: &task.tool,
+        first_dispatch: task.first_dispatch,
     };
     if let Err(failure) = check_task(&call, task.v) {
         return refuse(&ctx, &message, call, failure).await;
@@ -158,6 +163,7 @@ async fn subagent_task(
         reply_to: &task.reply_to,
         retries: false,
         label: &task.agent.name,
+        first_dispatch: task.first_dispatch,
     };
     let checked = check_task(&call, task.v)
         .and_then(|()| validate_token("child_session", &task.child_session));
@@ -217,6 +223,8 @@ async fn subagent_task(
             events: &events,
             cancel: &stop,
             resume: None,
+            // The child turn's calls can have run before only if this task ran before.
+            first_run: task.first_dispatch && first_delivery(&message),
             checkpoints: None,
         });
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
@@ -249,6 +257,7 @@ async fn subagent_task(
         _ = stop.cancelled() => stopped(&abort),
         work = with_progress(&message, ctx.progress_every, run) => work,
     };
+    events.flush().await;
     conclude(&ctx, &message, scope, work, call, started, attempt).await;
 }
 
@@ -270,27 +279,16 @@ async fn admit(
     abort: &CancellationToken,
 ) -> Option<Admitted> {
     let origin = call.origin;
-    // One trip: the recorded result of an earlier delivery, or this attempt's number.
-    let attempt = match ctx
-        .store
-        .admit_call(&origin.tenant, &origin.session, call.call_key)
-        .await
-    {
-        Ok(CallAdmission::Recorded(recorded)) => {
-            tracing::info!("call already has a recorded result; re-sending it");
-            reply(ctx, call.reply_to, &recorded).await;
-            settle(message, AckKind::Ack).await;
-            return None;
-        }
-        Ok(CallAdmission::Attempt(n)) => n,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot admit the call; handing the task back");
-            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
-            return None;
-        }
+    let first = first_delivery(message);
+    let attempt = if call.first_dispatch && first {
+        // The first delivery of a first dispatch: no earlier delivery can have recorded a result
+        // or counted an attempt, so the store is not asked (this attempt is counted by
+        // redeliveries, below).
+        1
+    } else {
+        admit_counted(ctx, message, call).await?
     };
-    let redelivered = message.info().map(|i| i.delivered > 1).unwrap_or(true);
-    if let Some(failure) = not_startable(ctx, origin, redelivered).await {
+    if let Some(failure) = not_startable(ctx, origin, !first).await {
         finish(
             ctx,
             message,
@@ -327,6 +325,35 @@ async fn admit(
         stop,
         _registration: registration,
     })
+}
+
+/// Asks the store, in one trip, for the recorded result of an earlier delivery (re-sent, and the
+/// task settled: `None`) or this attempt's number. A first dispatch's first delivery was not
+/// counted, so its later attempts count one more.
+async fn admit_counted(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    call: CallRef<'_>,
+) -> Option<u64> {
+    let origin = call.origin;
+    match ctx
+        .store
+        .admit_call(&origin.tenant, &origin.session, call.call_key)
+        .await
+    {
+        Ok(CallAdmission::Recorded(recorded)) => {
+            tracing::info!("call already has a recorded result; re-sending it");
+            reply(ctx, call.reply_to, &recorded).await;
+            settle(message, AckKind::Ack).await;
+            None
+        }
+        Ok(CallAdmission::Attempt(n)) => Some(n.saturating_add(u64::from(call.first_dispatch))),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot admit the call; handing the task back");
+            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            None
+        }
+    }
 }
 
 /// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends
@@ -492,6 +519,8 @@ struct CallRef<'a> {
     retries: bool,
     /// What ran, for metrics: the tool's name, or the subagent's.
     label: &'a str,
+    /// The dispatcher knows of no earlier dispatch of this call (see `ToolTask::first_dispatch`).
+    first_dispatch: bool,
 }
 
 /// Kinds of task a worker serves, one consumer each.
@@ -580,7 +609,10 @@ async fn refuse(
     settle(message, AckKind::Term).await;
 }
 
-/// Records the result (first write wins), sends it, then acks.
+/// Sends the result, records it (first write wins), then acks. The reply goes out before the
+/// store is asked, so the caller does not wait on it; the ack waits for the record, so a result
+/// that could not be recorded comes again from a redelivery (the dispatcher takes the first result
+/// it hears for a dispatch and drops the rest, and a turn that resumes reads the recorded one).
 async fn finish(
     ctx: &WorkerContext,
     message: &jetstream::Message,
@@ -602,25 +634,19 @@ async fn finish(
         worker_id: ctx.instance.clone(),
         duration_ms: started.elapsed().as_millis() as u64,
     };
-    let store = &ctx.store;
-    let result = match store
+    reply(ctx, call.reply_to, &result).await;
+    match ctx
+        .store
         .record_result(&origin.tenant, &origin.session, call.call_key, &result)
         .await
     {
-        Ok(true) => result,
-        Ok(false) => match store
-            .recorded_result(&origin.tenant, &origin.session, call.call_key)
-            .await
-        {
-            Ok(Some(first)) => first,
-            _ => result,
-        },
+        Ok(true) => {}
+        Ok(false) => tracing::info!("an earlier delivery recorded this call's result first"),
         Err(e) => {
             tracing::warn!(error = %e, "result not recorded; handing the task back");
             return settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
         }
-    };
-    reply(ctx, call.reply_to, &result).await;
+    }
     settle(message, AckKind::Ack).await;
 }
 

@@ -2,13 +2,17 @@
 //! listeners. Sequence numbers are per source (the lead's loop, or one subagent's loop).
 //!
 //! Publishing an event is best effort for the turn: a failed publish is logged, never fails the
-//! turn (the final result is also stored in Redis, where a client can always find it).
+//! turn (the final result is also stored in Redis, where a client can always find it). Events are
+//! sent in order without waiting for the stream to confirm each one: a sink keeps the
+//! confirmation of its latest event only (earlier ones are left to the client's background
+//! acker, which frees their in-flight permits as they arrive), and [`EventSink::flush`] awaits it
+//! (the lead flushes after the final event, before it settles the task).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::agent::hooks::Hooks;
-use crate::bus::Bus;
+use crate::bus::{Bus, PendingAck};
 use crate::protocol::{now_ms, EventKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION};
 
 /// Emits the events of one agent loop.
@@ -20,6 +24,8 @@ pub struct EventSink {
     origin: TaskOrigin,
     source: Arc<str>,
     seq: Arc<AtomicU64>,
+    /// The confirmation of the latest event, until it is awaited.
+    latest: Arc<Mutex<Option<PendingAck>>>,
 }
 
 impl EventSink {
@@ -30,6 +36,7 @@ impl EventSink {
             origin,
             source: source.into(),
             seq: Arc::new(AtomicU64::new(0)),
+            latest: Arc::default(),
         }
     }
 
@@ -53,8 +60,26 @@ impl EventSink {
             at_ms: now_ms(),
             event,
         };
-        if let Err(e) = self.bus.publish_event(&self.origin.tenant, &event).await {
-            tracing::warn!(task_id = %event.task_id, error = %e, "turn event not published");
+        match self.bus.publish_event(&self.origin.tenant, &event).await {
+            Ok(ack) => {
+                if let Ok(mut latest) = self.latest.lock() {
+                    // The previous confirmation, if still held, goes to the background acker.
+                    *latest = Some(ack);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(task_id = %event.task_id, error = %e, "turn event not published")
+            }
+        }
+    }
+
+    /// Waits until the stream has confirmed the latest event (a failure is logged).
+    pub async fn flush(&self) {
+        let latest = self.latest.lock().ok().and_then(|mut latest| latest.take());
+        if let Some(ack) = latest {
+            if let Err(e) = ack.confirmed().await {
+                tracing::warn!(error = %e, "turn event not stored");
+            }
         }
     }
 }

@@ -11,6 +11,7 @@
 //! calls become observations the model can react to; a failed model call ends the turn with a
 //! failure as data.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -25,6 +26,7 @@ use crate::agent::message::{Message, Role, ToolCall, Usage};
 use crate::agent::model::{ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
 use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::skills::SkillCatalog;
+use crate::dispatch::catalog::{LiveCatalog, CATALOG_MAX_AGE};
 use crate::dispatch::{failed, CallRoute, Dispatcher, ToolCatalog};
 use crate::protocol::{
     AgentSpec, CallOutcome, EventKind, Failure, FailureKind, TaskOrigin, ToolResult, ToolSpec,
@@ -79,6 +81,10 @@ pub struct TurnInput<'a> {
     pub cancel: &'a CancellationToken,
     /// Progress of an earlier run of this turn to continue from.
     pub resume: Option<TurnCheckpoint>,
+    /// True when no earlier run of this turn can have dispatched its calls (its first delivery
+    /// and first attempt, nothing to resume). Otherwise each call is looked for among the
+    /// recorded results before it is dispatched, and workers look again before running it.
+    pub first_run: bool,
     /// Where to record progress after every step; `None` records nothing.
     pub checkpoints: Option<&'a Checkpoints>,
 }
@@ -140,7 +146,8 @@ pub struct TurnOutput {
 pub struct Runtime<M> {
     model: M,
     dispatcher: Dispatcher,
-    store: SessionStore,
+    /// The live workers' tools, shared by this runtime's turns.
+    catalog: LiveCatalog,
     skills: SkillCatalog,
     hooks: Hooks,
     settings: RuntimeSettings,
@@ -159,7 +166,7 @@ impl<M: ModelClient> Runtime<M> {
         Self {
             model,
             dispatcher,
-            store,
+            catalog: LiveCatalog::new(store, CATALOG_MAX_AGE),
             skills,
             hooks,
             settings,
@@ -222,15 +229,15 @@ impl<M: ModelClient> Runtime<M> {
             out.iterations = resumed.iterations;
             out.usage = resumed.usage;
         }
-        let catalog = match self.store.routable_workers().await {
-            Ok(workers) => ToolCatalog::from_workers(&workers),
+        let catalog = match self.catalog.current().await {
+            Ok(catalog) => catalog,
             Err(e) => {
                 turn.events
                     .emit(EventKind::Warning {
                         failure: e.to_failure(),
                     })
                     .await;
-                ToolCatalog::default()
+                Arc::new(ToolCatalog::default())
             }
         };
         let mut tools = catalog.specs_allowed(&turn.agent.tools);
@@ -277,8 +284,15 @@ impl<M: ModelClient> Runtime<M> {
             };
             out.iterations += 1;
             out.usage.add(response.usage);
+            let asks_for_tools = !response.message.tool_calls.is_empty();
             out.new_messages.push(response.message);
-            checkpoint(&turn, &out).await?;
+            // Calls are checkpointed before they are dispatched, so a resumed turn dispatches the
+            // same calls (whose results are recorded) rather than asking the model again. An
+            // answer is not: the turn ends next, atomically with its final result, and a turn
+            // resumed before that asks the model once more.
+            if asks_for_tools {
+                checkpoint(&turn, &out).await?;
+            }
         }
 
         // Iteration limit: one more call, without tools, for a summary answer.
@@ -579,7 +593,7 @@ impl<M: ModelClient> Runtime<M> {
         let route = CallRoute {
             pool,
             timeout: self.settings.tool_timeout,
-            check_recorded: turn.resume.is_some(),
+            may_have_run: !turn.first_run,
         };
         self.dispatcher
             .call_tool(
@@ -631,7 +645,7 @@ impl<M: ModelClient> Runtime<M> {
         let route = CallRoute {
             pool,
             timeout: self.settings.subagent_timeout,
-            check_recorded: turn.resume.is_some(),
+            may_have_run: !turn.first_run,
         };
         self.dispatcher
             .call_subagent(

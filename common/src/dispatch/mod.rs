@@ -3,8 +3,9 @@
 //!
 //! Invariants:
 //! - a call whose result is already recorded (by call key, `task_id:step:call_id`) is not run
-//!   again: a resumed turn looks it up before dispatching, and workers look before running; the
-//!   recorded result is returned, so a resumed turn does not re-run finished calls;
+//!   again: a turn that may have run before looks it up before dispatching, and workers look
+//!   before running any delivery that could follow an earlier one; the recorded result is
+//!   returned, so a resumed turn does not re-run finished calls;
 //! - each dispatch gets its own reply subject (`skein.reply.{instance}.{n}`), so concurrent turns
 //!   never receive each other's results, whatever call ids their models chose; a result nobody
 //!   waits for (a late duplicate) is dropped, so the model never sees two results for one call;
@@ -78,10 +79,11 @@ struct Dispatch<'a> {
 pub struct CallRoute<'a> {
     pub pool: &'a str,
     pub timeout: Duration,
-    /// Look for a recorded result before dispatching: worth a store round trip only when the
-    /// call may have run before (a resumed turn). Workers check again before running, so a call
-    /// never runs twice either way.
-    pub check_recorded: bool,
+    /// An earlier run of the turn may have dispatched this call. The dispatcher then looks for
+    /// a recorded result before dispatching, and the task tells workers to look before running
+    /// even its first delivery; otherwise both skip the store round trip (a first delivery of a
+    /// first dispatch cannot have a result yet; redeliveries are always looked up).
+    pub may_have_run: bool,
 }
 
 impl Dispatcher {
@@ -162,6 +164,7 @@ impl Dispatcher {
             arguments,
             reply_to,
             timeout_ms: timeout.as_millis() as u64,
+            first_dispatch: !route.may_have_run,
         };
         let subject = subjects::tool_task(route.pool, tool);
         let call = Dispatch {
@@ -170,7 +173,7 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, timeout, route.check_recorded)
+        self.dispatch(call, subject, &task, timeout, route.may_have_run)
             .await
     }
 
@@ -201,6 +204,7 @@ impl Dispatcher {
             reply_to,
             timeout_ms: timeout.as_millis() as u64,
             depth,
+            first_dispatch: !route.may_have_run,
         };
         let subject = subjects::agent_task(route.pool, &task.agent.name);
         let call = Dispatch {
@@ -209,7 +213,7 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, timeout, route.check_recorded)
+        self.dispatch(call, subject, &task, timeout, route.may_have_run)
             .await
     }
 
@@ -225,7 +229,7 @@ impl Dispatcher {
         subject: String,
         task: &T,
         timeout: Duration,
-        check_recorded: bool,
+        may_have_run: bool,
     ) -> ToolResult {
         let Dispatch {
             n,
@@ -233,7 +237,7 @@ impl Dispatcher {
             call_key,
             call_id,
         } = call;
-        if check_recorded {
+        if may_have_run {
             match self
                 .store
                 .recorded_result(&origin.tenant, &origin.session, call_key)

@@ -44,6 +44,11 @@ pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
 
 pub const WORKERS: &str = "skein:workers";
 
+/// The field of the attempts hash that counts attempts at task `task_id`'s turn.
+pub fn turn_attempts_field(task_id: &str) -> String {
+    format!("turn:{task_id}")
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

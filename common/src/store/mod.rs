@@ -40,6 +40,8 @@ pub enum StoreError {
     LeaseLost,
     #[error("stored value is corrupt: {0}")]
     Corrupt(#[source] serde_json::Error),
+    #[error("unexpected reply from {0}")]
+    UnexpectedReply(&'static str),
 }
 
 impl StoreError {
@@ -48,7 +50,9 @@ impl StoreError {
             StoreError::Unavailable(_) | StoreError::Conflict { .. } | StoreError::LeaseLost => {
                 Failure::new(FailureKind::Unavailable, self.to_string())
             }
-            StoreError::Corrupt(_) => Failure::new(FailureKind::Internal, self.to_string()),
+            StoreError::Corrupt(_) | StoreError::UnexpectedReply(_) => {
+                Failure::new(FailureKind::Internal, self.to_string())
+            }
         }
     }
 }
@@ -87,6 +91,34 @@ pub enum CallAdmission {
     Attempt(u64),
 }
 
+/// How a lead's attempt to start a turn came out ([`SessionStore::begin_turn`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnStart {
+    /// The task already ended: its stored result.
+    Finished(FinalResult),
+    /// Another lead holds the session's lease; nothing was counted.
+    Busy,
+    /// This attempt (its number given) is over the limit; the lease was not taken.
+    Exhausted(u64),
+    /// The lease is held: the attempt's number, the session and any checkpoint to resume from.
+    Started {
+        attempt: u64,
+        session: LoadedSession,
+        checkpoint: Option<TurnCheckpoint>,
+    },
+}
+
+/// Who starts a turn and under which limits ([`SessionStore::begin_turn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TurnClaim<'a> {
+    pub tenant: &'a str,
+    pub session: &'a str,
+    pub task_id: &'a str,
+    pub lease_token: &'a str,
+    pub lease_ttl: Duration,
+    pub max_attempts: u64,
+}
+
 /// A session as loaded, with the version a save must name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadedSession {
@@ -111,7 +143,7 @@ return 1
 "#;
 
 /// Ends a turn atomically while the writer holds the lease: saves the session (compare-and-set,
-/// unless ARGV[4] is empty), stores the final result and drops the checkpoint.
+/// unless ARGV[4] is empty), stores the final result, drops the checkpoint and releases the lease.
 /// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint.
 /// ARGV token, expected version, new version, state, final, final ttl seconds.
 /// Returns 1 done, 0 version conflict, -1 lease lost.
@@ -124,6 +156,7 @@ if ARGV[4] ~= '' then
 end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[2])
 return 1
 "#;
 
@@ -137,12 +170,35 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return {1, tostring(n)}
 "#;
 
+/// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
+/// session, KEYS[5] checkpoint; ARGV token, lease ttl ms, attempts field, attempts ttl seconds,
+/// most attempts. Returns {'finished', final}; {'busy'} (another holds the lease; nothing
+/// counted; also when the lease is this caller's own, held by an earlier run of the task);
+/// {'exhausted', n} (attempt n counted, over the limit, lease not taken); or
+/// {'started', n, version, state, checkpoint} with the lease taken.
+const BEGIN_SCRIPT: &str = r#"
+local done = redis.call('GET', KEYS[1])
+if done then return {'finished', done} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'busy'} end
+local n = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+local session = redis.call('HMGET', KEYS[4], 'version', 'state')
+local checkpoint = redis.call('GET', KEYS[5])
+return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or ''}
+"#;
+
 /// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).
 const LEASE_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if ARGV[2] == '0' then return redis.call('DEL', KEYS[1]) end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#;
+
+fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
+    serde_json::from_str(json).map_err(StoreError::Corrupt)
+}
 
 /// Redis-backed state shared by every lead and worker.
 #[derive(Clone)]
@@ -228,6 +284,60 @@ impl SessionStore {
         Ok(taken.is_some())
     }
 
+    /// Starts a turn in one trip: answers with the task's final result if it already ended;
+    /// otherwise, unless another lead holds the session's lease, counts the attempt and (within
+    /// `max_attempts`) takes the lease and loads the session and the turn's checkpoint.
+    pub async fn begin_turn(&self, claim: TurnClaim<'_>) -> Result<TurnStart, StoreError> {
+        let TurnClaim {
+            tenant,
+            session,
+            task_id,
+            ..
+        } = claim;
+        let mut conn = self.connection.clone();
+        let reply: Vec<String> = Script::new(BEGIN_SCRIPT)
+            .key(keys::final_result(tenant, session, task_id))
+            .key(keys::lease(tenant, session))
+            .key(keys::attempts(tenant, session))
+            .key(keys::session(tenant, session))
+            .key(keys::checkpoint(tenant, session, task_id))
+            .arg(claim.lease_token)
+            .arg(claim.lease_ttl.as_millis().max(1) as u64)
+            .arg(keys::turn_attempts_field(task_id))
+            .arg(ATTEMPTS_TTL_SECS)
+            .arg(claim.max_attempts)
+            .invoke_async(&mut conn)
+            .await?;
+        let number =
+            |text: Option<&String>| text.and_then(|t| t.parse::<u64>().ok()).unwrap_or(u64::MAX);
+        match reply.first().map(String::as_str) {
+            Some("finished") => Ok(TurnStart::Finished(decode(
+                reply.get(1).map_or("", String::as_str),
+            )?)),
+            Some("busy") => Ok(TurnStart::Busy),
+            Some("exhausted") => Ok(TurnStart::Exhausted(number(reply.get(1)))),
+            Some("started") if reply.len() == 5 => {
+                let state = match reply[3].as_str() {
+                    "" => SessionState::default(),
+                    json => decode(json)?,
+                };
+                let checkpoint = match reply[4].as_str() {
+                    "" => None,
+                    json => Some(decode(json)?),
+                };
+                Ok(TurnStart::Started {
+                    attempt: number(reply.get(1)),
+                    session: LoadedSession {
+                        version: number(reply.get(2)),
+                        state,
+                    },
+                    checkpoint,
+                })
+            }
+            _ => Err(StoreError::UnexpectedReply("the turn-start script")),
+        }
+    }
+
     /// Extends a lease the caller holds; false if it was lost.
     pub async fn renew_lease(
         &self,
@@ -304,7 +414,7 @@ impl SessionStore {
 
     /// Ends a turn in one step while `lease_token` holds the lease: saves the session state (when
     /// given, compare-and-set on `expected_version`), stores the final result, drops the
-    /// checkpoint. A crash can therefore never save a turn's history without its final result
+    /// checkpoint and releases the lease. A crash can therefore never save a turn's history without its final result
     /// (which would append it twice on resume).
     pub async fn complete_turn(
         &self,
@@ -444,7 +554,10 @@ impl SessionStore {
             .atomic()
             .del(keys::final_result(tenant, session, task_id))
             .ignore()
-            .hdel(keys::attempts(tenant, session), format!("turn:{task_id}"))
+            .hdel(
+                keys::attempts(tenant, session),
+                keys::turn_attempts_field(task_id),
+            )
             .ignore()
             .query_async(&mut conn)
             .await?;

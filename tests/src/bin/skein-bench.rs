@@ -568,7 +568,7 @@ async fn noop_calls(
     let route = || CallRoute {
         pool: "default",
         timeout: Duration::from_secs(30),
-        check_recorded: false,
+        may_have_run: false,
     };
     let call = |dispatcher: Arc<Dispatcher>, i: usize| async move {
         let result = dispatcher

@@ -1,0 +1,135 @@
+//! A durable intake (`Intake::serve`) against a real nats-server: it never takes more messages
+//! than it has free slots (nothing waits in a client-side buffer while its ack deadline runs
+//! out), and it takes new messages as soon as slots free up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skein_common::bus::{settle, Bus, ConsumerSettings, DEFAULT_MAX_PAYLOAD};
+use skein_common::config::NatsConfig;
+use skein_common::subjects;
+use skein_tests::support::servers::NatsServer;
+use skein_tests::support::{eventually, unique};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+#[tokio::test]
+async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free() {
+    let nats = NatsServer::start();
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    bus.ensure_streams().await.expect("streams");
+    let pool = unique("pool");
+    let durable = subjects::tool_consumer(&pool);
+    let intake = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::WORK_STREAM,
+            durable: durable.clone(),
+            filter: subjects::tool_filter(&pool),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: -1,
+        })
+        .await
+        .expect("intake");
+    let queued = 10;
+    for i in 0..queued {
+        bus.publish_work(
+            subjects::tool_task(&pool, "noop"),
+            &serde_json::json!({ "n": i }),
+            &format!("{pool}-{i}"),
+        )
+        .await
+        .expect("published");
+    }
+
+    // Three slots; every handler holds its message until it is let go.
+    let capacity = 3;
+    let release = Arc::new(Semaphore::new(0));
+    let (started, mut starts) = mpsc::channel(queued);
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let serving = tokio::spawn({
+        let (release, shutdown, tracker) = (release.clone(), shutdown.clone(), tracker.clone());
+        intake.serve(capacity, shutdown, tracker, move |message| {
+            let (release, started) = (release.clone(), started.clone());
+            async move {
+                let _ = started.send(()).await;
+                if let Ok(permit) = release.acquire().await {
+                    permit.forget();
+                }
+                settle(&message, async_nats::jetstream::AckKind::Ack).await;
+            }
+        })
+    });
+
+    let depth = || async {
+        bus.consumer_depth(subjects::WORK_STREAM, &durable)
+            .await
+            .ok()
+    };
+    for _ in 0..capacity {
+        tokio::time::timeout(Duration::from_secs(10), starts.recv())
+            .await
+            .expect("a slot's message arrives")
+            .expect("started");
+    }
+    // Delivered is exactly what runs: the rest still waits at the broker.
+    let (pending, ack_pending) = eventually("depth", Duration::from_secs(10), || async {
+        depth()
+            .await
+            .filter(|&(pending, _)| pending == (queued - capacity) as u64)
+    })
+    .await;
+    assert_eq!(ack_pending, capacity as u64);
+    assert_eq!(pending, (queued - capacity) as u64);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        depth().await,
+        Some(((queued - capacity) as u64, capacity as u64))
+    );
+    assert!(
+        starts.try_recv().is_err(),
+        "no message runs beyond the slots"
+    );
+
+    // Freeing two slots takes exactly two more.
+    release.add_permits(2);
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(10), starts.recv())
+            .await
+            .expect("freed slots take new messages")
+            .expect("started");
+    }
+    let (pending, ack_pending) = eventually("depth after two", Duration::from_secs(10), || async {
+        depth().await.filter(|&(pending, ack_pending)| {
+            pending == (queued - capacity - 2) as u64 && ack_pending == capacity as u64
+        })
+    })
+    .await;
+    assert_eq!((pending, ack_pending), ((queued - 5) as u64, 3));
+
+    // Let everything through: all messages run, once each.
+    release.add_permits(queued);
+    for _ in 0..(queued - capacity - 2) {
+        tokio::time::timeout(Duration::from_secs(10), starts.recv())
+            .await
+            .expect("the rest run")
+            .expect("started");
+    }
+    eventually("drained", Duration::from_secs(10), || async {
+        depth().await.filter(|&d| d == (0, 0))
+    })
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("intake stops on shutdown")
+        .expect("intake task");
+    assert!(starts.try_recv().is_err(), "no message ran twice");
+}

@@ -1,0 +1,175 @@
+//! Starting a turn in one store trip (`SessionStore::begin_turn`), against a real redis-server:
+//! the lease is exclusive and waiting for it counts nothing, attempts are bounded, a checkpoint
+//! and the session come back with the lease, a completed turn releases the lease and answers
+//! later starts with its final result.
+
+use std::time::Duration;
+
+use skein_common::config::RedisConfig;
+use skein_common::protocol::{FinalResult, TurnStatus, PROTOCOL_VERSION};
+use skein_common::store::{SessionState, SessionStore, TurnCheckpoint, TurnClaim, TurnStart};
+use skein_tests::support::servers::RedisServer;
+use skein_tests::support::unique;
+
+async fn store(redis: &RedisServer) -> SessionStore {
+    SessionStore::connect(&RedisConfig {
+        url: redis.url.clone(),
+    })
+    .await
+    .expect("redis reachable")
+}
+
+fn claim<'a>(session: &'a str, task_id: &'a str, token: &'a str, max: u64) -> TurnClaim<'a> {
+    TurnClaim {
+        tenant: "acme",
+        session,
+        task_id,
+        lease_token: token,
+        lease_ttl: Duration::from_secs(30),
+        max_attempts: max,
+    }
+}
+
+fn answer(session: &str, task_id: &str) -> FinalResult {
+    FinalResult {
+        v: PROTOCOL_VERSION,
+        task_id: task_id.to_owned(),
+        tenant: "acme".to_owned(),
+        session: session.to_owned(),
+        status: TurnStatus::Completed,
+        answer: Some("done".to_owned()),
+        failure: None,
+        iterations: 1,
+        limit_reached: false,
+        usage: Default::default(),
+        trace_id: None,
+    }
+}
+
+#[tokio::test]
+async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_later_starts() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+
+    let TurnStart::Started {
+        attempt,
+        session: loaded,
+        checkpoint,
+    } = store
+        .begin_turn(claim(&session, &task, "lead-a", 3))
+        .await
+        .expect("begin")
+    else {
+        panic!("a fresh session starts");
+    };
+    assert_eq!(attempt, 1);
+    assert_eq!(loaded.version, 0);
+    assert_eq!(loaded.state, SessionState::default());
+    assert_eq!(checkpoint, None);
+
+    // Another lead (or a second run of the same task) waits, and waiting counts nothing.
+    for token in ["lead-b", "lead-b", "lead-a"] {
+        let start = store
+            .begin_turn(claim(&session, &task, token, 3))
+            .await
+            .expect("begin");
+        assert_eq!(start, TurnStart::Busy, "{token}");
+    }
+
+    let mut state = SessionState::default();
+    state.turns = 1;
+    store
+        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task))
+        .await
+        .expect("complete");
+
+    // The lease went with the completion: another task of the session starts at once, and sees
+    // the saved session.
+    let next = unique("t");
+    match store
+        .begin_turn(claim(&session, &next, "lead-b", 3))
+        .await
+        .expect("begin")
+    {
+        TurnStart::Started {
+            attempt,
+            session: loaded,
+            ..
+        } => {
+            assert_eq!(attempt, 1, "the busy looks were not counted for any task");
+            assert_eq!(loaded.version, 1);
+            assert_eq!(loaded.state.turns, 1);
+        }
+        other => panic!("expected a start, got {other:?}"),
+    }
+    // The completed task answers with its final result, without taking the lease.
+    match store
+        .begin_turn(claim(&session, &task, "lead-c", 3))
+        .await
+        .expect("begin")
+    {
+        TurnStart::Finished(result) => assert_eq!(result.answer.as_deref(), Some("done")),
+        other => panic!("expected the final result, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn attempts_are_bounded_and_a_checkpoint_comes_back_with_the_lease() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+
+    let first = store
+        .begin_turn(claim(&session, &task, "lead-a", 2))
+        .await
+        .expect("begin");
+    assert!(
+        matches!(first, TurnStart::Started { attempt: 1, .. }),
+        "{first:?}"
+    );
+    let progress = TurnCheckpoint {
+        iterations: 1,
+        ..Default::default()
+    };
+    assert!(store
+        .save_checkpoint("acme", &session, &task, "lead-a", &progress)
+        .await
+        .expect("checkpoint"));
+    // The lead dies; its lease is released (as it would expire).
+    store
+        .release_lease("acme", &session, "lead-a")
+        .await
+        .expect("release");
+
+    match store
+        .begin_turn(claim(&session, &task, "lead-b", 2))
+        .await
+        .expect("begin")
+    {
+        TurnStart::Started {
+            attempt,
+            checkpoint,
+            ..
+        } => {
+            assert_eq!(attempt, 2);
+            assert_eq!(checkpoint, Some(progress));
+        }
+        other => panic!("expected a resumable start, got {other:?}"),
+    }
+    store
+        .release_lease("acme", &session, "lead-b")
+        .await
+        .expect("release");
+
+    // Over the limit: counted, refused, and the lease is not taken.
+    let third = store
+        .begin_turn(claim(&session, &task, "lead-c", 2))
+        .await
+        .expect("begin");
+    assert_eq!(third, TurnStart::Exhausted(3));
+    assert!(store
+        .try_lease("acme", &session, "lead-d", Duration::from_secs(5))
+        .await
+        .expect("lease"));
+}
