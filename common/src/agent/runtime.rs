@@ -240,11 +240,9 @@ impl<M: ModelClient> Runtime<M> {
                 Arc::new(ToolCatalog::default())
             }
         };
-        let mut tools = catalog.specs_allowed(&turn.agent.tools);
         let can_spawn = !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth;
-        if can_spawn {
-            tools.push(spawn_tool_spec(&turn.agent.subagents));
-        }
+        let spawn = can_spawn.then(|| spawn_tool_spec(&turn.agent.subagents));
+        let tools = catalog.tools_for(&turn.agent.tools, spawn);
         let system = self.system_prompt(&turn);
         let history = context::prepare(turn.history, self.settings.context);
 
@@ -303,7 +301,7 @@ impl<M: ModelClient> Runtime<M> {
              summarise what you found and what is left to do.",
             turn.agent.max_iterations
         )));
-        match self.model_call(&turn, messages, Vec::new()).await {
+        match self.model_call(&turn, messages, Arc::from([])).await {
             Ok(response) => {
                 out.iterations += 1;
                 out.usage.add(response.usage);
@@ -349,7 +347,7 @@ impl<M: ModelClient> Runtime<M> {
         &self,
         turn: &TurnInput<'_>,
         messages: Vec<Message>,
-        tools: Vec<ToolSpec>,
+        tools: Arc<[ToolSpec]>,
     ) -> Result<ModelResponse, Failure> {
         let model = if turn.agent.model.is_empty() {
             self.settings.default_model.clone()

@@ -6,9 +6,9 @@
 //! again once its snapshot is [`CATALOG_MAX_AGE`] old (one read for all turns that start
 //! meanwhile), so a turn costs no registry read and holds no copy of its own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -58,7 +58,12 @@ impl LiveCatalog {
 pub struct ToolCatalog {
     tools: BTreeMap<String, (ToolSpec, Vec<String>)>,
     subagent_pools: Vec<String>,
+    /// Tool lists already handed out, by what they were asked for (see [`Self::tools_for`]).
+    handed_out: Mutex<HashMap<String, Arc<[ToolSpec]>>>,
 }
+
+/// Most distinct tool lists one catalog keeps for sharing; beyond it, lists are built per turn.
+const MAX_SHARED_TOOL_LISTS: usize = 64;
 
 /// Spreads calls over pools across turns (a catalog lives for one turn only).
 static NEXT_POOL: AtomicUsize = AtomicUsize::new(0);
@@ -94,7 +99,26 @@ impl ToolCatalog {
         Self {
             tools,
             subagent_pools,
+            handed_out: Mutex::default(),
         }
+    }
+
+    /// The tools an allowlist permits (as [`Self::specs_allowed`]), plus `extra` last: one shared
+    /// list for every turn that asks for the same, so a turn holds no copy of the specs.
+    pub fn tools_for(&self, allowlist: &[String], extra: Option<ToolSpec>) -> Arc<[ToolSpec]> {
+        let key = serde_json::to_string(&(allowlist, &extra)).unwrap_or_default();
+        if let Some(list) = self.handed_out.lock().ok().and_then(|h| h.get(&key).cloned()) {
+            return list;
+        }
+        let mut specs = self.specs_allowed(allowlist);
+        specs.extend(extra);
+        let list: Arc<[ToolSpec]> = specs.into();
+        if let Ok(mut handed_out) = self.handed_out.lock() {
+            if handed_out.len() < MAX_SHARED_TOOL_LISTS {
+                handed_out.insert(key, list.clone());
+            }
+        }
+        list
     }
 
     /// Specs of the tools an allowlist permits (`*` permits all), sorted by name.
@@ -189,5 +213,30 @@ mod tests {
             ["b"]
         );
         assert!(catalog.specs_allowed(&[]).is_empty());
+    }
+
+    #[test]
+    fn turns_asking_for_the_same_tools_share_one_list() {
+        let catalog = ToolCatalog::from_workers(&[worker("w1", "p", &["a", "b"], false)]);
+        let all = ["*".to_owned()];
+        let first = catalog.tools_for(&all, None);
+        let second = catalog.tools_for(&all, None);
+        assert!(Arc::ptr_eq(&first, &second));
+        let names = |list: &[ToolSpec]| list.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&first), ["a", "b"]);
+
+        let extra = ToolSpec {
+            name: "spawn".into(),
+            description: String::new(),
+            parameters: json!({}),
+            concurrency_safe: true,
+        };
+        let with_extra = catalog.tools_for(&["b".to_owned()], Some(extra.clone()));
+        assert_eq!(names(&with_extra), ["b", "spawn"]);
+        assert!(Arc::ptr_eq(
+            &with_extra,
+            &catalog.tools_for(&["b".to_owned()], Some(extra))
+        ));
+        assert!(!Arc::ptr_eq(&first, &with_extra));
     }
 }

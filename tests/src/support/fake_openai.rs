@@ -759,7 +759,7 @@ mod tests {
             model: "m".to_owned(),
             agent: "tester".to_owned(),
             messages: vec![Message::user("hello")],
-            tools: Vec::new(),
+            tools: Vec::new().into(),
         };
 
         let whole = client

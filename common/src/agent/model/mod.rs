@@ -27,8 +27,9 @@ pub struct ModelRequest {
     pub agent: String,
     /// The whole conversation, system prompt first.
     pub messages: Vec<Message>,
-    /// Tools the model may call; empty means none.
-    pub tools: Vec<ToolSpec>,
+    /// Tools the model may call; empty means none. Shared: every turn of an agent offers the same
+    /// snapshot, so no call holds a copy of its own.
+    pub tools: Arc<[ToolSpec]>,
 }
 
 /// A whole answer of the model.

@@ -615,7 +615,7 @@ mod tests {
             model: "m1".to_owned(),
             agent: "assistant".to_owned(),
             messages,
-            tools,
+            tools: tools.into(),
         }
     }
 

@@ -488,7 +488,7 @@ mod tests {
             model: "scripted".to_owned(),
             agent: agent.to_owned(),
             messages,
-            tools: if with_tools { vec![tool()] } else { Vec::new() },
+            tools: if with_tools { vec![tool()] } else { Vec::new() }.into(),
         }
     }
 
