@@ -1,13 +1,16 @@
 //! The lead process: pulls submitted tasks, runs each as one agent turn and settles it.
 //!
 //! Per task: decode and validate (bad input is answered with a failed final result and set aside
-//! as a dead letter, never a crash) → answer from the stored final result if the task already ran
-//! (idempotent resubmits) → resolve the agent → refuse to start if cancelled or past its deadline
-//! → wait until no older task of the session is unfinished (submission order) → count the attempt
-//! → take the session lease (one turn per session at a time, across leads) → load the session and
-//! any checkpoint → run (or resume) the turn, checkpointing every step → end it atomically
-//! (session, final result) → publish the final result → ack. While a turn runs, progress acks keep
-//! the broker from redelivering it and the lease is renewed.
+//! as a dead letter, never a crash) → resolve the agent → in one round trip, three independent
+//! looks: a cancel request, the session's oldest unfinished submission, and the turn's start in
+//! Redis (one script: answer from the stored final result if the task already ran — idempotent
+//! resubmits — else count the attempt, take the session lease, load the session and any
+//! checkpoint) → if the task may not start (cancelled, past its deadline) or an older task of the
+//! session is unfinished (submission order), take the start back (release, uncount) and end or
+//! wait → run (or resume) the turn, checkpointing the calls of every step before they are
+//! dispatched → end it atomically (session, final result, lease released) → publish the final
+//! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
+//! lease is renewed.
 //!
 //! Transient trouble (Redis away, a save that lost a race, a lost lease) hands the task back to the
 //! broker (nak) so it runs again, on this or another lead; after `max_attempts` counted attempts it
@@ -314,17 +317,35 @@ impl Lead {
         let _registration = self
             .cancels
             .register(tenant, &submission.task_id, stop.clone());
-        // Independent looks in one round trip: a stored final result (a resubmit of a task that
-        // ran), a cancel request, and the session's oldest unfinished submission.
-        let (finished, unstartable, oldest) = tokio::join!(
-            self.republish_if_finished(submission),
+        let token = format!("{}:{}", self.instance, submission.task_id);
+        let max_attempts = self.cfg.process.max_attempts;
+        let claim = TurnClaim {
+            tenant,
+            session,
+            task_id: &submission.task_id,
+            lease_token: &token,
+            lease_ttl: self.cfg.lease_ttl,
+            max_attempts,
+        };
+        // Independent looks in one round trip: a cancel request (or a passed deadline), the
+        // session's oldest unfinished submission, and the start of the turn itself — which answers
+        // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
+        // and loads the session. A start that must not stand is taken back below.
+        let (unstartable, oldest, start) = tokio::join!(
             self.not_startable(submission),
             self.bus.oldest_submission(tenant, session),
+            self.store.begin_turn(claim),
         );
-        match finished {
-            Ok(true) => return Settled::Done,
-            Ok(false) => {}
-            Err(failure) => return Settled::Retry(failure),
+        if let Ok(TurnStart::Finished(done)) = start {
+            tracing::info!("task already finished; re-publishing its result");
+            self.emit_final(submission, done).await;
+            return Settled::Done;
+        }
+        let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
+        let mut start = start;
+        if unstartable.is_some() || !matches!(in_line, Ok(true)) {
+            self.take_back(submission, &start, &token).await;
+            start = Ok(TurnStart::Busy);
         }
         if let Some(failure) = unstartable {
             let status = if failure.kind == FailureKind::Cancelled {
@@ -337,37 +358,24 @@ impl Lead {
             self.publish_final(result).await;
             return Settled::Done;
         }
-        let first_in_line = match oldest {
-            Ok(oldest) => oldest.is_none_or(|oldest| oldest >= delivery.sequence),
-            Err(e) => return Settled::Retry(e.to_failure()),
-        };
-        if !first_in_line {
-            match self
+        match in_line {
+            Ok(true) => {}
+            Ok(false) => match self
                 .wait_for_turn_order(submission, delivery.sequence, &stop)
                 .await
             {
-                Ok(true) => {}
+                Ok(true) => start = self.store.begin_turn(claim).await,
                 Ok(false) if stop.is_cancelled() => {
                     return self.stopped_before_start(submission, abort).await
                 }
                 Ok(false) => return Settled::NotYet,
                 Err(failure) => return Settled::Retry(failure),
-            }
+            },
+            Err(e) => return Settled::Retry(e.to_failure()),
         }
-        let token = format!("{}:{}", self.instance, submission.task_id);
-        let max_attempts = self.cfg.process.max_attempts;
-        let claim = TurnClaim {
-            tenant,
-            session,
-            task_id: &submission.task_id,
-            lease_token: &token,
-            lease_ttl: self.cfg.lease_ttl,
-            max_attempts,
-        };
-        // One trip: a copy of this task may have finished meanwhile; else count the attempt, take
-        // the session's lease (turns of one session run one at a time) and load the session.
+        // Turns of one session run one at a time: while another lead holds the lease, look again.
         let (attempt, loaded, resume) = loop {
-            match self.store.begin_turn(claim).await {
+            match start {
                 Ok(TurnStart::Started {
                     attempt,
                     session,
@@ -394,6 +402,7 @@ impl Lead {
                 _ = stop.cancelled() => return self.stopped_before_start(submission, abort).await,
                 _ = tokio::time::sleep(LEASE_POLL) => {}
             }
+            start = self.store.begin_turn(claim).await;
         };
         let started = StartedTurn {
             token: &token,
@@ -423,6 +432,33 @@ impl Lead {
             }
             Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
             other => other,
+        }
+    }
+
+    /// Takes back a turn start that must not stand (the task may not start, or must wait for an
+    /// older one): the lease is released and the attempt uncounted.
+    async fn take_back(
+        &self,
+        submission: &TaskSubmission,
+        start: &Result<TurnStart, StoreError>,
+        token: &str,
+    ) {
+        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+        let (counted, leased) = match start {
+            Ok(TurnStart::Started { .. }) => (true, true),
+            Ok(TurnStart::Exhausted(_)) => (true, false),
+            _ => (false, false),
+        };
+        if leased {
+            if let Err(e) = self.store.release_lease(tenant, session, token).await {
+                tracing::warn!(error = %e, "lease not released; it expires on its own");
+            }
+        }
+        if counted {
+            let work = turn_attempts_field(&submission.task_id);
+            if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
+                tracing::warn!(error = %e, "attempt not taken back");
+            }
         }
     }
 
@@ -506,23 +542,6 @@ impl Lead {
                 _ = stop.cancelled() => return Ok(false),
                 _ = tokio::time::sleep(LEASE_POLL) => {}
             }
-        }
-    }
-
-    /// If the task already finished, publishes its stored result again; true if it had.
-    async fn republish_if_finished(&self, submission: &TaskSubmission) -> Result<bool, Failure> {
-        let stored = self
-            .store
-            .final_result(&submission.tenant, &submission.session, &submission.task_id)
-            .await
-            .map_err(|e| e.to_failure())?;
-        match stored {
-            Some(done) => {
-                tracing::info!("task already finished; re-publishing its result");
-                self.emit_final(submission, done).await;
-                Ok(true)
-            }
-            None => Ok(false),
         }
     }
 

@@ -85,7 +85,7 @@ pub struct TurnInput<'a> {
     /// and first attempt, nothing to resume). Otherwise each call is looked for among the
     /// recorded results before it is dispatched, and workers look again before running it.
     pub first_run: bool,
-    /// Where to record progress after every step; `None` records nothing.
+    /// Where to record progress before each step's calls are dispatched; `None` records nothing.
     pub checkpoints: Option<&'a Checkpoints>,
 }
 
@@ -94,8 +94,9 @@ pub struct TurnInput<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Interrupted(pub Failure);
 
-/// Where a turn records its progress after every step, fenced by the session lease: a lead that
-/// lost the lease cannot overwrite the progress of the lead that took it over.
+/// Where a turn records its progress (before each step's calls are dispatched), fenced by the
+/// session lease: a lead that lost the lease cannot overwrite the progress of the lead that took
+/// it over.
 pub struct Checkpoints {
     pub store: SessionStore,
     pub tenant: String,
@@ -262,7 +263,9 @@ impl<M: ModelClient> Runtime<M> {
                         out.new_messages
                             .push(Message::tool_result(&call.id, result.outcome.observation()));
                     }
-                    checkpoint(&turn, &out).await?;
+                    // No checkpoint here: the results are recorded by call key, so a turn that
+                    // resumes from the checkpoint of these calls gets them back without running
+                    // them again; the next step's checkpoint carries them.
                     continue;
                 }
                 // An answer (a turn resumed after it was answered but before it was saved).

@@ -107,7 +107,12 @@ impl ToolCatalog {
     /// list for every turn that asks for the same, so a turn holds no copy of the specs.
     pub fn tools_for(&self, allowlist: &[String], extra: Option<ToolSpec>) -> Arc<[ToolSpec]> {
         let key = serde_json::to_string(&(allowlist, &extra)).unwrap_or_default();
-        if let Some(list) = self.handed_out.lock().ok().and_then(|h| h.get(&key).cloned()) {
+        if let Some(list) = self
+            .handed_out
+            .lock()
+            .ok()
+            .and_then(|h| h.get(&key).cloned())
+        {
             return list;
         }
         let mut specs = self.specs_allowed(allowlist);
