@@ -18,7 +18,7 @@ use std::time::Duration;
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Semaphore;
@@ -645,11 +645,9 @@ impl Intake {
                             settle(&message, jetstream::AckKind::Nak(None)).await;
                             continue;
                         };
-                        let work = handler(message);
-                        tracker.spawn(async move {
-                            work.await;
-                            drop(slot);
-                        });
+                        // The slot is freed when the work ends (`map` keeps the future stored
+                        // once, where an `async` block would hold it twice).
+                        tracker.spawn(handler(message).map(move |()| drop(slot)));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "pull ended early");

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use futures::FutureExt;
 use skein_common::admin::{self, Readiness};
 use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::events::EventSink;
@@ -177,11 +178,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             concurrency,
             shutdown,
             work.running.clone(),
-            move |message| {
-                let lead = handler_lead.clone();
-                let abort = handler_abort.child_token();
-                async move { lead.handle(message, abort).await }
-            },
+            move |message| handler_lead.clone().handle(message, handler_abort.child_token()),
         )
         .await;
     readiness.set_ready(false);
@@ -220,7 +217,8 @@ struct Delivery {
 }
 
 impl Lead {
-    async fn handle(&self, message: jetstream::Message, abort: CancellationToken) {
+    /// Runs one delivered submission; the future owns the lead, so it is spawned as it is.
+    async fn handle(self: Arc<Self>, message: jetstream::Message, abort: CancellationToken) {
         let _in_flight = self.metrics.in_flight("turn");
         if message.info().map(|i| i.delivered).unwrap_or(1) > 1 {
             self.metrics.redelivered("turn");
@@ -278,6 +276,7 @@ impl Lead {
                 if let Err(e) = self
                     .bus
                     .dead_letter_message(&message, &failure.message, attempts)
+                    .boxed()
                     .await
                 {
                     // Keep the message: without its dead letter it must not disappear.
@@ -288,6 +287,7 @@ impl Lead {
                 self.metrics
                     .turn_finished("dead_lettered", std::time::Duration::ZERO);
                 self.publish_final(failed_result(&submission, failure, 0))
+                    .boxed()
                     .await;
                 settle(&message, AckKind::Ack).await;
             }
@@ -308,6 +308,7 @@ impl Lead {
             Ok(agent) => agent,
             Err(failure) => {
                 self.publish_final(failed_result(submission, failure, 0))
+                    .boxed()
                     .await;
                 return Settled::Done;
             }
@@ -331,14 +332,18 @@ impl Lead {
         // session's oldest unfinished submission, and the start of the turn itself — which answers
         // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
         // and loads the session. A start that must not stand is taken back below.
-        let (unstartable, oldest, start) = tokio::join!(
-            self.not_startable(submission),
-            self.bus.oldest_submission(tenant, session),
-            self.store.begin_turn(claim),
-        );
+        let (unstartable, oldest, start) = async {
+            tokio::join!(
+                self.not_startable(submission),
+                self.bus.oldest_submission(tenant, session),
+                self.store.begin_turn(claim),
+            )
+        }
+        .boxed()
+        .await;
         if let Ok(TurnStart::Finished(done)) = start {
             tracing::info!("task already finished; re-publishing its result");
-            self.emit_final(submission, done).await;
+            self.emit_final(submission, done).boxed().await;
             return Settled::Done;
         }
         let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
@@ -355,18 +360,19 @@ impl Lead {
             };
             let mut result = failed_result(submission, failure, 0);
             result.status = status;
-            self.publish_final(result).await;
+            self.publish_final(result).boxed().await;
             return Settled::Done;
         }
         match in_line {
             Ok(true) => {}
             Ok(false) => match self
                 .wait_for_turn_order(submission, delivery.sequence, &stop)
+                .boxed()
                 .await
             {
                 Ok(true) => start = self.store.begin_turn(claim).await,
                 Ok(false) if stop.is_cancelled() => {
-                    return self.stopped_before_start(submission, abort).await
+                    return self.stopped_before_start(submission, abort).boxed().await
                 }
                 Ok(false) => return Settled::NotYet,
                 Err(failure) => return Settled::Retry(failure),
@@ -383,7 +389,7 @@ impl Lead {
                 }) => break (attempt, session, checkpoint),
                 Ok(TurnStart::Finished(done)) => {
                     tracing::info!("task already finished; re-publishing its result");
-                    self.emit_final(submission, done).await;
+                    self.emit_final(submission, done).boxed().await;
                     return Settled::Done;
                 }
                 Ok(TurnStart::Exhausted(attempt)) => {
@@ -399,7 +405,7 @@ impl Lead {
                 Err(e) => return Settled::Retry(e.to_failure()),
             }
             tokio::select! {
-                _ = stop.cancelled() => return self.stopped_before_start(submission, abort).await,
+                _ = stop.cancelled() => return self.stopped_before_start(submission, abort).boxed().await,
                 _ = tokio::time::sleep(LEASE_POLL) => {}
             }
             start = self.store.begin_turn(claim).await;
@@ -414,6 +420,7 @@ impl Lead {
         };
         let settled = self
             .turn_under_lease(submission, &agent, started, abort, &stop)
+            .boxed()
             .await;
         // A completed turn released the lease as it ended; any other outcome releases it here.
         if !matches!(settled, Settled::Done) {
@@ -587,7 +594,7 @@ impl Lead {
         // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
         let time_left = origin.time_left();
         let renew = self.keep_lease(tenant, session, token);
-        let turn = self.runtime.run_turn(TurnInput {
+        let turn = Box::pin(self.runtime.run_turn(TurnInput {
             origin,
             agent,
             history: &loaded.state.history,
@@ -598,7 +605,7 @@ impl Lead {
             first_run,
             resume,
             checkpoints: Some(&checkpoints),
-        });
+        }));
         let deadline = async {
             match time_left {
                 Some(left) => tokio::time::sleep(left).await,

@@ -47,6 +47,10 @@ struct Args {
     /// Also measure the Celery peer (benches/peers) on the same Redis; needs python3 and PyPI.
     #[arg(long)]
     celery: bool,
+    /// Run the lead under this profiler command (e.g. "heaptrack -o lead"); its RSS figures
+    /// then describe the profiler, not the lead.
+    #[arg(long)]
+    wrap_lead: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -120,6 +124,7 @@ async fn run(args: Args) -> Result<(), Failed> {
         nats: nats.url.clone(),
         redis: redis.url.clone(),
         dir: dir.clone(),
+        wrap_lead: args.wrap_lead.clone(),
     };
     checkpoint_cost(&redis.url, &blob, args.samples, &mut report).await?;
     let bus = Bus::connect(
@@ -199,13 +204,25 @@ struct Nodes {
     nats: String,
     redis: String,
     dir: PathBuf,
+    /// A profiler command the lead runs under.
+    wrap_lead: Option<String>,
 }
 
 impl Nodes {
     fn command(&self, role: &str, id: &str) -> std::process::Command {
-        let mut cmd = std::process::Command::new(
-            std::env::current_exe().unwrap_or_else(|_| "skein-bench".into()),
-        );
+        let exe = std::env::current_exe().unwrap_or_else(|_| "skein-bench".into());
+        let wrapper: Vec<&str> = match (&self.wrap_lead, role) {
+            (Some(wrapper), "lead") => wrapper.split_whitespace().collect(),
+            _ => Vec::new(),
+        };
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = std::process::Command::new(program);
+                cmd.args(args).arg(exe);
+                cmd
+            }
+            None => std::process::Command::new(exe),
+        };
         cmd.args([
             "node",
             role,
