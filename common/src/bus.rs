@@ -2,8 +2,9 @@
 //! message encoding and size caps, and the headers every published message carries.
 //!
 //! Invariants:
-//! - work is pulled one message at a time, and only when the caller has capacity for it
-//!   ([`Intake::next`]): nothing waits in a client-side buffer while its ack deadline runs out;
+//! - work is pulled only for free capacity: each pull request asks for as many messages as there
+//!   are free slots ([`Intake::serve`]), so nothing waits in a client-side buffer while its ack
+//!   deadline runs out;
 //! - every payload is checked against the configured cap before it is published, and on receipt
 //!   before it is decoded;
 //! - subjects come from [`crate::subjects`] only;
@@ -547,7 +548,7 @@ impl PendingAck {
     }
 }
 
-/// A durable work-queue consumer pulled one message at a time.
+/// A durable work-queue consumer, pulled only for free slots.
 pub struct Intake {
     consumer: consumer::Consumer<consumer::pull::Config>,
 }

@@ -5,7 +5,7 @@
 //!   failures as data) and their JSON Schemas.
 //! - [`subjects`]: every NATS subject, stream and consumer name, built by functions.
 //! - [`bus`]: the one NATS transport (`Bus`): stream set-up, publishing with headers, pulling work
-//!   one message at a time.
+//!   only for free slots.
 //! - [`store`]: session state, call results, final results and the worker registry in Redis.
 //! - [`client`]: submitting tasks and watching their events, for the CLI and any Rust client.
 //! - [`cancel`]: the running work of a process by task, reached by cancel requests.

@@ -178,7 +178,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             concurrency,
             shutdown,
             work.running.clone(),
-            move |message| handler_lead.clone().handle(message, handler_abort.child_token()),
+            move |message| {
+                handler_lead
+                    .clone()
+                    .handle(message, handler_abort.child_token())
+            },
         )
         .await;
     readiness.set_ready(false);
@@ -233,7 +237,7 @@ impl Lead {
             Ok(s) => s,
             Err(e) => {
                 let task_id = message_id(&message);
-                return self.reject(&message, task_id, e.to_failure()).await;
+                return self.reject(&message, task_id, e.to_failure()).boxed().await;
             }
         };
         let checked = submission
@@ -241,7 +245,7 @@ impl Lead {
             .and_then(|()| subject_matches(&message, &submission));
         if let Err(failure) = checked {
             let task_id = Some(submission.task_id.clone());
-            return self.reject(&message, task_id, failure).await;
+            return self.reject(&message, task_id, failure).boxed().await;
         }
         let span = tracing::Span::current();
         span.record("skein.task_id", submission.task_id.as_str());

@@ -77,8 +77,10 @@ async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_lat
         assert_eq!(start, TurnStart::Busy, "{token}");
     }
 
-    let mut state = SessionState::default();
-    state.turns = 1;
+    let state = SessionState {
+        turns: 1,
+        ..Default::default()
+    };
     store
         .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task))
         .await

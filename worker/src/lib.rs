@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //! - [`config`]: the `skein-worker` configuration.
-//! - [`run`]: intake loops (one message per pull, bounded by capacity), heartbeats, graceful drain.
+//! - [`run`]: intake loops (pulls only for free slots, bounded by capacity), heartbeats, graceful drain.
 //! - [`execute`]: running one tool task or subagent task, recording and returning its result.
 //! - [`scope`]: `TaskScope`, the per-task owner of resources, closed in layers on every outcome.
 //! - [`tools`]: the `Tool` contract, the registry, and the built-in tools (workspace files,

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -64,7 +65,8 @@ struct FrontMatter {
 /// All agents a lead can run, plus the skills catalog.
 #[derive(Debug, Clone, Default)]
 pub struct AgentCatalog {
-    agents: BTreeMap<String, AgentSpec>,
+    /// Shared with every turn that runs an agent as defined (no overrides).
+    agents: BTreeMap<String, Arc<AgentSpec>>,
     skills: SkillCatalog,
 }
 
@@ -146,6 +148,10 @@ impl AgentCatalog {
                 agent.subagents = resolved;
             }
         }
+        let agents = agents
+            .into_iter()
+            .map(|(name, spec)| (name, Arc::new(spec)))
+            .collect();
         Ok(Self { agents, skills })
     }
 
@@ -157,40 +163,43 @@ impl AgentCatalog {
         &self.skills
     }
 
-    /// The spec a task runs: the named agent with the task's overrides applied.
+    /// The spec a task runs: the named agent (shared) or, with overrides, a copy with the task's
+    /// overrides applied.
     pub fn resolve(
         &self,
         name: &str,
         overrides: Option<&AgentOverrides>,
-    ) -> Result<AgentSpec, Failure> {
-        let mut spec = self.agents.get(name).cloned().ok_or_else(|| {
+    ) -> Result<Arc<AgentSpec>, Failure> {
+        let defined = self.agents.get(name).ok_or_else(|| {
             let known: Vec<_> = self.names().collect();
             Failure::new(
                 FailureKind::UnknownAgent,
                 format!("unknown agent {name:?}; known agents: {}", known.join(", ")),
             )
         })?;
-        if let Some(o) = overrides {
-            if let Some(prompt) = &o.system_prompt {
-                spec.system_prompt = prompt.clone();
-            }
-            if let Some(model) = &o.model {
-                spec.model = model.clone();
-            }
-            if let Some(tools) = &o.tools {
-                spec.tools = tools.clone();
-            }
-            if let Some(max) = o.max_iterations {
-                if max == 0 || max > MAX_ITERATIONS_CAP {
-                    return Err(Failure::new(
-                        FailureKind::InvalidInput,
-                        format!("max_iterations must be 1..={MAX_ITERATIONS_CAP}"),
-                    ));
-                }
-                spec.max_iterations = max;
-            }
+        let Some(o) = overrides else {
+            return Ok(defined.clone());
+        };
+        let mut spec = AgentSpec::clone(defined);
+        if let Some(prompt) = &o.system_prompt {
+            spec.system_prompt = prompt.clone();
         }
-        Ok(spec)
+        if let Some(model) = &o.model {
+            spec.model = model.clone();
+        }
+        if let Some(tools) = &o.tools {
+            spec.tools = tools.clone();
+        }
+        if let Some(max) = o.max_iterations {
+            if max == 0 || max > MAX_ITERATIONS_CAP {
+                return Err(Failure::new(
+                    FailureKind::InvalidInput,
+                    format!("max_iterations must be 1..={MAX_ITERATIONS_CAP}"),
+                ));
+            }
+            spec.max_iterations = max;
+        }
+        Ok(Arc::new(spec))
     }
 }
 

@@ -268,7 +268,7 @@ impl<M: ModelClient> Runtime<M> {
                     // them again; the next step's checkpoint carries them.
                     continue;
                 }
-                // An answer (a turn resumed after it was answered but before it was saved).
+                // An answer: the turn ends.
                 Some(last) if last.role == Role::Assistant => {
                     out.answer = Some(last.content.clone());
                     return Ok(out);

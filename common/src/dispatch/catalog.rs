@@ -25,8 +25,11 @@ pub const CATALOG_MAX_AGE: Duration = Duration::from_millis(250);
 pub struct LiveCatalog {
     store: SessionStore,
     max_age: Duration,
-    snapshot: Arc<tokio::sync::Mutex<Option<(Instant, Arc<ToolCatalog>)>>>,
+    snapshot: Arc<tokio::sync::Mutex<Option<Snapshot>>>,
 }
+
+/// A catalog and when it was read.
+type Snapshot = (Instant, Arc<ToolCatalog>);
 
 impl LiveCatalog {
     pub fn new(store: SessionStore, max_age: Duration) -> Self {
@@ -65,7 +68,7 @@ pub struct ToolCatalog {
 /// Most distinct tool lists one catalog keeps for sharing; beyond it, lists are built per turn.
 const MAX_SHARED_TOOL_LISTS: usize = 64;
 
-/// Spreads calls over pools across turns (a catalog lives for one turn only).
+/// Spreads calls over pools across turns and catalog snapshots.
 static NEXT_POOL: AtomicUsize = AtomicUsize::new(0);
 
 impl ToolCatalog {

@@ -154,7 +154,8 @@ async fn run(args: Args) -> Result<(), Failed> {
         ] } ] } } })
         .to_string(),
     )?;
-    let mut lead = cluster.lead(&scenario);
+    let lead_admin = format!("127.0.0.1:{}", skein_tests::support::free_port());
+    let mut lead = cluster.lead(&scenario, &lead_admin);
     tokio::time::sleep(Duration::from_millis(500)).await;
     report.add(
         "lead idle RSS",
@@ -167,7 +168,7 @@ async fn run(args: Args) -> Result<(), Failed> {
         "MiB",
     );
     whole_turns(&nats.url, args.samples.min(500), &mut report).await?;
-    burst(&nats.url, args.burst, lead.id(), &mut report).await?;
+    burst(&nats.url, args.burst, lead.id(), &lead_admin, &mut report).await?;
     let _ = ready;
     lead.kill();
     first.kill();
@@ -209,7 +210,8 @@ struct Nodes {
 }
 
 impl Nodes {
-    fn command(&self, role: &str, id: &str) -> std::process::Command {
+    /// `admin` is the node's admin address, or `off`.
+    fn command(&self, role: &str, id: &str, admin: &str) -> std::process::Command {
         let exe = std::env::current_exe().unwrap_or_else(|_| "skein-bench".into());
         let wrapper: Vec<&str> = match (&self.wrap_lead, role) {
             (Some(wrapper), "lead") => wrapper.split_whitespace().collect(),
@@ -231,13 +233,13 @@ impl Nodes {
             "--redis-url",
             &self.redis,
         ])
-        .args(["--instance-id", id, "--admin-addr", "off"])
+        .args(["--instance-id", id, "--admin-addr", admin])
         .env("SKEIN_LOG", "warn");
         cmd
     }
 
     fn worker(&self, id: &str) -> ChildProcess {
-        let mut cmd = self.command("test-worker", id);
+        let mut cmd = self.command("test-worker", id, "off");
         cmd.args(["--concurrency", "64", "--subagents", "false"])
             .args([
                 "--workspace-root",
@@ -246,8 +248,9 @@ impl Nodes {
         ChildProcess::spawn(cmd, self.dir.join(format!("{id}.log")))
     }
 
-    fn lead(&self, scenario: &std::path::Path) -> ChildProcess {
-        let mut cmd = self.command("lead", "bench-lead");
+    /// The lead, with its admin server on `admin` (its metrics tell the turns in flight).
+    fn lead(&self, scenario: &std::path::Path, admin: &str) -> ChildProcess {
+        let mut cmd = self.command("lead", "bench-lead", admin);
         cmd.args([
             "--concurrency",
             "1000",
@@ -661,9 +664,25 @@ async fn burst(
     url: &str,
     sessions: usize,
     lead_pid: u32,
+    lead_admin: &str,
     report: &mut Report,
 ) -> Result<(), Failed> {
     let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
+    // The most turns the lead runs at once, sampled from its metrics while the burst runs.
+    let sampling = CancellationToken::new();
+    let most_in_flight = tokio::spawn({
+        let (admin, stop) = (lead_admin.to_owned(), sampling.clone());
+        async move {
+            let mut most = 0.0_f64;
+            while !stop.is_cancelled() {
+                if let Some(now) = turns_in_flight(&admin).await {
+                    most = most.max(now);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        }
+    });
     let nats = async_nats::connect(url).await?;
     let mut finals = nats.subscribe("skein.events.bench.>").await?;
     let idle = rss_kib(lead_pid, "VmRSS")?;
@@ -694,6 +713,8 @@ async fn burst(
     }
     let elapsed = submitted.elapsed();
     let peak = rss_kib(lead_pid, "VmHWM")?;
+    sampling.cancel();
+    let most_in_flight = most_in_flight.await.unwrap_or(0.0);
     report.add("skein: burst sessions completed", done as f64, "turns");
     report.add(
         "skein: burst sessions lost",
@@ -711,12 +732,35 @@ async fn burst(
         percentile(&taken, 99) / 1e3,
         "ms",
     );
+    report.add("skein: burst peak turns in flight", most_in_flight, "turns");
     report.add(
         "skein: lead peak RSS growth per in-flight turn",
-        (peak - idle) / (sessions.min(1000) as f64),
+        (peak - idle) / most_in_flight.max(1.0),
         "KiB",
     );
     Ok(())
+}
+
+/// The lead's `skein_in_flight{kind="turn"}` gauge, read from its admin server.
+async fn turns_in_flight(admin: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: lead\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.ok()?;
+        body.lines()
+            .find(|line| line.starts_with("skein_in_flight{") && line.contains("kind=\"turn\""))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.trim().parse().ok())
+    };
+    tokio::time::timeout(Duration::from_secs(1), read)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The Celery peer: a worker and a client from `benches/peers/celery_bench.py`, in a cached
