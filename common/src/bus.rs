@@ -236,7 +236,7 @@ impl Bus {
     }
 
     /// Publishes a task submission durably; resubmitting the same `task_id` is a no-op.
-    pub async fn submit(&self, submission: &TaskSubmission) -> Result<(), BusError> {
+    pub async fn submit(&self, submission: &TaskSubmission) -> Result<Stored, BusError> {
         let mut headers = outgoing_headers();
         headers.insert(NATS_MESSAGE_ID, submission.task_id.as_str());
         let payload = self.encode(submission)?;
@@ -320,6 +320,7 @@ impl Bus {
         let payload = self.encode(task)?;
         self.publish_traced(subject, headers, payload, dedup_id)
             .await
+            .map(|_| ())
     }
 
     /// Publishes a turn event to the task's replayable event subject without waiting for the
@@ -359,7 +360,7 @@ impl Bus {
         mut headers: HeaderMap,
         payload: Bytes,
         message_id: &str,
-    ) -> Result<(), BusError> {
+    ) -> Result<Stored, BusError> {
         let span = tracing::info_span!(
             "publish",
             "otel.name" = format!("publish {subject}"),
@@ -374,7 +375,10 @@ impl Bus {
         );
         let published = async {
             crate::telemetry::propagation::inject_current(&mut headers);
-            self.publish_durable(subject, headers, payload).await
+            self.send_durable(subject, headers, payload)
+                .await?
+                .confirmed()
+                .await
         }
         .instrument(span.clone())
         .await;
@@ -395,6 +399,7 @@ impl Bus {
             .await?
             .confirmed()
             .await
+            .map(|_| ())
     }
 
     /// Sends a message to its stream; the returned ack says whether the stream stored it.
@@ -526,6 +531,15 @@ impl Bus {
     }
 }
 
+/// How a stream took a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored now.
+    New,
+    /// Dropped as a duplicate of one stored earlier with the same `Nats-Msg-Id`.
+    Duplicate,
+}
+
 /// A message sent to a stream whose storage the stream has not confirmed yet. Dropping it leaves
 /// the confirmation to the client's background acker (a failure is then only logged there).
 pub struct PendingAck {
@@ -535,13 +549,14 @@ pub struct PendingAck {
 
 impl PendingAck {
     /// Waits (bounded) until the stream confirms it stored the message.
-    pub async fn confirmed(self) -> Result<(), BusError> {
+    pub async fn confirmed(self) -> Result<Stored, BusError> {
         let publish_error = |message: String| BusError::Publish {
             subject: self.subject.clone(),
             message,
         };
         match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(ack)) if ack.duplicate => Ok(Stored::Duplicate),
+            Ok(Ok(_)) => Ok(Stored::New),
             Ok(Err(e)) => Err(publish_error(e.to_string())),
             Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 
-use crate::bus::{Bus, BusError};
+use crate::bus::{Bus, BusError, Stored};
 use crate::config::NatsConfig;
 use crate::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent};
 use crate::subjects;
@@ -45,11 +45,15 @@ impl SkeinClient {
 
     /// Checks and publishes a task; resubmitting the same task id is deduplicated.
     pub async fn submit(&self, submission: &TaskSubmission) -> Result<(), ClientError> {
+        self.submit_stored(submission).await.map(|_| ())
+    }
+
+    /// [`Self::submit`], telling whether the task was new or a resubmission.
+    async fn submit_stored(&self, submission: &TaskSubmission) -> Result<Stored, ClientError> {
         submission
             .validate(self.bus.max_payload())
             .map_err(ClientError::Rejected)?;
-        self.bus.submit(submission).await?;
-        Ok(())
+        Ok(self.bus.submit(submission).await?)
     }
 
     /// Asks every lead and worker to stop a task. Kept for a day, so work of the task that starts
@@ -107,15 +111,45 @@ impl SkeinClient {
     }
 
     /// Submits a task and waits for its final result, passing every event to `on_event`.
+    ///
+    /// It listens on the task's event subject before it submits, so the events of a new task
+    /// arrive live, without a stream consumer per task. A resubmitted task (whose events may be
+    /// older than the subscription), or a subscription that ends early (the connection dropped),
+    /// is read from the event stream instead, past the events already passed on.
     pub async fn run(
         &self,
         submission: &TaskSubmission,
         timeout: Duration,
         mut on_event: impl FnMut(&TurnEvent) + Send,
     ) -> Result<FinalResult, ClientError> {
-        self.submit(submission).await?;
+        let subject = subjects::events(&submission.tenant, &submission.task_id);
+        let mut live = self
+            .bus
+            .client()
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| BusError::Consumer {
+                consumer: subject,
+                message: e.to_string(),
+            })?;
+        let stored = self.submit_stored(submission).await?;
         let wait = async {
-            let events = self.watch(&submission.tenant, &submission.task_id).await?;
+            let mut passed_on = 0;
+            if stored == Stored::New {
+                while let Some(message) = live.next().await {
+                    let event: TurnEvent = self.bus.decode(&message.payload)?;
+                    passed_on += 1;
+                    on_event(&event);
+                    if let EventKind::Final { result } = event.event {
+                        return Ok(result);
+                    }
+                }
+            }
+            drop(live);
+            let events = self
+                .watch(&submission.tenant, &submission.task_id)
+                .await?
+                .skip(passed_on);
             futures::pin_mut!(events);
             while let Some(event) = events.next().await {
                 let event = event?;

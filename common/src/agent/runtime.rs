@@ -258,6 +258,11 @@ impl<M: ModelClient> Runtime<M> {
                     let results = self
                         .execute_calls(&turn, out.iterations, &catalog, &tools, &calls)
                         .await;
+                    if results.iter().any(stopped_by_cancel) {
+                        // A worker stopped a call on the task's cancel request, which may reach
+                        // this turn later: the turn stops now, as it would on hearing it.
+                        turn.cancel.cancel();
+                    }
                     interrupted_if_cancelled(&turn)?;
                     for (call, result) in calls.iter().zip(results) {
                         out.new_messages
@@ -698,6 +703,11 @@ fn interrupted_if_cancelled(turn: &TurnInput<'_>) -> Result<(), Interrupted> {
     } else {
         Ok(())
     }
+}
+
+/// Whether a call ended because its task was cancelled.
+fn stopped_by_cancel(result: &ToolResult) -> bool {
+    matches!(&result.outcome, CallOutcome::Failed { failure } if failure.kind == FailureKind::Cancelled)
 }
 
 /// Records the turn so far, if the caller asked for checkpoints.
