@@ -701,11 +701,15 @@ pub async fn with_progress<T>(
 /// delivery of this work can have run. (A message whose delivery count is unknown is not.)
 pub fn first_delivery(message: &jetstream::Message) -> bool {
     let delivered_once = message.info().map(|i| i.delivered == 1).unwrap_or(false);
-    let replayed = message
+    delivered_once && !replayed(message)
+}
+
+/// True for a dead letter published again by `skein dlq replay`.
+pub fn replayed(message: &jetstream::Message) -> bool {
+    message
         .headers
         .as_ref()
-        .is_some_and(|h| h.get(HEADER_REPLAYED).is_some());
-    delivered_once && !replayed
+        .is_some_and(|h| h.get(HEADER_REPLAYED).is_some())
 }
 
 /// Settles a message, logging (not failing) when the broker cannot be told.

@@ -31,7 +31,7 @@ use futures::FutureExt;
 use skein_common::agent::events::EventSink;
 use skein_common::agent::model::Provider;
 use skein_common::agent::runtime::{Runtime, TurnInput};
-use skein_common::bus::{first_delivery, settle, with_progress, Bus};
+use skein_common::bus::{first_delivery, replayed, settle, with_progress, Bus};
 use skein_common::protocol::{
     validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
     ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
@@ -329,7 +329,7 @@ async fn admit(
 
 /// Asks the store, in one trip, for the recorded result of an earlier delivery (re-sent, and the
 /// task settled: `None`) or this attempt's number. A first dispatch's first delivery was not
-/// counted, so its later attempts count one more.
+/// counted, so its later deliveries count one more (not a replay: its count starts afresh).
 async fn admit_counted(
     ctx: &WorkerContext,
     message: &jetstream::Message,
@@ -347,7 +347,10 @@ async fn admit_counted(
             settle(message, AckKind::Ack).await;
             None
         }
-        Ok(CallAdmission::Attempt(n)) => Some(n.saturating_add(u64::from(call.first_dispatch))),
+        Ok(CallAdmission::Attempt(n)) => {
+            let uncounted_first = call.first_dispatch && !replayed(message);
+            Some(n.saturating_add(u64::from(uncounted_first)))
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot admit the call; handing the task back");
             settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;

@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `skein:{t:s}:session` | hash `version`, `state` | the session (history), versioned for compare-and-set |
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
-//! | `skein:{t:s}:results` | hash `task_id:step:call_id` → `ToolResult` | call results, first write wins |
+//! | `skein:{t:s}:results` | hash `task_id:step:call_id` → `ToolResult` | call results, first write wins (expire 7 days after the last) |
 //! | `skein:{t:s}:attempts` | hash work key → count | attempts at a turn (`turn:{task}`) or a call (its call key) |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |

@@ -25,6 +25,8 @@ use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult, WorkerAnnou
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long the checkpoint of an unfinished turn is kept.
 const CHECKPOINT_TTL_SECS: u64 = 24 * 3600;
+/// How long a session's recorded call results live after the last one recorded.
+const RESULTS_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long attempt counters live after their last change.
 const ATTEMPTS_TTL_SECS: u64 = 7 * 24 * 3600;
 
@@ -453,7 +455,9 @@ impl SessionStore {
     }
 
     /// Records a call's result under its key (`protocol::call_key`) unless one is already
-    /// recorded; true if this one was recorded.
+    /// recorded; true if this one was recorded. The session's results live for
+    /// [`RESULTS_TTL_SECS`] after the last one recorded (longer than a checkpoint that could need
+    /// them).
     pub async fn record_result(
         &self,
         tenant: &str,
@@ -463,8 +467,12 @@ impl SessionStore {
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let fresh: bool = conn
-            .hset_nx(keys::results(tenant, session), call_key, json)
+        let key = keys::results(tenant, session);
+        let (fresh, _): (bool, bool) = redis::pipe()
+            .atomic()
+            .hset_nx(&key, call_key, json)
+            .expire(&key, RESULTS_TTL_SECS as i64)
+            .query_async(&mut conn)
             .await?;
         Ok(fresh)
     }

@@ -1,0 +1,62 @@
+//! Recorded call results against a real redis-server: the first write wins, and a session's
+//! results expire a while after its last call instead of living forever.
+
+use skein_common::config::RedisConfig;
+use skein_common::protocol::{CallOutcome, ToolResult, PROTOCOL_VERSION};
+use skein_common::store::{keys, SessionStore};
+use skein_tests::support::servers::RedisServer;
+use skein_tests::support::unique;
+
+fn result(output: &str) -> ToolResult {
+    ToolResult {
+        v: PROTOCOL_VERSION,
+        call_id: "c1".to_owned(),
+        outcome: CallOutcome::Ok {
+            output: output.to_owned(),
+        },
+        worker_id: "w".to_owned(),
+        duration_ms: 1,
+    }
+}
+
+#[tokio::test]
+async fn the_first_result_wins_and_a_sessions_results_expire_after_its_last_call() {
+    let redis = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig {
+        url: redis.url.clone(),
+    })
+    .await
+    .expect("redis reachable");
+    let session = unique("s");
+
+    assert!(store
+        .record_result("acme", &session, "t:0:c1", &result("first"))
+        .await
+        .expect("recorded"));
+    assert!(!store
+        .record_result("acme", &session, "t:0:c1", &result("second"))
+        .await
+        .expect("answered"));
+    assert_eq!(
+        store
+            .recorded_result("acme", &session, "t:0:c1")
+            .await
+            .expect("read"),
+        Some(result("first"))
+    );
+
+    let client = redis::Client::open(redis.url.as_str()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(keys::results("acme", &session))
+        .query_async(&mut conn)
+        .await
+        .expect("ttl");
+    assert!(
+        (6 * 24 * 3600..=7 * 24 * 3600).contains(&ttl),
+        "results expire about 7 days after the last call, not never: ttl {ttl}"
+    );
+}
