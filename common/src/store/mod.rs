@@ -73,8 +73,8 @@ pub struct SessionState {
     pub turns: u64,
 }
 
-/// The progress of a turn that has not ended, recorded after every step so another lead can
-/// resume it.
+/// The progress of a turn that has not ended, recorded before each step's calls are dispatched so
+/// another lead can resume it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TurnCheckpoint {
     /// What the turn has added so far: the user's input, model messages, observations.
