@@ -89,7 +89,7 @@ pub struct ConsumerSettings {
     /// How long a delivery may go unacknowledged (progress acks extend it).
     pub ack_wait: Duration,
     /// Deliveries before the server gives up on a message; -1 for no limit (Skein counts attempts
-    /// itself, see `SessionStore::count_attempt`).
+    /// itself, see `SessionStore::begin_turn` and `SessionStore::admit_call`).
     pub max_deliver: i64,
 }
 
@@ -569,17 +569,6 @@ pub struct Intake {
 }
 
 impl Intake {
-    /// Waits up to `wait` for one message. Call it only when there is capacity to run the message:
-    /// this is a fresh pull request for exactly one message, so nothing is prefetched.
-    pub async fn next(&self, wait: Duration) -> Result<Option<jetstream::Message>, BusError> {
-        let mut batch = self.pull(1, wait).await?;
-        match batch.next().await {
-            Some(Ok(message)) => Ok(Some(message)),
-            Some(Err(e)) => Err(BusError::Pull(e.to_string())),
-            None => Ok(None),
-        }
-    }
-
     /// One pull request for at most `count` messages, delivered as they come until `count` have
     /// come or `wait` ends.
     async fn pull(&self, count: usize, wait: Duration) -> Result<consumer::pull::Batch, BusError> {

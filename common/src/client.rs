@@ -135,12 +135,18 @@ impl SkeinClient {
         let stored = self.submit_stored(submission).await?;
         let wait = async {
             let mut passed_on = 0;
+            // Passes an event on; the final result ends the wait.
+            let mut pass_on = |event: TurnEvent| {
+                on_event(&event);
+                match event.event {
+                    EventKind::Final { result } => Some(result),
+                    _ => None,
+                }
+            };
             if stored == Stored::New {
                 while let Some(message) = live.next().await {
-                    let event: TurnEvent = self.bus.decode(&message.payload)?;
                     passed_on += 1;
-                    on_event(&event);
-                    if let EventKind::Final { result } = event.event {
+                    if let Some(result) = pass_on(self.bus.decode(&message.payload)?) {
                         return Ok(result);
                     }
                 }
@@ -152,9 +158,7 @@ impl SkeinClient {
                 .skip(passed_on);
             futures::pin_mut!(events);
             while let Some(event) = events.next().await {
-                let event = event?;
-                on_event(&event);
-                if let EventKind::Final { result } = event.event {
+                if let Some(result) = pass_on(event?) {
                     return Ok(result);
                 }
             }

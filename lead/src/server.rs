@@ -354,7 +354,6 @@ impl Lead {
         let mut start = start;
         if unstartable.is_some() || !matches!(in_line, Ok(true)) {
             self.take_back(submission, &start, &token).await;
-            start = Ok(TurnStart::Busy);
         }
         if let Some(failure) = unstartable {
             let status = if failure.kind == FailureKind::Cancelled {

@@ -401,19 +401,6 @@ impl SessionStore {
         Ok(saved == 1)
     }
 
-    /// The recorded progress of a turn that has not ended, if any.
-    pub async fn checkpoint(
-        &self,
-        tenant: &str,
-        session: &str,
-        task_id: &str,
-    ) -> Result<Option<TurnCheckpoint>, StoreError> {
-        let mut conn = self.connection.clone();
-        let json: Option<String> = conn.get(keys::checkpoint(tenant, session, task_id)).await?;
-        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
-            .transpose()
-    }
-
     /// Ends a turn in one step while `lease_token` holds the lease: saves the session state (when
     /// given, compare-and-set on `expected_version`), stores the final result, drops the
     /// checkpoint and releases the lease. A crash can therefore never save a turn's history without its final result
@@ -490,28 +477,10 @@ impl SessionStore {
             .transpose()
     }
 
-    /// Counts one more attempt at a piece of work (a turn or a call) of the session; returns the
-    /// count including this one. Counting ourselves keeps retries bounded without relying on the
-    /// broker's max-deliveries advisories, which nats-server 2.9 sends as core messages only.
-    pub async fn count_attempt(
-        &self,
-        tenant: &str,
-        session: &str,
-        work: &str,
-    ) -> Result<u64, StoreError> {
-        let mut conn = self.connection.clone();
-        let key = keys::attempts(tenant, session);
-        let (count, _): (u64, bool) = redis::pipe()
-            .atomic()
-            .hincr(&key, work, 1)
-            .expire(&key, ATTEMPTS_TTL_SECS as i64)
-            .query_async(&mut conn)
-            .await?;
-        Ok(count)
-    }
-
     /// Admits a call on a worker: its recorded result if an earlier delivery finished it, else
-    /// the number of this attempt (counted).
+    /// the number of this attempt (counted). Counting attempts ourselves keeps retries bounded
+    /// without relying on the broker's max-deliveries advisories, which nats-server 2.9 sends as
+    /// core messages only.
     pub async fn admit_call(
         &self,
         tenant: &str,
