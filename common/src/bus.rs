@@ -176,6 +176,13 @@ impl Bus {
                 ..Default::default()
             },
             stream::Config {
+                name: subjects::APPROVALS_STREAM.into(),
+                subjects: vec![subjects::APPROVALS_ALL.into()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                max_age: Duration::from_secs(14 * 24 * 3600),
+                ..Default::default()
+            },
+            stream::Config {
                 name: subjects::DLQ_STREAM.into(),
                 subjects: vec![subjects::DLQ_ALL.into()],
                 retention: stream::RetentionPolicy::Limits,
@@ -280,6 +287,21 @@ impl Bus {
         let payload = self.encode(request)?;
         self.publish_durable(
             subjects::cancel(&request.tenant, &request.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
+    }
+
+    /// Publishes an answer to a task's approval requests (durably: any lead records it, also one
+    /// started after the publish).
+    pub async fn publish_decision(
+        &self,
+        decision: &crate::protocol::ApprovalDecision,
+    ) -> Result<(), BusError> {
+        let payload = self.encode(decision)?;
+        self.publish_durable(
+            subjects::approval(&decision.tenant, &decision.task_id),
             outgoing_headers(),
             payload,
         )

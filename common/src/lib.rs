@@ -10,8 +10,10 @@
 //! - [`client`]: submitting tasks and watching their events, for the CLI and any Rust client.
 //! - [`cancel`]: the running work of a process by task, reached by cancel requests.
 //! - [`dispatch`]: turning tool calls into tool and subagent tasks and collecting their results.
-//! - [`agent`]: the agent runtime (definitions, model providers, prompt sections, skills, context,
-//!   hooks, the ReAct loop).
+//! - [`agent`]: the agent runtime (the ReAct loop and its seams, middleware, permissions,
+//!   definitions, model providers, prompt sections, skills, context); it imports no transport.
+//! - [`wiring`]: the runtime's seams over NATS and Redis (events, checkpoints, approvals) and the
+//!   assembly of a cluster runtime.
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
 
 pub mod admin;
@@ -27,6 +29,7 @@ pub mod shutdown;
 pub mod store;
 pub mod subjects;
 pub mod telemetry;
+pub mod wiring;
 
 /// The version every process announces.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -8,6 +8,8 @@
 //! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
+//! | `skein.approval.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-approvals` | `ApprovalDecision` |
+//! | `skein.wake.{tenant}.{task_id}` | core NATS | empty: a suspended turn's answer is recorded |
 //! | `skein.dlq.{submit,tool,agent,other}` | stream `SKEIN_DLQ` (limits, 14 days) | the original payload, with why and how often it was tried in headers |
 //!
 //! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
@@ -21,6 +23,10 @@ pub const EVENTS_STREAM: &str = "SKEIN_EVENTS";
 pub const DLQ_STREAM: &str = "SKEIN_DLQ";
 pub const CANCEL_STREAM: &str = "SKEIN_CANCEL";
 pub const LEADS_CONSUMER: &str = "skein-leads";
+pub const APPROVALS_STREAM: &str = "SKEIN_APPROVALS";
+pub const APPROVALS_CONSUMER: &str = "skein-leads-approvals";
+pub const APPROVALS_ALL: &str = "skein.approval.>";
+pub const WAKE_ALL: &str = "skein.wake.>";
 
 /// All subjects of the submit stream.
 pub const SUBMIT_ALL: &str = "skein.submit.>";
@@ -120,6 +126,28 @@ pub fn parse_cancel(subject: &str) -> Option<(&str, &str)> {
 }
 
 /// The events of one task.
+/// Where an answer to a task's approval requests is published.
+pub fn approval(tenant: &str, task_id: &str) -> String {
+    format!("skein.approval.{tenant}.{task_id}")
+}
+
+pub fn parse_approval(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("skein.approval.")?;
+    let (tenant, task) = rest.split_once('.')?;
+    (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
+}
+
+/// Tells the lead holding a suspended turn that its answer is recorded.
+pub fn wake(tenant: &str, task_id: &str) -> String {
+    format!("skein.wake.{tenant}.{task_id}")
+}
+
+pub fn parse_wake(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("skein.wake.")?;
+    let (tenant, task) = rest.split_once('.')?;
+    (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
+}
+
 pub fn events(tenant: &str, task_id: &str) -> String {
     format!("skein.events.{tenant}.{task_id}")
 }
@@ -136,6 +164,17 @@ mod tests {
         assert!(tool_task("default", "read_file").starts_with(tool.trim_end_matches('>')));
         assert!(agent_task("default", "researcher").starts_with(agent.trim_end_matches('>')));
         assert!(!tool_task("default", "x").starts_with(agent.trim_end_matches('>')));
+    }
+
+    #[test]
+    fn approval_and_wake_subjects_name_tenant_and_task() {
+        assert_eq!(
+            parse_approval(&approval("acme", "t1")),
+            Some(("acme", "t1"))
+        );
+        assert_eq!(parse_wake(&wake("acme", "t1")), Some(("acme", "t1")));
+        assert_eq!(parse_approval("skein.approval.acme.t1.x"), None);
+        assert_eq!(parse_wake("skein.wake.acme"), None);
     }
 
     #[test]

@@ -3,12 +3,16 @@
 //!
 //! # Layout
 //! - [`config`]: the `skein-lead` configuration.
-//! - [`server`]: the lead process — intake of submissions, session lease, load, turn, save, result.
+//! - [`server`]: the lead process — intake of submissions, session lease, load, turn, save, result;
+//!   [`LeadBuilder`] adds an embedder's middleware and listeners.
+//! - [`approvals`]: turns that wait for a person — suspending, parking without a slot, recording
+//!   answers and waking the turn.
 //! - [`cli`]: the `skein` command (submit, workers, dev, lead, worker).
 
+pub mod approvals;
 pub mod cli;
 pub mod config;
 pub mod server;
 
 pub use config::Config;
-pub use server::{run, LeadError};
+pub use server::{run, LeadBuilder, LeadError};

@@ -23,12 +23,10 @@ use async_nats::jetstream::{self, AckKind};
 use futures::FutureExt;
 use skein_common::admin::{self, Readiness};
 use skein_common::agent::definition::AgentCatalog;
-use skein_common::agent::events::EventSink;
-use skein_common::agent::hooks::Hooks;
+use skein_common::agent::hooks::Listeners;
+use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
-use skein_common::agent::runtime::{
-    Checkpoints, Interrupted, Runtime, RuntimeSettings, TurnInput, TurnOutput,
-};
+use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput, TurnOutput, TurnStop};
 use skein_common::bus::{
     first_delivery, message_id, process_span, settle, with_progress, Bus, BusError,
     ConsumerSettings,
@@ -46,9 +44,13 @@ use skein_common::store::{
     LoadedSession, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnStart,
 };
 use skein_common::subjects;
+use skein_common::wiring::approvals::StoredApprovals;
+use skein_common::wiring::checkpoints::LeaseCheckpoints;
+use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::approvals::{Parked, Suspension};
 use crate::config::Config;
 
 /// How often the depth of the leads' consumer is reported as metrics.
@@ -80,19 +82,70 @@ pub enum LeadError {
     Admin(#[from] skein_common::admin::AdminError),
 }
 
-struct Lead {
-    bus: Bus,
-    cancels: CancelRegistry,
-    store: SessionStore,
+pub(crate) struct Lead {
+    pub(crate) bus: Bus,
+    pub(crate) cancels: CancelRegistry,
+    pub(crate) store: SessionStore,
     agents: AgentCatalog,
-    runtime: Runtime<Provider>,
-    metrics: Metrics,
+    runtime: Runtime,
+    listeners: Listeners,
+    approvals: StoredApprovals,
+    /// Suspended turns this lead holds while they wait for an answer.
+    pub(crate) parked: Parked,
+    pub(crate) metrics: Metrics,
     instance: String,
-    cfg: Config,
+    pub(crate) cfg: Config,
+    /// The process's shutdown: suspended turns are handed back at once when it fires.
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) running: tokio_util::task::TaskTracker,
 }
 
 /// Runs a lead until `shutdown` is cancelled, then drains.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadError> {
+    LeadBuilder::new(cfg).run(shutdown).await
+}
+
+/// A lead with the embedder's own middleware (layers around model and tool calls, hooks around
+/// the turn and its steps, prompt transformers) and event listeners.
+pub struct LeadBuilder {
+    cfg: Config,
+    middleware: Middleware,
+    listeners: Listeners,
+}
+
+impl LeadBuilder {
+    pub fn new(cfg: Config) -> Self {
+        Self {
+            cfg,
+            middleware: Middleware::new(),
+            listeners: Listeners::default(),
+        }
+    }
+
+    /// Uses `middleware` for every turn (its layers run outside the built-ins).
+    pub fn middleware(mut self, middleware: Middleware) -> Self {
+        self.middleware = middleware;
+        self
+    }
+
+    /// Tells `listener` of every event of every turn.
+    pub fn listener(mut self, listener: Arc<dyn skein_common::agent::hooks::TurnListener>) -> Self {
+        self.listeners = self.listeners.with(listener);
+        self
+    }
+
+    /// Runs the lead until `shutdown` is cancelled, then drains.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), LeadError> {
+        serve(self, shutdown).await
+    }
+}
+
+async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), LeadError> {
+    let LeadBuilder {
+        cfg,
+        middleware,
+        listeners,
+    } = builder;
     cfg.validate().map_err(LeadError::Config)?;
     let instance = cfg.process.instance_id("lead");
     let agents = match &cfg.agents_dir {
@@ -122,12 +175,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
         work.background_stop.clone(),
     )
     .await?;
-    let runtime = Runtime::new(
+    let runtime = skein_common::wiring::assemble(
         provider,
         dispatcher,
-        store.clone(),
         agents.skills().clone(),
-        Hooks::default(),
+        middleware,
         RuntimeSettings {
             default_model: cfg.model.model.clone(),
             provider: provider_name.into(),
@@ -135,8 +187,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             subagent_timeout: cfg.subagent_timeout,
             ..RuntimeSettings::default()
         },
-    )
-    .with_metrics(metrics.clone());
+        metrics.clone(),
+    );
     let intake = bus
         .intake(&ConsumerSettings {
             stream: subjects::SUBMIT_STREAM,
@@ -146,6 +198,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
             max_deliver: -1,
         })
         .await?;
+    let decisions = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::APPROVALS_STREAM,
+            durable: subjects::APPROVALS_CONSUMER.into(),
+            filter: subjects::APPROVALS_ALL.into(),
+            ack_wait: cfg.process.ack_wait,
+            max_deliver: -1,
+        })
+        .await?;
+    let parked = Parked::listen(&bus, &work.background, work.background_stop.clone()).await?;
     bus.watch_queue_depth(
         metrics.clone(),
         vec![(subjects::SUBMIT_STREAM, subjects::LEADS_CONSUMER.to_owned())],
@@ -163,28 +225,41 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
     let lead = Arc::new(Lead {
         bus,
         cancels,
+        approvals: StoredApprovals {
+            store: store.clone(),
+        },
         store,
         agents,
         runtime,
+        listeners,
+        parked,
         metrics,
         instance: instance.clone(),
         cfg,
+        shutdown: shutdown.clone(),
+        running: work.running.clone(),
     });
 
     let handler_lead = lead.clone();
     let handler_abort = work.abort.clone();
-    intake
-        .serve(
-            concurrency,
-            shutdown,
-            work.running.clone(),
-            move |message| {
-                handler_lead
-                    .clone()
-                    .handle(message, handler_abort.child_token())
-            },
-        )
-        .await;
+    let turns = intake.serve(
+        concurrency,
+        shutdown.clone(),
+        work.running.clone(),
+        move |message| {
+            handler_lead
+                .clone()
+                .handle(message, handler_abort.child_token())
+        },
+    );
+    let decision_lead = lead.clone();
+    let answers = decisions.serve(
+        crate::approvals::DECISION_CONCURRENCY,
+        shutdown,
+        work.running.clone(),
+        move |message| decision_lead.clone().handle_decision(message),
+    );
+    tokio::join!(turns, answers);
     readiness.set_ready(false);
     work.drain(grace).await;
     tracing::info!(lead_id = %instance, "lead stopped");
@@ -192,7 +267,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadErr
 }
 
 /// How handling a submission ended.
-enum Settled {
+pub(crate) enum Settled {
     /// Finished (successfully or not); the final result is stored and published.
     Done,
     /// Not this task's turn yet (an older task of the session is unfinished): hand it back
@@ -202,6 +277,10 @@ enum Settled {
     Retry(Failure),
     /// The last attempt failed too: dead-letter it and end with a failed final result.
     GiveUp(Failure, u64),
+    /// Calls wait for a person: the turn's request is stored, the lease released and the attempt
+    /// uncounted; the message is held (unacknowledged, without a slot) until an answer wakes it.
+    /// (Boxed: a suspension carries the whole submission, the other outcomes are small.)
+    Suspended(Box<Suspension>),
 }
 
 /// A turn whose lease is held: the lease token, the session as loaded, any checkpoint to resume
@@ -232,7 +311,11 @@ impl Lead {
         self.handle_delivery(message, abort).instrument(span).await
     }
 
-    async fn handle_delivery(&self, message: jetstream::Message, abort: CancellationToken) {
+    async fn handle_delivery(
+        self: &Arc<Self>,
+        message: jetstream::Message,
+        abort: CancellationToken,
+    ) {
         let submission: TaskSubmission = match self.bus.decode(&message.payload) {
             Ok(s) => s,
             Err(e) => {
@@ -263,6 +346,7 @@ impl Lead {
         .await;
         match outcome {
             Settled::Done => settle(&message, AckKind::Ack).await,
+            Settled::Suspended(suspension) => self.park(message, *suspension),
             Settled::NotYet => settle(&message, AckKind::Nak(Some(REQUEUE_DELAY))).await,
             Settled::Retry(failure) if abort.is_cancelled() => {
                 tracing::info!(%failure, "turn handed back on shutdown");
@@ -356,6 +440,10 @@ impl Lead {
             self.take_back(submission, &start, &token).await;
         }
         if let Some(failure) = unstartable {
+            // A turn that waited for approval asks no more.
+            if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
+                tracing::warn!(error = %e, "approval request not cleared");
+            }
             let status = if failure.kind == FailureKind::Cancelled {
                 TurnStatus::Cancelled
             } else {
@@ -432,6 +520,14 @@ impl Lead {
             }
         }
         match settled {
+            Settled::Suspended(_) => {
+                // Waiting for a person is not an attempt.
+                let work = turn_attempts_field(&submission.task_id);
+                if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
+                    tracing::warn!(error = %e, "attempt not taken back");
+                }
+                settled
+            }
             Settled::Retry(_) if abort.is_cancelled() => {
                 // Shutdown is not this task's fault: the attempt does not count.
                 let work = turn_attempts_field(&submission.task_id);
@@ -572,12 +668,12 @@ impl Lead {
             first_run,
         } = turn;
         let origin = submission.origin();
-        let events = EventSink::new(
+        let events = Arc::new(BusEvents::new(
             self.bus.clone(),
-            self.runtime.hooks().clone(),
+            self.listeners.clone(),
             origin.clone(),
             "lead",
-        );
+        ));
         events
             .emit(EventKind::TurnStarted {
                 agent: agent.name.clone(),
@@ -587,7 +683,7 @@ impl Lead {
                 trace_id: skein_common::telemetry::current_trace_id(),
             })
             .await;
-        let checkpoints = Checkpoints {
+        let checkpoints = LeaseCheckpoints {
             store: self.store.clone(),
             tenant: tenant.to_owned(),
             session: session.to_owned(),
@@ -601,13 +697,15 @@ impl Lead {
             origin,
             agent,
             history: &loaded.state.history,
+            loaded_skills: &loaded.state.skills,
             input: submission.input.clone(),
             depth: 0,
-            events: &events,
+            events: events.clone(),
             cancel: stop,
             first_run,
             resume,
             checkpoints: Some(&checkpoints),
+            approvals: Some(&self.approvals),
         }));
         let deadline = async {
             match time_left {
@@ -632,10 +730,17 @@ impl Lead {
         };
         let output = match output {
             Ok(output) => output,
-            Err(Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
+            Err(TurnStop::AwaitingApproval(calls)) => {
+                events.flush().await;
+                return self
+                    .suspend(submission, &agent.permissions, calls)
+                    .boxed()
+                    .await;
+            }
+            Err(TurnStop::Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
                 return Settled::Retry(failure)
             }
-            Err(Interrupted(_)) => {
+            Err(TurnStop::Interrupted(_)) => {
                 let (status, failure) = if deadline_hit {
                     (
                         TurnStatus::Failed,
@@ -658,6 +763,8 @@ impl Lead {
                     limit_reached: false,
                     usage: Default::default(),
                     new_messages: Vec::new(),
+                    loaded_skills: Vec::new(),
+                    asked_approval: true,
                 }
             }
         };
@@ -665,6 +772,11 @@ impl Lead {
             let mut state = loaded.state;
             state.history.extend(output.new_messages.iter().cloned());
             state.turns += 1;
+            for skill in &output.loaded_skills {
+                if !state.skills.contains(skill) {
+                    state.skills.push(skill.clone());
+                }
+            }
             state
         });
         let result = FinalResult {
@@ -693,6 +805,11 @@ impl Lead {
             TurnStatus::Cancelled => "cancelled",
         };
         self.metrics.turn_finished(outcome, started.elapsed());
+        if output.asked_approval {
+            if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
+                tracing::warn!(error = %e, "approval request not cleared");
+            }
+        }
         events.emit(EventKind::Final { result }).await;
         events.flush().await;
         Settled::Done
@@ -738,15 +855,15 @@ impl Lead {
             workspace: result.session.clone(),
             deadline_ms: None,
         };
-        let events = EventSink::new(self.bus.clone(), Hooks::default(), origin, "lead");
+        let events = BusEvents::new(self.bus.clone(), Listeners::default(), origin, "lead");
         events.emit(EventKind::Final { result }).await;
         events.flush().await;
     }
 
     async fn emit_final(&self, submission: &TaskSubmission, result: FinalResult) {
-        let events = EventSink::new(
+        let events = BusEvents::new(
             self.bus.clone(),
-            self.runtime.hooks().clone(),
+            self.listeners.clone(),
             submission.origin(),
             "lead",
         );

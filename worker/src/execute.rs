@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
 use futures::FutureExt;
-use skein_common::agent::events::EventSink;
-use skein_common::agent::model::Provider;
+use skein_common::agent::hooks::Listeners;
 use skein_common::agent::runtime::{Runtime, TurnInput};
 use skein_common::bus::{first_delivery, replayed, settle, with_progress, Bus};
 use skein_common::protocol::{
@@ -37,6 +36,7 @@ use skein_common::protocol::{
     ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
 };
 use skein_common::store::{CallAdmission, SessionState, SessionStore};
+use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -52,7 +52,7 @@ pub(crate) struct WorkerContext {
     pub bus: Bus,
     pub store: SessionStore,
     pub registry: ToolRegistry,
-    pub runtime: Option<Runtime<Provider>>,
+    pub runtime: Option<Runtime>,
     pub stats: Arc<ScopeStats>,
     pub instance: String,
     pub scratch_dir: PathBuf,
@@ -195,12 +195,12 @@ async fn subagent_task(
         session: task.child_session.clone(),
         ..task.origin.clone()
     };
-    let events = EventSink::new(
+    let events = Arc::new(BusEvents::new(
         ctx.bus.clone(),
-        runtime.hooks().clone(),
+        Listeners::default(),
         child_origin.clone(),
         format!("subagent:{}", task.call_id),
-    );
+    ));
     let timeout = Duration::from_millis(task.timeout_ms);
     let run = async {
         let loaded = match ctx
@@ -218,14 +218,17 @@ async fn subagent_task(
             origin: child_origin.clone(),
             agent: &task.agent,
             history: &loaded.state.history,
+            loaded_skills: &loaded.state.skills,
             input: task.input.clone(),
             depth: task.depth,
-            events: &events,
+            events: events.clone(),
             cancel: &stop,
             resume: None,
             // The child turn's calls can have run before only if this task ran before.
             first_run: task.first_dispatch && first_delivery(&message),
             checkpoints: None,
+            // Nobody answers a subagent's approval requests: a call that would ask is denied.
+            approvals: None,
         });
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
             Ok(Ok(Ok(output))) => output,

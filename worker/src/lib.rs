@@ -15,4 +15,4 @@ pub mod scope;
 pub mod tools;
 
 pub use config::Config;
-pub use run::{run, run_with_stats, run_with_tools, WorkerError};
+pub use run::{run, run_custom, run_with_stats, run_with_tools, WorkerError};

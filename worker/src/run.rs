@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use skein_common::admin::{self, Readiness};
-use skein_common::agent::hooks::Hooks;
+use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
-use skein_common::agent::runtime::{Runtime, RuntimeSettings};
+use skein_common::agent::runtime::RuntimeSettings;
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{Bus, BusError, ConsumerSettings};
 use skein_common::dispatch::Dispatcher;
@@ -68,6 +68,18 @@ pub async fn run_with_tools(
     stats: Arc<ScopeStats>,
     extra: impl FnOnce(&mut ToolRegistry),
 ) -> Result<(), WorkerError> {
+    run_custom(cfg, shutdown, stats, extra, Middleware::new()).await
+}
+
+/// [`run_with_tools`], with the embedder's middleware around the model and tool calls of the
+/// subagent loops this worker runs (its layers outside the built-ins).
+pub async fn run_custom(
+    cfg: Config,
+    shutdown: CancellationToken,
+    stats: Arc<ScopeStats>,
+    extra: impl FnOnce(&mut ToolRegistry),
+    middleware: Middleware,
+) -> Result<(), WorkerError> {
     cfg.validate().map_err(WorkerError::Config)?;
     let instance = cfg.process.instance_id("worker");
     let bus = Bus::connect(
@@ -113,17 +125,14 @@ pub async fn run_with_tools(
             tool_timeout: cfg.process.tool_timeout,
             ..RuntimeSettings::default()
         };
-        Some(
-            Runtime::new(
-                provider,
-                dispatcher,
-                store.clone(),
-                SkillCatalog::default(),
-                Hooks::default(),
-                settings,
-            )
-            .with_metrics(metrics.clone()),
-        )
+        Some(skein_common::wiring::assemble(
+            provider,
+            dispatcher,
+            SkillCatalog::default(),
+            middleware,
+            settings,
+            metrics.clone(),
+        ))
     } else {
         None
     };

@@ -2,7 +2,7 @@
 //! earlier turns are evicted to a short preview (the full text stays in the session), and very long
 //! histories keep only their most recent messages, never splitting a tool call from its results.
 
-use crate::agent::message::{Message, Role};
+use crate::protocol::message::{Message, Role};
 
 /// Limits applied when preparing history for a model call.
 #[derive(Debug, Clone, Copy)]

@@ -4,11 +4,20 @@
 //! Folder layout:
 //! - `AGENTS.md`: the main agent; its subagents default to every file in `subagents/`;
 //! - `subagents/*.md`: agents the main agent may spawn (also submittable by name);
-//! - `skills/*/SKILL.md`: skills (see `skills`).
+//! - `skills/*/SKILL.md`: skills (see `skills`);
+//! - `permissions.toml` (optional): permission rules for every agent of the folder, with the keys
+//!   of a `[permissions]` table at its top level.
 //!
 //! Each `.md` file is optional TOML front matter between `+++` lines (`name`, `description`,
-//! `model`, `tools`, `subagents`, `max_iterations`) followed by the system prompt. Without a folder
-//! the bundled example workspace is used, so a fresh cluster answers offline.
+//! `model`, `tools`, `subagents`, `max_iterations`, `skills`, and a `[permissions]` table with
+//! `mode`, `allow`, `ask`, `deny` and `approval_timeout_ms` or `approval_timeout = "10m"`)
+//! followed by the system prompt. Without a folder the bundled example workspace is used, so a
+//! fresh cluster answers offline.
+//!
+//! Invariants: a loaded catalog holds only agents whose permission rules all compile and whose
+//! `skills` all exist; an agent's permissions are the folder's merged with its own
+//! (`permissions::merge`); a task's overrides can only tighten them (`permissions::tighten`), and
+//! the tightening reaches the subagents the task may spawn.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,13 +25,20 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::agent::permissions::{merge, restrict, tighten, CompiledPolicy};
 use crate::agent::skills::SkillCatalog;
-use crate::protocol::{validate_token, AgentOverrides, AgentSpec, Failure, FailureKind};
+use crate::protocol::{
+    validate_token, AgentOverrides, AgentSpec, Failure, FailureKind, PermissionMode,
+    PermissionPolicy,
+};
 
 /// Iteration limit when a definition sets none.
 pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
 /// Highest iteration limit a definition or override may ask for.
 pub const MAX_ITERATIONS_CAP: u32 = 64;
+
+/// The folder-wide permission rules file at the root of an agents folder.
+pub const PERMISSIONS_FILE: &str = "permissions.toml";
 
 const BUNDLED_MAIN: &str = include_str!("../../../examples/workspace/AGENTS.md");
 const BUNDLED_SUBAGENTS: [(&str, &str); 1] = [(
@@ -60,6 +76,63 @@ struct FrontMatter {
     tools: Option<Vec<String>>,
     subagents: Option<Vec<String>>,
     max_iterations: Option<u32>,
+    /// Skills the agent may load; absent allows all.
+    skills: Option<Vec<String>>,
+    #[serde(default)]
+    permissions: PermissionsTable,
+}
+
+/// A `[permissions]` table of a front matter, or the whole of `permissions.toml`: the keys of
+/// [`PermissionPolicy`], plus `approval_timeout` as a humantime string (`"10m"`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PermissionsTable {
+    mode: Option<PermissionMode>,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    ask: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+    approval_timeout_ms: Option<u64>,
+    approval_timeout: Option<String>,
+}
+
+impl PermissionsTable {
+    /// The policy this table declares, once its timeout is read and every rule compiles.
+    fn into_policy(self, path: &str) -> Result<PermissionPolicy, DefinitionError> {
+        let invalid = |message: String| DefinitionError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        let approval_timeout_ms = match (self.approval_timeout_ms, self.approval_timeout) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "permissions: set approval_timeout or approval_timeout_ms, not both".into(),
+                ))
+            }
+            (ms, None) => ms,
+            (None, Some(text)) => {
+                let duration = humantime::parse_duration(&text)
+                    .map_err(|e| invalid(format!("permissions: approval_timeout {text:?}: {e}")))?;
+                Some(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+            }
+        };
+        if approval_timeout_ms == Some(0) {
+            return Err(invalid(
+                "permissions: the approval timeout must be positive".into(),
+            ));
+        }
+        let policy = PermissionPolicy {
+            mode: self.mode,
+            allow: self.allow,
+            ask: self.ask,
+            deny: self.deny,
+            approval_timeout_ms,
+        };
+        CompiledPolicy::compile(&policy).map_err(|e| invalid(format!("permissions: {e}")))?;
+        Ok(policy)
+    }
 }
 
 /// All agents a lead can run, plus the skills catalog.
@@ -82,7 +155,12 @@ impl AgentCatalog {
                 .iter()
                 .map(|(n, t)| (n.to_string(), t.to_string())),
         )?;
-        Self::assemble(("AGENTS.md".into(), BUNDLED_MAIN.into()), subagents, skills)
+        Self::assemble(
+            ("AGENTS.md".into(), BUNDLED_MAIN.into()),
+            subagents,
+            skills,
+            &PermissionPolicy::default(),
+        )
     }
 
     /// Loads a workspace folder.
@@ -112,24 +190,35 @@ impl AgentCatalog {
             }
         }
         let skills = SkillCatalog::load_dir(&dir.join("skills"))?;
-        Self::assemble(main, subagents, skills)
+        let folder_file = dir.join(PERMISSIONS_FILE);
+        let folder_permissions = if folder_file.is_file() {
+            parse_folder_permissions(&folder_file.display().to_string(), &read(&folder_file)?)?
+        } else {
+            PermissionPolicy::default()
+        };
+        Self::assemble(main, subagents, skills, &folder_permissions)
     }
 
     fn assemble(
         main: (String, String),
         subagents: Vec<(String, String)>,
         skills: SkillCatalog,
+        folder_permissions: &PermissionPolicy,
     ) -> Result<Self, DefinitionError> {
+        let shared = Shared {
+            skills: &skills,
+            folder_permissions,
+        };
         let mut agents = BTreeMap::new();
         let mut sub_names = Vec::new();
         let mut sub_lists = Vec::new();
         for (path, text) in &subagents {
-            let (spec, subs) = parse(path, text, "")?;
+            let (spec, subs) = parse(path, text, "", &shared)?;
             sub_names.push(spec.name.clone());
             sub_lists.push((spec.name.clone(), subs.unwrap_or_default()));
             agents.insert(spec.name.clone(), spec);
         }
-        let (main_spec, main_subs) = parse(&main.0, &main.1, "assistant")?;
+        let (main_spec, main_subs) = parse(&main.0, &main.1, "assistant", &shared)?;
         sub_lists.push((main_spec.name.clone(), main_subs.unwrap_or(sub_names)));
         agents.insert(main_spec.name.clone(), main_spec);
         // Resolve subagent names into specs (one level: a child's own children are resolved too,
@@ -155,10 +244,12 @@ impl AgentCatalog {
         Ok(Self { agents, skills })
     }
 
+    /// Names of every agent, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
     }
 
+    /// The skills of the folder.
     pub fn skills(&self) -> &SkillCatalog {
         &self.skills
     }
@@ -199,8 +290,38 @@ impl AgentCatalog {
             }
             spec.max_iterations = max;
         }
+        if let Some(limits) = &o.permissions {
+            spec.permissions = tighten(&spec.permissions, limits)?;
+            for child in &mut spec.subagents {
+                restrict_tree(child, limits);
+            }
+        }
         Ok(Arc::new(spec))
     }
+}
+
+/// Applies a task's (already accepted) tightening to a subagent and the subagents below it, so a
+/// task cannot reach through a child what it refused itself.
+fn restrict_tree(spec: &mut AgentSpec, limits: &PermissionPolicy) {
+    spec.permissions = restrict(&spec.permissions, limits);
+    for child in &mut spec.subagents {
+        restrict_tree(child, limits);
+    }
+}
+
+/// What every definition file of a folder is checked and merged against.
+struct Shared<'a> {
+    skills: &'a SkillCatalog,
+    folder_permissions: &'a PermissionPolicy,
+}
+
+/// Parses `permissions.toml`: a `[permissions]` table's keys at the top level.
+fn parse_folder_permissions(path: &str, text: &str) -> Result<PermissionPolicy, DefinitionError> {
+    let table: PermissionsTable = toml::from_str(text).map_err(|e| DefinitionError::Invalid {
+        path: path.to_owned(),
+        message: format!("bad TOML: {e}"),
+    })?;
+    table.into_policy(path)
 }
 
 /// Parses one definition file; returns the spec and its declared subagent names (if any).
@@ -208,6 +329,7 @@ fn parse(
     path: &str,
     text: &str,
     default_name: &str,
+    shared: &Shared<'_>,
 ) -> Result<(AgentSpec, Option<Vec<String>>), DefinitionError> {
     let (front, body) = split_front_matter(text);
     let front: FrontMatter = match front {
@@ -239,6 +361,19 @@ fn parse(
             "max_iterations must be 1..={MAX_ITERATIONS_CAP}"
         )));
     }
+    if let Some(unknown) = front
+        .skills
+        .iter()
+        .flatten()
+        .find(|s| shared.skills.get(s).is_none())
+    {
+        let known: Vec<_> = shared.skills.names().collect();
+        return Err(invalid(format!(
+            "unknown skill {unknown:?}; known skills: {}",
+            known.join(", ")
+        )));
+    }
+    let own = front.permissions.into_policy(path)?;
     let spec = AgentSpec {
         name,
         description: front.description,
@@ -247,6 +382,8 @@ fn parse(
         tools: front.tools.unwrap_or_else(|| vec!["*".into()]),
         subagents: Vec::new(),
         max_iterations,
+        permissions: merge(shared.folder_permissions, &own),
+        skills: front.skills,
     };
     Ok((spec, front.subagents))
 }
@@ -267,6 +404,57 @@ pub(crate) fn split_front_matter(text: &str) -> (Option<&str>, &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn no_skills() -> SkillCatalog {
+        SkillCatalog::default()
+    }
+
+    fn notes_skill() -> SkillCatalog {
+        SkillCatalog::from_documents([(
+            "notes".to_string(),
+            "+++\ndescription = \"keep notes\"\n+++\nWrite them down.".to_string(),
+        )])
+        .expect("valid skill")
+    }
+
+    fn parse_alone(
+        path: &str,
+        text: &str,
+        skills: &SkillCatalog,
+    ) -> Result<(AgentSpec, Option<Vec<String>>), DefinitionError> {
+        let folder_permissions = PermissionPolicy::default();
+        let shared = Shared {
+            skills,
+            folder_permissions: &folder_permissions,
+        };
+        parse(path, text, "", &shared)
+    }
+
+    /// A folder under the system temp dir, removed when dropped.
+    struct TempFolder(std::path::PathBuf);
+
+    impl TempFolder {
+        fn new(label: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("skein-definition-{label}-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(dir.join("subagents")).expect("create temp folder");
+            Self(dir)
+        }
+
+        fn write(&self, relative: &str, text: &str) {
+            let path = self.0.join(relative);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("create parent");
+            }
+            std::fs::write(path, text).expect("write file");
+        }
+    }
+
+    impl Drop for TempFolder {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 
     #[test]
     fn bundled_workspace_loads_with_its_subagent() {
@@ -301,6 +489,7 @@ mod tests {
             tools: Some(vec!["read_file".into()]),
             max_iterations: Some(2),
             model: Some("m".into()),
+            permissions: None,
         };
         let spec = catalog.resolve("assistant", Some(&o)).expect("resolves");
         assert_eq!(spec.system_prompt, "be brief");
@@ -311,17 +500,181 @@ mod tests {
 
     #[test]
     fn front_matter_is_parsed_and_errors_name_the_file() {
-        let (spec, subs) = parse(
+        let (spec, subs) = parse_alone(
             "x/helper.md",
             "+++\ndescription = \"d\"\ntools = [\"a\"]\nsubagents = []\n+++\nYou help.",
-            "",
+            &no_skills(),
         )
         .expect("parses");
         assert_eq!(spec.name, "helper");
         assert_eq!(spec.tools, ["a"]);
         assert_eq!(spec.system_prompt, "You help.");
         assert_eq!(subs, Some(vec![]));
-        let err = parse("x/bad.md", "+++\nnope = 1\n+++\nhi", "").expect_err("unknown field");
+        assert_eq!(spec.permissions, PermissionPolicy::default());
+        assert_eq!(spec.skills, None);
+        let err = parse_alone("x/bad.md", "+++\nnope = 1\n+++\nhi", &no_skills())
+            .expect_err("unknown field");
         assert!(err.to_string().contains("x/bad.md"));
+    }
+
+    #[test]
+    fn front_matter_permissions_are_parsed() {
+        let text =
+            "+++\n[permissions]\nmode = \"accept_edits\"\nallow = [\"write_file(notes/**)\"]\n\
+                    ask = [\"shell\"]\ndeny = [\"http_fetch(http://**)\"]\n\
+                    approval_timeout = \"10m\"\n+++\nYou help.";
+        let (spec, _) = parse_alone("x/helper.md", text, &no_skills()).expect("parses");
+        assert_eq!(
+            spec.permissions,
+            PermissionPolicy {
+                mode: Some(PermissionMode::AcceptEdits),
+                allow: vec!["write_file(notes/**)".into()],
+                ask: vec!["shell".into()],
+                deny: vec!["http_fetch(http://**)".into()],
+                approval_timeout_ms: Some(600_000),
+            }
+        );
+        let ms = "+++\n[permissions]\napproval_timeout_ms = 2500\n+++\nhi";
+        let (spec, _) = parse_alone("x/ms.md", ms, &no_skills()).expect("parses");
+        assert_eq!(spec.permissions.approval_timeout_ms, Some(2500));
+        for bad in [
+            "+++\n[permissions]\napproval_timeout_ms = 1\napproval_timeout = \"1s\"\n+++\nhi",
+            "+++\n[permissions]\napproval_timeout = \"soon\"\n+++\nhi",
+            "+++\n[permissions]\napproval_timeout_ms = 0\n+++\nhi",
+            "+++\n[permissions]\nmode = \"lenient\"\n+++\nhi",
+        ] {
+            let err = parse_alone("x/timeout.md", bad, &no_skills()).expect_err(bad);
+            assert!(err.to_string().contains("x/timeout.md"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_rule_names_its_file_and_itself() {
+        let text = "+++\n[permissions]\ndeny = [\"write_file(notes/**\"]\n+++\nhi";
+        let err = parse_alone("x/careless.md", text, &no_skills()).expect_err("bad rule");
+        assert!(matches!(err, DefinitionError::Invalid { .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("x/careless.md"), "{message}");
+        assert!(message.contains("\"write_file(notes/**\""), "{message}");
+    }
+
+    #[test]
+    fn skills_are_listed_and_must_exist() {
+        let text = "+++\nskills = [\"notes\"]\n+++\nhi";
+        let (spec, _) = parse_alone("x/writer.md", text, &notes_skill()).expect("known skill");
+        assert_eq!(spec.skills, Some(vec!["notes".to_string()]));
+        let text = "+++\nskills = [\"notes\", \"cooking\"]\n+++\nhi";
+        let err = parse_alone("x/writer.md", text, &notes_skill()).expect_err("unknown skill");
+        let message = err.to_string();
+        assert!(message.contains("x/writer.md"), "{message}");
+        assert!(message.contains("\"cooking\""), "{message}");
+        let (spec, _) = parse_alone("x/all.md", "hi", &notes_skill()).expect("no list");
+        assert_eq!(spec.skills, None);
+    }
+
+    #[test]
+    fn folder_permissions_are_merged_into_every_agent() {
+        let folder = TempFolder::new("merge");
+        folder.write(
+            PERMISSIONS_FILE,
+            "mode = \"dont_ask\"\ndeny = [\"write_file(secrets/**)\"]\napproval_timeout = \"30s\"\n",
+        );
+        folder.write(
+            "AGENTS.md",
+            "+++\nname = \"lead\"\nskills = [\"notes\"]\n[permissions]\nmode = \"accept_edits\"\n\
+             deny = [\"shell\"]\n+++\nYou lead.",
+        );
+        folder.write("subagents/helper.md", "You help.");
+        folder.write(
+            "skills/notes/SKILL.md",
+            "+++\ndescription = \"keep notes\"\n+++\nWrite them down.",
+        );
+        let catalog = AgentCatalog::load_dir(&folder.0).expect("folder loads");
+        let lead = catalog.resolve("lead", None).expect("lead");
+        assert_eq!(lead.permissions.mode, Some(PermissionMode::AcceptEdits));
+        assert_eq!(lead.permissions.deny, ["write_file(secrets/**)", "shell"]);
+        assert_eq!(lead.permissions.approval_timeout_ms, Some(30_000));
+        assert_eq!(lead.skills, Some(vec!["notes".to_string()]));
+        let helper = catalog.resolve("helper", None).expect("helper");
+        assert_eq!(helper.permissions.mode, Some(PermissionMode::DontAsk));
+        assert_eq!(helper.permissions.deny, ["write_file(secrets/**)"]);
+        assert_eq!(lead.subagents[0].permissions, helper.permissions);
+
+        folder.write(PERMISSIONS_FILE, "ask = [\"shell(\"]\n");
+        let err = AgentCatalog::load_dir(&folder.0).expect_err("bad folder rule");
+        let message = err.to_string();
+        assert!(message.contains(PERMISSIONS_FILE), "{message}");
+        assert!(message.contains("\"shell(\""), "{message}");
+        folder.write(PERMISSIONS_FILE, "allow = [\"read_file\"]\nunknown = 1\n");
+        let err = AgentCatalog::load_dir(&folder.0).expect_err("unknown key");
+        assert!(err.to_string().contains(PERMISSIONS_FILE), "{err}");
+    }
+
+    #[test]
+    fn overrides_tighten_permissions_and_refuse_loosening() {
+        let folder = TempFolder::new("tighten");
+        folder.write(
+            "AGENTS.md",
+            "+++\nname = \"lead\"\n[permissions]\nmode = \"default\"\nallow = [\"read_file\"]\n\
+             approval_timeout_ms = 60000\n+++\nYou lead.",
+        );
+        folder.write(
+            "subagents/helper.md",
+            "+++\n[permissions]\nmode = \"bypass\"\n+++\nYou help.",
+        );
+        let catalog = AgentCatalog::load_dir(&folder.0).expect("folder loads");
+        let tighter = AgentOverrides {
+            permissions: Some(PermissionPolicy {
+                mode: Some(PermissionMode::ReadOnly),
+                deny: vec!["http_fetch".into()],
+                approval_timeout_ms: Some(5_000),
+                ..PermissionPolicy::default()
+            }),
+            ..Default::default()
+        };
+        let spec = catalog.resolve("lead", Some(&tighter)).expect("tightens");
+        assert_eq!(spec.permissions.mode, Some(PermissionMode::ReadOnly));
+        assert_eq!(spec.permissions.allow, ["read_file"]);
+        assert_eq!(spec.permissions.deny, ["http_fetch"]);
+        assert_eq!(spec.permissions.approval_timeout_ms, Some(5_000));
+        // The subagents it may spawn are held to the same limits.
+        let helper = &spec.subagents[0];
+        assert_eq!(helper.permissions.mode, Some(PermissionMode::ReadOnly));
+        assert_eq!(helper.permissions.deny, ["http_fetch"]);
+        // The defined agent is unchanged.
+        let defined = catalog.resolve("lead", None).expect("as defined");
+        assert_eq!(defined.permissions.mode, Some(PermissionMode::Default));
+
+        for (looser, needle) in [
+            (
+                PermissionPolicy {
+                    mode: Some(PermissionMode::Bypass),
+                    ..PermissionPolicy::default()
+                },
+                "from default to bypass",
+            ),
+            (
+                PermissionPolicy {
+                    allow: vec!["shell".into()],
+                    ..PermissionPolicy::default()
+                },
+                "cannot add allow rules",
+            ),
+            (
+                PermissionPolicy {
+                    ask: vec!["shell(".into()],
+                    ..PermissionPolicy::default()
+                },
+                "\"shell(\"",
+            ),
+        ] {
+            let o = AgentOverrides {
+                permissions: Some(looser),
+                ..Default::default()
+            };
+            let err = catalog.resolve("lead", Some(&o)).expect_err(needle);
+            assert_eq!(err.kind, FailureKind::InvalidInput);
+            assert!(err.message.contains(needle), "{}", err.message);
+        }
     }
 }

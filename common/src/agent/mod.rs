@@ -1,22 +1,30 @@
-//! The agent runtime: one ReAct loop with clear seams.
+//! The agent runtime: one ReAct loop with clear seams, below its transport.
 //!
-//! - [`definition`]: agent definitions (name, prompt, model, tools, limits), loaded from a workspace
-//!   folder (`AGENTS.md`, `subagents/*.md`, `skills/`).
-//! - [`message`]: the conversation model.
+//! - [`runtime`]: the loop itself, generic over its seams.
+//! - [`seams`]: what the loop reaches outside itself — the tool and model `tower::Service`s, the
+//!   tool directory, and the event, checkpoint and approval traits.
+//! - [`middleware`]: layers around model and tool calls, and hooks around the turn, each
+//!   reasoning step and each acting step; the system-prompt transformer chain.
+//! - [`permissions`]: the pure decision of whether a call runs, asks or is denied.
+//! - [`definition`]: agent definitions (name, prompt, model, tools, limits, permissions, skills),
+//!   loaded from a workspace folder (`AGENTS.md`, `subagents/*.md`, `skills/`, `permissions.toml`).
 //! - [`model`]: model providers behind `ModelClient`.
+//! - [`tools`]: the tool catalog a turn takes a snapshot of.
 //! - [`prompt`]: system-prompt sections with priorities.
-//! - [`skills`]: the skills catalog shown in the prompt.
+//! - [`skills`]: the skills catalog shown in the prompt and loaded on demand.
 //! - [`context`]: what of the history goes to the model; eviction of huge tool results.
-//! - [`hooks`]: listeners and transformers around the turn.
-//! - [`events`]: the turn's event stream.
-//! - [`runtime`]: the loop itself.
+//! - [`hooks`]: listeners that observe every event of a turn.
+//! - [`memory`]: in-memory implementations of every seam, for embedding and tests.
 
 pub mod context;
 pub mod definition;
-pub mod events;
 pub mod hooks;
-pub mod message;
+pub mod memory;
+pub mod middleware;
 pub mod model;
+pub mod permissions;
 pub mod prompt;
 pub mod runtime;
+pub mod seams;
 pub mod skills;
+pub mod tools;

@@ -1,19 +1,17 @@
-//! `ToolCatalog`: a snapshot of what recently heard-from workers provide — tool specs, which pools serve each
-//! tool, which pools run subagents. A turn takes one snapshot and the model sees exactly its
-//! tools for that turn; routing picks a pool that provides the called tool.
-//!
-//! `LiveCatalog` shares one snapshot among the turns of a process: it reads the worker registry
+//! `LiveCatalog`: the tool directory of a process, read from the worker registry. It shares one snapshot among the turns of a process: it reads the worker registry
 //! again once its snapshot is [`CATALOG_MAX_AGE`] old (one read for all turns that start
 //! meanwhile), so a turn costs no registry read and holds no copy of its own.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::protocol::{validate_token, ToolSpec, WorkerAnnouncement};
+use futures::future::BoxFuture;
+
+use crate::agent::seams::ToolDirectory;
+use crate::agent::tools::ToolCatalog;
+use crate::protocol::Failure;
 use crate::store::{SessionStore, StoreError};
 
 /// How long a catalog snapshot serves new turns before the registry is read again. Short next
@@ -56,195 +54,8 @@ impl LiveCatalog {
     }
 }
 
-/// Tools and subagent capacity, as announced by workers.
-#[derive(Debug, Default)]
-pub struct ToolCatalog {
-    tools: BTreeMap<String, (ToolSpec, Vec<String>)>,
-    subagent_pools: Vec<String>,
-    /// Tool lists already handed out, by what they were asked for (see [`Self::tools_for`]).
-    handed_out: Mutex<HashMap<String, Arc<[ToolSpec]>>>,
-}
-
-/// Most distinct tool lists one catalog keeps for sharing; beyond it, lists are built per turn.
-const MAX_SHARED_TOOL_LISTS: usize = 64;
-
-/// Spreads calls over pools across turns and catalog snapshots.
-static NEXT_POOL: AtomicUsize = AtomicUsize::new(0);
-
-impl ToolCatalog {
-    /// Builds the catalog from live workers' announcements.
-    pub fn from_workers(workers: &[WorkerAnnouncement]) -> Self {
-        let mut tools: BTreeMap<String, (ToolSpec, Vec<String>)> = BTreeMap::new();
-        let mut subagent_pools = Vec::new();
-        for worker in workers {
-            // Names end up in subjects: an announcement that would inject a level or a wildcard is
-            // ignored rather than trusted.
-            if validate_token("pool", &worker.pool).is_err() {
-                tracing::warn!(worker_id = %worker.worker_id, "worker with an invalid pool name ignored");
-                continue;
-            }
-            for spec in &worker.tools {
-                if validate_token("tool", &spec.name).is_err() {
-                    tracing::warn!(worker_id = %worker.worker_id, tool = %spec.name, "invalid tool name ignored");
-                    continue;
-                }
-                let entry = tools
-                    .entry(spec.name.clone())
-                    .or_insert_with(|| (spec.clone(), Vec::new()));
-                if !entry.1.contains(&worker.pool) {
-                    entry.1.push(worker.pool.clone());
-                }
-            }
-            if worker.runs_subagents && !subagent_pools.contains(&worker.pool) {
-                subagent_pools.push(worker.pool.clone());
-            }
-        }
-        Self {
-            tools,
-            subagent_pools,
-            handed_out: Mutex::default(),
-        }
-    }
-
-    /// The tools an allowlist permits (as [`Self::specs_allowed`]), plus `extra` last: one shared
-    /// list for every turn that asks for the same, so a turn holds no copy of the specs.
-    pub fn tools_for(&self, allowlist: &[String], extra: Option<ToolSpec>) -> Arc<[ToolSpec]> {
-        let key = serde_json::to_string(&(allowlist, &extra)).unwrap_or_default();
-        if let Some(list) = self
-            .handed_out
-            .lock()
-            .ok()
-            .and_then(|h| h.get(&key).cloned())
-        {
-            return list;
-        }
-        let mut specs = self.specs_allowed(allowlist);
-        specs.extend(extra);
-        let list: Arc<[ToolSpec]> = specs.into();
-        if let Ok(mut handed_out) = self.handed_out.lock() {
-            if handed_out.len() < MAX_SHARED_TOOL_LISTS {
-                handed_out.insert(key, list.clone());
-            }
-        }
-        list
-    }
-
-    /// Specs of the tools an allowlist permits (`*` permits all), sorted by name.
-    pub fn specs_allowed(&self, allowlist: &[String]) -> Vec<ToolSpec> {
-        let all = allowlist.iter().any(|t| t == "*");
-        self.tools
-            .values()
-            .filter(|(spec, _)| all || allowlist.contains(&spec.name))
-            .map(|(spec, _)| spec.clone())
-            .collect()
-    }
-
-    /// A pool that provides `tool`, spreading calls over pools.
-    pub fn pool_for_tool(&self, tool: &str) -> Option<&str> {
-        let pools = &self.tools.get(tool)?.1;
-        self.pick(pools)
-    }
-
-    /// A pool whose workers run subagents.
-    pub fn pool_for_subagents(&self) -> Option<&str> {
-        self.pick(&self.subagent_pools)
-    }
-
-    fn pick<'a>(&self, pools: &'a [String]) -> Option<&'a str> {
-        if pools.is_empty() {
-            return None;
-        }
-        let i = NEXT_POOL.fetch_add(1, Ordering::Relaxed) % pools.len();
-        Some(pools[i].as_str())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn worker(id: &str, pool: &str, tools: &[&str], subagents: bool) -> WorkerAnnouncement {
-        WorkerAnnouncement {
-            v: 1,
-            worker_id: id.into(),
-            pool: pool.into(),
-            version: "0".into(),
-            tools: tools
-                .iter()
-                .map(|t| ToolSpec {
-                    name: t.to_string(),
-                    description: String::new(),
-                    parameters: json!({}),
-                    concurrency_safe: true,
-                })
-                .collect(),
-            runs_subagents: subagents,
-            capacity: 1,
-            heartbeat_ms: 0,
-            heartbeat_every_ms: 1000,
-        }
-    }
-
-    #[test]
-    fn routes_tools_to_pools_that_provide_them() {
-        let catalog = ToolCatalog::from_workers(&[
-            worker("w1", "files", &["read_file"], false),
-            worker("w2", "web", &["http_fetch"], true),
-            worker("w3", "web", &["http_fetch"], true),
-        ]);
-        assert_eq!(catalog.pool_for_tool("read_file"), Some("files"));
-        assert_eq!(catalog.pool_for_tool("http_fetch"), Some("web"));
-        assert_eq!(catalog.pool_for_tool("nope"), None);
-        assert_eq!(catalog.pool_for_subagents(), Some("web"));
-    }
-
-    #[test]
-    fn names_that_would_break_subjects_are_ignored() {
-        let catalog = ToolCatalog::from_workers(&[
-            worker("w1", "p", &["ok", "x.>", "a b"], false),
-            worker("w2", "bad.pool", &["other"], true),
-        ]);
-        assert_eq!(catalog.pool_for_tool("ok"), Some("p"));
-        assert_eq!(catalog.pool_for_tool("x.>"), None);
-        assert_eq!(catalog.pool_for_tool("other"), None);
-        assert_eq!(catalog.pool_for_subagents(), None);
-    }
-
-    #[test]
-    fn allowlist_filters_specs() {
-        let catalog = ToolCatalog::from_workers(&[worker("w1", "p", &["a", "b"], false)]);
-        let names = |specs: Vec<ToolSpec>| specs.into_iter().map(|s| s.name).collect::<Vec<_>>();
-        assert_eq!(names(catalog.specs_allowed(&["*".into()])), ["a", "b"]);
-        assert_eq!(
-            names(catalog.specs_allowed(&["b".into(), "zz".into()])),
-            ["b"]
-        );
-        assert!(catalog.specs_allowed(&[]).is_empty());
-    }
-
-    #[test]
-    fn turns_asking_for_the_same_tools_share_one_list() {
-        let catalog = ToolCatalog::from_workers(&[worker("w1", "p", &["a", "b"], false)]);
-        let all = ["*".to_owned()];
-        let first = catalog.tools_for(&all, None);
-        let second = catalog.tools_for(&all, None);
-        assert!(Arc::ptr_eq(&first, &second));
-        let names = |list: &[ToolSpec]| list.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
-        assert_eq!(names(&first), ["a", "b"]);
-
-        let extra = ToolSpec {
-            name: "spawn".into(),
-            description: String::new(),
-            parameters: json!({}),
-            concurrency_safe: true,
-        };
-        let with_extra = catalog.tools_for(&["b".to_owned()], Some(extra.clone()));
-        assert_eq!(names(&with_extra), ["b", "spawn"]);
-        assert!(Arc::ptr_eq(
-            &with_extra,
-            &catalog.tools_for(&["b".to_owned()], Some(extra))
-        ));
-        assert!(!Arc::ptr_eq(&first, &with_extra));
+impl ToolDirectory for LiveCatalog {
+    fn current(&self) -> BoxFuture<'_, Result<Arc<ToolCatalog>, Failure>> {
+        Box::pin(async move { LiveCatalog::current(self).await.map_err(|e| e.to_failure()) })
     }
 }

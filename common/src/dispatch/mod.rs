@@ -15,6 +15,14 @@
 
 pub mod catalog;
 
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+
+use crate::agent::seams::{CallTarget, ToolCallRequest};
+use catalog::LiveCatalog;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,7 +41,7 @@ use crate::protocol::{
 use crate::store::SessionStore;
 use crate::subjects;
 
-pub use catalog::ToolCatalog;
+pub use crate::agent::tools::ToolCatalog;
 
 /// Time allowed on top of a call's own timeout for queueing and transport.
 const DISPATCH_SLACK: Duration = Duration::from_secs(30);
@@ -47,6 +55,8 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ToolResult>>>>;
 pub struct Dispatcher {
     bus: Bus,
     store: SessionStore,
+    /// Which pools provide which tools (routing).
+    catalog: LiveCatalog,
     instance: Arc<str>,
     next_dispatch: Arc<AtomicU64>,
     pending: Pending,
@@ -134,11 +144,67 @@ impl Dispatcher {
         });
         Ok(Self {
             bus,
+            catalog: LiveCatalog::new(store.clone(), catalog::CATALOG_MAX_AGE),
             store,
             instance: instance.into(),
             next_dispatch: Arc::default(),
             pending,
         })
+    }
+
+    /// The live workers' tool directory this dispatcher routes by (shared with the runtime, so a
+    /// turn's tool list and its routing come from one registry read).
+    pub fn catalog(&self) -> &LiveCatalog {
+        &self.catalog
+    }
+
+    /// Runs one call of the runtime on a worker pool that provides its tool (or runs subagents).
+    pub async fn run(&self, request: ToolCallRequest) -> ToolResult {
+        let ToolCallRequest {
+            origin,
+            step,
+            call,
+            target,
+            timeout,
+            may_have_run,
+        } = request;
+        let catalog = match self.catalog.current().await {
+            Ok(catalog) => catalog,
+            Err(e) => return failed(&call.id, e.to_failure()),
+        };
+        match target {
+            CallTarget::Tool => {
+                let Some(pool) = catalog.pool_for_tool(&call.name) else {
+                    let failure = Failure::new(
+                        FailureKind::Unavailable,
+                        format!("no live worker provides {:?}", call.name),
+                    );
+                    return failed(&call.id, failure);
+                };
+                let route = CallRoute {
+                    pool,
+                    timeout,
+                    may_have_run,
+                };
+                self.call_tool(&origin, step, &call.id, &call.name, call.arguments, route)
+                    .await
+            }
+            CallTarget::Subagent { agent, task, depth } => {
+                let Some(pool) = catalog.pool_for_subagents() else {
+                    let failure =
+                        Failure::new(FailureKind::Unavailable, "no live worker runs subagents");
+                    return failed(&call.id, failure);
+                };
+                let route = CallRoute {
+                    pool,
+                    timeout,
+                    may_have_run,
+                };
+                let agent = Arc::unwrap_or_clone(agent);
+                self.call_subagent(&origin, step, &call.id, agent, task, depth, route)
+                    .await
+            }
+        }
     }
 
     /// Runs one tool call (of turn step `step`) on a worker of `route.pool`.
@@ -321,6 +387,23 @@ fn deadline_passed() -> Failure {
         FailureKind::TimedOut,
         "the task's deadline has passed; the call was not started",
     )
+}
+
+/// The NATS dispatcher is the cluster's tool service: a call's failure is its result's outcome,
+/// never a service error.
+impl tower::Service<ToolCallRequest> for Dispatcher {
+    type Response = ToolResult;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<ToolResult, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: ToolCallRequest) -> Self::Future {
+        let dispatcher = self.clone();
+        Box::pin(async move { Ok(dispatcher.run(request).await) })
+    }
 }
 
 /// A result for a call that never produced one.

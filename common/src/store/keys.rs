@@ -12,6 +12,9 @@
 //! | `skein:{t:s}:attempts` | hash work key → count | attempts at a turn (`turn:{task}`) or a call (its call key) |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
+//! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
+//! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
+//! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
 
 fn tag(tenant: &str, session: &str) -> String {
@@ -40,6 +43,19 @@ pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
 
 pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:final:{task_id}", tag(tenant, session))
+}
+
+pub fn approved_rules(tenant: &str, session: &str) -> String {
+    format!("{}:approved", tag(tenant, session))
+}
+
+/// The tenant's approval requests; shares the hash tag `{tenant}` with [`answers`].
+pub fn approvals(tenant: &str) -> String {
+    format!("skein:approvals:{{{tenant}}}")
+}
+
+pub fn answers(tenant: &str, task_id: &str) -> String {
+    format!("skein:answers:{{{tenant}}}:{task_id}")
 }
 
 pub const WORKERS: &str = "skein:workers";

@@ -9,6 +9,7 @@
 //! - every Redis call is bounded by a response timeout; an unreachable Redis is an error, never a
 //!   hang.
 
+pub mod approvals;
 pub mod keys;
 
 use std::time::Duration;
@@ -17,8 +18,9 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
-use crate::agent::message::Message;
+pub use crate::agent::seams::TurnCheckpoint;
 use crate::config::RedisConfig;
+use crate::protocol::message::Message;
 use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult, WorkerAnnouncement};
 
 /// How long a final result stays retrievable.
@@ -71,17 +73,9 @@ pub struct SessionState {
     pub history: Vec<Message>,
     /// Turns completed.
     pub turns: u64,
-}
-
-/// The progress of a turn that has not ended, recorded before each step's calls are dispatched so
-/// another lead can resume it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TurnCheckpoint {
-    /// What the turn has added so far: the user's input, model messages, observations.
-    pub new_messages: Vec<Message>,
-    /// Model calls made so far.
-    pub iterations: u32,
-    pub usage: crate::agent::message::Usage,
+    /// Skills loaded so far; their bodies stay in the system prompt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
 }
 
 /// What a worker may do with a call it was handed.

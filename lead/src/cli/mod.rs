@@ -1,6 +1,8 @@
-//! The `skein` command: submit tasks and watch them, cancel them, list live workers, manage dead
-//! letters, run a local cluster, or run a lead or worker in the foreground.
+//! The `skein` command: submit tasks and watch them, cancel them, answer the calls that wait for
+//! approval, list live workers, manage dead letters, run a local cluster, or run a lead or worker
+//! in the foreground.
 
+mod approvals;
 mod dev;
 mod ops;
 mod submit;
@@ -26,6 +28,12 @@ pub enum Command {
     Workers(submit::WorkersArgs),
     /// Stop a running task: its turn ends as cancelled and its calls stop on the workers.
     Cancel(Box<ops::CancelArgs>),
+    /// List the tenant's turns that wait for approval, and the calls they wait on.
+    Approvals(Box<approvals::ApprovalsArgs>),
+    /// Approve a waiting call (or every waiting call) of a task; its turn resumes on a lead.
+    Approve(Box<approvals::ApproveArgs>),
+    /// Refuse a waiting call (or every waiting call) of a task; the model is told why.
+    Deny(Box<approvals::DenyArgs>),
     /// Inspect, replay or purge dead letters.
     Dlq(Box<ops::DlqArgs>),
     /// Print a task's trace id and its Jaeger link.
@@ -61,6 +69,9 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Submit(args) => submit::submit(*args).await,
             Command::Workers(args) => submit::workers(args).await,
             Command::Cancel(args) => ops::cancel(*args).await,
+            Command::Approvals(args) => approvals::list(*args).await,
+            Command::Approve(args) => approvals::approve(*args).await,
+            Command::Deny(args) => approvals::deny(*args).await,
             Command::Dlq(args) => ops::dlq(*args).await,
             Command::Trace(args) => ops::trace(*args).await,
             Command::Dev(args) => dev::dev(*args).await,

@@ -90,7 +90,7 @@ pub async fn run_and_render(
             submission.task_id, submission.session, submission.agent
         );
     }
-    let mut progress = Progress::default();
+    let mut progress = Progress::new(&submission.tenant);
     let result = client
         .run(submission, timeout, |event| {
             if json {
@@ -139,13 +139,25 @@ fn print_result(result: &FinalResult) {
 }
 
 /// Human rendering of a turn's events on stderr, with a spinner while the model streams.
-#[derive(Default)]
 struct Progress {
     ticks: usize,
+    /// What `skein approve` / `skein deny` need besides the task id to reach this task's tenant.
+    tenant_flag: String,
 }
 
 impl Progress {
     const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
+
+    fn new(tenant: &str) -> Self {
+        Self {
+            ticks: 0,
+            tenant_flag: if tenant == "default" {
+                String::new()
+            } else {
+                format!(" --tenant {tenant}")
+            },
+        }
+    }
 
     fn show(&mut self, event: &TurnEvent) {
         let who = if event.source == "lead" {
@@ -188,6 +200,57 @@ impl Progress {
                 let mark = if *ok { "✓" } else { "✗" };
                 let first = preview.lines().next().unwrap_or_default();
                 let _ = writeln!(err, "\r{who}{mark} {tool} on {worker_id}: {first}");
+            }
+            EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                arguments,
+                rule,
+                expires_at_ms,
+            } => {
+                let arguments =
+                    super::approvals::compact(arguments, super::approvals::ARGUMENTS_WIDTH);
+                let expiry = expires_at_ms
+                    .map(|at| {
+                        let left = at.saturating_sub(skein_common::protocol::now_ms()) / 1000;
+                        format!(
+                            " · denied if unanswered in {}",
+                            humantime::format_duration(Duration::from_secs(left))
+                        )
+                    })
+                    .unwrap_or_default();
+                let (task, tenant) = (&event.task_id, &self.tenant_flag);
+                let _ = writeln!(
+                    err,
+                    "\r{who}⏸ {tool} wants approval ({rule}): {arguments}{expiry}\n  \
+                     approve: skein approve {task} --call {call_id}{tenant}   \
+                     deny: skein deny {task} --call {call_id}{tenant}"
+                );
+            }
+            EventKind::ApprovalResolved {
+                tool,
+                verdict,
+                rule,
+                by,
+                reason,
+                ..
+            } => {
+                let mark = if verdict.runs() { "✓" } else { "✗" };
+                let by = if by.is_empty() {
+                    String::new()
+                } else {
+                    format!(" by {by}")
+                };
+                let reason = if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {reason}")
+                };
+                let _ = writeln!(
+                    err,
+                    "\r{who}{mark} {tool} {}{by} ({rule}){reason}",
+                    verdict.as_str()
+                );
             }
             EventKind::Warning { failure } => {
                 let _ = writeln!(err, "\r{who}warning: {failure}");

@@ -467,23 +467,24 @@ async fn checkpoint_cost(
     store
         .try_lease("bench", "checkpoints", token, Duration::from_secs(600))
         .await?;
-    let history: Vec<skein_common::agent::message::Message> = serde_json::from_str::<Value>(blob)?
-        ["history"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .map(|m| {
-                    skein_common::agent::message::Message::user(
-                        m["content"].as_str().unwrap_or_default(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let history: Vec<skein_common::protocol::message::Message> =
+        serde_json::from_str::<Value>(blob)?["history"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|m| {
+                        skein_common::protocol::message::Message::user(
+                            m["content"].as_str().unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
     let checkpoint = TurnCheckpoint {
         new_messages: history,
         iterations: 3,
         usage: Default::default(),
+        loaded_skills: Vec::new(),
     };
     let mut taken = Vec::with_capacity(samples);
     for i in 0..samples {

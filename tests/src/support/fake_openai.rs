@@ -740,9 +740,9 @@ mod tests {
     #[tokio::test]
     async fn the_real_openai_client_reads_the_fake() {
         use futures::StreamExt;
-        use skein_common::agent::message::Message;
         use skein_common::agent::model::openai::OpenAiClient;
         use skein_common::agent::model::{ModelChunk, ModelClient, ModelRequest};
+        use skein_common::protocol::message::Message;
 
         let fake = FakeOpenAi::start(vec![
             FakeReply::tool("echo", json!({ "text": "hi" })),

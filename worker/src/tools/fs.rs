@@ -23,6 +23,7 @@ use skein_common::protocol::{validate_token, TaskOrigin};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use super::{trim_partial_utf8, Tool, ToolContext, ToolError};
+use skein_common::protocol::ToolEffects;
 
 /// Largest content `write_file` accepts.
 pub const MAX_WRITE_BYTES: usize = 1024 * 1024;
@@ -171,6 +172,13 @@ impl Tool for ReadFile {
     const NAME: &'static str = "read_file";
     type Args = ReadFileArgs;
 
+    fn effects(&self) -> ToolEffects {
+        ToolEffects {
+            read_only: true,
+            ..ToolEffects::default()
+        }
+    }
+
     fn description(&self) -> String {
         format!(
             "Read a text file from the session workspace. Returns at most {} bytes per call; \
@@ -273,6 +281,15 @@ impl Tool for WriteFile {
         false
     }
 
+    /// Replacing a file loses what it held.
+    fn effects(&self) -> ToolEffects {
+        ToolEffects {
+            destructive: true,
+            edits_workspace: true,
+            ..ToolEffects::default()
+        }
+    }
+
     async fn call(&self, args: WriteFileArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
         if args.content.len() > MAX_WRITE_BYTES {
             return Err(ToolError::TooLarge(format!(
@@ -344,6 +361,13 @@ pub struct ListFilesArgs {
 impl Tool for ListFiles {
     const NAME: &'static str = "list_files";
     type Args = ListFilesArgs;
+
+    fn effects(&self) -> ToolEffects {
+        ToolEffects {
+            read_only: true,
+            ..ToolEffects::default()
+        }
+    }
 
     fn description(&self) -> String {
         "List a directory of the session workspace: one entry per line, sorted, directories \

@@ -26,6 +26,7 @@ use serde::Deserialize;
 use skein_common::config::ENV_HTTP_ALLOW;
 
 use super::{trim_partial_utf8, Tool, ToolContext, ToolError};
+use skein_common::protocol::ToolEffects;
 
 /// Most redirects one call follows.
 pub const MAX_REDIRECTS: usize = 5;
@@ -174,6 +175,14 @@ pub struct HttpFetchArgs {
 impl Tool for HttpFetch {
     const NAME: &'static str = "http_fetch";
     type Args = HttpFetchArgs;
+
+    /// GET only: it reads what the allowed hosts serve.
+    fn effects(&self) -> ToolEffects {
+        ToolEffects {
+            read_only: true,
+            ..ToolEffects::default()
+        }
+    }
 
     fn description(&self) -> String {
         let hosts = if self.allow.is_empty() {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use skein_common::protocol::{Failure, FailureKind, TaskOrigin, ToolSpec};
+use skein_common::protocol::{Failure, FailureKind, TaskOrigin, ToolEffects, ToolSpec};
 
 use crate::scope::TaskScope;
 
@@ -42,6 +42,13 @@ pub trait Tool: Send + Sync + 'static {
     /// False when two calls of this tool must not run at the same time.
     fn concurrency_safe(&self) -> bool {
         true
+    }
+
+    /// What the tool declares about its effects; permission modes decide by it (`read_only`
+    /// allows only read-only tools, `default` asks before destructive ones, `accept_edits` allows
+    /// workspace edits unasked). Default: none declared.
+    fn effects(&self) -> ToolEffects {
+        ToolEffects::default()
     }
 
     fn call(
@@ -216,6 +223,7 @@ impl ToolRegistry {
             description: tool.description(),
             parameters: schema_of::<T::Args>(),
             concurrency_safe: tool.concurrency_safe(),
+            effects: tool.effects(),
         };
         let entry = Registered {
             spec,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 
-use crate::agent::message::{Message, Usage};
+use crate::protocol::message::{Message, Usage};
 use crate::protocol::{Failure, FailureKind, ToolSpec};
 
 /// What a provider is asked.

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
-use crate::agent::message::{Message, Role, ToolCall, Usage};
+use crate::protocol::message::{Message, Role, ToolCall, Usage};
 use crate::protocol::ToolSpec;
 
 /// Longest wait for a TCP/TLS connection, whatever the call timeout.
@@ -625,6 +625,7 @@ mod tests {
             description: "Writes a file.".to_owned(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
             concurrency_safe: false,
+            effects: Default::default(),
         }
     }
 

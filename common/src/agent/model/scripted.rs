@@ -50,7 +50,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
-use crate::agent::message::{Message, Role, ToolCall, Usage};
+use crate::protocol::message::{Message, Role, ToolCall, Usage};
 
 /// The script name that serves every agent without a script of its own.
 pub const ANY_AGENT: &str = "*";
@@ -480,6 +480,7 @@ mod tests {
             description: String::new(),
             parameters: json!({"type": "object"}),
             concurrency_safe: true,
+            effects: Default::default(),
         }
     }
 

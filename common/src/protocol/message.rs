@@ -1,5 +1,5 @@
-//! Chat messages, tool calls and token usage: the conversation model shared by the runtime, the
-//! session store and every model provider.
+//! Chat messages, tool calls and token usage: the conversation model stored in sessions, carried in
+//! checkpoints and spoken by every model provider.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -1,25 +1,29 @@
-//! `EventSink`: where a turn's events go — the task's replayable event subject, and the hooks'
-//! listeners. Sequence numbers are per source (the lead's loop, or one subagent's loop).
+//! `BusEvents`: the event seam over NATS — a turn's events go to the task's replayable event
+//! subject (JetStream), and to the process's listeners. Sequence numbers are per source (the
+//! lead's loop, or one subagent's loop).
 //!
 //! Publishing an event is best effort for the turn: a failed publish is logged, never fails the
 //! turn (the final result is also stored in Redis, where a client can always find it). Events are
 //! sent in order without waiting for the stream to confirm each one: a sink keeps the
 //! confirmation of its latest event only (earlier ones are left to the client's background
-//! acker, which frees their in-flight permits as they arrive), and [`EventSink::flush`] awaits it
+//! acker, which frees their in-flight permits as they arrive), and [`BusEvents::flush`] awaits it
 //! (the lead flushes after the final event, before it settles the task).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::agent::hooks::Hooks;
+use futures::future::BoxFuture;
+
+use crate::agent::hooks::Listeners;
+use crate::agent::seams::EventSink;
 use crate::bus::{Bus, PendingAck};
 use crate::protocol::{now_ms, EventKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION};
 
 /// Emits the events of one agent loop.
 #[derive(Clone)]
-pub struct EventSink {
+pub struct BusEvents {
     bus: Bus,
-    hooks: Hooks,
+    listeners: Listeners,
     /// The task the events belong to (the user's task, also for subagents).
     origin: TaskOrigin,
     source: Arc<str>,
@@ -28,11 +32,16 @@ pub struct EventSink {
     latest: Arc<Mutex<Option<PendingAck>>>,
 }
 
-impl EventSink {
-    pub fn new(bus: Bus, hooks: Hooks, origin: TaskOrigin, source: impl Into<Arc<str>>) -> Self {
+impl BusEvents {
+    pub fn new(
+        bus: Bus,
+        listeners: Listeners,
+        origin: TaskOrigin,
+        source: impl Into<Arc<str>>,
+    ) -> Self {
         Self {
             bus,
-            hooks,
+            listeners,
             origin,
             source: source.into(),
             seq: Arc::new(AtomicU64::new(0)),
@@ -44,14 +53,14 @@ impl EventSink {
     pub fn child(&self, source: impl Into<Arc<str>>) -> Self {
         Self::new(
             self.bus.clone(),
-            self.hooks.clone(),
+            self.listeners.clone(),
             self.origin.clone(),
             source,
         )
     }
 
     pub async fn emit(&self, event: EventKind) {
-        self.hooks.notify(&self.origin, &self.source, &event);
+        self.listeners.notify(&self.origin, &self.source, &event);
         let event = TurnEvent {
             v: PROTOCOL_VERSION,
             task_id: self.origin.task_id.clone(),
@@ -81,5 +90,11 @@ impl EventSink {
                 tracing::warn!(error = %e, "turn event not stored");
             }
         }
+    }
+}
+
+impl EventSink for BusEvents {
+    fn emit(&self, event: EventKind) -> BoxFuture<'_, ()> {
+        Box::pin(BusEvents::emit(self, event))
     }
 }

@@ -13,7 +13,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent::message::Usage;
+pub mod message;
+pub mod permissions;
+
+use message::Usage;
+pub use permissions::{
+    ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall, PermissionMode,
+    PermissionPolicy, ToolEffects, Verdict,
+};
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -58,6 +65,11 @@ pub struct AgentOverrides {
     pub tools: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_iterations: Option<u32>,
+    /// Tightens the agent's permissions for this task: a stricter mode, more `ask` and `deny`
+    /// rules, a shorter approval timeout. Anything that would loosen them (a looser mode, `allow`
+    /// rules) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<PermissionPolicy>,
 }
 
 /// A request to stop a task, published on `skein.cancel.{tenant}.{task_id}`.
@@ -160,6 +172,16 @@ pub struct AgentSpec {
     #[serde(default)]
     pub subagents: Vec<AgentSpec>,
     pub max_iterations: u32,
+    /// Permission rules for its tool calls.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub permissions: PermissionPolicy,
+    /// Skills it may load by name; absent allows every skill of the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skills: Option<Vec<String>>,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// The outcome of one tool or subagent call, returned to the dispatcher.
@@ -324,6 +346,32 @@ pub enum EventKind {
         /// The start of the observation, for display.
         preview: String,
     },
+    /// A call waits for a person's approval; the turn is suspended (its state is saved and no
+    /// lead holds it) until an `ApprovalDecision` answers it.
+    ApprovalRequested {
+        call_id: String,
+        tool: String,
+        arguments: Value,
+        /// The rule (or mode) that asked.
+        rule: String,
+        /// When an unanswered request is denied (milliseconds since the Unix epoch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at_ms: Option<u64>,
+    },
+    /// How a call's permission was settled when it was not a plain allow: denied by a rule or the
+    /// mode, approved or refused by a person, expired; also every decision in `bypass` mode.
+    ApprovalResolved {
+        call_id: String,
+        tool: String,
+        verdict: Verdict,
+        /// The rule (or mode) behind the verdict.
+        rule: String,
+        /// Who decided, when a person did.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        by: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
+    },
     /// A recoverable problem the turn continued past.
     Warning {
         failure: Failure,
@@ -413,6 +461,9 @@ pub struct ToolSpec {
     /// False when calls of this tool must not run alongside each other.
     #[serde(default = "yes")]
     pub concurrency_safe: bool,
+    /// What the tool declares about its effects (read-only, destructive, edits the workspace).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub effects: ToolEffects,
 }
 
 fn yes() -> bool {
@@ -527,6 +578,8 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("failure.json", schema::<Failure>()),
         ("cancel-request.json", schema::<CancelRequest>()),
         ("worker-announcement.json", schema::<WorkerAnnouncement>()),
+        ("approval-decision.json", schema::<ApprovalDecision>()),
+        ("approval-request.json", schema::<ApprovalRequest>()),
     ]
 }
 

@@ -1,0 +1,383 @@
+//! Redaction: configured secret values are replaced by [`REDACTED`] in what comes back from the
+//! model and the tools, so a secret never reaches the history, the events or the logs.
+//!
+//! Invariants:
+//! - masked: a tool result's output and failure message; a model answer's text, the string
+//!   values of its tool-call arguments, and its streamed deltas; the message of an error (which
+//!   leaves the layer as a [`Failure`], see [`failure_from_error`]);
+//! - a secret split across two streamed deltas is masked too: the end of a delta that could be
+//!   the start of a secret is held back until the next delta, or the end of the call, tells;
+//! - where secrets overlap, the longest one found at a position is masked; the text is scanned
+//!   once, so a mask is never itself masked again;
+//! - requests are not touched: the model and the tools get what they were sent.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tower::{Layer, Service};
+
+use crate::agent::model::ModelResponse;
+use crate::agent::seams::{failure_from_error, BoxError, DeltaSink, ModelCall, ToolCallRequest};
+use crate::protocol::message::Message;
+use crate::protocol::{CallOutcome, Failure, ToolResult};
+
+/// What a secret is replaced by.
+pub const REDACTED: &str = "[redacted]";
+
+/// The secret values to mask, longest first.
+#[derive(Debug, Clone, Default)]
+pub struct Redactor {
+    secrets: Vec<String>,
+}
+
+impl Redactor {
+    /// Empty strings are ignored, duplicates kept once.
+    pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
+        let mut secrets: Vec<String> = secrets.into_iter().filter(|s| !s.is_empty()).collect();
+        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        secrets.dedup();
+        Self { secrets }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.secrets.is_empty()
+    }
+
+    /// `text` with every secret masked; `None` when it holds none.
+    pub fn redact(&self, text: &str) -> Option<String> {
+        if !self
+            .secrets
+            .iter()
+            .any(|secret| text.contains(secret.as_str()))
+        {
+            return None;
+        }
+        Some(self.mask(text, false).0)
+    }
+
+    /// A failure with its message masked.
+    pub fn redact_failure(&self, mut failure: Failure) -> Failure {
+        self.redact_in_place(&mut failure.message);
+        failure
+    }
+
+    /// Masks `text` in one scan from its start, the longest secret first at each position.
+    /// With `partial`, the text may go on: the scan stops where the rest could be the start of a
+    /// secret (or of a longer one than it matches), and says where it stopped.
+    fn mask(&self, text: &str, partial: bool) -> (String, usize) {
+        let mut masked = String::with_capacity(text.len());
+        let (mut copied, mut at) = (0, 0);
+        while let Some(rest) = text.get(at..).filter(|rest| !rest.is_empty()) {
+            let may_go_on = |secret: &String| secret.len() > rest.len() && secret.starts_with(rest);
+            if partial && self.secrets.iter().any(may_go_on) {
+                break;
+            }
+            match self.secrets.iter().find(|s| rest.starts_with(s.as_str())) {
+                Some(secret) => {
+                    masked.push_str(&text[copied..at]);
+                    masked.push_str(REDACTED);
+                    at += secret.len();
+                    copied = at;
+                }
+                None => at += rest.chars().next().map_or(1, char::len_utf8),
+            }
+        }
+        masked.push_str(&text[copied..at]);
+        (masked, at)
+    }
+
+    fn redact_in_place(&self, text: &mut String) {
+        if let Some(masked) = self.redact(text) {
+            *text = masked;
+        }
+    }
+
+    fn redact_json(&self, value: &mut Value) {
+        match value {
+            Value::String(text) => self.redact_in_place(text),
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_json(item)),
+            Value::Object(fields) => fields.values_mut().for_each(|v| self.redact_json(v)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+
+    fn redact_message(&self, message: &mut Message) {
+        self.redact_in_place(&mut message.content);
+        for call in &mut message.tool_calls {
+            self.redact_json(&mut call.arguments);
+        }
+    }
+
+    fn redact_outcome(&self, outcome: &mut CallOutcome) {
+        match outcome {
+            CallOutcome::Ok { output } => self.redact_in_place(output),
+            CallOutcome::Failed { failure } => self.redact_in_place(&mut failure.message),
+        }
+    }
+
+    fn redact_error(&self, error: BoxError) -> BoxError {
+        Box::new(self.redact_failure(failure_from_error(error)))
+    }
+}
+
+/// Masks secrets in what a tool or model service returns; see the module's invariants.
+#[derive(Debug, Clone)]
+pub struct RedactLayer {
+    redactor: Arc<Redactor>,
+}
+
+impl RedactLayer {
+    pub fn new(redactor: Arc<Redactor>) -> Self {
+        Self { redactor }
+    }
+}
+
+impl<S> Layer<S> for RedactLayer {
+    type Service = Redact<S>;
+
+    fn layer(&self, inner: S) -> Redact<S> {
+        Redact {
+            inner,
+            redactor: self.redactor.clone(),
+        }
+    }
+}
+
+/// The service of [`RedactLayer`].
+#[derive(Debug, Clone)]
+pub struct Redact<S> {
+    inner: S,
+    redactor: Arc<Redactor>,
+}
+
+impl<S> Service<ToolCallRequest> for Redact<S>
+where
+    S: Service<ToolCallRequest, Response = ToolResult>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = ToolResult;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<ToolResult, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: ToolCallRequest) -> Self::Future {
+        let redactor = self.redactor.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            match response.await {
+                Ok(mut result) => {
+                    redactor.redact_outcome(&mut result.outcome);
+                    Ok(result)
+                }
+                Err(error) => Err(redactor.redact_error(error.into())),
+            }
+        })
+    }
+}
+
+impl<S> Service<ModelCall> for Redact<S>
+where
+    S: Service<ModelCall, Response = ModelResponse>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<ModelResponse, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
+        let redactor = self.redactor.clone();
+        let deltas = call.deltas.take().map(|sink| {
+            Arc::new(RedactedDeltas {
+                inner: sink,
+                redactor: redactor.clone(),
+                held: Mutex::new(String::new()),
+            })
+        });
+        call.deltas = deltas.clone().map(|sink| sink as Arc<dyn DeltaSink>);
+        let response = self.inner.call(call);
+        Box::pin(async move {
+            let result = response.await.map_err(Into::into);
+            if let Some(deltas) = deltas {
+                deltas.flush().await;
+            }
+            match result {
+                Ok(mut response) => {
+                    redactor.redact_message(&mut response.message);
+                    Ok(response)
+                }
+                Err(error) => Err(redactor.redact_error(error)),
+            }
+        })
+    }
+}
+
+/// Masks streamed deltas before they reach the consumer's sink.
+struct RedactedDeltas {
+    inner: Arc<dyn DeltaSink>,
+    redactor: Arc<Redactor>,
+    /// The end of the text so far that could be the start of a secret: not masked nor forwarded
+    /// yet.
+    held: Mutex<String>,
+}
+
+impl RedactedDeltas {
+    /// The text that can be forwarded now, masked; keeps back what could start a secret.
+    fn release(&self, delta: &str) -> String {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.push_str(delta);
+        let (ready, scanned) = self.redactor.mask(&held, true);
+        held.drain(..scanned);
+        ready
+    }
+
+    /// Forwards what was held back, once the call ended.
+    async fn flush(&self) {
+        let rest = {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::take(&mut *held)
+        };
+        if !rest.is_empty() {
+            self.inner.delta(self.redactor.mask(&rest, false).0).await;
+        }
+    }
+}
+
+impl DeltaSink for RedactedDeltas {
+    fn delta(&self, text: String) -> BoxFuture<'_, ()> {
+        let ready = self.release(&text);
+        Box::pin(async move {
+            if !ready.is_empty() {
+                self.inner.delta(ready).await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tower::ServiceExt;
+
+    use super::super::testing::*;
+    use super::*;
+    use crate::protocol::message::ToolCall;
+    use crate::protocol::FailureKind;
+
+    fn redactor() -> Arc<Redactor> {
+        Arc::new(Redactor::new([
+            "s3cret".to_string(),
+            "s3cret-long".to_string(),
+        ]))
+    }
+
+    #[test]
+    fn text_without_secrets_is_left_alone() {
+        assert_eq!(redactor().redact("nothing to see"), None);
+        assert_eq!(Redactor::new([String::new()]).redact("anything"), None);
+    }
+
+    #[test]
+    fn the_longest_secret_at_a_position_is_masked_and_masks_are_not_masked_again() {
+        let redactor = redactor();
+        assert_eq!(
+            redactor
+                .redact("a s3cret-long and a s3cret, é s3cret")
+                .as_deref(),
+            Some("a [redacted] and a [redacted], é [redacted]")
+        );
+        let inside_the_mask = Redactor::new(["red".to_string()]);
+        assert_eq!(inside_the_mask.redact("red").as_deref(), Some("[redacted]"));
+    }
+
+    #[tokio::test]
+    async fn tool_output_and_failure_messages_are_masked() {
+        let inner = tower::service_fn(|request: ToolCallRequest| async move {
+            Ok::<_, BoxError>(match request.call.name.as_str() {
+                "env" => ok_result(&request.call.id, "TOKEN=s3cret"),
+                _ => failed_result(&request.call.id, FailureKind::ToolFailed, "bad key s3cret"),
+            })
+        });
+        let service = RedactLayer::new(redactor()).layer(inner);
+
+        let ok = service
+            .clone()
+            .oneshot(tool_request("c1", "env"))
+            .await
+            .expect("tool result");
+        let failed = service
+            .oneshot(tool_request("c2", "login"))
+            .await
+            .expect("tool result");
+
+        assert_eq!(ok.outcome.observation(), "TOKEN=[redacted]");
+        assert_eq!(
+            failed.outcome.observation(),
+            "error (tool_failed): bad key [redacted]"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_leaves_as_a_masked_failure() {
+        let inner = tower::service_fn(|_: ToolCallRequest| async {
+            Err::<ToolResult, BoxError>(Box::new(Failure::new(
+                FailureKind::Unavailable,
+                "upstream refused s3cret",
+            )))
+        });
+
+        let error = RedactLayer::new(redactor())
+            .layer(inner)
+            .oneshot(tool_request("c1", "fetch"))
+            .await
+            .expect_err("the inner error");
+
+        let failure = error.downcast::<Failure>().expect("a failure");
+        assert_eq!(failure.kind, FailureKind::Unavailable);
+        assert_eq!(failure.message, "upstream refused [redacted]");
+    }
+
+    #[tokio::test]
+    async fn model_text_arguments_and_deltas_are_masked_even_when_split() {
+        let inner = tower::service_fn(|call: ModelCall| async move {
+            if let Some(deltas) = &call.deltas {
+                for piece in ["the key is s3", "cret, the", " other s3cret-l", "ong; s3"] {
+                    deltas.delta(piece.into()).await;
+                }
+            }
+            let mut response = text_response("the key is s3cret, the other s3cret-long; s3");
+            response.message.tool_calls.push(ToolCall {
+                id: "c1".into(),
+                name: "login".into(),
+                arguments: json!({"password": "s3cret", "tries": [1, "s3cret"]}),
+            });
+            Ok::<_, BoxError>(response)
+        });
+        let sink = Arc::new(CollectedDeltas::default());
+
+        let response = RedactLayer::new(redactor())
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect("model response");
+
+        let masked = "the key is [redacted], the other [redacted]; s3";
+        assert_eq!(response.message.content, masked);
+        assert_eq!(
+            response.message.tool_calls[0].arguments,
+            json!({"password": "[redacted]", "tries": [1, "[redacted]"]})
+        );
+        assert_eq!(sink.text(), masked);
+        assert!(sink.pieces().iter().all(|piece| !piece.contains("s3c")));
+    }
+}

@@ -1,0 +1,490 @@
+//! Retries of transient failures, on tower's `Retry` and `ExponentialBackoff`.
+//!
+//! Invariants:
+//! - a model call is tried again only when its error is transient: a
+//!   [`Failure`] marked `retryable` (429, 5xx, unreachable, timed out) or a timeout layer's
+//!   `Elapsed`; and only while none of its text has been streamed (the consumer has seen the
+//!   deltas of a failed attempt, a second attempt would repeat them);
+//! - a tool call is tried again only when it failed `unavailable` and `retryable` (it never
+//!   reached a tool); a `timed_out` call is never tried again, it may still run. The next attempt
+//!   is marked `may_have_run`, so the tool service looks for a recorded result before running it;
+//! - `attempts` counts every attempt, the first included; the delays grow exponentially from the
+//!   configured base (see [`RetryConfig`]), on `tokio::time`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::{Policy, Retry};
+use tower::util::rng::HasherRng;
+use tower::{Layer, Service, ServiceExt};
+
+use super::config::{MiddlewareError, RetryConfig};
+use crate::agent::model::ModelResponse;
+use crate::agent::seams::{BoxError, DeltaSink, ModelCall, ToolCallRequest};
+use crate::protocol::{CallOutcome, Failure, FailureKind, ToolResult};
+
+/// Part of each delay added at random, so callers that failed together do not retry together.
+const JITTER: f64 = 0.5;
+
+fn backoff_maker(
+    service: &'static str,
+    config: &RetryConfig,
+) -> Result<ExponentialBackoffMaker, MiddlewareError> {
+    ExponentialBackoffMaker::new(
+        config.base_delay,
+        config.max_delay,
+        JITTER,
+        HasherRng::default(),
+    )
+    .map_err(|source| MiddlewareError::InvalidBackoff { service, source })
+}
+
+/// Retries transient model failures; see the module's invariants.
+#[derive(Debug, Clone)]
+pub struct ModelRetryLayer {
+    attempts: u32,
+    backoff: ExponentialBackoffMaker,
+}
+
+impl ModelRetryLayer {
+    /// `None` when `config` turns retrying off.
+    pub fn new(config: &RetryConfig) -> Result<Option<Self>, MiddlewareError> {
+        if config.attempts == 0 {
+            return Err(MiddlewareError::NoAttempts { service: "model" });
+        }
+        if !config.is_on() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            attempts: config.attempts,
+            backoff: backoff_maker("model", config)?,
+        }))
+    }
+}
+
+impl<S> Layer<S> for ModelRetryLayer {
+    type Service = ModelRetry<S>;
+
+    fn layer(&self, inner: S) -> ModelRetry<S> {
+        ModelRetry {
+            inner,
+            attempts: self.attempts,
+            backoff: self.backoff.clone(),
+        }
+    }
+}
+
+/// The service of [`ModelRetryLayer`]: tower's `Retry`, set up per call so it can see whether the
+/// call streamed anything.
+#[derive(Debug, Clone)]
+pub struct ModelRetry<S> {
+    inner: S,
+    attempts: u32,
+    backoff: ExponentialBackoffMaker,
+}
+
+impl<S> Service<ModelCall> for ModelRetry<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<ModelResponse, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
+        let streamed = Arc::new(AtomicBool::new(false));
+        if let Some(sink) = call.deltas.take() {
+            call.deltas = Some(Arc::new(WatchedDeltas {
+                inner: sink,
+                streamed: streamed.clone(),
+            }));
+        }
+        let policy = ModelRetryPolicy {
+            retries_left: self.attempts.saturating_sub(1),
+            backoff: self.backoff.make_backoff(),
+            streamed,
+        };
+        // The service made ready takes the first attempt; a clone stays for the next call.
+        let ready = {
+            let fresh = self.inner.clone();
+            std::mem::replace(&mut self.inner, fresh)
+        };
+        let retry = Retry::new(policy, ready.map_err(Into::<BoxError>::into));
+        Box::pin(retry.oneshot(call))
+    }
+}
+
+/// Notes that a call streamed text, on its way to the consumer's sink.
+struct WatchedDeltas {
+    inner: Arc<dyn DeltaSink>,
+    streamed: Arc<AtomicBool>,
+}
+
+impl DeltaSink for WatchedDeltas {
+    fn delta(&self, text: String) -> BoxFuture<'_, ()> {
+        self.streamed.store(true, Ordering::Release);
+        self.inner.delta(text)
+    }
+}
+
+#[derive(Clone)]
+struct ModelRetryPolicy {
+    retries_left: u32,
+    backoff: ExponentialBackoff,
+    streamed: Arc<AtomicBool>,
+}
+
+impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        _: &mut ModelCall,
+        result: &mut Result<ModelResponse, BoxError>,
+    ) -> Option<Self::Future> {
+        let Err(error) = result else { return None };
+        if self.retries_left == 0
+            || self.streamed.load(Ordering::Acquire)
+            || !is_transient_model_error(error)
+        {
+            return None;
+        }
+        self.retries_left -= 1;
+        tracing::debug!(
+            retries_left = self.retries_left,
+            error.kind = error_kind(error),
+            "model call failed, trying again"
+        );
+        Some(self.backoff.next_backoff())
+    }
+
+    fn clone_request(&mut self, call: &ModelCall) -> Option<ModelCall> {
+        (self.retries_left > 0).then(|| call.clone())
+    }
+}
+
+fn is_transient_model_error(error: &BoxError) -> bool {
+    if let Some(failure) = error.downcast_ref::<Failure>() {
+        return failure.retryable;
+    }
+    error.is::<tower::timeout::error::Elapsed>()
+}
+
+/// The failure kind an error stands for, for logs.
+pub(super) fn error_kind(error: &BoxError) -> &'static str {
+    if let Some(failure) = error.downcast_ref::<Failure>() {
+        return failure.kind.as_str();
+    }
+    if error.is::<tower::timeout::error::Elapsed>() {
+        return FailureKind::TimedOut.as_str();
+    }
+    FailureKind::Internal.as_str()
+}
+
+/// The retry policy of tool calls, for `tower::retry::RetryLayer`; see the module's invariants.
+#[derive(Debug, Clone)]
+pub struct ToolRetryPolicy {
+    retries_left: u32,
+    backoff: ExponentialBackoff,
+}
+
+impl ToolRetryPolicy {
+    /// `None` when `config` turns retrying off.
+    pub fn new(config: &RetryConfig) -> Result<Option<Self>, MiddlewareError> {
+        if config.attempts == 0 {
+            return Err(MiddlewareError::NoAttempts { service: "tool" });
+        }
+        if !config.is_on() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            retries_left: config.attempts - 1,
+            backoff: backoff_maker("tool", config)?.make_backoff(),
+        }))
+    }
+}
+
+impl Policy<ToolCallRequest, ToolResult, BoxError> for ToolRetryPolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        request: &mut ToolCallRequest,
+        result: &mut Result<ToolResult, BoxError>,
+    ) -> Option<Self::Future> {
+        let failure = match result {
+            Ok(ToolResult {
+                outcome: CallOutcome::Failed { failure },
+                ..
+            }) => failure,
+            Ok(_) => return None,
+            Err(error) => error.downcast_ref::<Failure>()?,
+        };
+        if self.retries_left == 0 || !never_reached_a_tool(failure) {
+            return None;
+        }
+        self.retries_left -= 1;
+        request.may_have_run = true;
+        tracing::debug!(
+            tool = %request.call.name,
+            call_id = %request.call.id,
+            retries_left = self.retries_left,
+            "tool call unavailable, trying again"
+        );
+        Some(self.backoff.next_backoff())
+    }
+
+    fn clone_request(&mut self, request: &ToolCallRequest) -> Option<ToolCallRequest> {
+        (self.retries_left > 0).then(|| request.clone())
+    }
+}
+
+fn never_reached_a_tool(failure: &Failure) -> bool {
+    failure.kind == FailureKind::Unavailable && failure.retryable
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tower::retry::RetryLayer;
+
+    use super::super::testing::*;
+    use super::*;
+    use crate::agent::seams::failure_from_error;
+
+    fn retry_config(attempts: u32) -> RetryConfig {
+        RetryConfig {
+            attempts,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        }
+    }
+
+    fn model_layer(attempts: u32) -> ModelRetryLayer {
+        ModelRetryLayer::new(&retry_config(attempts))
+            .expect("valid config")
+            .expect("retrying is on")
+    }
+
+    /// An inner model service that fails with `failures` in turn, then answers.
+    fn failing_model(
+        failures: Vec<Failure>,
+        calls: Arc<AtomicUsize>,
+    ) -> impl Service<
+        ModelCall,
+        Response = ModelResponse,
+        Error = BoxError,
+        Future = BoxFuture<'static, Result<ModelResponse, BoxError>>,
+    > + Clone {
+        let failures = Arc::new(Mutex::new(failures));
+        tower::service_fn(move |_: ModelCall| {
+            let (failures, calls) = (failures.clone(), calls.clone());
+            Box::pin(async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let next = {
+                    let mut failures = failures.lock().expect("failures");
+                    (!failures.is_empty()).then(|| failures.remove(0))
+                };
+                match next {
+                    Some(failure) => Err(Box::new(failure) as BoxError),
+                    None => Ok(text_response("answer")),
+                }
+            }) as BoxFuture<'static, _>
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retryable_model_failure_is_tried_again_until_it_succeeds() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = failing_model(vec![unavailable(), rate_limited()], calls.clone());
+        let started = tokio::time::Instant::now();
+
+        let response = model_layer(3)
+            .layer(inner)
+            .oneshot(model_call(None))
+            .await
+            .expect("the third attempt answers");
+
+        assert_eq!(response.message.content, "answer");
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // Paused time advances exactly by the backoff sleeps: at least base, then twice base.
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_model_failure_that_is_not_retryable_is_returned_at_once() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let refused = Failure::new(FailureKind::ModelFailed, "model server answered 400");
+        let inner = failing_model(vec![refused.clone()], calls.clone());
+
+        let error = model_layer(3)
+            .layer(inner)
+            .oneshot(model_call(None))
+            .await
+            .expect_err("not retried");
+
+        assert_eq!(failure_from_error(error), refused);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn model_retries_stop_after_the_configured_attempts() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = failing_model(vec![unavailable(); 5], calls.clone());
+
+        let error = model_layer(2)
+            .layer(inner)
+            .oneshot(model_call(None))
+            .await
+            .expect_err("both attempts fail");
+
+        assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_model_call_that_streamed_text_is_not_tried_again() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let inner = tower::service_fn(move |call: ModelCall| {
+            let calls = counted.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if let Some(deltas) = &call.deltas {
+                    deltas.delta("partial".into()).await;
+                }
+                Err::<ModelResponse, BoxError>(Box::new(unavailable()))
+            }
+        });
+        let sink = Arc::new(CollectedDeltas::default());
+
+        let error = model_layer(3)
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect_err("the stream broke");
+
+        assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(sink.text(), "partial");
+    }
+
+    /// An inner tool service that answers `replies` in turn and keeps the requests it got.
+    fn scripted_tool(
+        replies: Vec<ToolResult>,
+        seen: Arc<Mutex<Vec<ToolCallRequest>>>,
+    ) -> impl Service<
+        ToolCallRequest,
+        Response = ToolResult,
+        Error = BoxError,
+        Future = BoxFuture<'static, Result<ToolResult, BoxError>>,
+    > + Clone {
+        let replies = Arc::new(Mutex::new(replies));
+        tower::service_fn(move |request: ToolCallRequest| {
+            let (replies, seen) = (replies.clone(), seen.clone());
+            Box::pin(async move {
+                seen.lock().expect("seen").push(request);
+                Ok(replies.lock().expect("replies").remove(0))
+            }) as BoxFuture<'static, _>
+        })
+    }
+
+    fn tool_retry(attempts: u32) -> RetryLayer<ToolRetryPolicy> {
+        RetryLayer::new(
+            ToolRetryPolicy::new(&retry_config(attempts))
+                .expect("valid config")
+                .expect("retrying is on"),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_tool_call_is_tried_again_marked_as_may_have_run() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let inner = scripted_tool(
+            vec![
+                failed_result("c1", FailureKind::Unavailable, "no worker answered"),
+                ok_result("c1", "done"),
+            ],
+            seen.clone(),
+        );
+
+        let result = tool_retry(3)
+            .layer(inner)
+            .oneshot(tool_request("c1", "write"))
+            .await
+            .expect("tool result");
+
+        assert!(result.outcome.is_ok());
+        let seen = seen.lock().expect("seen");
+        assert_eq!(seen.len(), 2);
+        assert!(!seen[0].may_have_run);
+        assert!(seen[1].may_have_run);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timed_out_and_failed_tool_calls_are_not_tried_again() {
+        for kind in [FailureKind::TimedOut, FailureKind::ToolFailed] {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let mut failed = failed_result("c1", kind, "no luck");
+            if let CallOutcome::Failed { failure } = &mut failed.outcome {
+                failure.retryable = true;
+            }
+            let inner = scripted_tool(vec![failed.clone(), ok_result("c1", "done")], seen.clone());
+
+            let result = tool_retry(3)
+                .layer(inner)
+                .oneshot(tool_request("c1", "write"))
+                .await
+                .expect("tool result");
+
+            assert_eq!(result, failed, "{kind:?}");
+            assert_eq!(seen.lock().expect("seen").len(), 1, "{kind:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_tool_service_error_is_tried_again() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let inner = tower::service_fn(move |request: ToolCallRequest| {
+            let calls = counted.clone();
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err::<ToolResult, BoxError>(Box::new(unavailable()));
+                }
+                Ok(ok_result(&request.call.id, "done"))
+            }
+        });
+
+        let result = tool_retry(2)
+            .layer(inner)
+            .oneshot(tool_request("c1", "write"))
+            .await
+            .expect("tool result");
+
+        assert!(result.outcome.is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn retrying_off_builds_no_layer() {
+        assert!(ModelRetryLayer::new(&RetryConfig::off())
+            .expect("valid")
+            .is_none());
+        assert!(ToolRetryPolicy::new(&RetryConfig::off())
+            .expect("valid")
+            .is_none());
+    }
+}

@@ -1,0 +1,137 @@
+//! Values and test doubles shared by the middleware's unit tests: requests, responses, and a
+//! delta sink that keeps what it gets.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::agent::model::{ModelRequest, ModelResponse};
+use crate::agent::seams::{CallTarget, DeltaSink, ModelCall, ToolCallRequest};
+use crate::protocol::message::{Message, ToolCall, Usage};
+use crate::protocol::{
+    AgentSpec, CallOutcome, Failure, FailureKind, TaskOrigin, ToolResult, PROTOCOL_VERSION,
+};
+
+pub(super) fn origin() -> TaskOrigin {
+    TaskOrigin {
+        task_id: "t1".into(),
+        tenant: "acme".into(),
+        user: "ada".into(),
+        session: "s1".into(),
+        workspace: "s1".into(),
+        deadline_ms: None,
+    }
+}
+
+pub(super) fn agent_spec() -> AgentSpec {
+    AgentSpec {
+        name: "coder".into(),
+        description: String::new(),
+        system_prompt: "You write code.".into(),
+        model: String::new(),
+        tools: vec!["*".into()],
+        subagents: Vec::new(),
+        max_iterations: 8,
+        permissions: Default::default(),
+        skills: None,
+    }
+}
+
+pub(super) fn tool_request(call_id: &str, tool: &str) -> ToolCallRequest {
+    ToolCallRequest {
+        origin: origin(),
+        step: 1,
+        call: ToolCall {
+            id: call_id.into(),
+            name: tool.into(),
+            arguments: serde_json::json!({}),
+        },
+        target: CallTarget::Tool,
+        timeout: Duration::from_secs(30),
+        may_have_run: false,
+    }
+}
+
+pub(super) fn ok_result(call_id: &str, output: &str) -> ToolResult {
+    result(
+        call_id,
+        CallOutcome::Ok {
+            output: output.into(),
+        },
+    )
+}
+
+pub(super) fn failed_result(call_id: &str, kind: FailureKind, message: &str) -> ToolResult {
+    result(
+        call_id,
+        CallOutcome::Failed {
+            failure: Failure::new(kind, message),
+        },
+    )
+}
+
+fn result(call_id: &str, outcome: CallOutcome) -> ToolResult {
+    ToolResult {
+        v: PROTOCOL_VERSION,
+        call_id: call_id.into(),
+        outcome,
+        worker_id: "w1".into(),
+        duration_ms: 1,
+    }
+}
+
+pub(super) fn model_call(deltas: Option<Arc<dyn DeltaSink>>) -> ModelCall {
+    ModelCall {
+        request: ModelRequest {
+            model: "test-model".into(),
+            agent: "coder".into(),
+            messages: vec![Message::user("hello")],
+            tools: Arc::from(Vec::new()),
+        },
+        deltas,
+    }
+}
+
+pub(super) fn text_response(text: &str) -> ModelResponse {
+    ModelResponse {
+        message: Message::assistant(text),
+        finish_reason: Some("stop".into()),
+        usage: Usage::default(),
+    }
+}
+
+/// A transient model failure: the server could not be reached.
+pub(super) fn unavailable() -> Failure {
+    Failure::new(FailureKind::Unavailable, "model server unreachable")
+}
+
+/// A transient model failure: the server answered 429.
+pub(super) fn rate_limited() -> Failure {
+    Failure {
+        kind: FailureKind::ModelFailed,
+        message: "model server answered 429".into(),
+        retryable: true,
+    }
+}
+
+/// Keeps every delta it receives.
+#[derive(Default)]
+pub(super) struct CollectedDeltas(Mutex<Vec<String>>);
+
+impl CollectedDeltas {
+    pub(super) fn pieces(&self) -> Vec<String> {
+        self.0.lock().expect("deltas").clone()
+    }
+
+    pub(super) fn text(&self) -> String {
+        self.pieces().concat()
+    }
+}
+
+impl DeltaSink for CollectedDeltas {
+    fn delta(&self, text: String) -> BoxFuture<'_, ()> {
+        self.0.lock().expect("deltas").push(text);
+        Box::pin(futures::future::ready(()))
+    }
+}

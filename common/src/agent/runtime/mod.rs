@@ -1,0 +1,647 @@
+//! `Runtime`: the ReAct loop that runs one agent turn, the same code on the lead (user turns), on
+//! workers (subagent turns) and in memory (embedders, tests).
+//!
+//! One turn: the turn hooks may rewrite the input or end the turn; the system prompt is assembled
+//! from sections and passed through the prompt transformers; the model service is called with the
+//! prepared history and the turn's tool snapshot (streaming deltas as events), wrapped in the
+//! reasoning hooks; each tool call it asks for is decided by the permission policy, wrapped in the
+//! acting hooks and sent to the tool service (independent calls in parallel, calls marked not
+//! concurrency-safe one at a time, results back in the model's order); observe, repeat — until the
+//! model answers or the iteration limit is reached, which ends with a summary answer.
+//!
+//! The loop depends on no transport: it reaches everything through `seams`. It never panics on
+//! model or tool misbehaviour: unknown tools, bad arguments, denied and failed calls become
+//! observations the model can react to; a failed model call ends the turn with a failure as data.
+//! A call that must wait for a person suspends the turn ([`TurnStop::AwaitingApproval`]): the
+//! caller saves nothing new (the step's calls were checkpointed before they were decided) and
+//! resumes the turn once the approval gate has an answer.
+
+mod acting;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+use tracing::Instrument;
+
+use crate::agent::context::{self, ContextLimits};
+use crate::agent::middleware::hooks::{TurnContext, TurnSummary};
+use crate::agent::middleware::{Middleware, ModelService, ToolService};
+use crate::agent::model::{ModelRequest, ModelResponse};
+use crate::agent::permissions::CompiledPolicy;
+use crate::agent::prompt::{priority, SystemPrompt};
+use crate::agent::seams::{
+    failure_from_error, ApprovalGate, CheckpointSink, DeltaSink, EventSink, ModelCall,
+    ToolDirectory, TurnCheckpoint,
+};
+use crate::agent::skills::SkillCatalog;
+use crate::protocol::message::{Message, Role, Usage};
+use crate::protocol::{
+    AgentSpec, EventKind, Failure, FailureKind, PendingCall, TaskOrigin, ToolSpec, TurnStatus,
+};
+
+pub use acting::{LOAD_SKILL_TOOL, SPAWN_TOOL};
+
+/// Limits and defaults of a runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// Model used when an agent names none.
+    pub default_model: String,
+    /// The model provider's name, for telemetry (`openai`, `scripted`).
+    pub provider: String,
+    pub tool_timeout: Duration,
+    pub subagent_timeout: Duration,
+    /// Deepest subagent nesting allowed (a user's agent is depth 0).
+    pub max_depth: u32,
+    pub context: ContextLimits,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            default_model: "gpt-4o-mini".into(),
+            provider: "openai".into(),
+            tool_timeout: Duration::from_secs(60),
+            subagent_timeout: Duration::from_secs(300),
+            max_depth: 2,
+            context: ContextLimits::default(),
+        }
+    }
+}
+
+/// What a turn needs to run.
+pub struct TurnInput<'a> {
+    /// The task and the session this loop runs in.
+    pub origin: TaskOrigin,
+    pub agent: &'a AgentSpec,
+    /// The session's history before this turn.
+    pub history: &'a [Message],
+    /// Skills the session loaded in earlier turns: their bodies stay in the prompt.
+    pub loaded_skills: &'a [String],
+    pub input: String,
+    /// 0 for a user's turn, n for a subagent n levels down.
+    pub depth: u32,
+    /// Where the turn's events go (shared with the model service, which streams deltas to it).
+    pub events: Arc<dyn EventSink>,
+    pub cancel: &'a CancellationToken,
+    /// Progress of an earlier run of this turn to continue from.
+    pub resume: Option<TurnCheckpoint>,
+    /// True when no earlier run of this turn can have dispatched its calls (its first delivery
+    /// and first attempt, nothing to resume). Otherwise each call is looked for among the
+    /// recorded results before it is dispatched, and workers look again before running it.
+    pub first_run: bool,
+    /// Where to record progress before each step's calls are dispatched; `None` records nothing.
+    pub checkpoints: Option<&'a dyn CheckpointSink>,
+    /// Where answers to approval requests come from; `None` means nobody can answer (a subagent's
+    /// loop), so a call that would ask is denied instead.
+    pub approvals: Option<&'a dyn ApprovalGate>,
+}
+
+/// Why a turn stopped without ending.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnStop {
+    /// It was cancelled, or its progress could not be recorded (the session lease was lost, or
+    /// the store went away). The turn has no result; it may run again.
+    Interrupted(Failure),
+    /// Calls wait for a person's approval; their `approval_requested` events went out. The turn
+    /// runs again (from its checkpoint) once they are answered or expire.
+    AwaitingApproval(Vec<PendingCall>),
+}
+
+impl TurnStop {
+    pub(crate) fn cancelled() -> Self {
+        TurnStop::Interrupted(Failure::new(FailureKind::Cancelled, "turn cancelled"))
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnOutput {
+    pub status: TurnStatus,
+    pub answer: Option<String>,
+    pub failure: Option<Failure>,
+    pub iterations: u32,
+    pub limit_reached: bool,
+    pub usage: Usage,
+    /// Messages this turn adds to the session: the user's input, the model's messages and the
+    /// observations.
+    pub new_messages: Vec<Message>,
+    /// Skills loaded during this turn (they stay loaded for the session's later turns).
+    pub loaded_skills: Vec<String>,
+    /// Some call of the turn asked for approval: a request may be stored for it (the caller
+    /// clears it when the turn ends).
+    pub asked_approval: bool,
+}
+
+impl TurnOutput {
+    fn started(input: String) -> Self {
+        Self {
+            status: TurnStatus::Completed,
+            answer: None,
+            failure: None,
+            iterations: 0,
+            limit_reached: false,
+            usage: Usage::default(),
+            new_messages: vec![Message::user(input)],
+            loaded_skills: Vec::new(),
+            asked_approval: false,
+        }
+    }
+}
+
+/// Runs agent turns with one model service, one tool service and one tool directory, all wrapped
+/// in the runtime's middleware.
+pub struct Runtime {
+    model: ModelService,
+    tools: ToolService,
+    directory: Arc<dyn ToolDirectory>,
+    skills: SkillCatalog,
+    middleware: Middleware,
+    settings: RuntimeSettings,
+    metrics: crate::metrics::Metrics,
+}
+
+impl Runtime {
+    /// A runtime over its seams; `middleware` wraps the model and tool services (its layers
+    /// outside the built-ins) and brings the hooks and prompt transformers.
+    pub fn new(
+        model: ModelService,
+        tools: ToolService,
+        directory: Arc<dyn ToolDirectory>,
+        skills: SkillCatalog,
+        middleware: Middleware,
+        settings: RuntimeSettings,
+    ) -> Self {
+        Self {
+            model: middleware.wrap_model(model),
+            tools: middleware.wrap_tools(tools),
+            directory,
+            skills,
+            middleware,
+            settings,
+            metrics: crate::metrics::Metrics::new(),
+        }
+    }
+
+    /// Counts model calls into `metrics` (the process's registry) instead of a private one.
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn skills(&self) -> &SkillCatalog {
+        &self.skills
+    }
+
+    /// Runs one turn to its end, or resumes it from `turn.resume`. `Err` means the turn stopped
+    /// without ending (interrupted, or waiting for approval): the caller decides what happens
+    /// next.
+    pub async fn run_turn(&self, turn: TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
+        let span = tracing::info_span!(
+            "invoke_agent",
+            "otel.name" = format!("invoke_agent {}", turn.agent.name),
+            "gen_ai.operation.name" = "invoke_agent",
+            "gen_ai.agent.name" = %turn.agent.name,
+            "gen_ai.conversation.id" = %turn.origin.session,
+            "skein.task_id" = %turn.origin.task_id,
+            "skein.tenant" = %turn.origin.tenant,
+            "skein.depth" = turn.depth,
+            "skein.approval_pending" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let result = self.run_hooked_turn(turn).instrument(span.clone()).await;
+        match &result {
+            Ok(TurnOutput {
+                failure: Some(failure),
+                ..
+            })
+            | Err(TurnStop::Interrupted(failure)) => record_failure(&span, failure),
+            Err(TurnStop::AwaitingApproval(pending)) => {
+                span.record("skein.approval_pending", pending.len());
+            }
+            Ok(_) => {}
+        }
+        result
+    }
+
+    /// The turn inside its turn hooks: `before_turn` may rewrite the input or end the turn
+    /// without a model call; `after_turn` may change how it ended.
+    async fn run_hooked_turn(&self, mut turn: TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
+        let hooks = self.middleware.hooks();
+        if hooks.is_empty() {
+            return self.run_turn_steps(turn).await;
+        }
+        let ctx = turn_context(&turn, 0);
+        // A resumed turn already went through `before_turn` on its first run.
+        if turn.resume.is_none() {
+            match hooks.enter_turn(&ctx, turn.input.clone()).await {
+                Ok(input) => turn.input = input,
+                Err(summary) => {
+                    // A hook ended the turn (its outer hooks' `after_turn` already ran).
+                    let mut out = TurnOutput::started(turn.input.clone());
+                    if let Some(answer) = &summary.answer {
+                        out.new_messages.push(Message::assistant(answer.clone()));
+                    }
+                    if summary.failure.is_some() {
+                        out.status = TurnStatus::Failed;
+                    }
+                    out.answer = summary.answer;
+                    out.failure = summary.failure;
+                    return Ok(out);
+                }
+            }
+        }
+        let out = self.run_turn_steps(turn).await?;
+        Ok(self.after_turn(&ctx, out).await)
+    }
+
+    async fn after_turn(&self, ctx: &TurnContext, mut out: TurnOutput) -> TurnOutput {
+        let summary = TurnSummary {
+            answer: out.answer.take(),
+            failure: out.failure.take(),
+        };
+        let summary = self.middleware.hooks().exit_turn(ctx, summary).await;
+        if summary.answer != out.new_messages.last().map(|m| m.content.clone()) {
+            if let Some(answer) = &summary.answer {
+                if let Some(last) = out.new_messages.last_mut() {
+                    if last.role == Role::Assistant && last.tool_calls.is_empty() {
+                        last.content = answer.clone();
+                    }
+                }
+            }
+        }
+        out.status = match (&summary.failure, out.status) {
+            (Some(_), TurnStatus::Completed) => TurnStatus::Failed,
+            (None, TurnStatus::Failed) if summary.answer.is_some() => TurnStatus::Completed,
+            (_, status) => status,
+        };
+        out.answer = summary.answer;
+        out.failure = summary.failure;
+        out
+    }
+
+    async fn run_turn_steps(&self, turn: TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
+        let asked = std::sync::atomic::AtomicBool::new(false);
+        let mut out = self.steps(&turn, &asked).await?;
+        out.asked_approval = asked.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(out)
+    }
+
+    async fn steps(
+        &self,
+        turn: &TurnInput<'_>,
+        asked: &std::sync::atomic::AtomicBool,
+    ) -> Result<TurnOutput, TurnStop> {
+        let mut out = TurnOutput::started(turn.input.clone());
+        if let Some(resumed) = turn.resume.clone() {
+            out.new_messages = resumed.new_messages;
+            out.iterations = resumed.iterations;
+            out.usage = resumed.usage;
+            out.loaded_skills = resumed.loaded_skills;
+        }
+        // Without the tool catalog the turn cannot know what its model may call: it stops, to
+        // run again, rather than answer with no tools.
+        let catalog = self
+            .directory
+            .current()
+            .await
+            .map_err(TurnStop::Interrupted)?;
+        let policy = match CompiledPolicy::compile(&turn.agent.permissions) {
+            Ok(policy) => policy,
+            Err(e) => {
+                let failure = Failure::new(FailureKind::InvalidInput, e.to_string());
+                return finished_failed(turn, out, failure);
+            }
+        };
+        let extras = self.runtime_tools(turn);
+        let tools = catalog.tools_for(&turn.agent.tools, &extras);
+        let history = context::prepare(turn.history, self.settings.context);
+        let acting = acting::Acting {
+            runtime: self,
+            turn,
+            catalog: &catalog,
+            tools: &tools,
+            policy: &policy,
+            asked,
+        };
+
+        loop {
+            interrupted_if_cancelled(turn)?;
+            match out.new_messages.last() {
+                // Calls asked for but not yet observed (also when resuming after a crash or an
+                // approval): run them. Calls already recorded are not run again: the tool
+                // service returns their recorded results.
+                Some(last) if last.role == Role::Assistant && !last.tool_calls.is_empty() => {
+                    let calls = last.tool_calls.clone();
+                    let observed = acting.execute_calls(out.iterations, &calls).await?;
+                    interrupted_if_cancelled(turn)?;
+                    for (call, observation) in calls.iter().zip(observed) {
+                        if let Some(skill) = observation.loaded_skill {
+                            if !out.loaded_skills.contains(&skill) {
+                                out.loaded_skills.push(skill);
+                            }
+                        }
+                        out.new_messages
+                            .push(Message::tool_result(&call.id, observation.text));
+                    }
+                    // No checkpoint here: the results are recorded by call key, so a turn that
+                    // resumes from the checkpoint of these calls gets them back without running
+                    // them again; the next step's checkpoint carries them.
+                    continue;
+                }
+                // An answer: the turn ends.
+                Some(last) if last.role == Role::Assistant => {
+                    out.answer = Some(last.content.clone());
+                    return Ok(out);
+                }
+                _ => {}
+            }
+            if out.iterations >= turn.agent.max_iterations {
+                break;
+            }
+            let system = self.system_prompt(turn, &out.loaded_skills);
+            let messages = conversation(&system, &history, &out.new_messages);
+            let response = match self
+                .model_call(turn, out.iterations, messages, tools.clone())
+                .await
+            {
+                Ok(response) => response,
+                Err(failure) => return finished_failed(turn, out, failure),
+            };
+            out.iterations += 1;
+            out.usage.add(response.usage);
+            let asks_for_tools = !response.message.tool_calls.is_empty();
+            out.new_messages.push(response.message);
+            // Calls are checkpointed before they are decided and dispatched, so a resumed turn
+            // (after a crash or an approval) runs the same calls (whose results are recorded)
+            // rather than asking the model again. An answer is not: the turn ends next,
+            // atomically with its final result, and a turn resumed before that asks the model
+            // once more.
+            if asks_for_tools {
+                checkpoint(turn, &out).await?;
+            }
+        }
+
+        // Iteration limit: one more call, without tools, for a summary answer.
+        out.limit_reached = true;
+        let system = self.system_prompt(turn, &out.loaded_skills);
+        let mut messages = conversation(&system, &history, &out.new_messages);
+        messages.push(Message::system(format!(
+            "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
+             summarise what you found and what is left to do.",
+            turn.agent.max_iterations
+        )));
+        match self
+            .model_call(turn, out.iterations, messages, Arc::from([]))
+            .await
+        {
+            Ok(response) => {
+                out.iterations += 1;
+                out.usage.add(response.usage);
+                let mut message = response.message;
+                message.tool_calls.clear();
+                out.answer = Some(message.content.clone());
+                out.new_messages.push(message);
+                Ok(out)
+            }
+            Err(failure) => finished_failed(turn, out, failure),
+        }
+    }
+
+    /// The runtime's own tools this turn offers: `spawn_agent` when the agent has subagents and
+    /// may nest deeper, `load_skill` when it may load skills.
+    fn runtime_tools(&self, turn: &TurnInput<'_>) -> Vec<ToolSpec> {
+        let mut extras = Vec::new();
+        if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
+            extras.push(acting::spawn_tool_spec(&turn.agent.subagents));
+        }
+        let skills = self.skills.allowed(turn.agent.skills.as_deref());
+        if !skills.is_empty() {
+            extras.push(acting::load_skill_spec(&skills));
+        }
+        extras
+    }
+
+    fn system_prompt(&self, turn: &TurnInput<'_>, loaded_this_turn: &[String]) -> String {
+        let mut prompt = SystemPrompt::default();
+        prompt.add("agent", priority::AGENT, turn.agent.system_prompt.clone());
+        if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
+            let mut roster =
+                format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
+            for sub in &turn.agent.subagents {
+                roster.push_str(&format!("- {}: {}\n", sub.name, sub.description));
+            }
+            prompt.add("subagents", priority::SUBAGENTS, roster);
+        }
+        let allowed = turn.agent.skills.as_deref();
+        if let Some(catalog) = self.skills.prompt_section(allowed) {
+            prompt.add("skills", priority::SKILLS, catalog);
+        }
+        let loaded: Vec<&str> = turn
+            .loaded_skills
+            .iter()
+            .chain(loaded_this_turn)
+            .map(String::as_str)
+            .collect();
+        if let Some(bodies) = self.skills.loaded_section(&loaded, allowed) {
+            prompt.add("loaded_skills", priority::SKILLS + 1, bodies);
+        }
+        prompt.add(
+            "context",
+            priority::CONTEXT,
+            format!(
+                "Session {} of tenant {}. Files you write persist in the workspace of session {}.",
+                turn.origin.session, turn.origin.tenant, turn.origin.workspace
+            ),
+        );
+        self.middleware.prompt().apply(turn.agent, prompt.render())
+    }
+
+    /// One model call inside the reasoning hooks and the model service; deltas become events.
+    async fn model_call(
+        &self,
+        turn: &TurnInput<'_>,
+        step: u32,
+        messages: Vec<crate::protocol::message::Message>,
+        tools: Arc<[ToolSpec]>,
+    ) -> Result<ModelResponse, Failure> {
+        let model = if turn.agent.model.is_empty() {
+            self.settings.default_model.clone()
+        } else {
+            turn.agent.model.clone()
+        };
+        let span = tracing::info_span!(
+            "chat",
+            "otel.name" = format!("chat {model}"),
+            "otel.kind" = "client",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.provider.name" = %self.settings.provider,
+            "gen_ai.request.model" = %model,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "gen_ai.response.finish_reasons" = tracing::field::Empty,
+            "gen_ai.input.messages" = tracing::field::Empty,
+            "gen_ai.output.messages" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        if crate::telemetry::record_content() {
+            span.record(
+                "gen_ai.input.messages",
+                serde_json::to_string(&messages).unwrap_or_default(),
+            );
+        }
+        let request = ModelRequest {
+            model,
+            agent: turn.agent.name.clone(),
+            messages,
+            tools,
+        };
+        let started = std::time::Instant::now();
+        let result = self
+            .reason(turn, step, request)
+            .instrument(span.clone())
+            .await;
+        let duration = started.elapsed();
+        match &result {
+            Ok(response) => {
+                span.record("gen_ai.usage.input_tokens", response.usage.prompt_tokens);
+                span.record(
+                    "gen_ai.usage.output_tokens",
+                    response.usage.completion_tokens,
+                );
+                if let Some(reason) = &response.finish_reason {
+                    span.record("gen_ai.response.finish_reasons", reason.as_str());
+                }
+                if crate::telemetry::record_content() {
+                    span.record("gen_ai.output.messages", response.message.content.as_str());
+                }
+                self.metrics.model_call(
+                    &self.settings.provider,
+                    "ok",
+                    duration,
+                    response.usage.prompt_tokens,
+                    response.usage.completion_tokens,
+                );
+            }
+            Err(failure) => {
+                record_failure(&span, failure);
+                self.metrics.model_call(
+                    &self.settings.provider,
+                    failure.kind.as_str(),
+                    duration,
+                    0,
+                    0,
+                );
+            }
+        }
+        result
+    }
+
+    /// The reasoning step: `before_reasoning` may change the request or answer in the model's
+    /// place; the model service streams its answer; `after_reasoning` may change the response.
+    async fn reason(
+        &self,
+        turn: &TurnInput<'_>,
+        step: u32,
+        request: ModelRequest,
+    ) -> Result<ModelResponse, Failure> {
+        let hooks = self.middleware.hooks();
+        let ctx = (!hooks.is_empty()).then(|| turn_context(turn, step));
+        let request = match &ctx {
+            Some(ctx) => match hooks.enter_reasoning(ctx, request).await {
+                Ok(request) => request,
+                // A hook answered in the model's place (its outer hooks' `after_reasoning` ran).
+                Err(response) => return Ok(response),
+            },
+            None => request,
+        };
+        let call = ModelCall {
+            request,
+            deltas: Some(Arc::new(EventDeltas(turn.events.clone()))),
+        };
+        let answered = self.model.clone().oneshot(call);
+        let response = tokio::select! {
+            _ = turn.cancel.cancelled() => Err(Failure::new(FailureKind::Cancelled, "turn cancelled")),
+            result = answered => result.map_err(failure_from_error),
+        }?;
+        Ok(match &ctx {
+            Some(ctx) => hooks.exit_reasoning(ctx, response).await,
+            None => response,
+        })
+    }
+}
+
+/// Forwards streamed deltas to the turn's events.
+struct EventDeltas(Arc<dyn EventSink>);
+
+impl DeltaSink for EventDeltas {
+    fn delta(&self, text: String) -> BoxFuture<'_, ()> {
+        self.0.emit(EventKind::ModelDelta { text })
+    }
+}
+
+/// The hooks' view of a turn at a step.
+fn turn_context(turn: &TurnInput<'_>, step: u32) -> TurnContext {
+    TurnContext {
+        origin: turn.origin.clone(),
+        agent: turn.agent.name.clone(),
+        depth: turn.depth,
+        step,
+    }
+}
+
+/// Marks a span failed, with the failure's kind as `error.type`.
+pub(crate) fn record_failure(span: &tracing::Span, failure: &Failure) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", failure.kind.as_str());
+}
+
+/// The messages of one model call: system prompt, prepared history, this turn so far.
+fn conversation(system: &str, history: &[Message], turn_messages: &[Message]) -> Vec<Message> {
+    let mut messages = Vec::with_capacity(1 + history.len() + turn_messages.len());
+    messages.push(Message::system(system));
+    messages.extend_from_slice(history);
+    messages.extend_from_slice(turn_messages);
+    messages
+}
+
+/// A turn that ends failed; a failure caused by cancellation is an interruption instead.
+fn finished_failed(
+    turn: &TurnInput<'_>,
+    mut out: TurnOutput,
+    failure: Failure,
+) -> Result<TurnOutput, TurnStop> {
+    interrupted_if_cancelled(turn)?;
+    out.status = TurnStatus::Failed;
+    out.failure = Some(failure);
+    Ok(out)
+}
+
+fn interrupted_if_cancelled(turn: &TurnInput<'_>) -> Result<(), TurnStop> {
+    if turn.cancel.is_cancelled() {
+        Err(TurnStop::cancelled())
+    } else {
+        Ok(())
+    }
+}
+
+/// Records the turn so far, if the caller asked for checkpoints.
+async fn checkpoint(turn: &TurnInput<'_>, out: &TurnOutput) -> Result<(), TurnStop> {
+    let Some(checkpoints) = turn.checkpoints else {
+        return Ok(());
+    };
+    let state = TurnCheckpoint {
+        new_messages: out.new_messages.clone(),
+        iterations: out.iterations,
+        usage: out.usage,
+        loaded_skills: out.loaded_skills.clone(),
+    };
+    checkpoints
+        .save(&state)
+        .await
+        .map_err(TurnStop::Interrupted)
+}

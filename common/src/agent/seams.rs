@@ -1,0 +1,202 @@
+//! The seams of the runtime: everything the ReAct loop reaches outside itself goes through one of
+//! these, so the loop depends on no transport and no store.
+//!
+//! - **Tools** are a `tower::Service<ToolCallRequest, Response = ToolResult>`: the NATS dispatcher
+//!   is one implementation (`dispatch::Dispatcher`), `InMemoryTools` another. A failed call is a
+//!   `ToolResult` with a failed outcome; a service error (a layer's timeout, an overloaded limit)
+//!   is turned into one by [`failure_from_error`].
+//! - **The model** is a `tower::Service<ModelCall, Response = ModelResponse>`: `ProviderService`
+//!   adapts any `ModelClient` (the OpenAI-compatible and scripted providers).
+//! - **The tool list** the model sees comes from a [`ToolDirectory`].
+//! - **Events** go to an [`EventSink`], **checkpoints** to a [`CheckpointSink`], and **answers to
+//!   approval requests** come from an [`ApprovalGate`]; their NATS and Redis implementations live in
+//!   `crate::wiring`.
+//!
+//! Middleware wraps the two services (`agent::middleware`); the loop clones a service per call and
+//! drives it with `oneshot`, so a layer's state (a concurrency limit's semaphore) is shared by every
+//! clone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::ApprovalAnswer;
+
+use crate::agent::model::{ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
+use crate::agent::tools::ToolCatalog;
+use crate::protocol::message::{Message, ToolCall, Usage};
+use crate::protocol::{AgentSpec, EventKind, Failure, FailureKind, TaskOrigin};
+
+/// The error type services and layers may return; the loop turns it into a [`Failure`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A tool call as the tool service receives it.
+#[derive(Debug, Clone)]
+pub struct ToolCallRequest {
+    /// The task and session the call belongs to.
+    pub origin: TaskOrigin,
+    /// The turn's step (model call) that asked for it; with the call id it keys the result.
+    pub step: u32,
+    pub call: ToolCall,
+    /// A plain tool, or a subagent to run.
+    pub target: CallTarget,
+    /// Longest the call may run.
+    pub timeout: Duration,
+    /// An earlier run of the turn may have dispatched this call: look for its recorded result
+    /// before running it again.
+    pub may_have_run: bool,
+}
+
+/// What a call runs.
+#[derive(Debug, Clone)]
+pub enum CallTarget {
+    /// The tool named by the call.
+    Tool,
+    /// A child agent loop: the agent, its task, and how deep it runs.
+    Subagent {
+        agent: Arc<AgentSpec>,
+        task: String,
+        depth: u32,
+    },
+}
+
+/// One model call as the model service receives it.
+#[derive(Clone)]
+pub struct ModelCall {
+    pub request: ModelRequest,
+    /// Receives text deltas as they stream (the turn forwards them as events); `None` asks for a
+    /// whole answer.
+    pub deltas: Option<Arc<dyn DeltaSink>>,
+}
+
+impl std::fmt::Debug for ModelCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelCall")
+            .field("request", &self.request)
+            .field("streaming", &self.deltas.is_some())
+            .finish()
+    }
+}
+
+/// Where streamed text deltas go.
+pub trait DeltaSink: Send + Sync {
+    fn delta(&self, text: String) -> BoxFuture<'_, ()>;
+}
+
+/// Where a turn's events go.
+pub trait EventSink: Send + Sync {
+    fn emit(&self, event: EventKind) -> BoxFuture<'_, ()>;
+}
+
+/// Where a turn records its progress, before each step's calls are dispatched. An `Err` means the
+/// progress could not be recorded (the lease was lost, the store is away): the turn stops.
+pub trait CheckpointSink: Send + Sync {
+    fn save<'a>(&'a self, state: &'a TurnCheckpoint) -> BoxFuture<'a, Result<(), Failure>>;
+}
+
+/// Where a turn finds the tools its model may call.
+pub trait ToolDirectory: Send + Sync {
+    fn current(&self) -> BoxFuture<'_, Result<Arc<ToolCatalog>, Failure>>;
+}
+
+/// Where a turn finds the answers given to its approval requests.
+pub trait ApprovalGate: Send + Sync {
+    fn answers<'a>(&'a self, origin: &'a TaskOrigin) -> BoxFuture<'a, Result<Answers, Failure>>;
+}
+
+/// What is known about a turn's approval requests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answers {
+    /// Answers by call id.
+    pub by_call: HashMap<String, ApprovalAnswer>,
+    /// Calls already announced as waiting (their `approval_requested` event went out).
+    pub requested: Vec<String>,
+    /// When unanswered requests of this turn are denied (milliseconds since the Unix epoch).
+    pub expires_at_ms: Option<u64>,
+    /// Rules a person approved for the rest of the session (`--always`).
+    pub session_rules: Vec<String>,
+}
+
+/// The progress of a turn that has not ended, recorded before each step's calls are dispatched so
+/// the turn can be resumed (by another lead) without asking the model again.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TurnCheckpoint {
+    /// What the turn has added so far: the user's input, model messages, observations.
+    pub new_messages: Vec<Message>,
+    /// Model calls made so far.
+    pub iterations: u32,
+    pub usage: Usage,
+    /// Skills loaded during the turn so far.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded_skills: Vec<String>,
+}
+
+/// The failure a service error stands for: a [`Failure`] it carries, a layer's timeout
+/// (`timed_out`), an overloaded limit (`unavailable`), anything else (`internal`).
+pub fn failure_from_error(error: BoxError) -> Failure {
+    let error = match error.downcast::<Failure>() {
+        Ok(failure) => return *failure,
+        Err(error) => error,
+    };
+    if error.is::<tower::timeout::error::Elapsed>() {
+        return Failure::new(FailureKind::TimedOut, "the call timed out");
+    }
+    Failure::new(FailureKind::Internal, error.to_string())
+}
+
+/// Adapts a [`ModelClient`] into the model service.
+#[derive(Clone)]
+pub struct ProviderService<M> {
+    client: M,
+}
+
+impl<M> ProviderService<M> {
+    pub fn new(client: M) -> Self {
+        Self { client }
+    }
+}
+
+impl<M> tower::Service<ModelCall> for ProviderService<M>
+where
+    M: ModelClient + Clone + 'static,
+{
+    type Response = ModelResponse;
+    type Error = Failure;
+    type Future = BoxFuture<'static, Result<ModelResponse, Failure>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ModelCall) -> Self::Future {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let Some(deltas) = call.deltas else {
+                return client
+                    .complete(call.request)
+                    .await
+                    .map_err(|e| e.to_failure());
+            };
+            let mut stream = client
+                .stream(call.request)
+                .await
+                .map_err(|e| e.to_failure())?;
+            while let Some(chunk) = stream.next().await {
+                match chunk.map_err(|e| e.to_failure())? {
+                    ModelChunk::Delta(text) => deltas.delta(text).await,
+                    ModelChunk::Done(response) => return Ok(response),
+                }
+            }
+            Err(ModelError::BadResponse("stream ended without a response".into()).to_failure())
+        })
+    }
+}
+
+impl std::error::Error for Failure {}

@@ -1,0 +1,39 @@
+//! `StoredApprovals`: the approval seam over Redis. A turn asks only when a call needs approval;
+//! the answer comes from the stored request of its task (answers by call, the request's expiry,
+//! the calls already announced) and the rules approved for its session.
+
+use futures::future::BoxFuture;
+
+use crate::agent::seams::{Answers, ApprovalGate};
+use crate::protocol::{Failure, TaskOrigin};
+use crate::store::SessionStore;
+
+/// The answers stored for a lead's turns.
+pub struct StoredApprovals {
+    pub store: SessionStore,
+}
+
+impl ApprovalGate for StoredApprovals {
+    fn answers<'a>(&'a self, origin: &'a TaskOrigin) -> BoxFuture<'a, Result<Answers, Failure>> {
+        Box::pin(async move {
+            let (request, rules) = tokio::join!(
+                self.store.approval_request(&origin.tenant, &origin.task_id),
+                self.store.session_rules(&origin.tenant, &origin.session),
+            );
+            let request = request.map_err(|e| e.to_failure())?;
+            let session_rules = rules.map_err(|e| e.to_failure())?;
+            let Some(request) = request else {
+                return Ok(Answers {
+                    session_rules,
+                    ..Answers::default()
+                });
+            };
+            Ok(Answers {
+                by_call: request.answers.into_iter().collect(),
+                requested: request.calls.into_iter().map(|c| c.call_id).collect(),
+                expires_at_ms: request.expires_at_ms,
+                session_rules,
+            })
+        })
+    }
+}

@@ -1,0 +1,40 @@
+//! The runtime's seams implemented over the cluster's NATS and Redis, and the one place a
+//! process assembles its runtime.
+//!
+//! - [`events`]: `BusEvents`, the event sink over the task's JetStream event subject.
+//! - [`checkpoints`]: `LeaseCheckpoints`, the checkpoint sink over Redis, fenced by the lease.
+//! - [`approvals`]: `StoredApprovals`, the approval gate over the answers stored in Redis.
+//! - [`assemble`]: a cluster runtime from configuration: the model provider, the NATS dispatcher as
+//!   tool service, the live worker registry as tool directory, the embedder's middleware.
+
+pub mod approvals;
+pub mod checkpoints;
+pub mod events;
+
+use std::sync::Arc;
+
+use tower::util::BoxCloneSyncService;
+use tower::ServiceExt;
+
+use crate::agent::middleware::Middleware;
+use crate::agent::model::Provider;
+use crate::agent::runtime::{Runtime, RuntimeSettings};
+use crate::agent::seams::ProviderService;
+use crate::agent::skills::SkillCatalog;
+use crate::dispatch::Dispatcher;
+
+/// A runtime whose tools run on the cluster's workers (through `dispatcher`) and whose model is
+/// `provider`, wrapped in `middleware` (its layers outside the built-ins).
+pub fn assemble(
+    provider: Provider,
+    dispatcher: Dispatcher,
+    skills: SkillCatalog,
+    middleware: Middleware,
+    settings: RuntimeSettings,
+    metrics: crate::metrics::Metrics,
+) -> Runtime {
+    let directory = Arc::new(dispatcher.catalog().clone());
+    let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));
+    let model = BoxCloneSyncService::new(ProviderService::new(provider).map_err(Into::into));
+    Runtime::new(model, tools, directory, skills, middleware, settings).with_metrics(metrics)
+}

@@ -1,0 +1,388 @@
+//! The runtime below its transport: whole turns run entirely in memory (no NATS, no Redis) through
+//! the in-memory seams — parallel calls, a subagent, a resume from a checkpoint, and an approval
+//! that suspends the turn and resumes it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use serde_json::{json, Value};
+use skein_common::agent::memory::{
+    FixedDirectory, InMemoryTools, MemoryApprovals, MemoryCheckpoints, MemoryEvents, ToolFn,
+};
+use skein_common::agent::middleware::Middleware;
+use skein_common::agent::model::scripted::ScriptedModel;
+use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput, TurnOutput, TurnStop};
+use skein_common::agent::seams::{ProviderService, TurnCheckpoint};
+use skein_common::agent::skills::SkillCatalog;
+use skein_common::protocol::{
+    AgentSpec, ApprovalAnswer, EventKind, PermissionPolicy, TaskOrigin, ToolEffects, ToolSpec,
+    TurnStatus, Verdict,
+};
+use tokio_util::sync::CancellationToken;
+use tower::util::BoxCloneSyncService;
+use tower::ServiceExt;
+
+const SCENARIO: &str = r#"{
+  "agents": {
+    "lead": { "turns": [ { "steps": [
+      { "tool_calls": [
+          { "name": "echo", "arguments": { "text": "a" } },
+          { "name": "echo", "arguments": { "text": "b" } } ] },
+      { "tool_calls": [
+          { "name": "spawn_agent", "arguments": { "agent": "helper", "task": "say c" } },
+          { "name": "echo", "arguments": { "text": "d" } } ] },
+      { "answer": "done: {{observations}}" }
+    ] } ] },
+    "helper": { "turns": [ { "steps": [
+      { "tool_calls": [ { "name": "echo", "arguments": { "text": "c" } } ] },
+      { "answer": "helper saw {{observations}}" }
+    ] } ] },
+    "guarded": { "turns": [ { "steps": [
+      { "tool_calls": [ { "name": "delete", "arguments": { "path": "old.txt" } } ] },
+      { "answer": "after approval: {{observations}}" }
+    ] } ] }
+  }
+}"#;
+
+fn spec(name: &str, effects: ToolEffects) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: format!("{name} tool"),
+        parameters: json!({"type": "object"}),
+        concurrency_safe: true,
+        effects,
+    }
+}
+
+fn agent(name: &str, subagents: Vec<AgentSpec>, permissions: PermissionPolicy) -> AgentSpec {
+    AgentSpec {
+        name: name.into(),
+        description: format!("the {name}"),
+        system_prompt: format!("You are {name}."),
+        model: String::new(),
+        tools: vec!["*".into()],
+        subagents,
+        max_iterations: 8,
+        permissions,
+        skills: None,
+    }
+}
+
+struct Fixture {
+    runtime: Arc<Runtime>,
+    tools: InMemoryTools,
+    /// How many times each tool function body ran.
+    echoes: Arc<AtomicUsize>,
+    deletes: Arc<AtomicUsize>,
+}
+
+fn fixture() -> Fixture {
+    let echoes = Arc::new(AtomicUsize::new(0));
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let echo: ToolFn = {
+        let echoes = echoes.clone();
+        Arc::new(move |args: Value| {
+            echoes.fetch_add(1, Ordering::SeqCst);
+            let text = args["text"].as_str().unwrap_or_default().to_owned();
+            async move { Ok(format!("echo {text}")) }.boxed()
+        })
+    };
+    let delete: ToolFn = {
+        let deletes = deletes.clone();
+        Arc::new(move |args: Value| {
+            deletes.fetch_add(1, Ordering::SeqCst);
+            let path = args["path"].as_str().unwrap_or_default().to_owned();
+            async move { Ok(format!("deleted {path}")) }.boxed()
+        })
+    };
+    let destructive = ToolEffects {
+        destructive: true,
+        ..ToolEffects::default()
+    };
+    let tools = InMemoryTools::new([
+        (spec("echo", ToolEffects::default()), echo),
+        (spec("delete", destructive), delete),
+    ]);
+    let model = ScriptedModel::from_json(SCENARIO).expect("valid scenario");
+    let runtime = Arc::new(Runtime::new(
+        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
+        BoxCloneSyncService::new(tools.clone().map_err(Into::into)),
+        Arc::new(FixedDirectory(Arc::new(tools.catalog()))),
+        SkillCatalog::default(),
+        Middleware::new(),
+        RuntimeSettings {
+            provider: "scripted".into(),
+            ..RuntimeSettings::default()
+        },
+    ));
+    tools.run_subagents_on(&runtime);
+    Fixture {
+        runtime,
+        tools,
+        echoes,
+        deletes,
+    }
+}
+
+fn origin(task: &str) -> TaskOrigin {
+    TaskOrigin {
+        task_id: task.into(),
+        tenant: "acme".into(),
+        user: "u".into(),
+        session: "s1".into(),
+        workspace: "s1".into(),
+        deadline_ms: None,
+    }
+}
+
+struct Run<'a> {
+    agent: &'a AgentSpec,
+    task: &'a str,
+    resume: Option<TurnCheckpoint>,
+    checkpoints: &'a MemoryCheckpoints,
+    approvals: Option<&'a MemoryApprovals>,
+}
+
+async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<EventKind>) {
+    let events = Arc::new(MemoryEvents::default());
+    let cancel = CancellationToken::new();
+    let first_run = run.resume.is_none();
+    let output = fx
+        .runtime
+        .run_turn(TurnInput {
+            origin: origin(run.task),
+            agent: run.agent,
+            history: &[],
+            loaded_skills: &[],
+            input: "go".into(),
+            depth: 0,
+            events: events.clone(),
+            cancel: &cancel,
+            resume: run.resume,
+            first_run,
+            checkpoints: Some(run.checkpoints),
+            approvals: run.approvals.map(|a| a as _),
+        })
+        .await;
+    (output, events.events())
+}
+
+#[tokio::test]
+async fn a_multi_step_turn_with_parallel_calls_and_a_subagent_runs_in_memory_and_resumes() {
+    let fx = fixture();
+    let helper = agent("helper", vec![], PermissionPolicy::default());
+    let lead = agent("lead", vec![helper], PermissionPolicy::default());
+    let checkpoints = MemoryCheckpoints::default();
+    let (output, events) = run(
+        &fx,
+        Run {
+            agent: &lead,
+            task: "t1",
+            resume: None,
+            checkpoints: &checkpoints,
+            approvals: None,
+        },
+    )
+    .await;
+    let output = output.expect("the turn ends");
+    assert_eq!(output.status, TurnStatus::Completed);
+    let answer = output.answer.clone().expect("an answer");
+    assert!(answer.contains("helper saw echo c"), "{answer}");
+    assert!(answer.contains("echo d"), "{answer}");
+    assert_eq!(output.iterations, 3);
+    // a, b (parallel), the helper's c, d; the subagent call itself is one more run.
+    assert_eq!(fx.echoes.load(Ordering::SeqCst), 4);
+    assert_eq!(fx.tools.runs().len(), 5, "{:?}", fx.tools.runs());
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, EventKind::ToolStarted { .. }))
+        .count();
+    assert_eq!(started, 4, "the lead's own calls: a, b, spawn, d");
+
+    // Resume from the checkpoint of the second step (before its calls were dispatched): the
+    // recorded calls come back, nothing runs again, and the turn ends the same way.
+    let checkpoint = checkpoints.latest().expect("a checkpoint");
+    assert_eq!(checkpoint.iterations, 2);
+    let (resumed, _) = run(
+        &fx,
+        Run {
+            agent: &lead,
+            task: "t1",
+            resume: Some(checkpoint),
+            checkpoints: &checkpoints,
+            approvals: None,
+        },
+    )
+    .await;
+    let resumed = resumed.expect("the resumed turn ends");
+    assert_eq!(resumed.answer, output.answer);
+    assert_eq!(fx.echoes.load(Ordering::SeqCst), 4, "no call ran twice");
+    assert_eq!(fx.tools.runs().len(), 5);
+}
+
+#[tokio::test]
+async fn an_asked_call_suspends_the_turn_and_runs_once_after_approval() {
+    let fx = fixture();
+    let guarded = agent("guarded", vec![], PermissionPolicy::default());
+    let checkpoints = MemoryCheckpoints::default();
+    let approvals = MemoryApprovals::default();
+    let first = Run {
+        agent: &guarded,
+        task: "t2",
+        resume: None,
+        checkpoints: &checkpoints,
+        approvals: Some(&approvals),
+    };
+    let (stopped, events) = run(&fx, first).await;
+    let Err(TurnStop::AwaitingApproval(pending)) = stopped else {
+        panic!("expected a suspension, got {stopped:?}");
+    };
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].tool, "delete");
+    assert!(
+        pending[0].rule.contains("destructive"),
+        "{}",
+        pending[0].rule
+    );
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::ApprovalRequested { tool, .. } if tool == "delete")));
+    assert_eq!(
+        fx.deletes.load(Ordering::SeqCst),
+        0,
+        "nothing ran while waiting"
+    );
+
+    let call_id = pending[0].call_id.clone();
+    approvals.update(|a| {
+        a.requested.push(call_id.clone());
+        a.by_call.insert(
+            call_id.clone(),
+            ApprovalAnswer {
+                approve: true,
+                reason: String::new(),
+                by: "alice".into(),
+                at_ms: 0,
+            },
+        );
+    });
+    let again = Run {
+        agent: &guarded,
+        task: "t2",
+        resume: checkpoints.latest(),
+        checkpoints: &checkpoints,
+        approvals: Some(&approvals),
+    };
+    let (output, events) = run(&fx, again).await;
+    let output = output.expect("the turn ends after approval");
+    assert_eq!(
+        output.answer.as_deref(),
+        Some("after approval: deleted old.txt")
+    );
+    assert!(output.asked_approval);
+    assert_eq!(
+        fx.deletes.load(Ordering::SeqCst),
+        1,
+        "the approved call ran once"
+    );
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::ApprovalResolved { verdict: Verdict::Approved, by, .. } if by == "alice")));
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EventKind::ApprovalRequested { .. })),
+        "an announced request is not announced again"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_call_is_an_observation_with_the_reason() {
+    let fx = fixture();
+    let guarded = agent("guarded", vec![], PermissionPolicy::default());
+    let checkpoints = MemoryCheckpoints::default();
+    let approvals = MemoryApprovals::default();
+    let first = Run {
+        agent: &guarded,
+        task: "t3",
+        resume: None,
+        checkpoints: &checkpoints,
+        approvals: Some(&approvals),
+    };
+    let (stopped, _) = run(&fx, first).await;
+    let Err(TurnStop::AwaitingApproval(pending)) = stopped else {
+        panic!("expected a suspension");
+    };
+    approvals.update(|a| {
+        a.by_call.insert(
+            pending[0].call_id.clone(),
+            ApprovalAnswer {
+                approve: false,
+                reason: "keep it".into(),
+                by: "bob".into(),
+                at_ms: 0,
+            },
+        );
+    });
+    let again = Run {
+        agent: &guarded,
+        task: "t3",
+        resume: checkpoints.latest(),
+        checkpoints: &checkpoints,
+        approvals: Some(&approvals),
+    };
+    let (output, _) = run(&fx, again).await;
+    let answer = output.expect("ends").answer.expect("answer");
+    assert!(answer.contains("denied by bob: keep it"), "{answer}");
+    assert_eq!(fx.deletes.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn without_an_approval_gate_an_ask_is_denied_and_a_deny_rule_wins() {
+    let fx = fixture();
+    // No gate (a subagent's loop): the destructive call is denied, not suspended.
+    let guarded = agent("guarded", vec![], PermissionPolicy::default());
+    let checkpoints = MemoryCheckpoints::default();
+    let (output, _) = run(
+        &fx,
+        Run {
+            agent: &guarded,
+            task: "t4",
+            resume: None,
+            checkpoints: &checkpoints,
+            approvals: None,
+        },
+    )
+    .await;
+    let answer = output.expect("ends").answer.expect("answer");
+    assert!(answer.contains("denied by"), "{answer}");
+
+    // A deny rule refuses even in bypass mode.
+    let policy = PermissionPolicy {
+        mode: Some(skein_common::protocol::PermissionMode::Bypass),
+        deny: vec!["delete(*.txt)".into()],
+        ..PermissionPolicy::default()
+    };
+    let denied = agent("guarded", vec![], policy);
+    let approvals = MemoryApprovals::default();
+    let (output, events) = run(
+        &fx,
+        Run {
+            agent: &denied,
+            task: "t5",
+            resume: None,
+            checkpoints: &checkpoints,
+            approvals: Some(&approvals),
+        },
+    )
+    .await;
+    let answer = output.expect("ends").answer.expect("answer");
+    assert!(answer.contains("deny rule delete(*.txt)"), "{answer}");
+    assert!(events.iter().any(|e| matches!(
+        e,
+        EventKind::ApprovalResolved {
+            verdict: Verdict::Denied,
+            ..
+        }
+    )));
+    assert_eq!(fx.deletes.load(Ordering::SeqCst), 0);
+}

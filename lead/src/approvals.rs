@@ -1,0 +1,330 @@
+//! Turns that wait for a person, on the lead: suspending them, holding them without a slot, and
+//! recording the answers that resume them.
+//!
+//! Suspend: the turn's step was checkpointed before its calls were decided, so all that is left is
+//! to store the request (`ApprovalRequest`, keeping the first request's time and expiry), release
+//! the lease and uncount the attempt (done by the caller), and *park* the submission: the message
+//! stays unacknowledged in the stream — so later turns of the session keep waiting behind it and a
+//! lead that dies loses nothing (the broker redelivers it after `ack_wait`) — but it holds no turn
+//! slot. The parked task only sends progress acks until something wakes it: an answer (a wake on
+//! `skein.wake.{tenant}.{task}`), the request's expiry, a cancel request, the task's deadline, or
+//! shutdown. Then it hands the message back (`nak`) and whichever lead takes it resumes the turn
+//! from its checkpoint, where the approval gate has the answer.
+//!
+//! Answer: any lead consumes `ApprovalDecision`s from `SKEIN_APPROVALS` (work queue, so one lead
+//! records each), records them (first answer per call wins), adds `--always` rules to the
+//! session, and publishes the wake. A decision for a task with no stored request, or for a call it
+//! does not wait on, is logged and dropped: there is nothing to resume.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use skein_common::agent::permissions::always_rule;
+use skein_common::bus::{settle, Bus, BusError};
+use skein_common::protocol::{
+    now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall,
+    PermissionPolicy, TaskSubmission, PROTOCOL_VERSION,
+};
+use skein_common::store::approvals::Answered;
+use skein_common::subjects;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::server::{Lead, Settled};
+
+/// Decisions recorded at once by one lead.
+pub const DECISION_CONCURRENCY: usize = 8;
+/// Delay before a decision that could not be recorded (Redis away) is offered again.
+const DECISION_RETRY: Duration = Duration::from_secs(1);
+
+/// A suspended turn, as the lead parks it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suspension {
+    pub submission: TaskSubmission,
+    /// When unanswered calls are denied.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// Wake signals by tenant and task.
+type Waiting = HashMap<(String, String), Arc<Notify>>;
+
+/// The suspended turns this lead holds, by tenant and task, each with the signal that wakes it.
+#[derive(Clone, Default)]
+pub struct Parked {
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+/// Removes a parked turn's entry when it stops waiting.
+struct ParkedEntry {
+    parked: Parked,
+    key: (String, String),
+}
+
+impl Drop for ParkedEntry {
+    fn drop(&mut self) {
+        if let Ok(mut waiting) = self.parked.waiting.lock() {
+            waiting.remove(&self.key);
+        }
+    }
+}
+
+impl Parked {
+    /// Starts listening for wakes (core NATS, `skein.wake.>`).
+    pub async fn listen(
+        bus: &Bus,
+        tracker: &TaskTracker,
+        stop: CancellationToken,
+    ) -> Result<Self, BusError> {
+        let mut wakes = bus
+            .client()
+            .subscribe(subjects::WAKE_ALL)
+            .await
+            .map_err(|e| BusError::Consumer {
+                consumer: subjects::WAKE_ALL.into(),
+                message: e.to_string(),
+            })?;
+        let parked = Parked::default();
+        let waiting = parked.waiting.clone();
+        tracker.spawn(async move {
+            loop {
+                let wake = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    wake = wakes.next() => wake,
+                };
+                let Some(wake) = wake else { break };
+                let Some((tenant, task)) = subjects::parse_wake(&wake.subject) else {
+                    continue;
+                };
+                let key = (tenant.to_owned(), task.to_owned());
+                if let Some(notify) = waiting.lock().ok().and_then(|w| w.get(&key).cloned()) {
+                    notify.notify_one();
+                }
+            }
+        });
+        Ok(parked)
+    }
+
+    fn register(&self, tenant: &str, task_id: &str) -> (Arc<Notify>, ParkedEntry) {
+        let key = (tenant.to_owned(), task_id.to_owned());
+        let notify = Arc::new(Notify::new());
+        if let Ok(mut waiting) = self.waiting.lock() {
+            waiting.insert(key.clone(), notify.clone());
+        }
+        let entry = ParkedEntry {
+            parked: self.clone(),
+            key,
+        };
+        (notify, entry)
+    }
+
+    /// How many suspended turns this lead holds.
+    pub fn len(&self) -> usize {
+        self.waiting.lock().map(|w| w.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Lead {
+    /// Stores the request of a turn whose calls wait for a person.
+    pub(crate) async fn suspend(
+        &self,
+        submission: &TaskSubmission,
+        permissions: &PermissionPolicy,
+        calls: Vec<PendingCall>,
+    ) -> Settled {
+        let now = now_ms();
+        let timeout = permissions.approval_timeout_ms;
+        let request = ApprovalRequest {
+            v: PROTOCOL_VERSION,
+            task_id: submission.task_id.clone(),
+            tenant: submission.tenant.clone(),
+            session: submission.session.clone(),
+            user: submission.user.clone(),
+            agent: submission.agent.clone(),
+            calls,
+            requested_at_ms: now,
+            expires_at_ms: timeout.map(|t| now.saturating_add(t)),
+            answers: Default::default(),
+        };
+        match self.store.save_approval_request(&request).await {
+            Ok(stored) => {
+                tracing::info!(
+                    calls = stored.calls.len(),
+                    expires_at_ms = ?stored.expires_at_ms,
+                    "turn suspended until its calls are answered"
+                );
+                Settled::Suspended(Box::new(Suspension {
+                    submission: submission.clone(),
+                    expires_at_ms: stored.expires_at_ms,
+                }))
+            }
+            Err(e) => Settled::Retry(e.to_failure()),
+        }
+    }
+
+    /// Holds a suspended turn's message without a slot until something wakes it, then hands it
+    /// back for any lead to resume.
+    pub(crate) fn park(self: &Arc<Self>, message: jetstream::Message, suspension: Suspension) {
+        let lead = self.clone();
+        self.running.spawn(async move {
+            let Suspension {
+                submission,
+                expires_at_ms,
+            } = suspension;
+            let (tenant, task_id) = (submission.tenant.as_str(), submission.task_id.as_str());
+            let (woken, _entry) = lead.parked.register(tenant, task_id);
+            let cancelled = CancellationToken::new();
+            let _registration = lead.cancels.register(tenant, task_id, cancelled.clone());
+            // An answer may have come between the turn's look and this registration.
+            if !lead.still_waiting(tenant, task_id).await {
+                return settle(&message, AckKind::Nak(None)).await;
+            }
+            let until = |at_ms: Option<u64>| {
+                let left = at_ms.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
+                async move {
+                    match left {
+                        Some(left) => tokio::time::sleep(left).await,
+                        None => std::future::pending().await,
+                    }
+                }
+            };
+            let expiry = until(expires_at_ms);
+            let deadline = until(submission.deadline_ms);
+            tokio::pin!(expiry, deadline);
+            let every = lead.cfg.process.progress_every();
+            let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let why = loop {
+                tokio::select! {
+                    _ = woken.notified() => break "answered",
+                    _ = cancelled.cancelled() => break "cancelled",
+                    _ = lead.shutdown.cancelled() => break "shutdown",
+                    _ = &mut expiry => break "expired",
+                    _ = &mut deadline => break "deadline",
+                    _ = progress.tick() => {
+                        if let Err(e) = message.ack_with(AckKind::Progress).await {
+                            tracing::warn!(%task_id, error = %e, "progress ack of a suspended turn failed");
+                        }
+                    }
+                }
+            };
+            tracing::info!(%task_id, why, "suspended turn handed back");
+            settle(&message, AckKind::Nak(None)).await;
+        });
+    }
+
+    /// Whether a suspended task still has calls without an answer (a store error counts as
+    /// waiting: the wake, expiry or redelivery will bring it back).
+    async fn still_waiting(&self, tenant: &str, task_id: &str) -> bool {
+        match self.store.approval_request(tenant, task_id).await {
+            Ok(Some(request)) => request.unanswered().next().is_some(),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look at the approval request");
+                true
+            }
+        }
+    }
+
+    /// Records one published `ApprovalDecision` and wakes the turn it answers.
+    pub(crate) async fn handle_decision(self: Arc<Self>, message: jetstream::Message) {
+        let decision: ApprovalDecision = match self.bus.decode(&message.payload) {
+            Ok(decision) => decision,
+            Err(e) => return self.refuse_decision(&message, &e.to_string()).await,
+        };
+        let on_subject = subjects::parse_approval(&message.subject);
+        let valid = validate_token("tenant", &decision.tenant)
+            .and_then(|()| validate_token("task_id", &decision.task_id));
+        if let Err(failure) = valid {
+            return self.refuse_decision(&message, &failure.message).await;
+        }
+        if on_subject != Some((decision.tenant.as_str(), decision.task_id.as_str())) {
+            let why = format!(
+                "published on {}; an answer for this task goes to {}",
+                message.subject,
+                subjects::approval(&decision.tenant, &decision.task_id)
+            );
+            return self.refuse_decision(&message, &why).await;
+        }
+        match self.record_decision(&decision).await {
+            Ok(()) => settle(&message, AckKind::Ack).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "approval decision not recorded; retrying");
+                settle(&message, AckKind::Nak(Some(DECISION_RETRY))).await;
+            }
+        }
+    }
+
+    async fn record_decision(
+        &self,
+        decision: &ApprovalDecision,
+    ) -> Result<(), skein_common::store::StoreError> {
+        let (tenant, task_id) = (decision.tenant.as_str(), decision.task_id.as_str());
+        let Some(request) = self.store.approval_request(tenant, task_id).await? else {
+            tracing::warn!(%tenant, %task_id, "approval decision for a task that waits for none; dropped");
+            return Ok(());
+        };
+        if decision.approve && decision.always {
+            let tools = request
+                .calls
+                .iter()
+                .filter(|c| decision.call_id.as_ref().is_none_or(|id| *id == c.call_id))
+                .map(|c| c.tool.as_str());
+            for tool in tools {
+                self.store
+                    .add_session_rule(tenant, &request.session, &always_rule(tool))
+                    .await?;
+            }
+        }
+        let answer = ApprovalAnswer {
+            approve: decision.approve,
+            reason: decision.reason.clone(),
+            by: decision.by.clone(),
+            at_ms: now_ms(),
+        };
+        let answered = self
+            .store
+            .answer_approval(tenant, task_id, decision.call_id.as_deref(), &answer)
+            .await?;
+        match answered {
+            Answered::Recorded(calls) => {
+                tracing::info!(%tenant, %task_id, call_id = ?decision.call_id, approve = decision.approve, by = %decision.by, calls, "approval decision recorded");
+            }
+            Answered::NoRequest | Answered::UnknownCall => {
+                tracing::warn!(%tenant, %task_id, call_id = ?decision.call_id, ?answered, "approval decision matches no waiting call; dropped");
+                return Ok(());
+            }
+        }
+        if let Err(e) = self
+            .bus
+            .client()
+            .publish(subjects::wake(tenant, task_id), Vec::<u8>::new().into())
+            .await
+        {
+            // The parked turn still wakes at its expiry, or when the broker redelivers it.
+            tracing::warn!(error = %e, "wake not published");
+        }
+        Ok(())
+    }
+
+    /// A decision that cannot be read or belongs elsewhere: set aside, never retried.
+    async fn refuse_decision(&self, message: &jetstream::Message, why: &str) {
+        tracing::warn!(subject = %message.subject, why, "approval decision refused");
+        self.metrics.dead_lettered("approval");
+        if let Err(e) = self
+            .bus
+            .dead_letter_message(message, &format!("rejected: {why}"), 1)
+            .await
+        {
+            tracing::error!(error = %e, "cannot dead-letter the approval decision; handing it back");
+            return settle(message, AckKind::Nak(Some(DECISION_RETRY))).await;
+        }
+        settle(message, AckKind::Term).await;
+    }
+}
