@@ -235,9 +235,14 @@ async fn an_asked_call_suspends_the_turn_and_runs_once_after_approval() {
         approvals: Some(&approvals),
     };
     let (stopped, events) = run(&fx, first).await;
-    let Err(TurnStop::AwaitingApproval(pending)) = stopped else {
+    let Err(TurnStop::AwaitingApproval(awaiting)) = stopped else {
         panic!("expected a suspension, got {stopped:?}");
     };
+    assert_eq!(
+        awaiting.expires_at_ms, None,
+        "no approval timeout: no expiry"
+    );
+    let pending = awaiting.calls;
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].tool, "delete");
     assert!(
@@ -309,9 +314,10 @@ async fn a_refused_call_is_an_observation_with_the_reason() {
         approvals: Some(&approvals),
     };
     let (stopped, _) = run(&fx, first).await;
-    let Err(TurnStop::AwaitingApproval(pending)) = stopped else {
+    let Err(TurnStop::AwaitingApproval(awaiting)) = stopped else {
         panic!("expected a suspension");
     };
+    let pending = awaiting.calls;
     approvals.update(|a| {
         a.by_call.insert(
             pending[0].call_id.clone(),
@@ -385,4 +391,90 @@ async fn without_an_approval_gate_an_ask_is_denied_and_a_deny_rule_wins() {
         }
     )));
     assert_eq!(fx.deletes.load(Ordering::SeqCst), 0);
+}
+
+/// Records the hooks' order, rewrites the answer after the turn, and answers `delete` calls in
+/// the tool's place.
+struct Guard {
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl skein_common::agent::middleware::hooks::TurnHook for Guard {
+    fn after_turn<'a>(
+        &'a self,
+        _: &'a skein_common::agent::middleware::hooks::TurnContext,
+        mut summary: skein_common::agent::middleware::hooks::TurnSummary,
+    ) -> futures::future::BoxFuture<'a, skein_common::agent::middleware::hooks::TurnSummary> {
+        self.log.lock().expect("log").push("after_turn".into());
+        summary.answer = summary.answer.map(|a| format!("[guarded] {a}"));
+        Box::pin(async move { summary })
+    }
+
+    fn before_acting<'a>(
+        &'a self,
+        _: &'a skein_common::agent::middleware::hooks::TurnContext,
+        call: skein_common::protocol::message::ToolCall,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<skein_common::protocol::message::ToolCall, skein_common::protocol::CallOutcome>,
+    > {
+        self.log
+            .lock()
+            .expect("log")
+            .push(format!("before_acting {}", call.name));
+        let outcome = (call.name == "delete").then(|| skein_common::protocol::CallOutcome::Ok {
+            output: "pretended to delete".into(),
+        });
+        Box::pin(async move { outcome.map_or(Ok(call), Err) })
+    }
+}
+
+#[tokio::test]
+async fn hooks_can_answer_for_a_tool_and_rewrite_the_turns_answer() {
+    let base = fixture();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let model = ScriptedModel::from_json(SCENARIO).expect("valid scenario");
+    let middleware = Middleware::new().hook(Arc::new(Guard { log: log.clone() }));
+    let runtime = Arc::new(Runtime::new(
+        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
+        BoxCloneSyncService::new(base.tools.clone().map_err(Into::into)),
+        Arc::new(FixedDirectory(Arc::new(base.tools.catalog()))),
+        SkillCatalog::default(),
+        middleware,
+        RuntimeSettings::default(),
+    ));
+    let fx = Fixture { runtime, ..base };
+    // Bypass: the destructive call is allowed, and the hook answers it in the tool's place.
+    let policy = PermissionPolicy {
+        mode: Some(skein_common::protocol::PermissionMode::Bypass),
+        ..PermissionPolicy::default()
+    };
+    let guarded = agent("guarded", vec![], policy);
+    let checkpoints = MemoryCheckpoints::default();
+    let (output, _) = run(
+        &fx,
+        Run {
+            agent: &guarded,
+            task: "t6",
+            resume: None,
+            checkpoints: &checkpoints,
+            approvals: None,
+        },
+    )
+    .await;
+    let output = output.expect("ends");
+    assert_eq!(
+        output.answer.as_deref(),
+        Some("[guarded] after approval: pretended to delete")
+    );
+    assert_eq!(
+        output.new_messages.last().map(|m| m.content.as_str()),
+        Some("[guarded] after approval: pretended to delete"),
+        "the session keeps the rewritten answer"
+    );
+    assert_eq!(fx.deletes.load(Ordering::SeqCst), 0, "the tool never ran");
+    assert_eq!(
+        *log.lock().expect("log"),
+        ["before_acting delete", "after_turn"]
+    );
 }

@@ -23,10 +23,11 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use skein_common::agent::permissions::always_rule;
+use skein_common::agent::runtime::Awaiting;
 use skein_common::bus::{settle, Bus, BusError};
 use skein_common::protocol::{
-    now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall,
-    PermissionPolicy, TaskSubmission, PROTOCOL_VERSION,
+    now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest, TaskSubmission,
+    PROTOCOL_VERSION,
 };
 use skein_common::store::approvals::Answered;
 use skein_common::subjects;
@@ -133,14 +134,7 @@ impl Parked {
 
 impl Lead {
     /// Stores the request of a turn whose calls wait for a person.
-    pub(crate) async fn suspend(
-        &self,
-        submission: &TaskSubmission,
-        permissions: &PermissionPolicy,
-        calls: Vec<PendingCall>,
-    ) -> Settled {
-        let now = now_ms();
-        let timeout = permissions.approval_timeout_ms;
+    pub(crate) async fn suspend(&self, submission: &TaskSubmission, awaiting: Awaiting) -> Settled {
         let request = ApprovalRequest {
             v: PROTOCOL_VERSION,
             task_id: submission.task_id.clone(),
@@ -148,9 +142,9 @@ impl Lead {
             session: submission.session.clone(),
             user: submission.user.clone(),
             agent: submission.agent.clone(),
-            calls,
-            requested_at_ms: now,
-            expires_at_ms: timeout.map(|t| now.saturating_add(t)),
+            calls: awaiting.calls,
+            requested_at_ms: now_ms(),
+            expires_at_ms: awaiting.expires_at_ms,
             answers: Default::default(),
         };
         match self.store.save_approval_request(&request).await {

@@ -730,12 +730,9 @@ impl Lead {
         };
         let output = match output {
             Ok(output) => output,
-            Err(TurnStop::AwaitingApproval(calls)) => {
+            Err(TurnStop::AwaitingApproval(awaiting)) => {
                 events.flush().await;
-                return self
-                    .suspend(submission, &agent.permissions, calls)
-                    .boxed()
-                    .await;
+                return self.suspend(submission, awaiting).boxed().await;
             }
             Err(TurnStop::Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
                 return Settled::Retry(failure)

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use super::{record_failure, turn_context, Runtime, TurnInput, TurnStop};
+use super::{record_failure, turn_context, Awaiting, Runtime, TurnInput, TurnStop};
 use crate::agent::permissions::{approved_for_session, decide, CompiledPolicy, Decision};
 use crate::agent::seams::{failure_from_error, Answers, CallTarget, ToolCallRequest};
 use crate::agent::tools::ToolCatalog;
@@ -188,6 +188,13 @@ impl Acting<'_, '_> {
             settled.push(outcome);
         }
         if !pending.is_empty() {
+            // A first request's expiry comes from the agent's approval timeout; later looks keep
+            // the stored one.
+            let expires_at_ms = answers.expires_at_ms.or_else(|| {
+                self.policy
+                    .approval_timeout()
+                    .map(|t| now.saturating_add(t.as_millis() as u64))
+            });
             for call in &pending {
                 tracing::info!(call_id = %call.call_id, tool = %call.tool, rule = %call.rule, "call waits for approval");
                 if answers.requested.contains(&call.call_id) {
@@ -200,11 +207,14 @@ impl Acting<'_, '_> {
                         tool: call.tool.clone(),
                         arguments: call.arguments.clone(),
                         rule: call.rule.clone(),
-                        expires_at_ms: answers.expires_at_ms,
+                        expires_at_ms,
                     })
                     .await;
             }
-            return Err(TurnStop::AwaitingApproval(pending));
+            return Err(TurnStop::AwaitingApproval(Awaiting {
+                calls: pending,
+                expires_at_ms,
+            }));
         }
         for (call, settled) in calls.iter().zip(&settled) {
             self.audit(call, settled).await;

@@ -107,7 +107,16 @@ pub enum TurnStop {
     Interrupted(Failure),
     /// Calls wait for a person's approval; their `approval_requested` events went out. The turn
     /// runs again (from its checkpoint) once they are answered or expire.
-    AwaitingApproval(Vec<PendingCall>),
+    AwaitingApproval(Awaiting),
+}
+
+/// The calls a suspended turn waits on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Awaiting {
+    pub calls: Vec<PendingCall>,
+    /// When unanswered calls are denied (the first request's expiry, from the agent's approval
+    /// timeout); `None` waits for ever (or until the task's deadline).
+    pub expires_at_ms: Option<u64>,
 }
 
 impl TurnStop {
@@ -219,8 +228,8 @@ impl Runtime {
                 ..
             })
             | Err(TurnStop::Interrupted(failure)) => record_failure(&span, failure),
-            Err(TurnStop::AwaitingApproval(pending)) => {
-                span.record("skein.approval_pending", pending.len());
+            Err(TurnStop::AwaitingApproval(awaiting)) => {
+                span.record("skein.approval_pending", awaiting.calls.len());
             }
             Ok(_) => {}
         }
@@ -264,13 +273,10 @@ impl Runtime {
             failure: out.failure.take(),
         };
         let summary = self.middleware.hooks().exit_turn(ctx, summary).await;
-        if summary.answer != out.new_messages.last().map(|m| m.content.clone()) {
-            if let Some(answer) = &summary.answer {
-                if let Some(last) = out.new_messages.last_mut() {
-                    if last.role == Role::Assistant && last.tool_calls.is_empty() {
-                        last.content = answer.clone();
-                    }
-                }
+        // The session keeps the answer as the hooks left it.
+        if let (Some(answer), Some(last)) = (&summary.answer, out.new_messages.last_mut()) {
+            if last.role == Role::Assistant && last.tool_calls.is_empty() {
+                last.content.clone_from(answer);
             }
         }
         out.status = match (&summary.failure, out.status) {

@@ -1,0 +1,327 @@
+//! Approval that survives any crash, with real NATS, Redis, lead and worker processes: a call an
+//! `ask` rule holds suspends its turn; `skein approve` / `skein deny` (or an unanswered request's
+//! expiry, or a cancel) settles it; the approved call runs exactly once, also when the lead that
+//! suspended the turn was killed meanwhile.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::json;
+use skein_common::protocol::{
+    ApprovalRequest, EventKind, FailureKind, TaskSubmission, TurnEvent, TurnStatus,
+};
+use skein_tests::support::cluster::{model_flags, submission, TestCluster};
+use skein_tests::support::fake_openai::{FakeOpenAi, FakeReply};
+use skein_tests::support::test_tools::read_effects;
+use skein_tests::support::{eventually, unique, ChildProcess};
+
+const NODE: &str = env!("CARGO_BIN_EXE_skein-node");
+
+/// An agents folder whose `assistant` must ask before `slow_effect` runs.
+fn guarded_agents(cluster: &TestCluster, extra_permissions: &str) -> PathBuf {
+    let dir = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(&dir).expect("agents dir");
+    std::fs::write(
+        dir.join("AGENTS.md"),
+        format!(
+            "+++\n[permissions]\nask = [\"slow_effect\"]\n{extra_permissions}\n+++\nYou are careful.\n"
+        ),
+    )
+    .expect("AGENTS.md written");
+    dir
+}
+
+fn test_worker(cluster: &TestCluster) -> ChildProcess {
+    let mut cmd = std::process::Command::new(NODE);
+    let mut args = cluster.process_args("worker");
+    args[0] = "test-worker".into();
+    cmd.args(args)
+        .env("SKEIN_TEST_EFFECTS", cluster.effects_file());
+    ChildProcess::spawn(
+        cmd,
+        cluster.dir.join(unique("worker")).with_extension("log"),
+    )
+}
+
+fn lead_process(cluster: &TestCluster, flags: &[&str]) -> ChildProcess {
+    let mut cmd = std::process::Command::new(NODE);
+    cmd.args(cluster.process_args("lead")).args(flags);
+    ChildProcess::spawn(cmd, cluster.dir.join(unique("lead")).with_extension("log"))
+}
+
+/// Runs the `skein` command against the cluster; returns its exit success and output.
+/// (`skein approvals` reads Redis only; `approve` and `deny` also publish on NATS.)
+fn skein(cluster: &TestCluster, args: &[&str]) -> (bool, String) {
+    let mut command = std::process::Command::new(NODE);
+    command.args(args).args(["--redis-url", &cluster.redis.url]);
+    if args[0] != "approvals" {
+        command.args(["--nats-url", &cluster.nats.url]);
+    }
+    let output = command.output().expect("skein runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Waits until the task's turn is suspended; returns its request.
+async fn wait_for_request(cluster: &TestCluster, task: &TaskSubmission) -> ApprovalRequest {
+    let store = cluster.store().await;
+    eventually("an approval request", Duration::from_secs(30), || {
+        let store = store.clone();
+        let (tenant, task_id) = (task.tenant.clone(), task.task_id.clone());
+        async move {
+            store
+                .approval_request(&tenant, &task_id)
+                .await
+                .ok()
+                .flatten()
+        }
+    })
+    .await
+}
+
+fn events_of(events: &[TurnEvent], name: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| {
+            serde_json::to_value(&e.event)
+                .ok()
+                .and_then(|v| v["type"].as_str().map(str::to_owned))
+                == Some(name.to_owned())
+        })
+        .count()
+}
+
+fn effect_starts(cluster: &TestCluster, key: &str) -> usize {
+    read_effects(&cluster.effects_file())
+        .get(key)
+        .map(|c| c.started)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_runs_once_after_the_suspending_lead_is_killed() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "deploy", "ms": 50 } } ] },
+        { "answer": "deployed after approval" }
+    ] }]));
+    let agents = guarded_agents(&cluster, "");
+    let agents = agents.to_str().expect("utf-8 path");
+    let flags = [
+        "--scenario",
+        &script,
+        "--agents-dir",
+        agents,
+        "--ack-wait",
+        "2s",
+        "--lease-ttl",
+        "2s",
+    ];
+    let _worker = test_worker(&cluster);
+    cluster.wait_for_workers(1).await;
+    let mut first = lead_process(&cluster, &flags);
+
+    let task = submission("acme", &unique("s"), "deploy it");
+    let running = cluster.run(&task);
+    let approving = async {
+        let request = wait_for_request(&cluster, &task).await;
+        assert_eq!(request.calls.len(), 1, "{request:?}");
+        assert_eq!(request.calls[0].tool, "slow_effect");
+        assert!(
+            request.calls[0].rule.contains("ask rule slow_effect"),
+            "{request:?}"
+        );
+
+        // The lead that suspended the turn dies; another lead takes over.
+        first.kill();
+        let second = lead_process(&cluster, &flags);
+        let (listed, text) = skein(&cluster, &["approvals", "--tenant", "acme", "--json"]);
+        assert!(listed, "{text}");
+        assert!(
+            text.contains(&task.task_id),
+            "the CLI lists the request: {text}"
+        );
+        assert_eq!(
+            effect_starts(&cluster, "deploy"),
+            0,
+            "nothing ran before approval"
+        );
+
+        let (approved, text) = skein(&cluster, &["approve", &task.task_id, "--tenant", "acme"]);
+        assert!(approved, "{text}");
+        second
+    };
+    let ((result, events), _second) = tokio::join!(running, approving);
+
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("deployed after approval"));
+    assert_eq!(
+        effect_starts(&cluster, "deploy"),
+        1,
+        "the approved call ran exactly once"
+    );
+    assert_eq!(events_of(&events, "approval_requested"), 1, "asked once");
+    assert!(events.iter().any(|e| matches!(
+        &e.event,
+        EventKind::ApprovalResolved {
+            verdict: skein_common::protocol::Verdict::Approved,
+            ..
+        }
+    )));
+    assert_eq!(result.iterations, 2, "the model was not asked again");
+    let store = cluster.store().await;
+    assert_eq!(
+        store
+            .approval_request("acme", &task.task_id)
+            .await
+            .expect("store"),
+        None,
+        "the request is cleared when the turn ends"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_call_reaches_the_model_with_the_reason() {
+    // Through the real OpenAI-compatible provider, against the fake model server.
+    let cluster = TestCluster::start();
+    let model: FakeOpenAi = FakeOpenAi::start(vec![
+        FakeReply::tool("slow_effect", json!({"key": "drop", "ms": 10})),
+        FakeReply::answer("understood"),
+    ])
+    .await;
+    let agents = guarded_agents(&cluster, "");
+    let _worker = test_worker(&cluster);
+    cluster.wait_for_workers(1).await;
+    let base_url = model.base_url.clone();
+    let mut flags = model_flags(&base_url).to_vec();
+    flags.extend(["--agents-dir", agents.to_str().expect("utf-8 path")]);
+    cluster.spawn_lead(cluster.lead_config(&flags));
+
+    let task = submission("acme", &unique("s"), "drop the table");
+    let running = cluster.run(&task);
+    let denying = async {
+        wait_for_request(&cluster, &task).await;
+        let (denied, text) = skein(
+            &cluster,
+            &[
+                "deny",
+                &task.task_id,
+                "--tenant",
+                "acme",
+                "--reason",
+                "not on a Friday",
+            ],
+        );
+        assert!(denied, "{text}");
+        // A second answer changes nothing: the first one stands.
+        let (again, text) = skein(&cluster, &["approve", &task.task_id, "--tenant", "acme"]);
+        assert!(!again, "an answered call cannot be answered again: {text}");
+    };
+    let ((result, events), ()) = tokio::join!(running, denying);
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("understood"));
+    // The model saw the denial, with the reason, as the call's observation.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let observed = requests[1]["messages"].to_string();
+    assert!(observed.contains("denied by"), "{observed}");
+    assert!(observed.contains("not on a Friday"), "{observed}");
+    assert_eq!(
+        effect_starts(&cluster, "drop"),
+        0,
+        "the denied call never ran"
+    );
+    assert!(events.iter().any(|e| matches!(
+        &e.event,
+        EventKind::ApprovalResolved {
+            verdict: skein_common::protocol::Verdict::Refused,
+            ..
+        }
+    )));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_request_expires_into_a_denial() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "late", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let agents = guarded_agents(&cluster, "approval_timeout = \"1500ms\"");
+    let _worker = test_worker(&cluster);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--scenario",
+        &script,
+        "--agents-dir",
+        agents.to_str().expect("utf-8 path"),
+    ]));
+    let task = submission("acme", &unique("s"), "do it later");
+    let (result, events) = cluster.run(&task).await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let answer = result.answer.unwrap_or_default();
+    assert!(answer.contains("nobody answered"), "{answer}");
+    assert_eq!(effect_starts(&cluster, "late"), 0);
+    assert!(events.iter().any(|e| matches!(
+        &e.event,
+        EventKind::ApprovalRequested {
+            expires_at_ms: Some(_),
+            ..
+        }
+    )));
+    assert!(events.iter().any(|e| matches!(
+        &e.event,
+        EventKind::ApprovalResolved {
+            verdict: skein_common::protocol::Verdict::Expired,
+            ..
+        }
+    )));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reaches_a_waiting_turn() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "never", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let agents = guarded_agents(&cluster, "");
+    let _worker = test_worker(&cluster);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--scenario",
+        &script,
+        "--agents-dir",
+        agents.to_str().expect("utf-8 path"),
+    ]));
+    let task = submission("acme", &unique("s"), "wait for me");
+    let running = cluster.run(&task);
+    let cancelling = async {
+        wait_for_request(&cluster, &task).await;
+        let client = cluster.client().await;
+        client
+            .cancel("acme", &task.task_id, "changed my mind")
+            .await
+            .expect("cancel published");
+    };
+    let ((result, _), ()) = tokio::join!(running, cancelling);
+    assert_eq!(result.status, TurnStatus::Cancelled, "{result:?}");
+    assert_eq!(result.failure.map(|f| f.kind), Some(FailureKind::Cancelled));
+    assert_eq!(effect_starts(&cluster, "never"), 0);
+    let store = cluster.store().await;
+    assert_eq!(
+        store
+            .approval_request("acme", &task.task_id)
+            .await
+            .expect("store"),
+        None,
+        "a cancelled turn's request is cleared"
+    );
+    let (listed, text) = skein(&cluster, &["approvals", "--tenant", "acme"]);
+    assert!(listed, "{text}");
+    assert!(!text.contains(&task.task_id), "{text}");
+}
