@@ -91,6 +91,10 @@ pub struct ConsumerSettings {
     /// Deliveries before the server gives up on a message; -1 for no limit (Skein counts attempts
     /// itself, see `SessionStore::begin_turn` and `SessionStore::admit_call`).
     pub max_deliver: i64,
+    /// Most deliveries outstanding at once; `None` keeps the server's default (1,000 on 2.9),
+    /// `Some(-1)` is no limit. Pulls ask only for free slots, so this bounds only deliveries
+    /// held without a slot (suspended turns waiting for approval).
+    pub max_ack_pending: Option<i64>,
 }
 
 /// A connection to NATS with JetStream.
@@ -464,6 +468,7 @@ impl Bus {
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: settings.ack_wait,
                     max_deliver: settings.max_deliver,
+                    max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
                     ..Default::default()
                 },
             )

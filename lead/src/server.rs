@@ -196,6 +196,9 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
             filter: subjects::SUBMIT_ALL.into(),
             ack_wait: cfg.process.ack_wait,
             max_deliver: -1,
+            // Suspended turns stay unacknowledged while they wait for a person, without a slot:
+            // they must not use up the server's default of 1,000 outstanding deliveries.
+            max_ack_pending: Some(-1),
         })
         .await?;
     let decisions = bus
@@ -205,6 +208,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
             filter: subjects::APPROVALS_ALL.into(),
             ack_wait: cfg.process.ack_wait,
             max_deliver: -1,
+            max_ack_pending: None,
         })
         .await?;
     let parked = Parked::listen(&bus, &work.background, work.background_stop.clone()).await?;

@@ -325,3 +325,34 @@ async fn a_cancel_reaches_a_waiting_turn() {
     assert!(listed, "{text}");
     assert!(!text.contains(&task.task_id), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_ends_a_waiting_turn() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "too-late", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let agents = guarded_agents(&cluster, "");
+    let _worker = test_worker(&cluster);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--scenario",
+        &script,
+        "--agents-dir",
+        agents.to_str().expect("utf-8 path"),
+    ]));
+    let mut task = submission("acme", &unique("s"), "before the deadline");
+    task.deadline_ms = Some(skein_common::protocol::now_ms() + 2_000);
+    let (result, events) = cluster.run(&task).await;
+    assert_eq!(result.status, TurnStatus::Failed, "{result:?}");
+    assert_eq!(result.failure.map(|f| f.kind), Some(FailureKind::TimedOut));
+    assert_eq!(events_of(&events, "approval_requested"), 1);
+    assert_eq!(effect_starts(&cluster, "too-late"), 0);
+    let store = cluster.store().await;
+    assert_eq!(
+        store.approval_request("acme", &task.task_id).await.expect("store"),
+        None,
+        "a timed-out turn's request is cleared"
+    );
+}

@@ -34,6 +34,7 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
             filter: subjects::tool_filter(&pool),
             ack_wait: Duration::from_secs(30),
             max_deliver: -1,
+            max_ack_pending: None,
         })
         .await
         .expect("intake");

@@ -199,6 +199,7 @@ pub async fn run_custom(
                 filter,
                 ack_wait: cfg.process.ack_wait,
                 max_deliver: -1,
+                max_ack_pending: None,
             })
             .await?;
         let (ctx, abort) = (ctx.clone(), work.abort.clone());
