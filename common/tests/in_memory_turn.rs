@@ -155,6 +155,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             agent: run.agent,
             history: &[],
             loaded_skills: &[],
+            skills: None,
             input: "go".into(),
             depth: 0,
             events: events.clone(),
@@ -476,5 +477,103 @@ async fn hooks_can_answer_for_a_tool_and_rewrite_the_turns_answer() {
     assert_eq!(
         *log.lock().expect("log"),
         ["before_acting delete", "after_turn"]
+    );
+}
+
+#[tokio::test]
+async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
+    let base = fixture();
+    let skills = SkillCatalog::from_documents([
+        (
+            "notes".to_string(),
+            "+++\ndescription = \"keep notes\"\n+++\nOne line per fact.".to_string(),
+        ),
+        (
+            "secret".to_string(),
+            "+++\ndescription = \"hidden\"\n+++\nThe recipe.".to_string(),
+        ),
+    ])
+    .expect("skills");
+    let scenario = r#"{ "agents": { "learner": { "turns": [
+        { "steps": [
+            { "tool_calls": [ { "name": "load_skill", "arguments": { "name": "notes" } } ] },
+            { "answer": "loaded: {{observations}}" } ] },
+        { "steps": [ { "answer": "second" } ] }
+    ] } } }"#;
+    let model = ScriptedModel::from_json(scenario).expect("valid scenario");
+    let prompts = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = prompts.clone();
+    let middleware = Middleware::new().model_layer(tower::util::MapRequestLayer::new(
+        move |call: skein_common::agent::seams::ModelCall| {
+            let system = call.request.messages[0].content.clone();
+            seen.lock().expect("prompts").push(system);
+            call
+        },
+    ));
+    let runtime = Arc::new(Runtime::new(
+        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
+        BoxCloneSyncService::new(base.tools.clone().map_err(Into::into)),
+        Arc::new(FixedDirectory(Arc::new(base.tools.catalog()))),
+        skills,
+        middleware,
+        RuntimeSettings::default(),
+    ));
+    let mut learner = agent("learner", vec![], PermissionPolicy::default());
+    learner.skills = Some(vec!["notes".into()]);
+    let cancel = CancellationToken::new();
+    let turn = |input: &str,
+                history: Vec<skein_common::protocol::message::Message>,
+                loaded: Vec<String>| {
+        let (runtime, learner, cancel) = (runtime.clone(), learner.clone(), cancel.clone());
+        let input = input.to_owned();
+        async move {
+            runtime
+                .run_turn(TurnInput {
+                    origin: origin("t7"),
+                    agent: &learner,
+                    history: &history,
+                    loaded_skills: &loaded,
+                    skills: None,
+                    input,
+                    depth: 0,
+                    events: Arc::new(MemoryEvents::default()),
+                    cancel: &cancel,
+                    resume: None,
+                    first_run: true,
+                    checkpoints: None,
+                    approvals: None,
+                })
+                .await
+                .expect("ends")
+        }
+    };
+    let first = turn("learn", vec![], vec![]).await;
+    assert_eq!(first.loaded_skills, ["notes"]);
+    assert!(first
+        .answer
+        .clone()
+        .unwrap_or_default()
+        .contains("One line per fact."));
+    {
+        let prompts = prompts.lock().expect("prompts");
+        assert!(prompts[0].contains("- notes: keep notes"), "{}", prompts[0]);
+        assert!(
+            !prompts[0].contains("secret"),
+            "only the skills it may load are listed"
+        );
+        assert!(!prompts[0].contains("One line per fact."), "not loaded yet");
+    }
+    let second = turn(
+        "again",
+        first.new_messages.clone(),
+        first.loaded_skills.clone(),
+    )
+    .await;
+    assert_eq!(second.answer.as_deref(), Some("second"));
+    let prompts = prompts.lock().expect("prompts");
+    let last = prompts.last().expect("a prompt");
+    assert!(
+        last.contains("Skill notes (loaded):\nOne line per fact."),
+        "{last}"
     );
 }

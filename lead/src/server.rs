@@ -702,6 +702,7 @@ impl Lead {
             agent,
             history: &loaded.state.history,
             loaded_skills: &loaded.state.skills,
+            skills: None,
             input: submission.input.clone(),
             depth: 0,
             events: events.clone(),

@@ -351,7 +351,10 @@ async fn a_deadline_ends_a_waiting_turn() {
     assert_eq!(effect_starts(&cluster, "too-late"), 0);
     let store = cluster.store().await;
     assert_eq!(
-        store.approval_request("acme", &task.task_id).await.expect("store"),
+        store
+            .approval_request("acme", &task.task_id)
+            .await
+            .expect("store"),
         None,
         "a timed-out turn's request is cleared"
     );

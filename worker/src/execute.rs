@@ -30,6 +30,7 @@ use async_nats::jetstream::{self, AckKind};
 use futures::FutureExt;
 use skein_common::agent::hooks::Listeners;
 use skein_common::agent::runtime::{Runtime, TurnInput};
+use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{first_delivery, replayed, settle, with_progress, Bus};
 use skein_common::protocol::{
     validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
@@ -214,11 +215,14 @@ async fn subagent_task(
                 return Work::HandBack;
             }
         };
+        let skills = SkillCatalog::from_skills(task.skills.clone());
         let turn = runtime.run_turn(TurnInput {
             origin: child_origin.clone(),
             agent: &task.agent,
             history: &loaded.state.history,
             loaded_skills: &loaded.state.skills,
+            // The skills its task carried (the worker has no agents folder of its own).
+            skills: Some(&skills),
             input: task.input.clone(),
             depth: task.depth,
             events: events.clone(),
@@ -246,6 +250,11 @@ async fn subagent_task(
             let mut state = loaded.state;
             state.history.extend(output.new_messages);
             state.turns += 1;
+            for skill in output.loaded_skills {
+                if !state.skills.contains(&skill) {
+                    state.skills.push(skill);
+                }
+            }
             save_child(&ctx.store, &child_origin, loaded.version, &state).await;
         }
         Work::Done(match (output.answer, output.failure) {

@@ -95,9 +95,22 @@ impl InMemoryTools {
                     format!("no tool {:?}", request.call.name),
                 )),
             },
-            CallTarget::Subagent { agent, task, depth } => {
-                self.run_subagent(&request.origin, &request.call.id, agent, task, *depth)
-                    .await
+            CallTarget::Subagent {
+                agent,
+                task,
+                depth,
+                skills,
+            } => {
+                let skills = crate::agent::skills::SkillCatalog::from_skills(skills.clone());
+                self.run_subagent(
+                    &request.origin,
+                    &request.call.id,
+                    agent,
+                    task,
+                    *depth,
+                    &skills,
+                )
+                .await
             }
         };
         let result = ToolResult {
@@ -123,6 +136,7 @@ impl InMemoryTools {
         agent: &crate::protocol::AgentSpec,
         task: &str,
         depth: u32,
+        skills: &crate::agent::skills::SkillCatalog,
     ) -> Result<String, Failure> {
         let Some(runtime) = self.subagents.get().and_then(Weak::upgrade) else {
             return Err(Failure::new(
@@ -140,6 +154,7 @@ impl InMemoryTools {
             agent,
             history: &[],
             loaded_skills: &[],
+            skills: Some(skills),
             input: task.to_owned(),
             depth,
             events: Arc::new(MemoryEvents::default()),

@@ -61,6 +61,8 @@ pub enum CallTarget {
         agent: Arc<AgentSpec>,
         task: String,
         depth: u32,
+        /// The skills the child may load.
+        skills: Vec<crate::protocol::SkillDocument>,
     },
 }
 

@@ -15,23 +15,17 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::agent::definition::{split_front_matter, DefinitionError};
+use crate::protocol::{SkillDocument, SkillResource};
 
 /// Largest resource file of a skill.
 pub const MAX_RESOURCE_BYTES: usize = 256 * 1024;
 /// Most resource files of one skill.
 pub const MAX_RESOURCES: usize = 32;
 
-/// One skill.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Skill {
-    pub name: String,
-    pub description: String,
-    pub body: String,
-    /// Resource files: path relative to the skill's folder, and text.
-    pub resources: Vec<(String, String)>,
-}
+/// One skill (the wire type: a subagent task carries the skills its agent may load).
+pub type Skill = SkillDocument;
 
-impl Skill {
+impl SkillDocument {
     /// Where a resource file of this skill lives in a session's workspace.
     pub fn workspace_path(&self, resource: &str) -> String {
         format!("skills/{}/{resource}", self.name)
@@ -62,8 +56,23 @@ impl SkillCatalog {
         )
     }
 
+    /// The skills a subagent task carried.
+    pub fn from_skills(mut skills: Vec<Skill>) -> Self {
+        skills.sort_by(|a, b| a.name.cmp(&b.name));
+        Self { skills }
+    }
+
+    /// The skills an agent may load (those it lists, or all), to travel with its task.
+    pub fn documents(&self, listed: Option<&[String]>) -> Vec<Skill> {
+        self.skills
+            .iter()
+            .filter(|s| listed.is_none_or(|l| l.contains(&s.name)))
+            .cloned()
+            .collect()
+    }
+
     fn from_parts(
-        parts: impl IntoIterator<Item = (String, String, Vec<(String, String)>)>,
+        parts: impl IntoIterator<Item = (String, String, Vec<SkillResource>)>,
     ) -> Result<Self, DefinitionError> {
         let mut skills = Vec::new();
         for (name, text, resources) in parts {
@@ -167,11 +176,11 @@ impl SkillCatalog {
         let mut text = skill.body.clone();
         if !skill.resources.is_empty() {
             text.push_str("\n\nResource files (read them with the workspace tools):\n");
-            for (path, content) in &skill.resources {
+            for resource in &skill.resources {
                 text.push_str(&format!(
                     "- {} ({} bytes)\n",
-                    skill.workspace_path(path),
-                    content.len()
+                    skill.workspace_path(&resource.path),
+                    resource.content.len()
                 ));
             }
         }
@@ -190,7 +199,7 @@ fn read_err(path: &Path, source: std::io::Error) -> DefinitionError {
 fn collect_resources(
     root: &Path,
     dir: &Path,
-    out: &mut Vec<(String, String)>,
+    out: &mut Vec<SkillResource>,
 ) -> Result<(), DefinitionError> {
     let invalid = |path: &Path, message: String| DefinitionError::Invalid {
         path: path.display().to_string(),
@@ -219,7 +228,10 @@ fn collect_resources(
             .map_err(|_| invalid(&path, "outside its skill folder".into()))?
             .to_string_lossy()
             .replace('\\', "/");
-        out.push((relative, text));
+        out.push(SkillResource {
+            path: relative,
+            content: text,
+        });
         if out.len() > MAX_RESOURCES {
             return Err(invalid(
                 root,
@@ -290,7 +302,10 @@ mod tests {
         let report = catalog.get("report").expect("report");
         assert_eq!(
             report.resources,
-            [("templates/weekly.md".to_string(), "# Week".to_string())]
+            [SkillResource {
+                path: "templates/weekly.md".into(),
+                content: "# Week".into()
+            }]
         );
         let text = catalog.load_text("report").expect("loads");
         assert!(text.starts_with("Use the template."));

@@ -84,6 +84,17 @@ struct Dispatch<'a> {
     call_id: &'a str,
 }
 
+/// The child agent a subagent call runs.
+#[derive(Debug, Clone)]
+pub struct Child {
+    pub agent: AgentSpec,
+    pub input: String,
+    /// Nesting depth of the child (1 for a direct child of the user's agent).
+    pub depth: u32,
+    /// The skills it may load.
+    pub skills: Vec<crate::protocol::SkillDocument>,
+}
+
 /// Where and how long a call may run.
 #[derive(Debug, Clone)]
 pub struct CallRoute<'a> {
@@ -189,7 +200,12 @@ impl Dispatcher {
                 self.call_tool(&origin, step, &call.id, &call.name, call.arguments, route)
                     .await
             }
-            CallTarget::Subagent { agent, task, depth } => {
+            CallTarget::Subagent {
+                agent,
+                task,
+                depth,
+                skills,
+            } => {
                 let Some(pool) = catalog.pool_for_subagents() else {
                     let failure =
                         Failure::new(FailureKind::Unavailable, "no live worker runs subagents");
@@ -200,8 +216,13 @@ impl Dispatcher {
                     timeout,
                     may_have_run,
                 };
-                let agent = Arc::unwrap_or_clone(agent);
-                self.call_subagent(&origin, step, &call.id, agent, task, depth, route)
+                let child = Child {
+                    agent: Arc::unwrap_or_clone(agent),
+                    input: task,
+                    depth,
+                    skills,
+                };
+                self.call_subagent(&origin, step, &call.id, child, route)
                     .await
             }
         }
@@ -244,17 +265,20 @@ impl Dispatcher {
     }
 
     /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
-    #[allow(clippy::too_many_arguments)]
     pub async fn call_subagent(
         &self,
         origin: &TaskOrigin,
         step: u32,
         call_id: &str,
-        agent: AgentSpec,
-        input: String,
-        depth: u32,
+        child: Child,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        let Child {
+            agent,
+            input,
+            depth,
+            skills,
+        } = child;
         let Some(timeout) = within_deadline(origin, route.timeout) else {
             return failed(call_id, deadline_passed());
         };
@@ -271,6 +295,7 @@ impl Dispatcher {
             timeout_ms: timeout.as_millis() as u64,
             depth,
             first_dispatch: !route.may_have_run,
+            skills,
         };
         let subject = subjects::agent_task(route.pool, &task.agent.name);
         let call = Dispatch {

@@ -153,6 +153,30 @@ pub struct SubagentTask {
     /// attempt, so a worker runs it without asking the store first. Absent means false.
     #[serde(default)]
     pub first_dispatch: bool,
+    /// The skills the child may load (its definition's `skills`, all of the lead's by default),
+    /// so a worker without the agents folder offers them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<SkillDocument>,
+}
+
+/// A skill as it travels to the worker that runs a subagent: its catalog entry, body and
+/// resource files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SkillDocument {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub body: String,
+    /// Resource files: path relative to the skill's folder, and text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<SkillResource>,
+}
+
+/// One resource file of a skill.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct SkillResource {
+    pub path: String,
+    pub content: String,
 }
 
 /// An agent definition as it travels on the wire.

@@ -386,6 +386,11 @@ impl Acting<'_, '_> {
         }
     }
 
+    /// The skills of this turn: those its task carried, else the runtime's.
+    fn skills(&self) -> &crate::agent::skills::SkillCatalog {
+        self.turn.skills.unwrap_or(&self.runtime.skills)
+    }
+
     fn spawn_target(&self, arguments: &Value) -> Result<CallTarget, Failure> {
         let (agent, task) = parse_spawn_arguments(arguments)?;
         let subagents = &self.turn.agent.subagents;
@@ -406,6 +411,7 @@ impl Acting<'_, '_> {
             ));
         }
         Ok(CallTarget::Subagent {
+            skills: self.skills().documents(child.skills.as_deref()),
             agent: std::sync::Arc::new(child.clone()),
             task,
             depth: self.turn.depth + 1,
@@ -422,7 +428,7 @@ impl Acting<'_, '_> {
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| invalid(format!("{LOAD_SKILL_TOOL}: expected {{\"name\": string}}")))?;
-        let skills = &self.runtime.skills;
+        let skills = self.skills();
         let allowed = skills.allowed(self.turn.agent.skills.as_deref());
         if !allowed.iter().any(|s| s == name) {
             return Err(invalid(format!(
@@ -440,14 +446,17 @@ impl Acting<'_, '_> {
                     format!("skill {name:?} has resource files, but no live worker provides {WRITE_TOOL} to put them in the workspace"),
                 ));
             }
-            let writes = skill.resources.iter().enumerate().map(|(i, (path, content))| {
+            let writes = skill.resources.iter().enumerate().map(|(i, resource)| {
                 let request = ToolCallRequest {
                     origin: self.turn.origin.clone(),
                     step,
                     call: ToolCall {
                         id: format!("{}-skill-{i}", call.id),
                         name: WRITE_TOOL.into(),
-                        arguments: json!({"path": skill.workspace_path(path), "content": content}),
+                        arguments: json!({
+                            "path": skill.workspace_path(&resource.path),
+                            "content": resource.content,
+                        }),
                     },
                     target: CallTarget::Tool,
                     timeout: self.runtime.settings.tool_timeout,

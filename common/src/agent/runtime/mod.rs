@@ -80,6 +80,9 @@ pub struct TurnInput<'a> {
     pub history: &'a [Message],
     /// Skills the session loaded in earlier turns: their bodies stay in the prompt.
     pub loaded_skills: &'a [String],
+    /// The skills this turn may use, when its task carried them (a subagent on a worker);
+    /// `None` uses the runtime's catalog.
+    pub skills: Option<&'a SkillCatalog>,
     pub input: String,
     /// 0 for a user's turn, n for a subagent n levels down.
     pub depth: u32,
@@ -424,7 +427,8 @@ impl Runtime {
         if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
             extras.push(acting::spawn_tool_spec(&turn.agent.subagents));
         }
-        let skills = self.skills.allowed(turn.agent.skills.as_deref());
+        let skills = turn.skills.unwrap_or(&self.skills);
+        let skills = skills.allowed(turn.agent.skills.as_deref());
         if !skills.is_empty() {
             extras.push(acting::load_skill_spec(&skills));
         }
@@ -443,7 +447,8 @@ impl Runtime {
             prompt.add("subagents", priority::SUBAGENTS, roster);
         }
         let allowed = turn.agent.skills.as_deref();
-        if let Some(catalog) = self.skills.prompt_section(allowed) {
+        let skills = turn.skills.unwrap_or(&self.skills);
+        if let Some(catalog) = skills.prompt_section(allowed) {
             prompt.add("skills", priority::SKILLS, catalog);
         }
         let loaded: Vec<&str> = turn
@@ -452,7 +457,7 @@ impl Runtime {
             .chain(loaded_this_turn)
             .map(String::as_str)
             .collect();
-        if let Some(bodies) = self.skills.loaded_section(&loaded, allowed) {
+        if let Some(bodies) = skills.loaded_section(&loaded, allowed) {
             prompt.add("loaded_skills", priority::SKILLS + 1, bodies);
         }
         prompt.add(
