@@ -188,6 +188,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
             ..RuntimeSettings::default()
         },
         metrics.clone(),
+        &cfg.model,
     );
     let intake = bus
         .intake(&ConsumerSettings {

@@ -132,6 +132,7 @@ pub async fn run_custom(
             middleware,
             settings,
             metrics.clone(),
+            &cfg.model,
         ))
     } else {
         None

@@ -24,7 +24,8 @@ use crate::agent::skills::SkillCatalog;
 use crate::dispatch::Dispatcher;
 
 /// A runtime whose tools run on the cluster's workers (through `dispatcher`) and whose model is
-/// `provider`, wrapped in `middleware` (its layers outside the built-ins).
+/// `provider`, wrapped in `middleware` (its layers outside the built-ins). The model's API key is
+/// one of the secrets the redaction layer masks.
 pub fn assemble(
     provider: Provider,
     dispatcher: Dispatcher,
@@ -32,7 +33,9 @@ pub fn assemble(
     middleware: Middleware,
     settings: RuntimeSettings,
     metrics: crate::metrics::Metrics,
+    model: &crate::config::ModelConfig,
 ) -> Runtime {
+    let middleware = middleware.with_secrets(model.api_key.clone());
     let directory = Arc::new(dispatcher.catalog().clone());
     let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));
     let model = BoxCloneSyncService::new(ProviderService::new(provider).map_err(Into::into));

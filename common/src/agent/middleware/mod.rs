@@ -99,6 +99,22 @@ impl Middleware {
         Ok(self)
     }
 
+    /// Adds secrets the redaction layer masks (the process's own credentials: a model API key
+    /// must never reach a session's history, an event or a span).
+    pub fn with_secrets(mut self, secrets: impl IntoIterator<Item = String>) -> Self {
+        let before = self.builtins.config.secrets.len();
+        let mut config = self.builtins.config.clone();
+        config
+            .secrets
+            .extend(secrets.into_iter().filter(|s| !s.is_empty()));
+        if config.secrets.len() > before {
+            let redactor = Redactor::new(config.secrets.iter().cloned());
+            self.builtins.redact = Some(RedactLayer::new(Arc::new(redactor)));
+            self.builtins.config = config;
+        }
+        self
+    }
+
     /// The configuration of the built-in layers.
     pub fn builtin_config(&self) -> &BuiltinConfig {
         &self.builtins.config

@@ -381,3 +381,34 @@ mod tests {
         assert!(sink.pieces().iter().all(|piece| !piece.contains("s3c")));
     }
 }
+
+#[cfg(test)]
+mod process_secrets {
+    use tower::ServiceExt;
+
+    use crate::agent::middleware::testing::{ok_result, tool_request};
+    use crate::agent::middleware::Middleware;
+    use crate::agent::seams::{BoxError, ToolCallRequest};
+
+    #[tokio::test]
+    async fn a_process_secret_added_to_the_middleware_is_masked() {
+        let inner = tower::service_fn(|request: ToolCallRequest| async move {
+            Ok::<_, BoxError>(ok_result(&request.call.id, "key=sk-live-123"))
+        });
+        let plain = Middleware::new().wrap_tools(inner);
+        let unmasked = plain
+            .oneshot(tool_request("c1", "env"))
+            .await
+            .expect("result");
+        assert_eq!(unmasked.outcome.observation(), "key=sk-live-123");
+
+        let guarded = Middleware::new()
+            .with_secrets(["sk-live-123".to_string(), String::new()])
+            .wrap_tools(inner);
+        let masked = guarded
+            .oneshot(tool_request("c1", "env"))
+            .await
+            .expect("result");
+        assert_eq!(masked.outcome.observation(), "key=[redacted]");
+    }
+}
