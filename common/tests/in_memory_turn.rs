@@ -104,25 +104,36 @@ fn fixture() -> Fixture {
         (spec("echo", ToolEffects::default()), echo),
         (spec("delete", destructive), delete),
     ]);
-    let model = ScriptedModel::from_json(SCENARIO).expect("valid scenario");
-    let runtime = Arc::new(Runtime::new(
-        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
-        BoxCloneSyncService::new(tools.clone().map_err(Into::into)),
-        Arc::new(FixedDirectory(Arc::new(tools.catalog()))),
-        SkillCatalog::default(),
-        Middleware::new(),
-        RuntimeSettings {
-            provider: "scripted".into(),
-            ..RuntimeSettings::default()
-        },
-    ));
-    tools.run_subagents_on(&runtime);
+    let runtime = runtime_over(&tools, SCENARIO, SkillCatalog::default(), Middleware::new());
     Fixture {
         runtime,
         tools,
         echoes,
         deletes,
     }
+}
+
+/// A runtime over `tools` and a scripted model playing `scenario`, its subagents run on itself.
+fn runtime_over(
+    tools: &InMemoryTools,
+    scenario: &str,
+    skills: SkillCatalog,
+    middleware: Middleware,
+) -> Arc<Runtime> {
+    let model = ScriptedModel::from_json(scenario).expect("valid scenario");
+    let runtime = Arc::new(Runtime::new(
+        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
+        BoxCloneSyncService::new(tools.clone().map_err(Into::into)),
+        Arc::new(FixedDirectory(Arc::new(tools.catalog()))),
+        skills,
+        middleware,
+        RuntimeSettings {
+            provider: "scripted".into(),
+            ..RuntimeSettings::default()
+        },
+    ));
+    tools.run_subagents_on(&runtime);
+    runtime
 }
 
 fn origin(task: &str) -> TaskOrigin {
@@ -434,16 +445,8 @@ impl skein_common::agent::middleware::hooks::TurnHook for Guard {
 async fn hooks_can_answer_for_a_tool_and_rewrite_the_turns_answer() {
     let base = fixture();
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let model = ScriptedModel::from_json(SCENARIO).expect("valid scenario");
     let middleware = Middleware::new().hook(Arc::new(Guard { log: log.clone() }));
-    let runtime = Arc::new(Runtime::new(
-        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
-        BoxCloneSyncService::new(base.tools.clone().map_err(Into::into)),
-        Arc::new(FixedDirectory(Arc::new(base.tools.catalog()))),
-        SkillCatalog::default(),
-        middleware,
-        RuntimeSettings::default(),
-    ));
+    let runtime = runtime_over(&base.tools, SCENARIO, SkillCatalog::default(), middleware);
     let fx = Fixture { runtime, ..base };
     // Bypass: the destructive call is allowed, and the hook answers it in the tool's place.
     let policy = PermissionPolicy {
@@ -500,7 +503,6 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
             { "answer": "loaded: {{observations}}" } ] },
         { "steps": [ { "answer": "second" } ] }
     ] } } }"#;
-    let model = ScriptedModel::from_json(scenario).expect("valid scenario");
     let prompts = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let seen = prompts.clone();
     let middleware = Middleware::new().model_layer(tower::util::MapRequestLayer::new(
@@ -510,14 +512,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
             call
         },
     ));
-    let runtime = Arc::new(Runtime::new(
-        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
-        BoxCloneSyncService::new(base.tools.clone().map_err(Into::into)),
-        Arc::new(FixedDirectory(Arc::new(base.tools.catalog()))),
-        skills,
-        middleware,
-        RuntimeSettings::default(),
-    ));
+    let runtime = runtime_over(&base.tools, scenario, skills, middleware);
     let mut learner = agent("learner", vec![], PermissionPolicy::default());
     learner.skills = Some(vec!["notes".into()]);
     let cancel = CancellationToken::new();

@@ -7,7 +7,8 @@
 //!   [`LeadBuilder`] adds an embedder's middleware and listeners.
 //! - [`approvals`]: turns that wait for a person — suspending, parking without a slot, recording
 //!   answers and waking the turn.
-//! - [`cli`]: the `skein` command (submit, workers, dev, lead, worker).
+//! - [`cli`]: the `skein` command (submit, workers, cancel, approvals, approve, deny, dlq, trace,
+//!   dev, lead, worker).
 
 pub mod approvals;
 pub mod cli;

@@ -83,6 +83,30 @@ async fn wait_for_request(cluster: &TestCluster, task: &TaskSubmission) -> Appro
     .await
 }
 
+/// A worker with the test tools and an in-process lead whose `assistant` asks before
+/// `slow_effect`: its script calls `slow_effect` (effect `key`) once, then answers with what it
+/// observed.
+async fn guarded_cluster(
+    cluster: &TestCluster,
+    key: &str,
+    extra_permissions: &str,
+) -> ChildProcess {
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": key, "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let agents = guarded_agents(cluster, extra_permissions);
+    let worker = test_worker(cluster);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--scenario",
+        &script,
+        "--agents-dir",
+        agents.to_str().expect("utf-8 path"),
+    ]));
+    worker
+}
+
 fn events_of(events: &[TurnEvent], name: &str) -> usize {
     events
         .iter()
@@ -247,19 +271,7 @@ async fn a_denied_call_reaches_the_model_with_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_request_expires_into_a_denial() {
     let cluster = TestCluster::start();
-    let script = cluster.scenario(json!([{ "steps": [
-        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "late", "ms": 10 } } ] },
-        { "answer": "observed: {{observations}}" }
-    ] }]));
-    let agents = guarded_agents(&cluster, "approval_timeout = \"1500ms\"");
-    let _worker = test_worker(&cluster);
-    cluster.wait_for_workers(1).await;
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--scenario",
-        &script,
-        "--agents-dir",
-        agents.to_str().expect("utf-8 path"),
-    ]));
+    let _worker = guarded_cluster(&cluster, "late", "approval_timeout = \"1500ms\"").await;
     let task = submission("acme", &unique("s"), "do it later");
     let (result, events) = cluster.run(&task).await;
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
@@ -285,19 +297,7 @@ async fn an_unanswered_request_expires_into_a_denial() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_reaches_a_waiting_turn() {
     let cluster = TestCluster::start();
-    let script = cluster.scenario(json!([{ "steps": [
-        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "never", "ms": 10 } } ] },
-        { "answer": "observed: {{observations}}" }
-    ] }]));
-    let agents = guarded_agents(&cluster, "");
-    let _worker = test_worker(&cluster);
-    cluster.wait_for_workers(1).await;
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--scenario",
-        &script,
-        "--agents-dir",
-        agents.to_str().expect("utf-8 path"),
-    ]));
+    let _worker = guarded_cluster(&cluster, "never", "").await;
     let task = submission("acme", &unique("s"), "wait for me");
     let running = cluster.run(&task);
     let cancelling = async {
@@ -329,19 +329,7 @@ async fn a_cancel_reaches_a_waiting_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_ends_a_waiting_turn() {
     let cluster = TestCluster::start();
-    let script = cluster.scenario(json!([{ "steps": [
-        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "too-late", "ms": 10 } } ] },
-        { "answer": "observed: {{observations}}" }
-    ] }]));
-    let agents = guarded_agents(&cluster, "");
-    let _worker = test_worker(&cluster);
-    cluster.wait_for_workers(1).await;
-    cluster.spawn_lead(cluster.lead_config(&[
-        "--scenario",
-        &script,
-        "--agents-dir",
-        agents.to_str().expect("utf-8 path"),
-    ]));
+    let _worker = guarded_cluster(&cluster, "too-late", "").await;
     let mut task = submission("acme", &unique("s"), "before the deadline");
     task.deadline_ms = Some(skein_common::protocol::now_ms() + 2_000);
     let (result, events) = cluster.run(&task).await;
