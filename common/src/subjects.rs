@@ -125,7 +125,6 @@ pub fn parse_cancel(subject: &str) -> Option<(&str, &str)> {
     (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
 }
 
-/// The events of one task.
 /// Where an answer to a task's approval requests is published.
 pub fn approval(tenant: &str, task_id: &str) -> String {
     format!("skein.approval.{tenant}.{task_id}")
@@ -148,6 +147,7 @@ pub fn parse_wake(subject: &str) -> Option<(&str, &str)> {
     (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
 }
 
+/// The events of one task.
 pub fn events(tenant: &str, task_id: &str) -> String {
     format!("skein.events.{tenant}.{task_id}")
 }

@@ -173,6 +173,7 @@ impl Lead {
                 expires_at_ms,
             } = suspension;
             let (tenant, task_id) = (submission.tenant.as_str(), submission.task_id.as_str());
+            let _waiting = lead.metrics.in_flight("approval_wait");
             let (woken, _entry) = lead.parked.register(tenant, task_id);
             let cancelled = CancellationToken::new();
             let _registration = lead.cancels.register(tenant, task_id, cancelled.clone());

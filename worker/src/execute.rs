@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, AckKind};
 use futures::FutureExt;
 use skein_common::agent::hooks::Listeners;
-use skein_common::agent::runtime::{Runtime, TurnInput};
+use skein_common::agent::runtime::{Runtime, TurnInput, TurnStop};
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{first_delivery, replayed, settle, with_progress, Bus};
 use skein_common::protocol::{
@@ -236,7 +236,25 @@ async fn subagent_task(
         });
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
             Ok(Ok(Ok(output))) => output,
-            Ok(Ok(Err(_interrupted))) => return stopped(&abort),
+            // Stopped by its cancel request (or shutdown): as any cancelled call.
+            Ok(Ok(Err(TurnStop::Interrupted(failure))))
+                if failure.kind == FailureKind::Cancelled || stop.is_cancelled() =>
+            {
+                return stopped(&abort)
+            }
+            // Trouble that may pass (the registry could not be read): another attempt, not a
+            // cancel, which would stop the calling turn.
+            Ok(Ok(Err(TurnStop::Interrupted(failure)))) => {
+                tracing::warn!(%failure, "subagent turn interrupted; handing the task back");
+                return Work::HandBack;
+            }
+            // A subagent's loop has no approval gate, so it never suspends; should it, the
+            // call fails clearly rather than waiting for an answer nobody can give.
+            Ok(Ok(Err(TurnStop::AwaitingApproval(_)))) => {
+                let failure =
+                    Failure::new(FailureKind::Denied, "a subagent cannot wait for approval");
+                return Work::Done(CallOutcome::Failed { failure });
+            }
             Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
             Err(_) => {
                 let failure = Failure::new(

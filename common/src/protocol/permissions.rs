@@ -103,8 +103,8 @@ pub struct ApprovalDecision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
     pub approve: bool,
-    /// With `approve`: also allow this tool (with these arguments' rule) for the rest of the
-    /// session, so the same call is not asked about again.
+    /// With `approve`: also approve every later call of the same tool for the rest of the
+    /// session (a deny rule still refuses it).
     #[serde(default)]
     pub always: bool,
     /// Why, shown to the model when the call is denied.
