@@ -211,6 +211,13 @@ async fn a_multi_step_turn_with_parallel_calls_and_a_subagent_runs_in_memory_and
         .filter(|e| matches!(e, EventKind::ToolStarted { .. }))
         .count();
     assert_eq!(started, 4, "the lead's own calls: a, b, spawn, d");
+    // Every decision is in the event stream, a plain allow included.
+    assert!(events.iter().all(|e| match e {
+        EventKind::ToolStarted {
+            permission, rule, ..
+        } => *permission == Some(Verdict::Allowed) && !rule.is_empty(),
+        _ => true,
+    }));
 
     // Resume from the checkpoint of the second step (before its calls were dispatched): the
     // recorded calls come back, nothing runs again, and the turn ends the same way.
@@ -401,6 +408,14 @@ async fn without_an_approval_gate_an_ask_is_denied_and_a_deny_rule_wins() {
             verdict: Verdict::Denied,
             ..
         }
+    )));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        EventKind::ToolStarted {
+            permission: Some(Verdict::Denied),
+            rule,
+            ..
+        } if rule.contains("delete(*.txt)")
     )));
     assert_eq!(fx.deletes.load(Ordering::SeqCst), 0);
 }

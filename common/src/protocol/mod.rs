@@ -361,6 +361,13 @@ pub enum EventKind {
         call_id: String,
         tool: String,
         arguments: Value,
+        /// How the permission policy settled the call (`allowed` for a plain allow), so every
+        /// decision is in the event stream; absent from producers that predate permissions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permission: Option<Verdict>,
+        /// The rule (or mode) behind `permission`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        rule: String,
     },
     ToolFinished {
         call_id: String,

@@ -8,7 +8,8 @@
 //! Otherwise denied calls become observations ("denied by …"), and the rest run through the
 //! acting hooks and the tool service — consecutive concurrency-safe calls together, an unsafe call
 //! alone — and come back in the model's order. Every verdict other than a plain allow is an
-//! `approval_resolved` event; every verdict is a span attribute and a log line.
+//! `approval_resolved` event; every verdict, a plain allow included, is carried by the call's
+//! `tool_started` event, a span attribute and a log line.
 
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -222,11 +223,12 @@ impl Acting<'_, '_> {
         Ok(settled)
     }
 
-    /// The audit trail of one verdict: a log line always; an event unless it is a plain allow.
+    /// The audit trail of one verdict: a log line always; an `approval_resolved` event unless it is
+    /// a plain allow (whose verdict the `tool_started` event carries).
     async fn audit(&self, call: &ToolCall, settled: &Settled) {
         let bypass = self.policy.mode() == crate::protocol::PermissionMode::Bypass;
         if settled.verdict == Verdict::Allowed && !bypass {
-            tracing::debug!(call_id = %call.id, tool = %call.name, verdict = "allowed", rule = %settled.rule, "permission");
+            tracing::info!(call_id = %call.id, tool = %call.name, verdict = "allowed", rule = %settled.rule, "permission");
             return;
         }
         tracing::info!(
@@ -262,6 +264,8 @@ impl Acting<'_, '_> {
                 call_id: call.id.clone(),
                 tool: call.name.clone(),
                 arguments: call.arguments.clone(),
+                permission: Some(settled.verdict),
+                rule: settled.rule.clone(),
             })
             .await;
         let span = tracing::info_span!(
