@@ -103,6 +103,8 @@ pub struct Bus {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     max_payload: usize,
+    /// How often the connection has dropped (core subscriptions miss what is published then).
+    disconnects: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Bus {
@@ -112,10 +114,17 @@ impl Bus {
         name: &str,
         max_payload: usize,
     ) -> Result<Self, BusError> {
+        let (disconnected, disconnects) = tokio::sync::watch::channel(0u64);
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(cfg.connect_timeout)
-            .max_reconnects(None);
+            .max_reconnects(None)
+            .event_callback(move |event| {
+                if matches!(event, async_nats::Event::Disconnected) {
+                    disconnected.send_modify(|n| *n += 1);
+                }
+                futures::future::ready(())
+            });
         if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
             options = options.user_and_password(user.clone(), password.clone());
         }
@@ -142,7 +151,14 @@ impl Bus {
             client,
             jetstream,
             max_payload: max_payload.min(server_cap.max(1)),
+            disconnects,
         })
+    }
+
+    /// Changes each time the connection drops; what core subscriptions missed meanwhile must be
+    /// read from a stream.
+    pub fn disconnects(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.disconnects.clone()
     }
 
     /// The underlying client, for core subscriptions.
@@ -530,6 +546,25 @@ impl Bus {
                 }
             }
         });
+    }
+
+    /// The latest event on one subject of the events stream, with its stream sequence.
+    pub async fn last_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let lookup_error = |message: String| BusError::Consumer {
+            consumer: format!("last({subject})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| lookup_error(e.to_string()))?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(lookup_error(e.to_string())),
+        }
     }
 
     /// A replaying, ordered view of one subject of the events stream, from its first message.

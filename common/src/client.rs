@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
 use crate::bus::{Bus, BusError, Stored};
 use crate::config::NatsConfig;
-use crate::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent};
+use crate::protocol::{EventKind, FinalResult, StoredFinal, TaskSubmission, TurnEvent};
 use crate::subjects;
 
 /// Why a client operation failed.
@@ -24,6 +25,8 @@ pub enum ClientError {
     TimedOut(Duration),
     #[error("event stream ended before the final result")]
     StreamEnded,
+    #[error("the final result could not be looked up: {0}")]
+    Lookup(crate::protocol::Failure),
 }
 
 /// A connection for submitting and watching tasks.
@@ -110,62 +113,181 @@ impl SkeinClient {
         Ok(events)
     }
 
+    /// Asks any lead for a task's stored final result: `None` while the task has not ended (or
+    /// no lead answered within `LOOKUP_TIMEOUT`).
+    pub async fn stored_final(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+    ) -> Result<Option<FinalResult>, ClientError> {
+        for (name, token) in [
+            ("tenant", tenant),
+            ("session", session),
+            ("task_id", task_id),
+        ] {
+            crate::protocol::validate_token(name, token).map_err(ClientError::Rejected)?;
+        }
+        let subject = subjects::result(tenant, session, task_id);
+        let request = self.bus.client().request(subject.clone(), Bytes::new());
+        let reply = match tokio::time::timeout(LOOKUP_TIMEOUT, request).await {
+            Ok(Ok(reply)) => reply,
+            // No lead answers (none runs, or none can reach the broker): nothing known.
+            Ok(Err(_)) | Err(_) => return Ok(None),
+        };
+        let stored: StoredFinal = self.bus.decode(&reply.payload)?;
+        match (stored.result, stored.failure) {
+            (Some(result), _) => Ok(Some(result)),
+            (None, Some(failure)) => Err(ClientError::Lookup(failure)),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Submits a task and waits for its final result, passing every event to `on_event`.
     ///
     /// It listens on the task's event subject before it submits, so the events of a new task
-    /// arrive live, without a stream consumer per task. A resubmitted task (whose events may be
-    /// older than the subscription), or a subscription that ends early (the connection dropped),
-    /// is read from the event stream instead, past the events already passed on.
+    /// arrive live, without a stream consumer per task. When that cannot be trusted to be
+    /// complete — the task was submitted before (its events may be older than the subscription),
+    /// or the connection dropped (a core subscription misses what is published meanwhile) — it
+    /// reads the event stream instead, past the events already passed on. A task that has ended
+    /// but whose final event is not in the stream (its publish failed, or the stream no longer
+    /// holds it) is answered from the stored final result, which any lead looks up; that lookup
+    /// is also the last look before `timeout` gives up.
     pub async fn run(
         &self,
         submission: &TaskSubmission,
         timeout: Duration,
         mut on_event: impl FnMut(&TurnEvent) + Send,
     ) -> Result<FinalResult, ClientError> {
-        let subject = subjects::events(&submission.tenant, &submission.task_id);
+        let (tenant, session, task_id) = (
+            submission.tenant.as_str(),
+            submission.session.as_str(),
+            submission.task_id.as_str(),
+        );
+        let subject = subjects::events(tenant, task_id);
+        let mut disconnects = self.bus.disconnects();
+        disconnects.mark_unchanged();
         let mut live = self
             .bus
             .client()
             .subscribe(subject.clone())
             .await
             .map_err(|e| BusError::Consumer {
-                consumer: subject,
+                consumer: subject.clone(),
                 message: e.to_string(),
             })?;
         let stored = self.submit_stored(submission).await?;
+        let mut passed_on = 0usize;
         let wait = async {
-            let mut passed_on = 0;
-            // Passes an event on; the final result ends the wait.
-            let mut pass_on = |event: TurnEvent| {
-                on_event(&event);
-                match event.event {
-                    EventKind::Final { result } => Some(result),
-                    _ => None,
-                }
-            };
             if stored == Stored::New {
-                while let Some(message) = live.next().await {
+                loop {
+                    let message = tokio::select! {
+                        biased;
+                        // A gap: what was published meanwhile is only in the stream.
+                        _ = disconnects.changed() => break,
+                        message = live.next() => message,
+                    };
+                    let Some(message) = message else { break };
+                    let event: TurnEvent = self.bus.decode(&message.payload)?;
                     passed_on += 1;
-                    if let Some(result) = pass_on(self.bus.decode(&message.payload)?) {
+                    if let Some(result) = pass_on(&mut on_event, event) {
                         return Ok(result);
                     }
                 }
             }
             drop(live);
-            let events = self
-                .watch(&submission.tenant, &submission.task_id)
+            self.catch_up(submission, &subject, &mut passed_on, &mut on_event)
+                .await
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(outcome) => outcome,
+            Err(_) => match self.stored_final(tenant, session, task_id).await {
+                Ok(Some(result)) => Ok(announce_stored(&mut on_event, result)),
+                _ => Err(ClientError::TimedOut(timeout)),
+            },
+        }
+    }
+
+    /// Reads a task's events from the stream, skipping the first `passed_on`, until its final
+    /// result; a task that has ended is answered from its stored result once the stream holds
+    /// nothing more.
+    async fn catch_up(
+        &self,
+        submission: &TaskSubmission,
+        subject: &str,
+        passed_on: &mut usize,
+        on_event: &mut (impl FnMut(&TurnEvent) + Send),
+    ) -> Result<FinalResult, ClientError> {
+        let (tenant, session, task_id) = (
+            submission.tenant.as_str(),
+            submission.session.as_str(),
+            submission.task_id.as_str(),
+        );
+        // Known before reading: whether the task has ended, and the last event it has in the
+        // stream. Past that event nothing more can come but a re-announced final result.
+        let ended = self
+            .stored_final(tenant, session, task_id)
+            .await
+            .ok()
+            .flatten();
+        let last = match ended {
+            Some(_) => self
+                .bus
+                .last_event(subject)
                 .await?
-                .skip(passed_on);
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                if let Some(result) = pass_on(event?) {
+                .map(|(sequence, _)| sequence),
+            None => None,
+        };
+        if let (Some(result), None) = (&ended, last) {
+            return Ok(announce_stored(on_event, result.clone()));
+        }
+        let messages = self.bus.replay(subject.to_owned()).await?;
+        futures::pin_mut!(messages);
+        let mut seen = 0usize;
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| BusError::Pull(e.to_string()))?;
+            let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
+            seen += 1;
+            if seen > *passed_on {
+                *passed_on += 1;
+                let event: TurnEvent = self.bus.decode(&message.payload)?;
+                if let Some(result) = pass_on(on_event, event) {
                     return Ok(result);
                 }
             }
-            Err(ClientError::StreamEnded)
-        };
-        tokio::time::timeout(timeout, wait)
-            .await
-            .map_err(|_| ClientError::TimedOut(timeout))?
+            if let (Some(result), Some(last)) = (&ended, last) {
+                if sequence >= last {
+                    return Ok(announce_stored(on_event, result.clone()));
+                }
+            }
+        }
+        Err(ClientError::StreamEnded)
     }
+}
+
+/// How long a result lookup waits for a lead's answer.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Passes an event on; a final result ends the wait.
+fn pass_on(on_event: &mut impl FnMut(&TurnEvent), event: TurnEvent) -> Option<FinalResult> {
+    on_event(&event);
+    match event.event {
+        EventKind::Final { result } => Some(result),
+        _ => None,
+    }
+}
+
+/// Passes a stored final result on as the final event the stream did not deliver.
+fn announce_stored(on_event: &mut impl FnMut(&TurnEvent), result: FinalResult) -> FinalResult {
+    on_event(&TurnEvent {
+        v: crate::protocol::PROTOCOL_VERSION,
+        task_id: result.task_id.clone(),
+        source: "lead".into(),
+        seq: 0,
+        at_ms: crate::protocol::now_ms(),
+        event: EventKind::Final {
+            result: result.clone(),
+        },
+    });
+    result
 }

@@ -10,6 +10,7 @@
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
 //! | `skein.approval.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-approvals` | `ApprovalDecision` |
 //! | `skein.wake.{tenant}.{task_id}` | core NATS | empty: a suspended turn's answer is recorded |
+//! | `skein.result.{tenant}.{session}.{task_id}` | core NATS request, queue group `skein-leads` | empty; the reply is a `StoredFinal` |
 //! | `skein.dlq.{submit,tool,agent,other}` | stream `SKEIN_DLQ` (limits, 14 days) | the original payload, with why and how often it was tried in headers |
 //!
 //! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
@@ -27,6 +28,10 @@ pub const APPROVALS_STREAM: &str = "SKEIN_APPROVALS";
 pub const APPROVALS_CONSUMER: &str = "skein-leads-approvals";
 pub const APPROVALS_ALL: &str = "skein.approval.>";
 pub const WAKE_ALL: &str = "skein.wake.>";
+/// All lookups of stored final results.
+pub const RESULT_ALL: &str = "skein.result.>";
+/// The queue group of the leads answering result lookups.
+pub const RESULT_QUEUE: &str = "skein-leads";
 
 /// All subjects of the submit stream.
 pub const SUBMIT_ALL: &str = "skein.submit.>";
@@ -147,6 +152,20 @@ pub fn parse_wake(subject: &str) -> Option<(&str, &str)> {
     (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
 }
 
+/// Where a client asks any lead for a task's stored final result.
+pub fn result(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("skein.result.{tenant}.{session}.{task_id}")
+}
+
+/// The tenant, session and task id of a result lookup.
+pub fn parse_result(subject: &str) -> Option<(&str, &str, &str)> {
+    let rest = subject.strip_prefix("skein.result.")?;
+    let (tenant, rest) = rest.split_once('.')?;
+    let (session, task) = rest.split_once('.')?;
+    let tokens = [tenant, session, task];
+    (tokens.iter().all(|t| !t.is_empty()) && !task.contains('.')).then_some((tenant, session, task))
+}
+
 /// The events of one task.
 pub fn events(tenant: &str, task_id: &str) -> String {
     format!("skein.events.{tenant}.{task_id}")
@@ -155,6 +174,18 @@ pub fn events(tenant: &str, task_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn result_lookups_round_trip_and_refuse_extra_levels() {
+        assert_eq!(parse_result(&result("t", "s", "k")), Some(("t", "s", "k")));
+        for bad in [
+            "skein.result.t.s",
+            "skein.result.t.s.k.x",
+            "skein.result..s.k",
+        ] {
+            assert_eq!(parse_result(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn pool_filters_do_not_overlap() {

@@ -7,12 +7,14 @@
 //!   [`LeadBuilder`] adds an embedder's middleware and listeners.
 //! - [`approvals`]: turns that wait for a person — suspending, parking without a slot, recording
 //!   answers and waking the turn.
+//! - [`results`]: answers clients' lookups of stored final results.
 //! - [`cli`]: the `skein` command (submit, workers, cancel, approvals, approve, deny, dlq, trace,
 //!   dev, lead, worker).
 
 pub mod approvals;
 pub mod cli;
 pub mod config;
+pub mod results;
 pub mod server;
 
 pub use config::Config;

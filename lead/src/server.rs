@@ -213,6 +213,13 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         })
         .await?;
     let parked = Parked::listen(&bus, &work.background, work.background_stop.clone()).await?;
+    crate::results::serve_lookups(
+        &bus,
+        store.clone(),
+        &work.background,
+        work.background_stop.clone(),
+    )
+    .await?;
     bus.watch_queue_depth(
         metrics.clone(),
         vec![(subjects::SUBMIT_STREAM, subjects::LEADS_CONSUMER.to_owned())],
@@ -275,6 +282,9 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
 pub(crate) enum Settled {
     /// Finished (successfully or not); the final result is stored and published.
     Done,
+    /// Finished and stored, but the stream did not take the final event: hand the message back
+    /// so a later delivery announces it again (from the stored result; nothing runs again).
+    Unannounced(Failure),
     /// Not this task's turn yet (an older task of the session is unfinished): hand it back
     /// without counting an attempt.
     NotYet,
@@ -351,6 +361,18 @@ impl Lead {
         .await;
         match outcome {
             Settled::Done => settle(&message, AckKind::Ack).await,
+            Settled::Unannounced(failure)
+                if message.info().map(|i| i.delivered).unwrap_or(1)
+                    >= self.cfg.process.max_attempts as i64 =>
+            {
+                // Bounded: the result is stored, and any lead answers a client's lookup of it.
+                tracing::error!(%failure, "final event not announced after every attempt; clients read the stored result");
+                settle(&message, AckKind::Ack).await;
+            }
+            Settled::Unannounced(failure) => {
+                tracing::warn!(%failure, "final event not announced; handing the task back to announce it again");
+                settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            }
             Settled::Suspended(suspension) => self.park(message, *suspension),
             Settled::NotYet => settle(&message, AckKind::Nak(Some(REQUEUE_DELAY))).await,
             Settled::Retry(failure) if abort.is_cancelled() => {
@@ -379,6 +401,8 @@ impl Lead {
                 self.metrics.dead_lettered("submit");
                 self.metrics
                     .turn_finished("dead_lettered", std::time::Duration::ZERO);
+                // Dead-lettered either way: a final event that did not go out is still stored,
+                // for lookups.
                 self.publish_final(failed_result(&submission, failure, 0))
                     .boxed()
                     .await;
@@ -400,10 +424,10 @@ impl Lead {
         {
             Ok(agent) => agent,
             Err(failure) => {
-                self.publish_final(failed_result(submission, failure, 0))
+                return self
+                    .publish_final(failed_result(submission, failure, 0))
                     .boxed()
                     .await;
-                return Settled::Done;
             }
         };
         // From here on a cancel request reaches this task: `stop` fires on it (and on shutdown).
@@ -436,8 +460,7 @@ impl Lead {
         .await;
         if let Ok(TurnStart::Finished(done)) = start {
             tracing::info!("task already finished; re-publishing its result");
-            self.emit_final(submission, done).boxed().await;
-            return Settled::Done;
+            return self.emit_final(submission, done).boxed().await;
         }
         let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
         let mut start = start;
@@ -456,8 +479,7 @@ impl Lead {
             };
             let mut result = failed_result(submission, failure, 0);
             result.status = status;
-            self.publish_final(result).boxed().await;
-            return Settled::Done;
+            return self.publish_final(result).boxed().await;
         }
         match in_line {
             Ok(true) => {}
@@ -485,8 +507,7 @@ impl Lead {
                 }) => break (attempt, session, checkpoint),
                 Ok(TurnStart::Finished(done)) => {
                     tracing::info!("task already finished; re-publishing its result");
-                    self.emit_final(submission, done).boxed().await;
-                    return Settled::Done;
+                    return self.emit_final(submission, done).boxed().await;
                 }
                 Ok(TurnStart::Exhausted(attempt)) => {
                     let failure = Failure::new(
@@ -519,7 +540,7 @@ impl Lead {
             .boxed()
             .await;
         // A completed turn released the lease as it ended; any other outcome releases it here.
-        if !matches!(settled, Settled::Done) {
+        if !matches!(settled, Settled::Done | Settled::Unannounced(_)) {
             if let Err(e) = self.store.release_lease(tenant, session, &token).await {
                 tracing::warn!(error = %e, "lease not released; it expires on its own");
             }
@@ -589,8 +610,7 @@ impl Lead {
             0,
         );
         result.status = TurnStatus::Cancelled;
-        self.publish_final(result).await;
-        Settled::Done
+        self.publish_final(result).await
     }
 
     /// Why the task must not start, if it must not: it was cancelled, or its deadline passed.
@@ -813,9 +833,7 @@ impl Lead {
                 tracing::warn!(error = %e, "approval request not cleared");
             }
         }
-        events.emit(EventKind::Final { result }).await;
-        events.flush().await;
-        Settled::Done
+        announced(events.announce(EventKind::Final { result }).await)
     }
 
     /// Renews the lease until it is lost; returns why it was lost (never returns while held).
@@ -841,15 +859,18 @@ impl Lead {
     }
 
     /// Stores and publishes the final result of a task that ended without running a turn.
-    async fn publish_final(&self, result: FinalResult) {
+    async fn publish_final(&self, result: FinalResult) -> Settled {
         if let Err(e) = self.store.store_final(&result).await {
+            // Announced all the same; a later delivery stores it again.
             tracing::warn!(error = %e, "final result not stored");
+            self.announce_final(result).await.ok();
+            return Settled::Retry(e.to_failure());
         }
-        self.announce_final(result).await;
+        announced(self.announce_final(result).await)
     }
 
     /// Publishes a final result on its task's event subject (stores nothing).
-    async fn announce_final(&self, result: FinalResult) {
+    async fn announce_final(&self, result: FinalResult) -> Result<(), BusError> {
         let origin = skein_common::protocol::TaskOrigin {
             task_id: result.task_id.clone(),
             tenant: result.tenant.clone(),
@@ -859,19 +880,18 @@ impl Lead {
             deadline_ms: None,
         };
         let events = BusEvents::new(self.bus.clone(), Listeners::default(), origin, "lead");
-        events.emit(EventKind::Final { result }).await;
-        events.flush().await;
+        events.announce(EventKind::Final { result }).await
     }
 
-    async fn emit_final(&self, submission: &TaskSubmission, result: FinalResult) {
+    /// Announces the stored final result of a task that already ended (a redelivery).
+    async fn emit_final(&self, submission: &TaskSubmission, result: FinalResult) -> Settled {
         let events = BusEvents::new(
             self.bus.clone(),
             self.listeners.clone(),
             submission.origin(),
             "lead",
         );
-        events.emit(EventKind::Final { result }).await;
-        events.flush().await;
+        announced(events.announce(EventKind::Final { result }).await)
     }
 
     /// Refuses a submission that will not run — it cannot be decoded, breaks a protocol rule, or
@@ -902,8 +922,13 @@ impl Lead {
                     overrides: None,
                     deadline_ms: None,
                 };
-                self.announce_final(failed_result(&stub, failure.clone(), 0))
-                    .await;
+                // Best effort: the dead letter below keeps the record of the refusal.
+                if let Err(e) = self
+                    .announce_final(failed_result(&stub, failure.clone(), 0))
+                    .await
+                {
+                    tracing::warn!(error = %e, "refusal not announced");
+                }
             }
         }
         self.metrics.dead_lettered("submit");
@@ -932,6 +957,14 @@ fn subject_matches(
                 message.subject
             ),
         ))
+    }
+}
+
+/// How a task whose final result is stored settles, by whether its final event was announced.
+fn announced(announce: Result<(), BusError>) -> Settled {
+    match announce {
+        Ok(()) => Settled::Done,
+        Err(e) => Settled::Unannounced(e.to_failure()),
     }
 }
 

@@ -6,10 +6,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use skein_common::client::SkeinClient;
+use skein_common::config::NatsConfig;
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
-use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::cluster::{model_flags, submission, TestCluster};
+use skein_tests::support::proxy::TcpProxy;
 use skein_tests::support::test_tools::{read_effects, EFFECTS_FILE_ENV};
 use skein_tests::support::{eventually, unique, ChildProcess};
+use skein_tests::support::{FakeOpenAi, FakeReply, NatsServer};
 
 const NODE: &str = env!("CARGO_BIN_EXE_skein-node");
 
@@ -749,4 +753,105 @@ async fn a_turn_whose_lead_dies_on_every_attempt_is_dead_lettered() {
     assert!(letters.iter().any(|l| l.original_subject
         == format!("skein.submit.acme.{}", task.session)
         && l.attempts == 1));
+}
+
+/// A lead whose final event never reaches the stream (its publishes on the event subjects are
+/// refused by the broker, after the turn has completed and its result is stored): the client
+/// still gets the answer, from the stored result through a lookup any lead answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_event_that_is_never_published_is_answered_from_the_stored_result() {
+    let nats = NatsServer::start_with_config(
+        r#"authorization {
+  users = [
+    { user: lead, password: lead-pw, permissions: { publish: { deny: ["skein.events.>"] } } }
+    { user: client, password: client-pw }
+  ]
+}"#,
+    );
+    let cluster = TestCluster::with_nats(nats);
+    let model = FakeOpenAi::start(vec![FakeReply::answer("stored, never announced")]).await;
+    let mut flags = model_flags(&model.base_url).to_vec();
+    flags.extend(["--nats-user", "lead", "--nats-password", "lead-pw"]);
+    cluster.spawn_lead(cluster.lead_config(&flags));
+    let client = SkeinClient::connect(&NatsConfig {
+        user: Some("client".into()),
+        password: Some("client-pw".into()),
+        ..NatsConfig::local(cluster.nats.url.clone())
+    })
+    .await
+    .expect("client connects");
+    let task = submission("acme", &unique("s"), "hello");
+    let mut events = Vec::new();
+    let result = client
+        .run(&task, Duration::from_secs(8), |e| events.push(e.clone()))
+        .await
+        .expect("the answer arrives although its final event was never published");
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("stored, never announced"));
+    // It came from the store: the stream holds nothing of the task.
+    let last = client
+        .bus()
+        .last_event(&skein_common::subjects::events("acme", &task.task_id))
+        .await
+        .expect("the events stream can be read");
+    assert!(last.is_none(), "{last:?}");
+    assert!(matches!(
+        events.last().map(|e| &e.event),
+        Some(EventKind::Final { .. })
+    ));
+}
+
+/// The client's own connection drops while the turn's final event is published: once it is
+/// back, it reads what it missed from the stream instead of waiting on a live subscription that
+/// will never see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_while_the_final_event_is_published_still_gets_it() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![FakeReply::answer("published in the gap")]).await;
+    let gate = model.hold();
+    cluster.spawn_lead(cluster.lead_config(&model_flags(&model.base_url)));
+    let proxy = TcpProxy::start(cluster.nats.port()).await;
+    let client = SkeinClient::connect(&NatsConfig::local(format!(
+        "nats://127.0.0.1:{}",
+        proxy.port
+    )))
+    .await
+    .expect("client connects through the proxy");
+    let task = submission("acme", &unique("s"), "hello");
+    let running = {
+        let (client, task) = (client.clone(), task.clone());
+        tokio::spawn(async move { client.run(&task, Duration::from_secs(30), |_| {}).await })
+    };
+    // The turn is at its model call; the client is cut off; the turn ends meanwhile.
+    eventually("the model call", Duration::from_secs(20), || async {
+        (model.arrived() >= 1).then_some(())
+    })
+    .await;
+    let mut disconnects = client.bus().disconnects();
+    proxy.cut();
+    tokio::time::timeout(Duration::from_secs(10), disconnects.changed())
+        .await
+        .expect("the client notices the cut")
+        .expect("the connection lives on");
+    gate.add_permits(1);
+    let observer = cluster.client().await;
+    let subject = skein_common::subjects::events("acme", &task.task_id);
+    eventually(
+        "the final event in the stream",
+        Duration::from_secs(20),
+        || {
+            let (observer, subject) = (observer.clone(), subject.clone());
+            async move {
+                let (_, last) = observer.bus().last_event(&subject).await.ok()??;
+                matches!(last.event, EventKind::Final { .. }).then_some(())
+            }
+        },
+    )
+    .await;
+    proxy.restore();
+    let result = running
+        .await
+        .expect("the client task ends")
+        .expect("the answer arrives after the gap");
+    assert_eq!(result.answer.as_deref(), Some("published in the gap"));
 }

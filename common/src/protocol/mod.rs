@@ -413,6 +413,17 @@ pub enum EventKind {
     },
 }
 
+/// A lead's answer to a lookup on `skein.result.{tenant}.{session}.{task_id}`: the task's stored
+/// final result, none while the task has not ended, or why the store could not be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StoredFinal {
+    pub v: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<FinalResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
 /// The end of a turn, also stored for later lookup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FinalResult {
@@ -611,6 +622,7 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("worker-announcement.json", schema::<WorkerAnnouncement>()),
         ("approval-decision.json", schema::<ApprovalDecision>()),
         ("approval-request.json", schema::<ApprovalRequest>()),
+        ("stored-final.json", schema::<StoredFinal>()),
     ]
 }
 

@@ -3,11 +3,12 @@
 //! lead's loop, or one subagent's loop).
 //!
 //! Publishing an event is best effort for the turn: a failed publish is logged, never fails the
-//! turn (the final result is also stored in Redis, where a client can always find it). Events are
-//! sent in order without waiting for the stream to confirm each one: a sink keeps the
-//! confirmation of its latest event only (earlier ones are left to the client's background
-//! acker, which frees their in-flight permits as they arrive), and [`BusEvents::flush`] awaits it
-//! (the lead flushes after the final event, before it settles the task).
+//! turn. Events are sent in order without waiting for the stream to confirm each one: a sink
+//! keeps the confirmation of its latest event only (earlier ones are left to the client's
+//! background acker, which frees their in-flight permits as they arrive), and
+//! [`BusEvents::flush`] awaits it. The final event is the exception: [`BusEvents::announce`]
+//! reports whether the stream stored it, and the lead settles a task only once it has (the final
+//! result is also stored in Redis, where any lead answers a client's lookup).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use futures::future::BoxFuture;
 
 use crate::agent::hooks::Listeners;
 use crate::agent::seams::EventSink;
-use crate::bus::{Bus, PendingAck};
+use crate::bus::{Bus, BusError, PendingAck};
 use crate::protocol::{now_ms, EventKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION};
 
 /// Emits the events of one agent loop.
@@ -60,15 +61,7 @@ impl BusEvents {
     }
 
     pub async fn emit(&self, event: EventKind) {
-        self.listeners.notify(&self.origin, &self.source, &event);
-        let event = TurnEvent {
-            v: PROTOCOL_VERSION,
-            task_id: self.origin.task_id.clone(),
-            source: self.source.to_string(),
-            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
-            at_ms: now_ms(),
-            event,
-        };
+        let event = self.next_event(event);
         match self.bus.publish_event(&self.origin.tenant, &event).await {
             Ok(ack) => {
                 if let Ok(mut latest) = self.latest.lock() {
@@ -79,6 +72,27 @@ impl BusEvents {
             Err(e) => {
                 tracing::warn!(task_id = %event.task_id, error = %e, "turn event not published")
             }
+        }
+    }
+
+    /// Publishes an event and waits until the stream has stored it (and so every event before
+    /// it on this connection was handled too).
+    pub async fn announce(&self, event: EventKind) -> Result<(), BusError> {
+        let event = self.next_event(event);
+        let ack = self.bus.publish_event(&self.origin.tenant, &event).await?;
+        ack.confirmed().await.map(|_| ())
+    }
+
+    /// Tells the listeners and numbers the event.
+    fn next_event(&self, event: EventKind) -> TurnEvent {
+        self.listeners.notify(&self.origin, &self.source, &event);
+        TurnEvent {
+            v: PROTOCOL_VERSION,
+            task_id: self.origin.task_id.clone(),
+            source: self.source.to_string(),
+            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            at_ms: now_ms(),
+            event,
         }
     }
 

@@ -35,10 +35,15 @@ impl Default for TestCluster {
 impl TestCluster {
     /// Starts fresh servers.
     pub fn start() -> Self {
+        Self::with_nats(NatsServer::start())
+    }
+
+    /// Starts with this NATS server (one started with a configuration, say) and a fresh Redis.
+    pub fn with_nats(nats: NatsServer) -> Self {
         let dir = std::env::temp_dir().join(unique("skein-test"));
         std::fs::create_dir_all(&dir).expect("test dir can be created");
         Self {
-            nats: NatsServer::start(),
+            nats,
             redis: RedisServer::start(),
             dir,
             shutdown: CancellationToken::new(),

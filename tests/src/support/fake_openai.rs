@@ -54,6 +54,10 @@ struct State {
     requests: Vec<Value>,
     auth_headers: Vec<Option<String>>,
     next_id: u64,
+    /// While set, each request waits for a permit before it is answered.
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Requests received, answered or still held.
+    arrived: usize,
 }
 
 impl State {
@@ -115,6 +119,19 @@ impl FakeOpenAi {
     /// Appends a reply to the script.
     pub fn push(&self, reply: FakeReply) {
         self.lock().script.push_back(reply);
+    }
+
+    /// From now on each request waits, before it is answered, for a permit the test adds to the
+    /// returned semaphore (`add_permits(1)` lets one request through).
+    pub fn hold(&self) -> Arc<tokio::sync::Semaphore> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        self.lock().gate = Some(Arc::clone(&gate));
+        gate
+    }
+
+    /// How many requests have arrived, answered or held.
+    pub fn arrived(&self) -> usize {
+        self.lock().arrived
     }
 
     /// How many scripted replies are still unused.
@@ -203,6 +220,16 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<(
     let Some(request) = read_request(&mut reader).await? else {
         return Ok(());
     };
+    let gate = {
+        let mut state = lock(&state);
+        state.arrived += 1;
+        state.gate.clone()
+    };
+    if let Some(gate) = gate {
+        if let Ok(permit) = gate.acquire().await {
+            permit.forget();
+        }
+    }
     let answer = answer(&request, &state);
     let mut stream = reader.into_inner();
     match answer {

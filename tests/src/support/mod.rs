@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod fake_openai;
 pub mod node;
 pub mod otlp;
+pub mod proxy;
 pub mod servers;
 pub mod slow_http;
 pub mod test_tools;

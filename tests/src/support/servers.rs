@@ -80,6 +80,32 @@ impl NatsServer {
         }
     }
 
+    /// Starts a fresh JetStream-enabled server from a configuration file holding `config` (for
+    /// users and their permissions, say) besides the port and store this function sets.
+    ///
+    /// # Panics
+    /// When `nats-server` is not installed or does not become ready in time.
+    pub fn start_with_config(config: &str) -> Self {
+        let program = find_binary("nats-server")
+            .unwrap_or_else(|| panic!("nats-server not found: apt-get install nats-server"));
+        let port = free_port();
+        let dir = make_temp_dir("nats");
+        let store = dir.join("jetstream");
+        let file = dir.join("nats.conf");
+        let text = format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?} }}\n{config}\n",
+            store.display().to_string()
+        );
+        std::fs::write(&file, text).expect("nats configuration written");
+        let args: Vec<OsString> = vec!["-c".into(), file.into_os_string()];
+        let mut owned = OwnedServer::new(ServerKind::Nats, program, args, port, dir);
+        owned.launch();
+        Self {
+            url: format!("nats://127.0.0.1:{port}"),
+            owned: Some(owned),
+        }
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit; the port and data stay reserved for
     /// [`restart`](Self::restart). Does nothing if it is already stopped.
     ///

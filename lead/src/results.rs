@@ -1,0 +1,92 @@
+//! Result lookups: any lead answers `skein.result.{tenant}.{session}.{task_id}` (a core NATS
+//! request, one queue group for all leads) with the task's stored final result, so a client that
+//! missed the final event — its publish failed, the client's connection dropped, or the event
+//! stream no longer holds it — still gets the answer.
+
+use async_nats::Message;
+use futures::StreamExt;
+use skein_common::bus::{Bus, BusError};
+use skein_common::protocol::{validate_token, Failure, FailureKind, StoredFinal, PROTOCOL_VERSION};
+use skein_common::store::SessionStore;
+use skein_common::subjects;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Lookups answered at once by one lead (each is one Redis read).
+const LOOKUP_CONCURRENCY: usize = 16;
+
+/// Starts answering lookups until `stop`.
+pub async fn serve_lookups(
+    bus: &Bus,
+    store: SessionStore,
+    tracker: &TaskTracker,
+    stop: CancellationToken,
+) -> Result<(), BusError> {
+    let requests = bus
+        .client()
+        .queue_subscribe(subjects::RESULT_ALL, subjects::RESULT_QUEUE.into())
+        .await
+        .map_err(|e| BusError::Consumer {
+            consumer: subjects::RESULT_ALL.into(),
+            message: e.to_string(),
+        })?;
+    let bus = bus.clone();
+    tracker.spawn(async move {
+        requests
+            .take_until(stop.cancelled_owned())
+            .for_each_concurrent(LOOKUP_CONCURRENCY, |request| answer(&bus, &store, request))
+            .await;
+    });
+    Ok(())
+}
+
+async fn answer(bus: &Bus, store: &SessionStore, request: Message) {
+    let Some(reply) = request.reply.clone() else {
+        return;
+    };
+    let stored = match look_up(store, &request.subject).await {
+        Ok(result) => StoredFinal {
+            v: PROTOCOL_VERSION,
+            result,
+            failure: None,
+        },
+        Err(failure) => StoredFinal {
+            v: PROTOCOL_VERSION,
+            result: None,
+            failure: Some(failure),
+        },
+    };
+    let payload = match bus.encode(&stored) {
+        Ok(payload) => payload,
+        Err(e) => {
+            tracing::warn!(error = %e, "result lookup answer not encoded");
+            return;
+        }
+    };
+    if let Err(e) = bus.client().publish(reply, payload).await {
+        tracing::warn!(error = %e, "result lookup not answered");
+    }
+}
+
+async fn look_up(
+    store: &SessionStore,
+    subject: &str,
+) -> Result<Option<skein_common::protocol::FinalResult>, Failure> {
+    let (tenant, session, task_id) = subjects::parse_result(subject).ok_or_else(|| {
+        Failure::new(
+            FailureKind::InvalidInput,
+            "a lookup subject is skein.result.<tenant>.<session>.<task_id>",
+        )
+    })?;
+    for (name, token) in [
+        ("tenant", tenant),
+        ("session", session),
+        ("task_id", task_id),
+    ] {
+        validate_token(name, token)?;
+    }
+    store
+        .final_result(tenant, session, task_id)
+        .await
+        .map_err(|e| e.to_failure())
+}
