@@ -60,3 +60,58 @@ async fn the_first_result_wins_and_a_sessions_results_expire_after_its_last_call
         "results expire about 7 days after the last call, not never: ttl {ttl}"
     );
 }
+
+/// Attempt counting around the first delivery of a first dispatch, which runs uncounted: a later
+/// delivery after it left no trace (its worker crashed) learns that nothing was counted before;
+/// after it was handed back (noted, not uncounted), the later delivery is the first attempt.
+#[tokio::test]
+async fn a_handed_back_uncounted_first_delivery_is_no_attempt() {
+    use skein_common::store::CallAdmission;
+    let redis = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig {
+        url: redis.url.clone(),
+    })
+    .await
+    .expect("redis reachable");
+    let session = unique("s");
+
+    // Crashed first delivery: nothing in the store; the redelivery is the first count.
+    let admitted = store.admit_call("acme", &session, "t:0:crashed").await;
+    assert!(
+        matches!(
+            admitted,
+            Ok(CallAdmission::Attempt {
+                count: 1,
+                first_count: true
+            })
+        ),
+        "{admitted:?}"
+    );
+
+    // Handed-back first delivery: noted; the redelivery is counted 1, not the first count.
+    store
+        .note_uncounted_hand_back("acme", &session, "t:0:handed")
+        .await
+        .expect("noted");
+    let admitted = store.admit_call("acme", &session, "t:0:handed").await;
+    assert!(
+        matches!(
+            admitted,
+            Ok(CallAdmission::Attempt {
+                count: 1,
+                first_count: false
+            })
+        ),
+        "{admitted:?}"
+    );
+    // A note never takes back a count that exists.
+    store
+        .note_uncounted_hand_back("acme", &session, "t:0:handed")
+        .await
+        .expect("noted");
+    let admitted = store.admit_call("acme", &session, "t:0:handed").await;
+    assert!(
+        matches!(admitted, Ok(CallAdmission::Attempt { count: 2, .. })),
+        "{admitted:?}"
+    );
+}

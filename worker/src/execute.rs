@@ -115,7 +115,7 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
             "gen_ai.operation.name" = "execute_tool",
             "gen_ai.tool.name" = %task.tool,
             "gen_ai.tool.call.id" = %task.call_id,
-            "skein.attempt" = attempt,
+            "skein.attempt" = attempt.number,
             "otel.status_code" = tracing::field::Empty,
             "error.type" = tracing::field::Empty,
         );
@@ -291,10 +291,18 @@ async fn subagent_task(
     conclude(&ctx, &message, scope, work, call, started, attempt).await;
 }
 
+/// Which attempt a delivery is.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    number: u64,
+    /// Whether the store counted it (the first delivery of a first dispatch is not).
+    counted: bool,
+}
+
 /// A task cleared to run: its attempt number, and the token that stops it (shutdown or a cancel
 /// request), registered for cancel requests while it runs.
 struct Admitted {
-    attempt: u64,
+    attempt: Attempt,
     stop: CancellationToken,
     _registration: skein_common::cancel::Registration,
 }
@@ -310,7 +318,8 @@ async fn admit(
 ) -> Option<Admitted> {
     let origin = call.origin;
     let first = first_delivery(message);
-    let attempt = if call.first_dispatch && first {
+    let counted = !(call.first_dispatch && first);
+    let attempt = if !counted {
         // The first delivery of a first dispatch: no earlier delivery can have recorded a result
         // or counted an attempt, so the store is not asked (this attempt is counted by
         // redeliveries, below).
@@ -351,7 +360,10 @@ async fn admit(
         .cancels
         .register(&origin.tenant, &origin.task_id, stop.clone());
     Some(Admitted {
-        attempt,
+        attempt: Attempt {
+            number: attempt,
+            counted,
+        },
         stop,
         _registration: registration,
     })
@@ -377,16 +389,25 @@ async fn admit_counted(
             settle(message, AckKind::Ack).await;
             None
         }
-        Ok(CallAdmission::Attempt(n)) => {
-            let uncounted_first = call.first_dispatch && !replayed(message);
-            Some(n.saturating_add(u64::from(uncounted_first)))
-        }
+        Ok(CallAdmission::Attempt { count, first_count }) => Some(attempt_number(
+            count,
+            call.first_dispatch && !replayed(message),
+            first_count,
+        )),
         Err(e) => {
             tracing::warn!(error = %e, "cannot admit the call; handing the task back");
             settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
             None
         }
     }
+}
+
+/// The number of an attempt whose delivery the store counted as the `count`th. A first dispatch's
+/// first delivery ran uncounted: when nothing was counted for the call before, it left no trace
+/// (its worker crashed), so it was an attempt and counts one more; had it been handed back, it
+/// would have noted that (`note_uncounted_hand_back`), and it is no attempt.
+fn attempt_number(count: u64, first_dispatch: bool, first_count: bool) -> u64 {
+    count.saturating_add(u64::from(first_dispatch && first_count))
 }
 
 /// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends
@@ -466,8 +487,12 @@ async fn conclude(
     work: Work,
     call: CallRef<'_>,
     started: Instant,
-    attempt: u64,
+    attempt: Attempt,
 ) {
+    let Attempt {
+        number: attempt,
+        counted,
+    } = attempt;
     if let Err(e) = scope.close().await {
         tracing::warn!(error = %e, "task scope closed with errors");
     }
@@ -493,12 +518,14 @@ async fn conclude(
         }
         Work::HandBack => {
             // Shutdown or Redis trouble is not the task's fault: the attempt does not count.
-            let origin = call.origin;
-            if let Err(e) = ctx
-                .store
-                .uncount_attempt(&origin.tenant, &origin.session, call.call_key)
-                .await
-            {
+            let (origin, store) = (call.origin, &ctx.store);
+            let (tenant, session, key) = (&origin.tenant, &origin.session, call.call_key);
+            let taken_back = if counted {
+                store.uncount_attempt(tenant, session, key).await
+            } else {
+                store.note_uncounted_hand_back(tenant, session, key).await
+            };
+            if let Err(e) = taken_back {
                 tracing::warn!(error = %e, "attempt not taken back");
             }
             settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await
@@ -701,5 +728,22 @@ async fn reject(ctx: &WorkerContext, message: &jetstream::Message, reason: &str)
     tracing::error!(subject = %message.subject, reason, "undecodable task dead-lettered");
     if dead_letter(ctx, message, &format!("undecodable: {reason}"), 1).await {
         settle(message, AckKind::Term).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attempt_number;
+
+    #[test]
+    fn an_uncounted_first_delivery_counts_only_when_it_left_no_trace() {
+        // Its worker crashed: the redelivery, counted first, is the second attempt.
+        assert_eq!(attempt_number(1, true, true), 2);
+        // It was handed back (noted): the redelivery is the first attempt.
+        assert_eq!(attempt_number(1, true, false), 1);
+        // Not a first dispatch (or a replay): the count is the attempt.
+        assert_eq!(attempt_number(1, false, true), 1);
+        assert_eq!(attempt_number(3, false, false), 3);
+        assert_eq!(attempt_number(u64::MAX, true, true), u64::MAX);
     }
 }

@@ -83,8 +83,9 @@ pub struct SessionState {
 pub enum CallAdmission {
     /// An earlier delivery finished it: this is its result.
     Recorded(ToolResult),
-    /// Run it: this is attempt number n.
-    Attempt(u64),
+    /// Run it: `count` attempts are counted now, this one included; `first_count` when nothing
+    /// was counted for the call before (not even a hand-back of an uncounted first delivery).
+    Attempt { count: u64, first_count: bool },
 }
 
 /// How a lead's attempt to start a turn came out ([`SessionStore::begin_turn`]).
@@ -157,13 +158,15 @@ return 1
 "#;
 
 /// Admits a call on a worker in one trip: its recorded result if there is one, else counts the
-/// attempt. KEYS[1] results, KEYS[2] attempts; ARGV call key, attempts ttl seconds.
+/// attempt. KEYS[1] results, KEYS[2] attempts; ARGV call key, attempts ttl seconds. Returns
+/// {0, result}; {1, n} (n counted, the first count of the call); {2, n} (counted before).
 const ADMIT_SCRIPT: &str = r#"
 local recorded = redis.call('HGET', KEYS[1], ARGV[1])
 if recorded then return {0, recorded} end
+local existed = redis.call('HEXISTS', KEYS[2], ARGV[1])
 local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-return {1, tostring(n)}
+return {1 + existed, tostring(n)}
 "#;
 
 /// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
@@ -494,8 +497,33 @@ impl SessionStore {
                 serde_json::from_str(&value).map_err(StoreError::Corrupt)?,
             ))
         } else {
-            Ok(CallAdmission::Attempt(value.parse().unwrap_or(u64::MAX)))
+            Ok(CallAdmission::Attempt {
+                count: value.parse().unwrap_or(u64::MAX),
+                first_count: recorded == 1,
+            })
         }
+    }
+
+    /// Notes that a call's first delivery, which runs without being counted, was handed back: it
+    /// was no attempt, so later deliveries must not count it as one (which they do for a first
+    /// delivery that left no trace: its worker crashed).
+    pub async fn note_uncounted_hand_back(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let key = keys::attempts(tenant, session);
+        let () = redis::pipe()
+            .atomic()
+            .hset_nx(&key, call_key, 0)
+            .ignore()
+            .expire(&key, ATTEMPTS_TTL_SECS as i64)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
     }
 
     /// Takes back an attempt that did not really happen (work handed back on shutdown).
