@@ -465,6 +465,13 @@ impl Bus {
     }
 
     /// Binds (creating if needed) a durable pull consumer and returns its intake.
+    ///
+    /// A consumer that exists already keeps the settings of the process that created it unless
+    /// they are reconciled here: its `ack_wait` only grows (a process with a longer one updates
+    /// it; one with a shorter one keeps the longer, since its own progress acks come often enough
+    /// for either, and says so), and `max_deliver` and `max_ack_pending` are set to this
+    /// process's. Every process sends progress acks at a third of its own `ack_wait`, so none
+    /// can fall behind the consumer's deadline.
     pub async fn intake(&self, settings: &ConsumerSettings) -> Result<Intake, BusError> {
         let consumer_error = |message: String| BusError::Consumer {
             consumer: settings.durable.clone(),
@@ -475,21 +482,50 @@ impl Bus {
             .get_stream(settings.stream)
             .await
             .map_err(|e| consumer_error(e.to_string()))?;
-        let consumer = stream
-            .get_or_create_consumer(
-                &settings.durable,
-                consumer::pull::Config {
-                    durable_name: Some(settings.durable.clone()),
-                    filter_subject: settings.filter.clone(),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: settings.ack_wait,
-                    max_deliver: settings.max_deliver,
-                    max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
-                    ..Default::default()
-                },
-            )
+        let wanted = consumer::pull::Config {
+            durable_name: Some(settings.durable.clone()),
+            filter_subject: settings.filter.clone(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: settings.max_deliver,
+            max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut consumer = stream
+            .get_or_create_consumer(&settings.durable, wanted.clone())
             .await
             .map_err(|e| consumer_error(e.to_string()))?;
+        let existing = consumer
+            .info()
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?
+            .config
+            .clone();
+        if let Some(reconciled) = reconcile(&existing, &wanted) {
+            tracing::warn!(
+                consumer = %settings.durable,
+                ack_wait = ?(existing.ack_wait, reconciled.ack_wait),
+                max_deliver = ?(existing.max_deliver, reconciled.max_deliver),
+                max_ack_pending = ?(existing.max_ack_pending, reconciled.max_ack_pending),
+                "consumer settings differ from this process's; updating them"
+            );
+            stream
+                .create_consumer(reconciled)
+                .await
+                .map_err(|e| consumer_error(format!("cannot update its settings: {e}")))?;
+            consumer = stream
+                .get_consumer(&settings.durable)
+                .await
+                .map_err(|e| consumer_error(e.to_string()))?;
+        }
+        if existing.ack_wait > settings.ack_wait {
+            tracing::warn!(
+                consumer = %settings.durable,
+                consumer_ack_wait = ?existing.ack_wait,
+                ack_wait = ?settings.ack_wait,
+                "the consumer keeps its longer ack wait: work of a crashed process is redelivered after it"
+            );
+        }
         Ok(Intake { consumer })
     }
 
@@ -592,6 +628,34 @@ impl Bus {
             .map_err(|e| consumer_error(e.to_string()))
     }
 }
+
+/// The settings an existing consumer must change to, if any: `ack_wait` grows to the wanted
+/// one (never shrinks), `max_deliver` and `max_ack_pending` become the wanted ones; the rest of
+/// its configuration is kept.
+pub fn reconcile(
+    existing: &consumer::Config,
+    wanted: &consumer::pull::Config,
+) -> Option<consumer::Config> {
+    // The server reports its default (1,000 on 2.9) for a consumer created without a limit.
+    let same_pending = existing.max_ack_pending == wanted.max_ack_pending
+        || (wanted.max_ack_pending == 0 && existing.max_ack_pending == DEFAULT_MAX_ACK_PENDING);
+    if existing.ack_wait >= wanted.ack_wait
+        && existing.max_deliver == wanted.max_deliver
+        && same_pending
+    {
+        return None;
+    }
+    let mut reconciled = existing.clone();
+    reconciled.ack_wait = existing.ack_wait.max(wanted.ack_wait);
+    reconciled.max_deliver = wanted.max_deliver;
+    if !same_pending {
+        reconciled.max_ack_pending = wanted.max_ack_pending;
+    }
+    Some(reconciled)
+}
+
+/// The server's `max_ack_pending` for a consumer created without one.
+const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 
 /// How a stream took a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -134,3 +134,61 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
         .expect("intake task");
     assert!(starts.try_recv().is_err(), "no message ran twice");
 }
+
+/// Processes with different settings bind the same durable consumer: its ack wait only grows (a
+/// shorter one would let the broker redeliver work a process with the longer one still holds),
+/// and the outstanding-delivery limit follows the newest process, on nats-server 2.9.
+#[tokio::test]
+async fn a_consumer_created_with_other_settings_is_reconciled() {
+    let nats = NatsServer::start();
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    bus.ensure_streams().await.expect("streams");
+    let pool = unique("pool");
+    let settings = |ack_wait: u64, max_ack_pending: Option<i64>| ConsumerSettings {
+        stream: subjects::WORK_STREAM,
+        durable: subjects::tool_consumer(&pool),
+        filter: subjects::tool_filter(&pool),
+        ack_wait: Duration::from_secs(ack_wait),
+        max_deliver: -1,
+        max_ack_pending,
+    };
+    let config = |bus: &Bus| {
+        let bus = bus.clone();
+        let durable = subjects::tool_consumer(&pool);
+        async move {
+            let stream = async_nats::jetstream::new(bus.client().clone())
+                .get_stream(subjects::WORK_STREAM)
+                .await
+                .expect("stream");
+            stream
+                .consumer_info(&durable)
+                .await
+                .expect("consumer info")
+                .config
+        }
+    };
+
+    bus.intake(&settings(2, None)).await.expect("created");
+    let created = config(&bus).await;
+    assert_eq!(created.ack_wait, Duration::from_secs(2));
+    assert_eq!(created.max_ack_pending, 1000);
+
+    bus.intake(&settings(6, Some(-1))).await.expect("updated");
+    let updated = config(&bus).await;
+    assert_eq!(updated.ack_wait, Duration::from_secs(6));
+    assert_eq!(updated.max_ack_pending, -1);
+
+    bus.intake(&settings(1, Some(-1))).await.expect("bound");
+    let kept = config(&bus).await;
+    assert_eq!(
+        kept.ack_wait,
+        Duration::from_secs(6),
+        "the ack wait never shrinks"
+    );
+}
