@@ -187,6 +187,9 @@ impl ProcessConfig {
         if self.max_attempts < 1 {
             return Err("max attempts must be at least 1".into());
         }
+        if self.tool_timeout < Duration::from_millis(1) {
+            return Err("tool timeout must be more than 0".into());
+        }
         if self.max_payload < 1024 {
             return Err("max payload must be at least 1024 bytes".into());
         }

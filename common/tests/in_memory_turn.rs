@@ -587,3 +587,60 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
         "{last}"
     );
 }
+
+/// A tool directory that cannot be read (the registry is away).
+struct UnreadableDirectory;
+
+impl skein_common::agent::seams::ToolDirectory for UnreadableDirectory {
+    fn current(
+        &self,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<Arc<skein_common::agent::tools::ToolCatalog>, skein_common::protocol::Failure>,
+    > {
+        Box::pin(async {
+            Err(skein_common::protocol::Failure::new(
+                skein_common::protocol::FailureKind::Unavailable,
+                "registry unreachable",
+            ))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_turn_whose_tool_catalog_cannot_be_read_stops_instead_of_running_without_tools() {
+    let mut fx = fixture();
+    let model = ScriptedModel::from_json(SCENARIO).expect("valid scenario");
+    fx.runtime = Arc::new(Runtime::new(
+        BoxCloneSyncService::new(ProviderService::new(model).map_err(Into::into)),
+        BoxCloneSyncService::new(fx.tools.clone().map_err(Into::into)),
+        Arc::new(UnreadableDirectory),
+        SkillCatalog::default(),
+        Middleware::new(),
+        RuntimeSettings::default(),
+    ));
+    let lead = agent("lead", vec![], PermissionPolicy::default());
+    let checkpoints = MemoryCheckpoints::default();
+    let (output, events) = run(
+        &fx,
+        Run {
+            agent: &lead,
+            task: "t-catalog",
+            resume: None,
+            checkpoints: &checkpoints,
+            approvals: None,
+        },
+    )
+    .await;
+    match output {
+        Err(TurnStop::Interrupted(failure)) => {
+            assert!(
+                failure.message.contains("registry unreachable"),
+                "{failure:?}"
+            )
+        }
+        other => panic!("the turn must stop to run again, not end: {other:?}"),
+    }
+    assert!(fx.tools.runs().is_empty(), "no call ran");
+    assert!(!events.iter().any(|e| matches!(e, EventKind::Final { .. })));
+}

@@ -48,6 +48,9 @@ impl Config {
         if self.lease_ttl < Duration::from_secs(1) {
             return Err("lease ttl must be at least 1s".into());
         }
+        if self.subagent_timeout < Duration::from_secs(1) {
+            return Err("subagent timeout must be at least 1s".into());
+        }
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 //!   [`LeadBuilder`] adds an embedder's middleware and listeners.
 //! - [`approvals`]: turns that wait for a person — suspending, parking without a slot, recording
 //!   answers and waking the turn.
+//! - [`lease`]: keeping a session lease while a turn runs (lost, or presumed lost).
 //! - [`results`]: answers clients' lookups of stored final results.
 //! - [`cli`]: the `skein` command (submit, workers, cancel, approvals, approve, deny, dlq, trace,
 //!   dev, lead, worker).
@@ -14,6 +15,7 @@
 pub mod approvals;
 pub mod cli;
 pub mod config;
+pub mod lease;
 pub mod results;
 pub mod server;
 

@@ -836,26 +836,11 @@ impl Lead {
         announced(events.announce(EventKind::Final { result }).await)
     }
 
-    /// Renews the lease until it is lost; returns why it was lost (never returns while held).
+    /// Renews the lease until it is lost or presumed lost; returns why (never while held).
     async fn keep_lease(&self, tenant: &str, session: &str, token: &str) -> Failure {
-        let every = self.cfg.lease_ttl / 3;
-        loop {
-            tokio::time::sleep(every).await;
-            match self
-                .store
-                .renew_lease(tenant, session, token, self.cfg.lease_ttl)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Failure::new(
-                        FailureKind::Unavailable,
-                        "session lease lost to another lead",
-                    )
-                }
-                Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
-            }
-        }
+        let ttl = self.cfg.lease_ttl;
+        crate::lease::keep_renewed(ttl, || self.store.renew_lease(tenant, session, token, ttl))
+            .await
     }
 
     /// Stores and publishes the final result of a task that ended without running a turn.

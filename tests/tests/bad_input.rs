@@ -320,3 +320,88 @@ async fn unreachable_nats_or_redis_stop_start_up_with_a_clear_error() {
     .expect_err("cannot run without Redis");
     assert!(err.to_string().contains("redis"), "{err}");
 }
+
+/// A plain NATS client forges subagent tasks: one nested deeper than workers allow, one whose
+/// agent spec would loop 10,000 times. The worker trusts neither: each is refused with the rule
+/// named in the reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_subagent_tasks_are_checked_by_the_worker() {
+    use futures::StreamExt;
+    use skein_common::protocol::{
+        AgentSpec, SubagentTask, TaskOrigin, ToolResult, PROTOCOL_VERSION,
+    };
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let task = |n: u32, depth: u32, max_iterations: u32| {
+        let session = unique("s");
+        SubagentTask {
+            v: PROTOCOL_VERSION,
+            origin: TaskOrigin {
+                task_id: unique("t"),
+                tenant: "acme".into(),
+                user: "u".into(),
+                session: session.clone(),
+                workspace: session.clone(),
+                deadline_ms: None,
+            },
+            call_id: format!("c{n}"),
+            call_key: format!("forged:{n}"),
+            child_session: format!("{session}-child"),
+            agent: AgentSpec {
+                name: "researcher".into(),
+                description: String::new(),
+                system_prompt: "forged".into(),
+                model: String::new(),
+                tools: vec![],
+                subagents: vec![],
+                max_iterations,
+                permissions: Default::default(),
+                skills: None,
+            },
+            input: "hello".into(),
+            reply_to: format!("skein.reply.forger.{n}"),
+            timeout_ms: 7 * 24 * 3600 * 1000,
+            depth,
+            first_dispatch: true,
+            skills: vec![],
+        }
+    };
+    let mut replies = client
+        .subscribe("skein.reply.forger.>")
+        .await
+        .expect("subscribe");
+    for (n, depth, iterations) in [(1, 99, 4), (2, 1, 10_000)] {
+        jetstream
+            .publish(
+                "skein.agent.default.researcher",
+                serde_json::to_vec(&task(n, depth, iterations))
+                    .expect("encodes")
+                    .into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    let mut failures = std::collections::BTreeMap::new();
+    while failures.len() < 2 {
+        let reply = tokio::time::timeout(Duration::from_secs(20), replies.next())
+            .await
+            .expect("a reply for each forged task")
+            .expect("subscription open");
+        let result: ToolResult = serde_json::from_slice(&reply.payload).expect("a tool result");
+        failures.insert(result.call_id.clone(), result.outcome.observation());
+    }
+    assert!(
+        failures["c1"].contains("depth must be 1..=2"),
+        "{failures:?}"
+    );
+    assert!(
+        failures["c2"].contains("max_iterations must be 1..="),
+        "{failures:?}"
+    );
+}

@@ -51,10 +51,16 @@ pub struct Config {
     /// Largest body `http_fetch` returns.
     #[arg(long, env = ENV_HTTP_MAX_BYTES, default_value_t = 256 * 1024)]
     pub http_max_bytes: usize,
+    /// Longest a subagent task may run here, whatever its task asks for.
+    #[arg(long, env = ENV_SUBAGENT_TIMEOUT, default_value = "300s", value_parser = humantime::parse_duration)]
+    pub subagent_timeout: Duration,
     /// How often the worker announces itself.
     #[arg(long, env = ENV_HEARTBEAT, default_value = "2s", value_parser = humantime::parse_duration)]
     pub heartbeat: Duration,
 }
+
+/// Shortest announcement interval (the registry's liveness window is a few of them).
+const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
 
 impl Config {
     /// Checks values clap cannot.
@@ -78,6 +84,12 @@ impl Config {
         if self.tools().next().is_none() && !self.subagents {
             return Err("a worker must provide at least one tool or run subagents".into());
         }
+        if self.heartbeat < MIN_HEARTBEAT {
+            return Err(format!("heartbeat must be at least {MIN_HEARTBEAT:?}"));
+        }
+        if self.subagent_timeout < Duration::from_secs(1) {
+            return Err("subagent timeout must be at least 1s".into());
+        }
         Ok(())
     }
 
@@ -99,5 +111,31 @@ impl Config {
         self.scratch_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("skein").join("scratch"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Config;
+
+    fn validated(flags: &[&str]) -> Result<(), String> {
+        let mut args = vec!["skein-worker"];
+        args.extend_from_slice(flags);
+        Config::try_parse_from(args)
+            .map_err(|e| e.to_string())?
+            .validate()
+    }
+
+    #[test]
+    fn zero_intervals_are_refused_with_the_setting_named() {
+        assert!(validated(&[]).is_ok());
+        let heartbeat = validated(&["--heartbeat", "0s"]).expect_err("refused");
+        assert!(heartbeat.contains("heartbeat"), "{heartbeat}");
+        let timeout = validated(&["--subagent-timeout", "0s"]).expect_err("refused");
+        assert!(timeout.contains("subagent timeout"), "{timeout}");
+        let tool = validated(&["--tool-timeout", "0s"]).expect_err("refused");
+        assert!(tool.contains("tool timeout"), "{tool}");
     }
 }

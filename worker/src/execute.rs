@@ -58,6 +58,10 @@ pub(crate) struct WorkerContext {
     pub instance: String,
     pub scratch_dir: PathBuf,
     pub max_tool_timeout: Duration,
+    /// Cap on a subagent task's own timeout.
+    pub max_subagent_timeout: Duration,
+    /// Deepest nesting of subagent loops this worker runs.
+    pub max_depth: u32,
     pub progress_every: Duration,
     pub max_attempts: u64,
     pub cancels: skein_common::cancel::CancelRegistry,
@@ -167,7 +171,8 @@ async fn subagent_task(
         first_dispatch: task.first_dispatch,
     };
     let checked = check_task(&call, task.v)
-        .and_then(|()| validate_token("child_session", &task.child_session));
+        .and_then(|()| validate_token("child_session", &task.child_session))
+        .and_then(|()| check_nesting(&task, ctx.max_depth));
     if let Err(failure) = checked {
         return refuse(&ctx, &message, call, failure).await;
     }
@@ -202,7 +207,7 @@ async fn subagent_task(
         child_origin.clone(),
         format!("subagent:{}", task.call_id),
     ));
-    let timeout = Duration::from_millis(task.timeout_ms);
+    let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_subagent_timeout);
     let run = async {
         let loaded = match ctx
             .store
@@ -647,6 +652,18 @@ fn check_task(call: &CallRef<'_>, version: u32) -> Result<(), Failure> {
         ));
     }
     Ok(())
+}
+
+/// A subagent task is trusted no further than its message: its depth must lie within this
+/// worker's bound, and its agent spec must pass the checks its definition would have.
+fn check_nesting(task: &SubagentTask, max_depth: u32) -> Result<(), Failure> {
+    if task.depth == 0 || task.depth > max_depth {
+        return Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!("subagent depth must be 1..={max_depth}, got {}", task.depth),
+        ));
+    }
+    skein_common::agent::definition::check_spec(&task.agent, max_depth - task.depth)
 }
 
 /// Answers a task that must not run (invalid, or not servable here) without recording anything

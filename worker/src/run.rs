@@ -123,6 +123,7 @@ pub async fn run_custom(
             default_model: cfg.model.model.clone(),
             provider: provider.label().into(),
             tool_timeout: cfg.process.tool_timeout,
+            subagent_timeout: cfg.subagent_timeout,
             ..RuntimeSettings::default()
         };
         Some(skein_common::wiring::assemble(
@@ -166,6 +167,8 @@ pub async fn run_custom(
         instance: instance.clone(),
         scratch_dir: cfg.scratch_dir(),
         max_tool_timeout: cfg.process.tool_timeout,
+        max_subagent_timeout: cfg.subagent_timeout,
+        max_depth: RuntimeSettings::default().max_depth,
         progress_every: cfg.process.progress_every(),
         max_attempts: cfg.process.max_attempts,
         cancels: cancels.clone(),

@@ -37,6 +37,43 @@ pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
 /// Highest iteration limit a definition or override may ask for.
 pub const MAX_ITERATIONS_CAP: u32 = 64;
 
+/// Checks an agent spec that arrived in a message (a subagent task) as its definition would have
+/// been checked when loaded: a valid name, `max_iterations` within 1..=`MAX_ITERATIONS_CAP`, tool
+/// and skill names that are plain names or patterns, and subagents nested no deeper than
+/// `nesting_left` more levels.
+pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
+    let invalid = |message: String| {
+        Failure::new(
+            FailureKind::InvalidInput,
+            format!("agent {:?}: {message}", spec.name),
+        )
+    };
+    validate_token("agent name", &spec.name).map_err(|f| invalid(f.message))?;
+    if spec.max_iterations == 0 || spec.max_iterations > MAX_ITERATIONS_CAP {
+        return Err(invalid(format!(
+            "max_iterations must be 1..={MAX_ITERATIONS_CAP}"
+        )));
+    }
+    let names = spec.tools.iter().chain(spec.skills.iter().flatten());
+    if let Some(bad) = names.into_iter().find(|n| {
+        n.is_empty()
+            || n.len() > 128
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '*' | '.'))
+    }) {
+        return Err(invalid(format!(
+            "{bad:?} is not a tool or skill name (letters, digits, _ - . and * patterns)"
+        )));
+    }
+    if !spec.subagents.is_empty() && nesting_left == 0 {
+        return Err(invalid("its subagents nest deeper than allowed".into()));
+    }
+    spec.subagents
+        .iter()
+        .try_for_each(|child| check_spec(child, nesting_left.saturating_sub(1)))
+}
+
 /// The folder-wide permission rules file at the root of an agents folder.
 pub const PERMISSIONS_FILE: &str = "permissions.toml";
 
