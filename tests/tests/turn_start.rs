@@ -175,3 +175,69 @@ async fn attempts_are_bounded_and_a_checkpoint_comes_back_with_the_lease() {
         .await
         .expect("lease"));
 }
+
+/// A session whose stored version is garbage, or at the top of its range, starts and ends no turn
+/// and panics nowhere: the store answers with an error naming the bad value.
+#[tokio::test]
+async fn a_corrupt_or_exhausted_version_is_an_error_not_a_wrap() {
+    use skein_common::store::{keys, StoreError};
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let client = redis::Client::open(redis.url.as_str()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects");
+
+    let session = unique("s");
+    let () = redis::cmd("HSET")
+        .arg(keys::session("acme", &session))
+        .arg("version")
+        .arg("garbage")
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    let started = store
+        .begin_turn(claim(&session, &unique("t"), "lead-a", 3))
+        .await;
+    assert!(
+        matches!(&started, Err(StoreError::BadNumber { text, .. }) if text == "garbage"),
+        "{started:?}"
+    );
+
+    let session = unique("s");
+    let () = redis::cmd("HSET")
+        .arg(keys::session("acme", &session))
+        .arg("version")
+        .arg(u64::MAX.to_string())
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    let task = unique("t");
+    let Ok(TurnStart::Started {
+        session: loaded, ..
+    }) = store.begin_turn(claim(&session, &task, "lead-a", 3)).await
+    else {
+        panic!("the turn starts");
+    };
+    assert_eq!(loaded.version, u64::MAX);
+    let ended = store
+        .complete_turn(
+            "lead-a",
+            loaded.version,
+            Some(&SessionState::default()),
+            &answer(&session, &task),
+        )
+        .await;
+    assert!(
+        matches!(ended, Err(StoreError::BadNumber { .. })),
+        "{ended:?}"
+    );
+    let saved = store
+        .save("acme", &session, u64::MAX, &SessionState::default())
+        .await;
+    assert!(
+        matches!(saved, Err(StoreError::BadNumber { .. })),
+        "{saved:?}"
+    );
+}

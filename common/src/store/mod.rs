@@ -46,6 +46,8 @@ pub enum StoreError {
     Corrupt(#[source] serde_json::Error),
     #[error("unexpected reply from {0}")]
     UnexpectedReply(&'static str),
+    #[error("stored {what} is not a number in range: {text:?}")]
+    BadNumber { what: &'static str, text: String },
 }
 
 impl StoreError {
@@ -54,11 +56,27 @@ impl StoreError {
             StoreError::Unavailable(_) | StoreError::Conflict { .. } | StoreError::LeaseLost => {
                 Failure::new(FailureKind::Unavailable, self.to_string())
             }
-            StoreError::Corrupt(_) | StoreError::UnexpectedReply(_) => {
-                Failure::new(FailureKind::Internal, self.to_string())
-            }
+            StoreError::Corrupt(_)
+            | StoreError::UnexpectedReply(_)
+            | StoreError::BadNumber { .. } => Failure::new(FailureKind::Internal, self.to_string()),
         }
     }
+}
+
+/// A number the store keeps (a version, an attempt count), or why it is not one.
+fn parse_number(what: &'static str, text: &str) -> Result<u64, StoreError> {
+    text.parse::<u64>().map_err(|_| StoreError::BadNumber {
+        what,
+        text: text.chars().take(64).collect(),
+    })
+}
+
+/// The version after `version`; a version at the top of the range is corrupt, not a wrap.
+fn next_version(version: u64) -> Result<u64, StoreError> {
+    version.checked_add(1).ok_or(StoreError::BadNumber {
+        what: "session version",
+        text: version.to_string(),
+    })
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -246,7 +264,7 @@ impl SessionStore {
     ) -> Result<u64, StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(state).map_err(StoreError::Corrupt)?;
-        let next = expected_version + 1;
+        let next = next_version(expected_version)?;
         let saved: i64 = Script::new(SAVE_SCRIPT)
             .key(keys::session(tenant, session))
             .arg(expected_version)
@@ -308,13 +326,13 @@ impl SessionStore {
             .invoke_async(&mut conn)
             .await?;
         let number =
-            |text: Option<&String>| text.and_then(|t| t.parse::<u64>().ok()).unwrap_or(u64::MAX);
+            |what, text: Option<&String>| parse_number(what, text.map_or("", String::as_str));
         match reply.first().map(String::as_str) {
             Some("finished") => Ok(TurnStart::Finished(decode(
                 reply.get(1).map_or("", String::as_str),
             )?)),
             Some("busy") => Ok(TurnStart::Busy),
-            Some("exhausted") => Ok(TurnStart::Exhausted(number(reply.get(1)))),
+            Some("exhausted") => Ok(TurnStart::Exhausted(number("attempt count", reply.get(1))?)),
             Some("started") if reply.len() == 5 => {
                 let state = match reply[3].as_str() {
                     "" => SessionState::default(),
@@ -325,9 +343,9 @@ impl SessionStore {
                     json => Some(decode(json)?),
                 };
                 Ok(TurnStart::Started {
-                    attempt: number(reply.get(1)),
+                    attempt: number("attempt count", reply.get(1))?,
                     session: LoadedSession {
-                        version: number(reply.get(2)),
+                        version: number("session version", reply.get(2))?,
                         state,
                     },
                     checkpoint,
@@ -423,7 +441,7 @@ impl SessionStore {
             .key(keys::checkpoint(tenant, session, &result.task_id))
             .arg(lease_token)
             .arg(expected_version)
-            .arg(expected_version + 1)
+            .arg(next_version(expected_version)?)
             .arg(state)
             .arg(final_json)
             .arg(FINAL_RESULT_TTL_SECS)
@@ -498,7 +516,7 @@ impl SessionStore {
             ))
         } else {
             Ok(CallAdmission::Attempt {
-                count: value.parse().unwrap_or(u64::MAX),
+                count: parse_number("attempt count", &value)?,
                 first_count: recorded == 1,
             })
         }

@@ -5,8 +5,12 @@
 //! [`ModelError`].
 //!
 //! Timeouts: connecting is bounded by the smaller of the configured timeout and
-//! [`MAX_CONNECT_TIMEOUT`]; a whole (non-streamed) call is bounded by the configured timeout; a
-//! streamed call bounds the wait for the response head and every gap between two events by it.
+//! [`MAX_CONNECT_TIMEOUT`]; a whole call, streamed or not, is bounded by the configured timeout
+//! (a server that trickles tokens cannot hold a turn longer), and so is every gap between two
+//! events of a stream.
+//!
+//! Caps: a response body, whole or streamed, is read up to [`MAX_RESPONSE_BYTES`]; a response
+//! carries at most [`MAX_TOOL_CALLS`] tool calls. Past either the call fails as a bad response.
 //!
 //! Tool-call arguments arrive as JSON encoded in a string. They are decoded here; an empty string
 //! becomes `{}`, and text that is not JSON is kept as a [`Value::String`] so that the caller (not
@@ -27,6 +31,10 @@ use crate::protocol::ToolSpec;
 
 /// Longest wait for a TCP/TLS connection, whatever the call timeout.
 pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest response body read from a model server, whole or streamed.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+/// Most tool calls one response may carry.
+pub const MAX_TOOL_CALLS: usize = 128;
 
 /// Longest error body kept in [`ModelError::Status`].
 const MAX_ERROR_BODY_BYTES: usize = 2048;
@@ -106,7 +114,7 @@ impl ModelClient for OpenAiClient {
         // The request timeout bounds the whole call, reading the body included.
         let response = bounded(timeout, self.post(&body).timeout(timeout).send()).await?;
         let response = error_for_status(response, timeout).await?;
-        let bytes = bounded(timeout, response.bytes()).await?;
+        let bytes = read_capped(response, timeout).await?;
         parse_completion(&bytes)
     }
 
@@ -117,19 +125,26 @@ impl ModelClient for OpenAiClient {
         self.log_call(&request, true);
         let body = request_body(&request, true);
         let timeout = self.timeout;
-        // No request timeout here: it would bound the whole stream. The head and each gap between
-        // events are bounded instead.
+        // The whole call, the stream included, ends by this deadline; each step (the head, every
+        // gap between events) is bounded by the timeout too.
+        let deadline = tokio::time::Instant::now() + timeout;
         let response = bounded(timeout, self.post(&body).send()).await?;
         let response = error_for_status(response, timeout).await?;
         if answers_with_json(&response) {
             // The server ignored `stream: true` and sent a whole answer.
-            let bytes = bounded(timeout, response.bytes()).await?;
+            let bytes = read_capped(response, timeout).await?;
             return Ok(stream_of(parse_completion(&bytes)?));
         }
-        Ok(sse_answer(
-            response.bytes_stream().eventsource().boxed(),
-            timeout,
-        ))
+        let mut read = 0usize;
+        let capped = response.bytes_stream().map(move |chunk| {
+            let chunk = chunk.map_err(BodyError::Transport)?;
+            read = read.saturating_add(chunk.len());
+            if read > MAX_RESPONSE_BYTES {
+                return Err(BodyError::TooLarge);
+            }
+            Ok(chunk)
+        });
+        Ok(sse_answer(capped.eventsource().boxed(), timeout, deadline))
     }
 }
 
@@ -390,24 +405,31 @@ impl StreamAccumulator {
                 text.push_str(&piece);
             }
             for call_delta in delta.tool_calls.unwrap_or_default() {
-                self.absorb_tool_call(call_delta);
+                self.absorb_tool_call(call_delta)?;
             }
         }
         self.content.push_str(&text);
         Ok((!text.is_empty()).then_some(text))
     }
 
-    fn absorb_tool_call(&mut self, delta: ToolCallDelta) {
+    fn absorb_tool_call(&mut self, delta: ToolCallDelta) -> Result<(), ModelError> {
         // Servers that omit `index` start a new call with a new id and continue the last one
         // otherwise.
         let index = delta.index.unwrap_or_else(|| {
             let last = self.tool_calls.iter().next_back();
             match (last, delta.id.as_deref()) {
                 (None, _) => 0,
-                (Some((&last, call)), Some(id)) if !id.is_empty() && id != call.id => last + 1,
+                (Some((&last, call)), Some(id)) if !id.is_empty() && id != call.id => {
+                    last.saturating_add(1)
+                }
                 (Some((&last, _)), _) => last,
             }
         });
+        if !self.tool_calls.contains_key(&index) && self.tool_calls.len() >= MAX_TOOL_CALLS {
+            return Err(ModelError::BadResponse(format!(
+                "the response carries more than {MAX_TOOL_CALLS} tool calls"
+            )));
+        }
         let call = self.tool_calls.entry(index).or_default();
         if let Some(id) = delta.id.filter(|id| !id.is_empty()) {
             call.id = id;
@@ -422,6 +444,7 @@ impl StreamAccumulator {
                 call.arguments.push_str(&piece);
             }
         }
+        Ok(())
     }
 
     fn has_finished(&self) -> bool {
@@ -455,7 +478,23 @@ impl StreamAccumulator {
     }
 }
 
-type SseEvents = BoxStream<'static, Result<Event, EventStreamError<reqwest::Error>>>;
+type SseEvents = BoxStream<'static, Result<Event, EventStreamError<BodyError>>>;
+
+/// Why reading a streamed body stopped.
+#[derive(Debug)]
+enum BodyError {
+    Transport(reqwest::Error),
+    TooLarge,
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Transport(error) => error.fmt(f),
+            BodyError::TooLarge => write!(f, "response body over {MAX_RESPONSE_BYTES} bytes"),
+        }
+    }
+}
 
 /// What the next event of a stream brought.
 enum SseProgress {
@@ -467,18 +506,26 @@ struct SseReader {
     events: SseEvents,
     accumulator: StreamAccumulator,
     idle_timeout: Duration,
+    /// When the whole call must have ended.
+    deadline: tokio::time::Instant,
 }
 
 impl SseReader {
     async fn next_progress(&mut self) -> Result<SseProgress, ModelError> {
         loop {
-            let next = tokio::time::timeout(self.idle_timeout, self.events.next())
+            let until = self
+                .deadline
+                .min(tokio::time::Instant::now() + self.idle_timeout);
+            let next = tokio::time::timeout_at(until, self.events.next())
                 .await
                 .map_err(|_| ModelError::TimedOut(self.idle_timeout))?;
             let event = match next {
                 Some(Ok(event)) => event,
-                Some(Err(EventStreamError::Transport(error))) => {
+                Some(Err(EventStreamError::Transport(BodyError::Transport(error)))) => {
                     return Err(transport_error(error, self.idle_timeout))
+                }
+                Some(Err(EventStreamError::Transport(BodyError::TooLarge))) => {
+                    return Err(ModelError::BadResponse(BodyError::TooLarge.to_string()))
                 }
                 Some(Err(error)) => {
                     return Err(ModelError::BadResponse(format!(
@@ -517,11 +564,13 @@ impl SseReader {
 fn sse_answer(
     events: SseEvents,
     idle_timeout: Duration,
+    deadline: tokio::time::Instant,
 ) -> BoxStream<'static, Result<ModelChunk, ModelError>> {
     let reader = SseReader {
         events,
         accumulator: StreamAccumulator::default(),
         idle_timeout,
+        deadline,
     };
     futures::stream::unfold(Some(reader), |reader| async move {
         let mut reader = reader?;
@@ -539,6 +588,30 @@ fn sse_answer(
 
 // ---------------------------------------------------------------------------------------------
 // Transport helpers
+
+/// Reads a whole response body within `timeout`, up to [`MAX_RESPONSE_BYTES`].
+async fn read_capped(
+    mut response: reqwest::Response,
+    timeout: Duration,
+) -> Result<Vec<u8>, ModelError> {
+    let read = async {
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| transport_error(error, timeout))?
+        {
+            if body.len().saturating_add(chunk.len()) > MAX_RESPONSE_BYTES {
+                return Err(ModelError::BadResponse(BodyError::TooLarge.to_string()));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| ModelError::TimedOut(timeout))?
+}
 
 /// Runs one HTTP step within `timeout`, mapping its failures onto [`ModelError`].
 async fn bounded<T>(
@@ -642,7 +715,7 @@ mod tests {
     }
 
     fn events_from(raw: &'static str) -> SseEvents {
-        futures::stream::iter(vec![Ok::<_, reqwest::Error>(raw.as_bytes().to_vec())])
+        futures::stream::iter(vec![Ok::<_, BodyError>(raw.as_bytes().to_vec())])
             .eventsource()
             .boxed()
     }
@@ -839,7 +912,7 @@ mod tests {
                    data: {\"choices\":[{\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\n\
                    data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n\
                    data: [DONE]\n\n";
-        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5))
+        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5), far())
             .collect()
             .await;
         assert_eq!(items.len(), 3);
@@ -855,7 +928,7 @@ mod tests {
     #[tokio::test]
     async fn sse_stream_cut_short_is_a_bad_response() {
         let raw = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
-        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5))
+        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5), far())
             .collect()
             .await;
         assert!(matches!(
@@ -868,7 +941,7 @@ mod tests {
     async fn sse_stream_ending_after_finish_reason_without_done_is_accepted() {
         let raw =
             "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n";
-        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5))
+        let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5), far())
             .collect()
             .await;
         assert!(matches!(items.last(), Some(Ok(ModelChunk::Done(_)))));
@@ -877,10 +950,79 @@ mod tests {
     #[tokio::test]
     async fn silent_stream_times_out() {
         let silent: SseEvents = futures::stream::pending().boxed();
-        let items: Vec<_> = sse_answer(silent, Duration::from_millis(20))
+        let items: Vec<_> = sse_answer(silent, Duration::from_millis(20), far())
             .collect()
             .await;
         assert!(matches!(items.as_slice(), [Err(ModelError::TimedOut(_))]));
+    }
+
+    /// A deadline no test reaches.
+    fn far() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(3600)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_trickles_tokens_is_cut_off_at_the_whole_call_deadline() {
+        let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\".\"}}]}\n\n";
+        let trickle: SseEvents = futures::stream::unfold((), move |()| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Some((Ok::<_, BodyError>(chunk.as_bytes().to_vec()), ()))
+        })
+        .eventsource()
+        .boxed();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let items: Vec<_> = sse_answer(trickle, Duration::from_secs(1), deadline)
+            .collect()
+            .await;
+        assert!(
+            items.len() > 5,
+            "it streamed before the deadline: {}",
+            items.len()
+        );
+        assert!(
+            matches!(items.last(), Some(Err(ModelError::TimedOut(_)))),
+            "{:?}",
+            items.last()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_over_the_body_cap_is_a_bad_response() {
+        let over: SseEvents = futures::stream::iter(vec![Err::<Vec<u8>, _>(BodyError::TooLarge)])
+            .eventsource()
+            .boxed();
+        let items: Vec<_> = sse_answer(over, Duration::from_secs(5), far())
+            .collect()
+            .await;
+        assert!(
+            matches!(items.as_slice(), [Err(ModelError::BadResponse(m))] if m.contains("bytes")),
+            "{items:?}"
+        );
+    }
+
+    #[test]
+    fn tool_call_indexes_cannot_overflow_or_grow_without_bound() {
+        let delta = |index: Option<usize>, id: &str| ToolCallDelta {
+            index,
+            id: Some(id.to_owned()),
+            function: Some(FunctionDelta {
+                name: Some("f".into()),
+                arguments: Some("{}".into()),
+            }),
+        };
+        let mut acc = StreamAccumulator::default();
+        acc.absorb_tool_call(delta(Some(usize::MAX), "a"))
+            .expect("a call at the top index");
+        // No index and a new id: the next index, which does not exist past the top.
+        acc.absorb_tool_call(delta(None, "b"))
+            .expect("absorbed without overflow");
+        let mut many = StreamAccumulator::default();
+        for i in 0..MAX_TOOL_CALLS {
+            many.absorb_tool_call(delta(Some(i), "x"))
+                .expect("within the cap");
+        }
+        let over = many.absorb_tool_call(delta(Some(MAX_TOOL_CALLS), "y"));
+        assert!(matches!(over, Err(ModelError::BadResponse(_))), "{over:?}");
     }
 
     #[test]
