@@ -412,6 +412,40 @@ impl Tool for ListFiles {
 }
 
 #[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::tools::test_support::{origin, TestDir};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any path text: refused, or resolved to a path inside the workspace.
+        #[test]
+        fn the_path_resolver_never_panics_or_leaves_the_workspace(
+            relative in prop_oneof![
+                ".{0,40}",
+                "(\\.\\.?/|/|[a-z]{1,3}/|\\\\|%2e|\u{0}){0,6}[a-z.]{0,8}",
+            ]
+        ) {
+            let dir = TestDir::new();
+            let workspace = Workspace::for_session(dir.path(), &origin("acme", "s1"))
+                .expect("a valid workspace");
+            if let Ok(cleaned) = clean_relative(&relative) {
+                prop_assert!(cleaned.components().all(|c| matches!(c, Component::Normal(_))));
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime");
+            if let Ok(path) = runtime.block_on(workspace.resolve(&relative)) {
+                let root = std::fs::canonicalize(workspace.dir()).expect("the workspace exists");
+                prop_assert!(path.starts_with(&root), "{path:?} outside {root:?}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::tools::test_support::{origin, scope, TestDir};

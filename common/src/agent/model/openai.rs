@@ -1025,6 +1025,41 @@ mod tests {
         assert!(matches!(over, Err(ModelError::BadResponse(_))), "{over:?}");
     }
 
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any bytes, cut anywhere, through the SSE parser and the accumulator: no panic, and
+        /// the stream always ends — with an answer or an error, which is last.
+        #[test]
+        fn the_sse_parser_survives_any_bytes_cut_anywhere(
+            pieces in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+                    "(data: )?\\{\"choices\":\\[\\{\"index\":[0-9]{1,20},\"delta\":\\{\"tool_calls\":\\[\\{\"index\":[0-9]{1,20},\"id\":\"[a-z]{0,3}\",\"function\":\\{\"arguments\":\"[a-z{}]{0,5}\"\\}\\}\\]\\}(,\"finish_reason\":\"stop\")?\\}\\]\\}\n\n"
+                        .prop_map(String::into_bytes),
+                    proptest::strategy::Just(b"data: [DONE]\n\n".to_vec()),
+                ],
+                0..12,
+            )
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime");
+            let events: SseEvents = futures::stream::iter(pieces.into_iter().map(Ok::<_, BodyError>))
+                .eventsource()
+                .boxed();
+            let items: Vec<_> = runtime
+                .block_on(sse_answer(events, Duration::from_secs(5), far()).collect());
+            let ended = matches!(items.last(), Some(Ok(ModelChunk::Done(_))) | Some(Err(_)));
+            proptest::prop_assert!(ended, "{items:?}");
+            let errors = items.iter().filter(|item| item.is_err()).count();
+            proptest::prop_assert!(errors <= 1);
+        }
+    }
+
     #[test]
     fn debug_output_redacts_the_key_and_base_url_tolerates_a_slash() {
         let client = OpenAiClient::new(
