@@ -164,6 +164,10 @@ impl SkeinClient {
             submission.session.as_str(),
             submission.task_id.as_str(),
         );
+        // Checked before any subject is built from its ids.
+        submission
+            .validate(self.bus.max_payload())
+            .map_err(ClientError::Rejected)?;
         let subject = subjects::events(tenant, task_id);
         let mut disconnects = self.bus.disconnects();
         disconnects.mark_unchanged();

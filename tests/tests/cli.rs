@@ -160,6 +160,52 @@ async fn bad_input_on_the_command_line_is_a_clear_error() {
         text(&unknown_tool.stderr)
     );
 
+    // A token with a space is named with its rule before anything connects (no server here).
+    let spaced = skein(&[
+        "submit",
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "--tenant",
+        "bad tenant",
+        "hi",
+    ])
+    .await;
+    assert!(!spaced.status.success());
+    let stderr = text(&spaced.stderr);
+    assert!(
+        stderr.contains("tenant must be 1-128 characters of A-Z a-z 0-9 _ -"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("subject"), "{stderr}");
+
+    // `-` reads the input from standard input; one over the payload cap is refused, naming it.
+    let big = "x".repeat(2 * 1024 * 1024);
+    let mut piped = tokio::process::Command::new(SKEIN)
+        .args(["submit", "--nats-url", &cluster.nats.url, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = piped.stdin.take().expect("stdin");
+        stdin
+            .write_all(big.as_bytes())
+            .await
+            .expect("input written");
+    }
+    let piped = tokio::time::timeout(std::time::Duration::from_secs(60), piped.wait_with_output())
+        .await
+        .expect("skein finishes")
+        .expect("skein runs");
+    assert!(!piped.status.success());
+    let stderr = text(&piped.stderr);
+    assert!(
+        stderr.contains(&format!("input is {} bytes; the limit is", big.len())),
+        "{stderr}"
+    );
+
     let no_nats = skein(&["submit", "--nats-url", "nats://127.0.0.1:1", "hi"]).await;
     assert!(!no_nats.status.success());
     assert!(

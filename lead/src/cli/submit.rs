@@ -37,7 +37,8 @@ pub struct SubmitArgs {
     /// Longest to wait for the final result.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// The user's message.
+    /// The user's message; `-` reads it from standard input (for inputs too large for an
+    /// argument).
     pub input: String,
 }
 
@@ -50,6 +51,16 @@ pub struct WorkersArgs {
 }
 
 pub async fn submit(args: SubmitArgs) -> ExitCode {
+    let input = if args.input == "-" {
+        let mut input = String::new();
+        if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut input) {
+            eprintln!("skein: cannot read the input from standard input: {e}");
+            return ExitCode::FAILURE;
+        }
+        input
+    } else {
+        args.input
+    };
     let submission = TaskSubmission {
         v: PROTOCOL_VERSION,
         task_id: args
@@ -61,12 +72,18 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
             .session
             .unwrap_or_else(|| format!("session-{}", uuid::Uuid::new_v4().simple())),
         agent: args.agent,
-        input: args.input,
+        input,
         overrides: None,
         deadline_ms: args
             .deadline
             .map(|d| skein_common::protocol::now_ms() + d.as_millis() as u64),
     };
+    // Every id is checked before anything connects or builds a subject from it; the input's
+    // size is checked against the broker's payload cap once connected.
+    if let Err(failure) = submission.validate(usize::MAX) {
+        eprintln!("skein: {}", failure.message);
+        return ExitCode::FAILURE;
+    }
     let client = match SkeinClient::connect(&args.nats).await {
         Ok(client) => client,
         Err(e) => {
