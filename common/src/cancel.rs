@@ -5,7 +5,7 @@
 //! Invariant: a registration lives exactly as long as its guard, so the registry only holds work
 //! that is running.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,13 +21,55 @@ type Registered = HashMap<(String, String), Vec<(u64, CancellationToken)>>;
 
 /// How long this process remembers a cancel request it heard.
 const REMEMBERED: Duration = Duration::from_secs(600);
+/// Most cancel requests remembered at once (anyone may publish them); past it the oldest is
+/// forgotten first. Forgetting is safe: work also looks the request up in `SKEIN_CANCEL` before
+/// it starts (`Bus::cancel_requested`).
+pub const MAX_REMEMBERED: usize = 100_000;
 
 /// Running work of this process, by (tenant, task id), and the cancel requests it heard lately.
 #[derive(Clone, Default)]
 pub struct CancelRegistry {
     inner: Arc<Mutex<Registered>>,
     next: Arc<AtomicU64>,
-    heard: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    heard: Arc<Mutex<Heard>>,
+}
+
+/// Cancel requests heard lately, oldest first: remembering one and forgetting the expired ones
+/// costs amortized O(1), and at most [`MAX_REMEMBERED`] are kept.
+#[derive(Default)]
+struct Heard {
+    at: HashMap<(String, String), Instant>,
+    order: VecDeque<(Instant, (String, String))>,
+}
+
+impl Heard {
+    fn insert(&mut self, key: (String, String), now: Instant, capacity: usize) {
+        while let Some((at, _)) = self.order.front() {
+            let expired = now.duration_since(*at) >= REMEMBERED;
+            if !expired && self.order.len() < capacity {
+                break;
+            }
+            if let Some((at, old)) = self.order.pop_front() {
+                // A key heard again later has a newer entry; only its latest one forgets it.
+                if self.at.get(&old) == Some(&at) {
+                    self.at.remove(&old);
+                }
+            }
+        }
+        self.at.insert(key.clone(), now);
+        self.order.push_back((now, key));
+    }
+
+    fn contains(&self, key: &(String, String), now: Instant) -> bool {
+        self.at
+            .get(key)
+            .is_some_and(|at| now.duration_since(*at) < REMEMBERED)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.at.len()
+    }
 }
 
 /// Removes its registration when dropped.
@@ -89,15 +131,14 @@ impl CancelRegistry {
     pub fn heard(&self, tenant: &str, task_id: &str) -> bool {
         self.heard
             .lock()
-            .map(|heard| heard.contains_key(&(tenant.to_owned(), task_id.to_owned())))
+            .map(|heard| heard.contains(&(tenant.to_owned(), task_id.to_owned()), Instant::now()))
             .unwrap_or(false)
     }
 
     fn remember(&self, tenant: &str, task_id: &str) {
         if let Ok(mut heard) = self.heard.lock() {
-            let now = Instant::now();
-            heard.retain(|_, at| now.duration_since(*at) < REMEMBERED);
-            heard.insert((tenant.to_owned(), task_id.to_owned()), now);
+            let key = (tenant.to_owned(), task_id.to_owned());
+            heard.insert(key, Instant::now(), MAX_REMEMBERED);
         }
     }
 
@@ -138,6 +179,44 @@ impl CancelRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(n: usize) -> (String, String) {
+        ("t".to_owned(), format!("task-{n}"))
+    }
+
+    #[test]
+    fn heard_requests_are_bounded_and_forget_the_oldest_first() {
+        let mut heard = Heard::default();
+        let now = Instant::now();
+        for n in 0..10 {
+            heard.insert(key(n), now, 4);
+        }
+        assert_eq!(heard.len(), 4);
+        assert!(!heard.contains(&key(5), now));
+        assert!((6..10).all(|n| heard.contains(&key(n), now)));
+        // Expired ones go at the next insert, whatever the room.
+        let later = now + REMEMBERED;
+        heard.insert(key(99), later, 4);
+        assert_eq!(heard.len(), 1);
+        assert!(heard.contains(&key(99), later));
+    }
+
+    #[test]
+    fn a_request_heard_again_is_remembered_from_its_latest_hearing() {
+        let mut heard = Heard::default();
+        let now = Instant::now();
+        let again = now + Duration::from_secs(300);
+        heard.insert(key(1), now, 3);
+        heard.insert(key(1), again, 3);
+        heard.insert(key(2), again, 3);
+        // Full: the first hearing of key 1 is dropped, but its later one keeps it remembered.
+        heard.insert(key(3), again, 3);
+        assert_eq!(heard.len(), 3);
+        assert!(heard.contains(&key(1), again));
+        // Remembered for ten minutes from the latest hearing, not the first.
+        assert!(heard.contains(&key(1), now + REMEMBERED));
+        assert!(!heard.contains(&key(1), again + REMEMBERED));
+    }
 
     #[test]
     fn cancels_only_registered_work_of_the_task() {

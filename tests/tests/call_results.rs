@@ -51,13 +51,32 @@ async fn the_first_result_wins_and_a_sessions_results_expire_after_its_last_call
         .await
         .expect("connect");
     let ttl: i64 = redis::cmd("TTL")
-        .arg(keys::results("acme", &session))
+        .arg(keys::results("acme", &session, "t:0:c1"))
         .query_async(&mut conn)
         .await
         .expect("ttl");
     assert!(
         (6 * 24 * 3600..=7 * 24 * 3600).contains(&ttl),
         "results expire about 7 days after the last call, not never: ttl {ttl}"
+    );
+
+    // A later task of the session keeps its results under its own key: the first task's results
+    // are not kept alive by the session's later calls, and expire on their own.
+    assert!(store
+        .record_result("acme", &session, "u:0:c1", &result("later task"))
+        .await
+        .expect("recorded"));
+    for (key, held) in [("t:0:c1", 1), ("u:0:c1", 1)] {
+        let len: i64 = redis::cmd("HLEN")
+            .arg(keys::results("acme", &session, key))
+            .query_async(&mut conn)
+            .await
+            .expect("hlen");
+        assert_eq!(len, held, "{key}");
+    }
+    assert_ne!(
+        keys::results("acme", &session, "t:0:c1"),
+        keys::results("acme", &session, "u:0:c1")
     );
 }
 

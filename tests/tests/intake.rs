@@ -192,3 +192,79 @@ async fn a_consumer_created_with_other_settings_is_reconciled() {
         "the ack wait never shrinks"
     );
 }
+
+/// Every queue is bounded: a stream created before its limits gets them, and a full work queue
+/// refuses a new message with an error its publisher sees (nothing already queued is dropped).
+#[tokio::test]
+async fn streams_are_bounded_and_old_streams_get_their_limits() {
+    use async_nats::jetstream::stream;
+    use skein_common::bus::STREAM_LIMITS;
+    let nats = NatsServer::start();
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    let jetstream = async_nats::jetstream::new(bus.client().clone());
+    // A submit stream as an older build created it: no limits.
+    jetstream
+        .create_stream(stream::Config {
+            name: subjects::SUBMIT_STREAM.into(),
+            subjects: vec![subjects::SUBMIT_ALL.into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("old stream");
+    bus.ensure_streams().await.expect("streams");
+    for name in [subjects::SUBMIT_STREAM, subjects::WORK_STREAM] {
+        let mut queue = jetstream.get_stream(name).await.expect("stream");
+        let config = queue.info().await.expect("info").config.clone();
+        assert_eq!(config.max_messages, STREAM_LIMITS.queue_messages, "{name}");
+        assert_eq!(config.max_bytes, STREAM_LIMITS.queue_bytes, "{name}");
+        assert_eq!(config.max_age, STREAM_LIMITS.queue_age, "{name}");
+        assert_eq!(config.discard, stream::DiscardPolicy::New, "{name}");
+    }
+    let mut events = jetstream
+        .get_stream(subjects::EVENTS_STREAM)
+        .await
+        .expect("events");
+    assert_eq!(
+        events.info().await.expect("info").config.max_bytes,
+        STREAM_LIMITS.events_bytes
+    );
+
+    // A full queue (here shrunk to two messages) refuses the third.
+    let mut tiny = jetstream
+        .get_stream(subjects::WORK_STREAM)
+        .await
+        .expect("work")
+        .info()
+        .await
+        .expect("info")
+        .config
+        .clone();
+    tiny.max_messages = 2;
+    jetstream.update_stream(tiny).await.expect("shrunk");
+    let pool = unique("pool");
+    for n in 0..2 {
+        bus.publish_work(
+            subjects::tool_task(&pool, "noop"),
+            &serde_json::json!({ "n": n }),
+            &format!("{pool}-{n}"),
+        )
+        .await
+        .expect("queued");
+    }
+    let refused = bus
+        .publish_work(
+            subjects::tool_task(&pool, "noop"),
+            &serde_json::json!({ "n": 2 }),
+            &format!("{pool}-2"),
+        )
+        .await;
+    assert!(refused.is_err(), "a full queue refuses: {refused:?}");
+}

@@ -8,8 +8,8 @@
 //! | --- | --- | --- |
 //! | `skein:{t:s}:session` | hash `version`, `state` | the session (history), versioned for compare-and-set |
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
-//! | `skein:{t:s}:results` | hash `task_id:step:call_id` → `ToolResult` | call results, first write wins (expire 7 days after the last) |
-//! | `skein:{t:s}:attempts` | hash work key → count | attempts at a turn (`turn:{task}`) or a call (its call key) |
+//! | `skein:{t:s}:results:{task}` | hash `task_id:step:call_id` → `ToolResult` | the task's call results, first write wins (expire 7 days after the task's last call, so an active session does not keep them forever) |
+//! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
@@ -29,12 +29,23 @@ pub fn lease(tenant: &str, session: &str) -> String {
     format!("{}:lease", tag(tenant, session))
 }
 
-pub fn results(tenant: &str, session: &str) -> String {
-    format!("{}:results", tag(tenant, session))
+/// The task a work key belongs to: a turn's attempts field `turn:{task}`, or a call key
+/// `{task}:{step}:{call}`.
+fn task_of(work: &str) -> &str {
+    match work.strip_prefix("turn:") {
+        Some(task) => task,
+        None => work.split(':').next().unwrap_or(work),
+    }
 }
 
-pub fn attempts(tenant: &str, session: &str) -> String {
-    format!("{}:attempts", tag(tenant, session))
+/// The call results of the task that `work` (a call key) belongs to.
+pub fn results(tenant: &str, session: &str, work: &str) -> String {
+    format!("{}:results:{}", tag(tenant, session), task_of(work))
+}
+
+/// The attempt counts of the task that `work` (a call key or a turn's field) belongs to.
+pub fn attempts(tenant: &str, session: &str, work: &str) -> String {
+    format!("{}:attempts:{}", tag(tenant, session), task_of(work))
 }
 
 pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
@@ -68,13 +79,30 @@ pub fn turn_attempts_field(task_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_tasks_calls_and_turn_share_its_results_and_attempts_keys() {
+        let turn = super::turn_attempts_field("t1");
+        assert_eq!(
+            super::attempts("acme", "s1", &turn),
+            super::attempts("acme", "s1", "t1:3:call_9")
+        );
+        assert_ne!(
+            super::attempts("acme", "s1", "t1:0:c"),
+            super::attempts("acme", "s1", "t2:0:c")
+        );
+        assert_eq!(
+            super::results("acme", "s1", "t1:0:c"),
+            "skein:{acme:s1}:results:t1"
+        );
+    }
+
+    #[test]
     fn session_keys_share_one_hash_tag() {
         let tag = "{acme:s1}";
         for key in [
             super::session("acme", "s1"),
             super::lease("acme", "s1"),
-            super::results("acme", "s1"),
-            super::attempts("acme", "s1"),
+            super::results("acme", "s1", "t1:0:c1"),
+            super::attempts("acme", "s1", "turn:t1"),
             super::checkpoint("acme", "s1", "t1"),
             super::final_result("acme", "s1", "t1"),
         ] {

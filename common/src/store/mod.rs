@@ -315,7 +315,11 @@ impl SessionStore {
         let reply: Vec<String> = Script::new(BEGIN_SCRIPT)
             .key(keys::final_result(tenant, session, task_id))
             .key(keys::lease(tenant, session))
-            .key(keys::attempts(tenant, session))
+            .key(keys::attempts(
+                tenant,
+                session,
+                &keys::turn_attempts_field(task_id),
+            ))
             .key(keys::session(tenant, session))
             .key(keys::checkpoint(tenant, session, task_id))
             .arg(claim.lease_token)
@@ -469,7 +473,7 @@ impl SessionStore {
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let key = keys::results(tenant, session);
+        let key = keys::results(tenant, session, call_key);
         let (fresh, _): (bool, bool) = redis::pipe()
             .atomic()
             .hset_nx(&key, call_key, json)
@@ -487,7 +491,9 @@ impl SessionStore {
         call_key: &str,
     ) -> Result<Option<ToolResult>, StoreError> {
         let mut conn = self.connection.clone();
-        let json: Option<String> = conn.hget(keys::results(tenant, session), call_key).await?;
+        let json: Option<String> = conn
+            .hget(keys::results(tenant, session, call_key), call_key)
+            .await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
             .transpose()
     }
@@ -504,8 +510,8 @@ impl SessionStore {
     ) -> Result<CallAdmission, StoreError> {
         let mut conn = self.connection.clone();
         let (recorded, value): (i64, String) = Script::new(ADMIT_SCRIPT)
-            .key(keys::results(tenant, session))
-            .key(keys::attempts(tenant, session))
+            .key(keys::results(tenant, session, call_key))
+            .key(keys::attempts(tenant, session, call_key))
             .arg(call_key)
             .arg(ATTEMPTS_TTL_SECS)
             .invoke_async(&mut conn)
@@ -532,7 +538,7 @@ impl SessionStore {
         call_key: &str,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
-        let key = keys::attempts(tenant, session);
+        let key = keys::attempts(tenant, session, call_key);
         let () = redis::pipe()
             .atomic()
             .hset_nx(&key, call_key, 0)
@@ -553,7 +559,7 @@ impl SessionStore {
     ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
         let _: i64 = conn
-            .hincr(keys::attempts(tenant, session), work, -1)
+            .hincr(keys::attempts(tenant, session, work), work, -1)
             .await?;
         Ok(())
     }
@@ -572,7 +578,7 @@ impl SessionStore {
             .del(keys::final_result(tenant, session, task_id))
             .ignore()
             .hdel(
-                keys::attempts(tenant, session),
+                keys::attempts(tenant, session, &keys::turn_attempts_field(task_id)),
                 keys::turn_attempts_field(task_id),
             )
             .ignore()
@@ -592,9 +598,9 @@ impl SessionStore {
         let mut conn = self.connection.clone();
         let () = redis::pipe()
             .atomic()
-            .hdel(keys::results(tenant, session), call_key)
+            .hdel(keys::results(tenant, session, call_key), call_key)
             .ignore()
-            .hdel(keys::attempts(tenant, session), call_key)
+            .hdel(keys::attempts(tenant, session, call_key), call_key)
             .ignore()
             .query_async(&mut conn)
             .await?;
