@@ -160,7 +160,13 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
                         s.service == "skein-worker" && s.name == "execute_tool list_files"
                     })
                     && ours.iter().any(|s| s.name == "invoke_agent assistant");
-                done.then_some(ours)
+                // Spans are exported as they end, and a parent ends after its children (the
+                // delivery's span after the turn): wait until every parent has arrived too.
+                let closed = ours.iter().all(|s| {
+                    s.parent_span_id.is_empty()
+                        || ours.iter().any(|p| p.span_id == s.parent_span_id)
+                });
+                (done && closed).then_some(ours)
             }
         },
     )

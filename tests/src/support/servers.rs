@@ -25,16 +25,52 @@ pub const NATS_URL_ENV: &str = "SKEIN_TEST_NATS_URL";
 /// Environment variable naming an external Redis server to use instead of spawning one.
 pub const REDIS_URL_ENV: &str = "SKEIN_TEST_REDIS_URL";
 
-/// A port on 127.0.0.1 that was free a moment ago (bound to port 0, read, released).
+/// A port on 127.0.0.1 that was free a moment ago and that nothing else will be handed soon:
+/// it lies below the kernel's ephemeral range (`ip_local_port_range`), so no outgoing connection
+/// and no bind to port 0 takes it while a test holds it unbound (a server being restarted on it,
+/// an upstream that is down on purpose), and this process never hands it out twice.
 ///
 /// # Panics
 /// When no port can be bound at all.
 pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let mut handed_out = HANDED_OUT
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let low = ephemeral_range_start().clamp(FIRST_TEST_PORT + 1, u16::MAX);
+    let span = u32::from(low - FIRST_TEST_PORT);
+    let seed = uuid::Uuid::new_v4().as_u128();
+    for i in 0..512u32 {
+        let offset = ((seed >> (i % 96)) as u32).wrapping_add(i.wrapping_mul(7919)) % span;
+        let port = FIRST_TEST_PORT + offset as u16;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    // Every candidate taken: a port from the ephemeral range will do.
     let listener = TcpListener::bind("127.0.0.1:0").expect("a port on 127.0.0.1 can be bound");
     listener
         .local_addr()
         .expect("a bound listener has a local address")
         .port()
+}
+
+/// Lowest port [`free_port`] hands out.
+const FIRST_TEST_PORT: u16 = 10_000;
+
+/// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 // ---------------------------------------------------------------------------------------------
