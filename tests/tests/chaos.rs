@@ -855,3 +855,100 @@ async fn a_client_cut_off_while_the_final_event_is_published_still_gets_it() {
         .expect("the answer arrives after the gap");
     assert_eq!(result.answer.as_deref(), Some("published in the gap"));
 }
+
+/// The worker running a subagent is killed with -9 while the child turn's second call runs.
+/// Another worker takes the subagent task over and resumes the child turn from its checkpoint:
+/// the child's finished call does not run again and its model is not asked again for the steps
+/// it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_subagent_resumes_from_its_checkpoint() {
+    let cluster = TestCluster::start();
+    let agents = cluster.dir.join("agents");
+    std::fs::create_dir_all(agents.join("subagents")).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\nname = \"assistant\"\ntools = [\"*\"]\nmax_iterations = 4\n+++\nDelegate.\n",
+    )
+    .expect("lead agent");
+    std::fs::write(
+        agents.join("subagents").join("helper.md"),
+        "+++\nname = \"helper\"\ndescription = \"does the work\"\ntools = [\"slow_effect\"]\nmax_iterations = 4\n+++\nWork.\n",
+    )
+    .expect("subagent");
+    let scenario = cluster.dir.join("subagent-scenario.json");
+    std::fs::write(
+        &scenario,
+        json!({ "agents": {
+            "assistant": { "turns": [ { "steps": [
+                { "tool_calls": [ { "name": "spawn_agent", "arguments": { "agent": "helper", "task": "work" } } ] },
+                { "answer": "lead saw {{observations}}" }
+            ] } ] },
+            "helper": { "turns": [ { "steps": [
+                { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "sub-a", "ms": 50 } } ] },
+                { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "sub-b", "ms": 2500 } } ] },
+                { "answer": "helper saw {{observations}}" }
+            ] } ] }
+        } })
+        .to_string(),
+    )
+    .expect("scenario");
+    let scenario = scenario.to_str().expect("utf-8 path");
+    let agents = agents.to_str().expect("utf-8 path");
+    let subagents = ["--scenario", scenario, "--ack-wait", "2s"];
+    let tools_only = [
+        "--scenario",
+        scenario,
+        "--ack-wait",
+        "2s",
+        "--subagents",
+        "false",
+    ];
+    let mut first = test_worker(&cluster, &subagents, "worker-first.log");
+    let _tools = test_worker(&cluster, &tools_only, "worker-tools.log");
+    cluster.wait_for_workers(2).await;
+    let _lead = lead_process(
+        &cluster,
+        &["--scenario", scenario, "--agents-dir", agents],
+        "lead.log",
+    );
+
+    let task = submission("acme", &unique("s"), "delegate");
+    let running = cluster.run(&task);
+    let failover = async {
+        // The subagent's worker dies while the child's second call runs.
+        wait_for_effect(&effects_file(&cluster), "sub-b", true).await;
+        first.kill();
+        test_worker(&cluster, &subagents, "worker-second.log")
+    };
+    let ((result, events), _second) = tokio::join!(running, failover);
+
+    let effects = read_effects(&effects_file(&cluster));
+    let child_starts: Vec<Option<u32>> = events
+        .iter()
+        .filter(|e| e.source.starts_with("subagent:"))
+        .filter_map(|e| match &e.event {
+            EventKind::TurnStarted {
+                resumed_at_step, ..
+            } => Some(*resumed_at_step),
+            _ => None,
+        })
+        .collect();
+    println!("killed subagent worker: child starts {child_starts:?}, effects {effects:?}");
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(
+        child_starts,
+        vec![None, Some(2)],
+        "the child turn resumed after its second model call"
+    );
+    assert_eq!(
+        effects.get("sub-a").map(|c| c.started),
+        Some(1),
+        "the child's finished call ran once: {effects:?}"
+    );
+    assert!(
+        effects.get("sub-b").is_some_and(|c| c.done >= 1),
+        "the call in flight completed: {effects:?}"
+    );
+    let answer = result.answer.unwrap_or_default();
+    assert!(answer.contains("helper saw"), "{answer}");
+}

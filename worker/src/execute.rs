@@ -33,10 +33,11 @@ use skein_common::agent::runtime::{Runtime, TurnInput, TurnStop};
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{first_delivery, replayed, settle, with_progress, Bus};
 use skein_common::protocol::{
-    validate_token, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
-    ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
+    validate_token, CallOutcome, EventKind, Failure, FailureKind, SubagentTask, TaskOrigin,
+    ToolResult, ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
 };
 use skein_common::store::{CallAdmission, SessionState, SessionStore};
+use skein_common::wiring::checkpoints::CallCheckpoints;
 use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -220,6 +221,45 @@ async fn subagent_task(
                 return Work::HandBack;
             }
         };
+        // A delivery that may follow an earlier one resumes that one's progress, if it left any.
+        let first_run = task.first_dispatch && first_delivery(&message);
+        let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
+        let resume = if first_run {
+            None
+        } else {
+            match ctx
+                .store
+                .call_checkpoint(tenant, child_session, &task.call_key)
+                .await
+            {
+                Ok(resume) => resume,
+                Err(e) => {
+                    tracing::warn!(error = %e, "child checkpoint not read; handing the task back");
+                    return Work::HandBack;
+                }
+            }
+        };
+        if let Some(resumed) = &resume {
+            tracing::info!(
+                steps = resumed.iterations,
+                "resuming the child turn from its checkpoint"
+            );
+        }
+        events
+            .emit(EventKind::TurnStarted {
+                agent: task.agent.name.clone(),
+                session: child_session.clone(),
+                instance: ctx.instance.clone(),
+                resumed_at_step: resume.as_ref().map(|r| r.iterations),
+                trace_id: skein_common::telemetry::current_trace_id(),
+            })
+            .await;
+        let checkpoints = CallCheckpoints {
+            store: ctx.store.clone(),
+            tenant: tenant.clone(),
+            child_session: child_session.clone(),
+            call_key: task.call_key.clone(),
+        };
         let skills = SkillCatalog::from_skills(task.skills.clone());
         let turn = runtime.run_turn(TurnInput {
             origin: child_origin.clone(),
@@ -232,10 +272,10 @@ async fn subagent_task(
             depth: task.depth,
             events: events.clone(),
             cancel: &stop,
-            resume: None,
+            resume,
             // The child turn's calls can have run before only if this task ran before.
-            first_run: task.first_dispatch && first_delivery(&message),
-            checkpoints: None,
+            first_run,
+            checkpoints: Some(&checkpoints),
             // Nobody answers a subagent's approval requests: a call that would ask is denied.
             approvals: None,
         });
@@ -293,7 +333,19 @@ async fn subagent_task(
         work = with_progress(&message, ctx.progress_every, run) => work,
     };
     events.flush().await;
+    let ended = matches!(work, Work::Done(_));
     conclude(&ctx, &message, scope, work, call, started, attempt).await;
+    if ended {
+        // The result is recorded (or the call dead-lettered): its progress is no longer needed.
+        let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
+        if let Err(e) = ctx
+            .store
+            .drop_call_checkpoint(tenant, child_session, &task.call_key)
+            .await
+        {
+            tracing::warn!(error = %e, "child checkpoint not dropped; it expires on its own");
+        }
+    }
 }
 
 /// Which attempt a delivery is.

@@ -11,6 +11,7 @@
 //! | `skein:{t:s}:results:{task}` | hash `task_id:step:call_id` → `ToolResult` | the task's call results, first write wins (expire 7 days after the task's last call, so an active session does not keep them forever) |
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
+//! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
@@ -50,6 +51,11 @@ pub fn attempts(tenant: &str, session: &str, work: &str) -> String {
 
 pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:turn:{task_id}", tag(tenant, session))
+}
+
+/// The checkpoint of a subagent call's child turn, in the child session, by the call's key.
+pub fn call_checkpoint(tenant: &str, child_session: &str, call_key: &str) -> String {
+    format!("{}:call:{call_key}", tag(tenant, child_session))
 }
 
 pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {

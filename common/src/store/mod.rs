@@ -420,6 +420,52 @@ impl SessionStore {
         Ok(saved == 1)
     }
 
+    /// Saves the progress of a subagent call's child turn. Not fenced by a lease: a subagent task
+    /// runs on one worker at a time (its delivery is kept alive by progress acks), and the call's
+    /// key is unique to it.
+    pub async fn save_call_checkpoint(
+        &self,
+        tenant: &str,
+        child_session: &str,
+        call_key: &str,
+        checkpoint: &TurnCheckpoint,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(checkpoint).map_err(StoreError::Corrupt)?;
+        let key = keys::call_checkpoint(tenant, child_session, call_key);
+        let () = conn.set_ex(key, json, CHECKPOINT_TTL_SECS).await?;
+        Ok(())
+    }
+
+    /// The saved progress of a subagent call's child turn, if an earlier delivery left any.
+    pub async fn call_checkpoint(
+        &self,
+        tenant: &str,
+        child_session: &str,
+        call_key: &str,
+    ) -> Result<Option<TurnCheckpoint>, StoreError> {
+        let mut conn = self.connection.clone();
+        let json: Option<String> = conn
+            .get(keys::call_checkpoint(tenant, child_session, call_key))
+            .await?;
+        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
+            .transpose()
+    }
+
+    /// Drops a subagent call's checkpoint once its result is recorded.
+    pub async fn drop_call_checkpoint(
+        &self,
+        tenant: &str,
+        child_session: &str,
+        call_key: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = conn
+            .del(keys::call_checkpoint(tenant, child_session, call_key))
+            .await?;
+        Ok(())
+    }
+
     /// Ends a turn in one step while `lease_token` holds the lease: saves the session state (when
     /// given, compare-and-set on `expected_version`), stores the final result, drops the
     /// checkpoint and releases the lease. A crash can therefore never save a turn's history without its final result
