@@ -302,6 +302,8 @@ pub(crate) enum Settled {
 /// from, and whether no earlier run can have dispatched its calls.
 struct StartedTurn<'a> {
     token: &'a str,
+    /// This delivery's event epoch (`BusEvents::with_epoch`).
+    epoch: u64,
     loaded: LoadedSession,
     resume: Option<TurnCheckpoint>,
     first_run: bool,
@@ -446,21 +448,28 @@ impl Lead {
             max_attempts,
         };
         // Independent looks in one round trip: a cancel request (or a passed deadline), the
-        // session's oldest unfinished submission, and the start of the turn itself — which answers
+        // session's oldest unfinished submission, the start of the turn itself — which answers
         // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
-        // and loads the session. A start that must not stand is taken back below.
-        let (unstartable, oldest, start) = async {
+        // and loads the session — and this delivery's event epoch. A start that must not stand is
+        // taken back below.
+        let (unstartable, oldest, start, epoch) = async {
             tokio::join!(
                 self.not_startable(submission),
                 self.bus.oldest_submission(tenant, session),
                 self.store.begin_turn(claim),
+                self.store
+                    .next_event_epoch(tenant, session, &submission.task_id),
             )
         }
         .boxed()
         .await;
+        let epoch = match epoch {
+            Ok(epoch) => epoch,
+            Err(e) => return Settled::Retry(e.to_failure()),
+        };
         if let Ok(TurnStart::Finished(done)) = start {
             tracing::info!("task already finished; re-publishing its result");
-            return self.emit_final(submission, done).boxed().await;
+            return self.emit_final(submission, done, epoch).boxed().await;
         }
         let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
         let mut start = start;
@@ -507,7 +516,7 @@ impl Lead {
                 }) => break (attempt, session, checkpoint),
                 Ok(TurnStart::Finished(done)) => {
                     tracing::info!("task already finished; re-publishing its result");
-                    return self.emit_final(submission, done).boxed().await;
+                    return self.emit_final(submission, done, epoch).boxed().await;
                 }
                 Ok(TurnStart::Exhausted(attempt)) => {
                     let failure = Failure::new(
@@ -529,6 +538,7 @@ impl Lead {
         };
         let started = StartedTurn {
             token: &token,
+            epoch,
             loaded,
             // Only the first delivery's first attempt can be sure that no earlier run dispatched
             // the turn's calls.
@@ -688,17 +698,21 @@ impl Lead {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         let StartedTurn {
             token,
+            epoch,
             loaded,
             resume,
             first_run,
         } = turn;
         let origin = submission.origin();
-        let events = Arc::new(BusEvents::new(
-            self.bus.clone(),
-            self.listeners.clone(),
-            origin.clone(),
-            "lead",
-        ));
+        let events = Arc::new(
+            BusEvents::new(
+                self.bus.clone(),
+                self.listeners.clone(),
+                origin.clone(),
+                "lead",
+            )
+            .with_epoch(epoch),
+        );
         events
             .emit(EventKind::TurnStarted {
                 agent: agent.name.clone(),
@@ -869,13 +883,19 @@ impl Lead {
     }
 
     /// Announces the stored final result of a task that already ended (a redelivery).
-    async fn emit_final(&self, submission: &TaskSubmission, result: FinalResult) -> Settled {
+    async fn emit_final(
+        &self,
+        submission: &TaskSubmission,
+        result: FinalResult,
+        epoch: u64,
+    ) -> Settled {
         let events = BusEvents::new(
             self.bus.clone(),
             self.listeners.clone(),
             submission.origin(),
             "lead",
-        );
+        )
+        .with_epoch(epoch);
         announced(events.announce(EventKind::Final { result }).await)
     }
 

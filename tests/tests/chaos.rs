@@ -55,6 +55,21 @@ async fn wait_for_effect(path: &Path, key: &str, started: bool) {
     .await
 }
 
+/// Within each source, event sequence numbers grow across deliveries, so a watcher can drop
+/// what it saw (by `(source, seq)`) and keep the order.
+fn assert_sequences_grow(events: &[TurnEvent]) {
+    let mut last: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for event in events {
+        let previous = last.insert(event.source.as_str(), event.seq);
+        assert!(
+            previous.is_none_or(|p| p < event.seq),
+            "{}: seq {} after {previous:?}",
+            event.source,
+            event.seq
+        );
+    }
+}
+
 /// Submits every task, then collects every final result (events kept per task).
 async fn run_all(
     cluster: &TestCluster,
@@ -174,6 +189,7 @@ async fn a_killed_leads_turn_resumes_on_another_lead_without_rerunning_finished_
         })
         .collect();
     println!("killed lead: turn starts {starts:?}, effects {effects:?}");
+    assert_sequences_grow(&events);
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(
         starts,
@@ -934,6 +950,7 @@ async fn a_killed_workers_subagent_resumes_from_its_checkpoint() {
         })
         .collect();
     println!("killed subagent worker: child starts {child_starts:?}, effects {effects:?}");
+    assert_sequences_grow(&events);
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(
         child_starts,

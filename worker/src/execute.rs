@@ -202,12 +202,35 @@ async fn subagent_task(
         session: task.child_session.clone(),
         ..task.origin.clone()
     };
-    let events = Arc::new(BusEvents::new(
-        ctx.bus.clone(),
-        Listeners::default(),
-        child_origin.clone(),
-        format!("subagent:{}", task.call_id),
-    ));
+    // The child's events are numbered after those of every earlier delivery of this call; the
+    // first delivery of a first dispatch is the only one that can be first, so it needs no count.
+    let first_run = task.first_dispatch && first_delivery(&message);
+    let epoch = if first_run {
+        0
+    } else {
+        let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
+        match ctx
+            .store
+            .next_event_epoch(tenant, child_session, &task.call_key)
+            .await
+        {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                tracing::warn!(error = %e, "event epoch not read; handing the task back");
+                let work = Work::HandBack;
+                return conclude(&ctx, &message, scope, work, call, started, attempt).await;
+            }
+        }
+    };
+    let events = Arc::new(
+        BusEvents::new(
+            ctx.bus.clone(),
+            Listeners::default(),
+            child_origin.clone(),
+            format!("subagent:{}", task.call_id),
+        )
+        .with_epoch(epoch),
+    );
     let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_subagent_timeout);
     let run = async {
         let loaded = match ctx
@@ -222,7 +245,6 @@ async fn subagent_task(
             }
         };
         // A delivery that may follow an earlier one resumes that one's progress, if it left any.
-        let first_run = task.first_dispatch && first_delivery(&message);
         let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
         let resume = if first_run {
             None

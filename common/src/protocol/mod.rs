@@ -332,7 +332,9 @@ pub struct TurnEvent {
     pub task_id: String,
     /// Which agent loop emitted it: `lead`, or `subagent:<call_id>` for a child.
     pub source: String,
-    /// Position in the source's sequence, from 1.
+    /// Position in the source's sequence: it grows across deliveries of the task (a delivery's
+    /// events are numbered from its epoch times 2^32, plus 1), so `(source, seq)` names one event
+    /// and orders the source's events.
     pub seq: u64,
     /// Milliseconds since the Unix epoch.
     pub at_ms: u64,

@@ -12,6 +12,7 @@
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
+//! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
@@ -56,6 +57,12 @@ pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
 /// The checkpoint of a subagent call's child turn, in the child session, by the call's key.
 pub fn call_checkpoint(tenant: &str, child_session: &str, call_key: &str) -> String {
     format!("{}:call:{call_key}", tag(tenant, child_session))
+}
+
+/// The delivery counter of a piece of work (a task's turn, or a subagent call by its key): each
+/// delivery that emits events takes the next number, which leads its events' sequence numbers.
+pub fn event_epoch(tenant: &str, session: &str, work: &str) -> String {
+    format!("{}:epoch:{work}", tag(tenant, session))
 }
 
 pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {

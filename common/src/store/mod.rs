@@ -420,6 +420,28 @@ impl SessionStore {
         Ok(saved == 1)
     }
 
+    /// The next delivery number of a piece of work (from 1), which leads the sequence numbers of
+    /// the events this delivery emits (see `BusEvents::with_epoch`).
+    pub async fn next_event_epoch(
+        &self,
+        tenant: &str,
+        session: &str,
+        work: &str,
+    ) -> Result<u64, StoreError> {
+        let mut conn = self.connection.clone();
+        let key = keys::event_epoch(tenant, session, work);
+        let (epoch, _): (i64, bool) = redis::pipe()
+            .atomic()
+            .incr(&key, 1)
+            .expire(&key, ATTEMPTS_TTL_SECS as i64)
+            .query_async(&mut conn)
+            .await?;
+        u64::try_from(epoch).map_err(|_| StoreError::BadNumber {
+            what: "event epoch",
+            text: epoch.to_string(),
+        })
+    }
+
     /// Saves the progress of a subagent call's child turn. Not fenced by a lease: a subagent task
     /// runs on one worker at a time (its delivery is kept alive by progress acks), and the call's
     /// key is unique to it.

@@ -1,6 +1,8 @@
 //! `BusEvents`: the event seam over NATS — a turn's events go to the task's replayable event
 //! subject (JetStream), and to the process's listeners. Sequence numbers are per source (the
-//! lead's loop, or one subagent's loop).
+//! lead's loop, or one subagent's loop) and grow across deliveries: a delivery's events are
+//! numbered from `epoch << 32` (the delivery's number, counted in Redis; 0 for a delivery that
+//! can be the only one), so a watcher de-duplicates by `(source, seq)` and orders by `seq`.
 //!
 //! Publishing an event is best effort for the turn: a failed publish is logged, never fails the
 //! turn. Events are sent in order without waiting for the stream to confirm each one: a sink
@@ -48,6 +50,12 @@ impl BusEvents {
             seq: Arc::new(AtomicU64::new(0)),
             latest: Arc::default(),
         }
+    }
+
+    /// Numbers this sink's events after those of every earlier delivery (see the module header).
+    pub fn with_epoch(self, epoch: u64) -> Self {
+        self.seq.store(epoch << 32, Ordering::Relaxed);
+        self
     }
 
     /// A sink for a child loop of the same task.
