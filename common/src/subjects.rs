@@ -10,6 +10,7 @@
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
 //! | `skein.approval.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-approvals` | `ApprovalDecision` |
 //! | `skein.wake.{tenant}.{task_id}` | core NATS | empty: a suspended turn's answer is recorded |
+//! | `skein.turned.{tenant}.{session}` | core NATS | empty: the session may be free for its next turn (a lease released, a submission settled) |
 //! | `skein.result.{tenant}.{session}.{task_id}` | core NATS request, queue group `skein-leads` | empty; the reply is a `StoredFinal` |
 //! | `skein.dlq.{submit,tool,agent,other}` | stream `SKEIN_DLQ` (limits, 14 days) | the original payload, with why and how often it was tried in headers |
 //!
@@ -28,6 +29,8 @@ pub const APPROVALS_STREAM: &str = "SKEIN_APPROVALS";
 pub const APPROVALS_CONSUMER: &str = "skein-leads-approvals";
 pub const APPROVALS_ALL: &str = "skein.approval.>";
 pub const WAKE_ALL: &str = "skein.wake.>";
+/// All announcements that a session may be free for its next turn.
+pub const TURNED_ALL: &str = "skein.turned.>";
 /// All lookups of stored final results.
 pub const RESULT_ALL: &str = "skein.result.>";
 /// The queue group of the leads answering result lookups.
@@ -164,6 +167,18 @@ pub fn parse_result(subject: &str) -> Option<(&str, &str, &str)> {
     let (session, task) = rest.split_once('.')?;
     let tokens = [tenant, session, task];
     (tokens.iter().all(|t| !t.is_empty()) && !task.contains('.')).then_some((tenant, session, task))
+}
+
+/// Where a lead announces that a session may be free for its next turn.
+pub fn turned(tenant: &str, session: &str) -> String {
+    format!("skein.turned.{tenant}.{session}")
+}
+
+pub fn parse_turned(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("skein.turned.")?;
+    let (tenant, session) = rest.split_once('.')?;
+    (!tenant.is_empty() && !session.is_empty() && !session.contains('.'))
+        .then_some((tenant, session))
 }
 
 /// The events of one task.

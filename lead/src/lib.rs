@@ -9,6 +9,8 @@
 //!   answers and waking the turn.
 //! - [`lease`]: keeping a session lease while a turn runs (lost, or presumed lost).
 //! - [`results`]: answers clients' lookups of stored final results.
+//! - [`turns`]: waiting for a session's turn — announcements that a session is free, and the
+//!   waiters they wake.
 //! - [`cli`]: the `skein` command (submit, workers, cancel, approvals, approve, deny, dlq, trace,
 //!   dev, lead, worker).
 
@@ -18,6 +20,7 @@ pub mod config;
 pub mod lease;
 pub mod results;
 pub mod server;
+pub mod turns;
 
 pub use config::Config;
 pub use server::{run, LeadBuilder, LeadError};

@@ -52,13 +52,12 @@ use tracing::Instrument;
 
 use crate::approvals::{Parked, Suspension};
 use crate::config::Config;
+use crate::turns::SessionWaits;
 
 /// How often the depth of the leads' consumer is reported as metrics.
 const QUEUE_DEPTH_EVERY: Duration = Duration::from_secs(5);
 /// Delay before a handed-back task is redelivered.
 const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
-/// Pause between looks at a busy session (its lease, or its older unfinished task).
-const LEASE_POLL: Duration = Duration::from_millis(50);
 /// Longest a task waits for an older task of its session before it hands its slot back.
 const ORDER_WAIT: Duration = Duration::from_secs(5);
 /// Delay before a task handed back for ordering is offered again.
@@ -92,6 +91,8 @@ pub(crate) struct Lead {
     approvals: StoredApprovals,
     /// Suspended turns this lead holds while they wait for an answer.
     pub(crate) parked: Parked,
+    /// Submissions this lead holds while they wait for their session's turn.
+    turns: SessionWaits,
     pub(crate) metrics: Metrics,
     instance: String,
     pub(crate) cfg: Config,
@@ -213,6 +214,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         })
         .await?;
     let parked = Parked::listen(&bus, &work.background, work.background_stop.clone()).await?;
+    let turns = SessionWaits::listen(&bus, &work.background, work.background_stop.clone()).await?;
     crate::results::serve_lookups(
         &bus,
         store.clone(),
@@ -245,6 +247,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         runtime,
         listeners,
         parked,
+        turns,
         metrics,
         instance: instance.clone(),
         cfg,
@@ -361,6 +364,25 @@ impl Lead {
             self.settle_turn(&submission, delivery, &abort),
         )
         .await;
+        // Whatever ended here may free the session for its next turn; a task handed back for
+        // turn order freed nothing.
+        let freed = !matches!(outcome, Settled::NotYet);
+        self.settle_delivery(&message, &submission, outcome, &abort)
+            .await;
+        if freed {
+            crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
+        }
+    }
+
+    /// Settles a delivered submission by how handling it ended.
+    async fn settle_delivery(
+        self: &Arc<Self>,
+        message: &jetstream::Message,
+        submission: &TaskSubmission,
+        outcome: Settled,
+        abort: &CancellationToken,
+    ) {
+        let message = message.clone();
         match outcome {
             Settled::Done => settle(&message, AckKind::Ack).await,
             Settled::Unannounced(failure)
@@ -452,6 +474,8 @@ impl Lead {
         // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
         // and loads the session — and this delivery's event epoch. A start that must not stand is
         // taken back below.
+        // Registered before the first look, so an announcement right after it is not missed.
+        let waiter = self.turns.wait_for(tenant, session);
         let (unstartable, oldest, start, epoch) = async {
             tokio::join!(
                 self.not_startable(submission),
@@ -493,7 +517,7 @@ impl Lead {
         match in_line {
             Ok(true) => {}
             Ok(false) => match self
-                .wait_for_turn_order(submission, delivery.sequence, &stop)
+                .wait_for_turn_order(submission, delivery.sequence, &waiter, &stop)
                 .boxed()
                 .await
             {
@@ -506,7 +530,9 @@ impl Lead {
             },
             Err(e) => return Settled::Retry(e.to_failure()),
         }
-        // Turns of one session run one at a time: while another lead holds the lease, look again.
+        // Turns of one session run one at a time: while another lead holds the lease, look again
+        // when a lead announces the session free (or after a fallback look), for a bounded time.
+        let lease_wait = tokio::time::Instant::now() + self.cfg.lease_ttl * 2;
         let (attempt, loaded, resume) = loop {
             match start {
                 Ok(TurnStart::Started {
@@ -527,12 +553,18 @@ impl Lead {
                     );
                     return Settled::GiveUp(failure, attempt - 1);
                 }
+                Ok(TurnStart::Busy) if tokio::time::Instant::now() >= lease_wait => {
+                    // Held longer than a lease can live unrenewed: its holder is alive and busy.
+                    // Free the slot; the broker offers the task again.
+                    tracing::info!("the session is busy; handing the task back");
+                    return Settled::NotYet;
+                }
                 Ok(TurnStart::Busy) => {}
                 Err(e) => return Settled::Retry(e.to_failure()),
             }
             tokio::select! {
                 _ = stop.cancelled() => return self.stopped_before_start(submission, abort).boxed().await,
-                _ = tokio::time::sleep(LEASE_POLL) => {}
+                () = waiter.changed() => {}
             }
             start = self.store.begin_turn(claim).await;
         };
@@ -659,6 +691,7 @@ impl Lead {
         &self,
         submission: &TaskSubmission,
         sequence: u64,
+        waiter: &crate::turns::Waiter,
         stop: &CancellationToken,
     ) -> Result<bool, Failure> {
         let deadline = tokio::time::Instant::now() + ORDER_WAIT;
@@ -681,7 +714,7 @@ impl Lead {
             }
             tokio::select! {
                 _ = stop.cancelled() => return Ok(false),
-                _ = tokio::time::sleep(LEASE_POLL) => {}
+                () = waiter.changed() => {}
             }
         }
     }

@@ -969,3 +969,71 @@ async fn a_killed_workers_subagent_resumes_from_its_checkpoint() {
     let answer = result.answer.unwrap_or_default();
     assert!(answer.contains("helper saw"), "{answer}");
 }
+
+/// Another holder keeps the session's lease (a lead that is alive and busy, here a stranger's
+/// token): a task waiting for it does not hold its slot for ever; after twice the lease's time to
+/// live it is handed back to the broker. Once the lease is free and announced, the task runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_for_a_held_lease_hands_its_slot_back_and_runs_once_free() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(0, &["--lease-ttl", "1s"]).await;
+    let client = cluster.client().await;
+    let session = unique("s");
+    let lease = skein_common::store::keys::lease("acme", &session);
+    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
+    let mut conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("a-stranger")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut conn)
+        .await
+        .expect("lease taken");
+    let task = submission("acme", &session, "wait for me");
+    client.submit(&task).await.expect("submitted");
+
+    let jetstream = async_nats::jetstream::new(client.bus().client().clone());
+    eventually(
+        "the waiting task to be handed back",
+        Duration::from_secs(20),
+        || {
+            let jetstream = jetstream.clone();
+            async move {
+                let mut consumer: async_nats::jetstream::consumer::PullConsumer = jetstream
+                    .get_stream(skein_common::subjects::SUBMIT_STREAM)
+                    .await
+                    .ok()?
+                    .get_consumer(skein_common::subjects::LEADS_CONSUMER)
+                    .await
+                    .ok()?;
+                let info = consumer.info().await.ok()?;
+                (info.num_redelivered > 0).then_some(())
+            }
+        },
+    )
+    .await;
+
+    let () = redis::cmd("DEL")
+        .arg(&lease)
+        .query_async(&mut conn)
+        .await
+        .expect("lease freed");
+    client
+        .bus()
+        .client()
+        .publish(
+            skein_common::subjects::turned("acme", &session),
+            Default::default(),
+        )
+        .await
+        .expect("announced");
+    let result = client
+        .run(&task, Duration::from_secs(30), |_| {})
+        .await
+        .expect("the task runs once the lease is free");
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+}
