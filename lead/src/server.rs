@@ -427,7 +427,7 @@ impl Lead {
                     .turn_finished("dead_lettered", std::time::Duration::ZERO);
                 // Dead-lettered either way: a final event that did not go out is still stored,
                 // for lookups.
-                self.publish_final(failed_result(&submission, failure, 0))
+                self.publish_final(failed_result(submission, failure, 0))
                     .boxed()
                     .await;
                 settle(&message, AckKind::Ack).await;
