@@ -18,10 +18,13 @@ use tokio_util::task::TaskTracker;
 /// How long a waiter sleeps when no wake comes (a missed one, or a lease that expired).
 pub const FALLBACK_LOOK: Duration = Duration::from_secs(1);
 
+/// Per (tenant, session): the signal its waiters share, and how many hold it.
+type Waiting = HashMap<(String, String), (Arc<Notify>, usize)>;
+
 /// Waiters by tenant and session: one signal per session, shared by its waiters.
 #[derive(Clone, Default)]
 pub struct SessionWaits {
-    waiting: Arc<Mutex<HashMap<(String, String), (Arc<Notify>, usize)>>>,
+    waiting: Arc<Mutex<Waiting>>,
 }
 
 /// A waiter's hold on its session's signal; dropping it forgets the signal when it was the last.
