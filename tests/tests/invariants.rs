@@ -1,0 +1,327 @@
+//! The invariants the reliability promises stand on, each broken on purpose in a deterministic
+//! way against real servers: a stale lead's writes are refused (lease token), a stale version is
+//! refused (compare-and-set), a recorded result is answered instead of run again (the
+//! dispatcher's and the worker's look-ups), a resubmitted task is dropped by the broker
+//! (`Nats-Msg-Id`), and a step's results come back in the model's order, not in completion order.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+use skein_common::bus::{Bus, Stored, DEFAULT_MAX_PAYLOAD};
+use skein_common::config::{NatsConfig, RedisConfig};
+use skein_common::dispatch::{CallRoute, Dispatcher};
+use skein_common::protocol::{
+    call_key, CallOutcome, FinalResult, TaskOrigin, ToolResult, ToolTask, TurnStatus,
+    PROTOCOL_VERSION,
+};
+use skein_common::store::{
+    SessionState, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnStart,
+};
+use skein_common::subjects;
+use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::servers::{NatsServer, RedisServer};
+use skein_tests::support::test_tools::read_effects;
+use skein_tests::support::unique;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+async fn store(redis: &RedisServer) -> SessionStore {
+    SessionStore::connect(&RedisConfig {
+        url: redis.url.clone(),
+    })
+    .await
+    .expect("redis reachable")
+}
+
+fn claim<'a>(session: &'a str, task: &'a str, token: &'a str) -> TurnClaim<'a> {
+    TurnClaim {
+        tenant: "acme",
+        session,
+        task_id: task,
+        lease_token: token,
+        lease_ttl: Duration::from_millis(300),
+        max_attempts: 5,
+    }
+}
+
+fn final_result(session: &str, task: &str, answer: &str) -> FinalResult {
+    FinalResult {
+        v: PROTOCOL_VERSION,
+        task_id: task.into(),
+        tenant: "acme".into(),
+        session: session.into(),
+        status: TurnStatus::Completed,
+        answer: Some(answer.into()),
+        failure: None,
+        iterations: 1,
+        limit_reached: false,
+        usage: Default::default(),
+        trace_id: None,
+    }
+}
+
+fn origin(session: &str, task: &str) -> TaskOrigin {
+    TaskOrigin {
+        task_id: task.into(),
+        tenant: "acme".into(),
+        user: "u".into(),
+        session: session.into(),
+        workspace: session.into(),
+        deadline_ms: None,
+    }
+}
+
+fn recorded(call_id: &str, output: &str) -> ToolResult {
+    ToolResult {
+        v: PROTOCOL_VERSION,
+        call_id: call_id.into(),
+        outcome: CallOutcome::Ok {
+            output: output.into(),
+        },
+        worker_id: "an-earlier-worker".into(),
+        duration_ms: 1,
+    }
+}
+
+/// Lead A's lease expires and lead B takes the turn over: A's checkpoint and A's end of the turn
+/// are refused, and B's progress stands.
+#[tokio::test]
+async fn a_stale_leads_checkpoint_and_completion_are_refused() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    let Ok(TurnStart::Started { session: a, .. }) = store.begin_turn(claim(&session, &task, "a")).await
+    else {
+        panic!("lead a starts");
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await; // a's lease expires unrenewed
+    let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "b")).await else {
+        panic!("lead b takes over");
+    };
+    let progress = |step: u32| TurnCheckpoint {
+        new_messages: Vec::new(),
+        iterations: step,
+        usage: Default::default(),
+        loaded_skills: Vec::new(),
+    };
+    assert!(store
+        .save_checkpoint("acme", &session, &task, "b", &progress(2))
+        .await
+        .expect("b saves"));
+    assert!(
+        !store
+            .save_checkpoint("acme", &session, &task, "a", &progress(1))
+            .await
+            .expect("answered"),
+        "a stale lead's checkpoint is refused"
+    );
+    let stale_end = store
+        .complete_turn(
+            "a",
+            a.version,
+            Some(&SessionState::default()),
+            &final_result(&session, &task, "from a"),
+        )
+        .await;
+    assert!(matches!(stale_end, Err(StoreError::LeaseLost)), "{stale_end:?}");
+    assert_eq!(
+        store
+            .final_result("acme", &session, &task)
+            .await
+            .expect("read"),
+        None,
+        "a stale lead stored no final result"
+    );
+    // B's checkpoint is still the one a resume would read.
+    let Ok(TurnStart::Busy) = store.begin_turn(claim(&session, &task, "c")).await else {
+        panic!("b still holds the lease");
+    };
+}
+
+/// A session saved since it was loaded is not overwritten: a save or an end of turn with the
+/// version it was loaded at is a conflict.
+#[tokio::test]
+async fn a_stale_version_is_refused_by_save_and_by_completion() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    let loaded = store.load("acme", &session).await.expect("load");
+    let saved = store
+        .save("acme", &session, loaded.version, &SessionState::default())
+        .await
+        .expect("first save");
+    assert_eq!(saved, loaded.version + 1);
+    let stale = store
+        .save("acme", &session, loaded.version, &SessionState::default())
+        .await;
+    assert!(matches!(stale, Err(StoreError::Conflict { .. })), "{stale:?}");
+
+    let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "a")).await else {
+        panic!("the turn starts");
+    };
+    let stale_end = store
+        .complete_turn(
+            "a",
+            loaded.version,
+            Some(&SessionState::default()),
+            &final_result(&session, &task, "stale"),
+        )
+        .await;
+    assert!(
+        matches!(stale_end, Err(StoreError::Conflict { .. })),
+        "{stale_end:?}"
+    );
+}
+
+/// A call that may have run before (a resumed turn) and whose result is recorded is answered
+/// from the record by the dispatcher: nothing is published, no worker is needed.
+#[tokio::test]
+async fn the_dispatcher_answers_a_recorded_call_without_dispatching_it() {
+    let (nats, redis) = (NatsServer::start(), RedisServer::start());
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    bus.ensure_streams().await.expect("streams");
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    store
+        .record_result(
+            "acme",
+            &session,
+            &call_key(&task, 2, "c1"),
+            &recorded("c1", "from the record"),
+        )
+        .await
+        .expect("recorded");
+    let tracker = TaskTracker::new();
+    let stop = CancellationToken::new();
+    let dispatcher = Dispatcher::start(bus.clone(), store, "lead-x", &tracker, stop.clone())
+        .await
+        .expect("dispatcher");
+    let route = CallRoute {
+        pool: "nobody-serves-this",
+        timeout: Duration::from_secs(1),
+        may_have_run: true,
+    };
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        dispatcher.call_tool(&origin(&session, &task), 2, "c1", "noop", json!({}), route),
+    )
+    .await
+    .expect("answered at once, not after a dispatch timeout");
+    assert_eq!(result.worker_id, "an-earlier-worker");
+    assert_eq!(result.outcome.observation(), "from the record");
+    stop.cancel();
+}
+
+/// A tool task whose result an earlier delivery recorded is answered by the worker from the
+/// record: the tool does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_answers_a_recorded_call_without_running_it() {
+    let cluster = TestCluster::start();
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    let store = cluster.store().await;
+    let (session, task) = (unique("s"), unique("t"));
+    let key = call_key(&task, 0, "c1");
+    store
+        .record_result("acme", &session, &key, &recorded("c1", "from the record"))
+        .await
+        .expect("recorded");
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let mut replies = client
+        .subscribe("skein.reply.tester.>")
+        .await
+        .expect("subscribe");
+    let tool_task = ToolTask {
+        v: PROTOCOL_VERSION,
+        origin: origin(&session, &task),
+        call_id: "c1".into(),
+        call_key: key,
+        tool: "slow_effect".into(),
+        arguments: json!({ "key": "must-not-run", "ms": 1 }),
+        reply_to: "skein.reply.tester.1".into(),
+        timeout_ms: 10_000,
+        first_dispatch: false,
+    };
+    async_nats::jetstream::new(client.clone())
+        .publish(
+            subjects::tool_task("default", "slow_effect"),
+            serde_json::to_vec(&tool_task).expect("encodes").into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let reply = tokio::time::timeout(Duration::from_secs(20), replies.next())
+        .await
+        .expect("a reply")
+        .expect("subscription open");
+    let result: ToolResult = serde_json::from_slice(&reply.payload).expect("a tool result");
+    assert_eq!(result.outcome.observation(), "from the record");
+    assert!(
+        !read_effects(&cluster.effects_file()).contains_key("must-not-run"),
+        "the tool did not run"
+    );
+}
+
+/// A task submitted twice reaches the stream once: the client marks it with its id.
+#[tokio::test]
+async fn a_resubmitted_task_is_dropped_by_the_broker() {
+    let nats = NatsServer::start();
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    bus.ensure_streams().await.expect("streams");
+    let task = submission("acme", &unique("s"), "once");
+    assert_eq!(bus.submit(&task).await.expect("first"), Stored::New);
+    assert_eq!(bus.submit(&task).await.expect("second"), Stored::Duplicate);
+    let mut stream = async_nats::jetstream::new(bus.client().clone())
+        .get_stream(subjects::SUBMIT_STREAM)
+        .await
+        .expect("stream");
+    assert_eq!(stream.info().await.expect("info").state.messages, 1);
+}
+
+/// Two calls of one step, the first slow and the second fast: the model observes them in its
+/// own order, whatever order they finished in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steps_results_come_back_in_the_models_order() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [
+            { "name": "slow_effect", "arguments": { "key": "first-slow", "ms": 700 } },
+            { "name": "slow_effect", "arguments": { "key": "second-fast", "ms": 1 } }
+        ] },
+        { "answer": "{{observations}}" }
+    ] }]));
+    cluster.spawn_test_worker(cluster.worker_config(&["--concurrency", "4"]));
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &script]));
+    let (result, _) = cluster
+        .run(&submission("acme", &unique("s"), "order"))
+        .await;
+    let answer = result.answer.unwrap_or_default();
+    let effects = read_effects(&cluster.effects_file());
+    let (slow, fast) = (
+        answer.find("first-slow").expect("the slow call observed"),
+        answer.find("second-fast").expect("the fast call observed"),
+    );
+    assert!(slow < fast, "model order, not completion order: {answer}");
+    assert!(
+        effects.get("second-fast").is_some_and(|c| c.done == 1)
+            && effects.get("first-slow").is_some_and(|c| c.done == 1),
+        "{effects:?}"
+    );
+}
