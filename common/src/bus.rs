@@ -52,6 +52,8 @@ pub enum BusError {
     },
     #[error("cannot read NATS credentials file: {0}")]
     Credentials(#[source] std::io::Error),
+    #[error("NATS settings: {0}")]
+    Config(String),
     #[error("JetStream stream {stream}: {message}")]
     Stream { stream: String, message: String },
     #[error("JetStream consumer {consumer}: {message}")]
@@ -125,11 +127,20 @@ impl Bus {
                 }
                 futures::future::ready(())
             });
-        if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
-            options = options.user_and_password(user.clone(), password.clone());
+        let password = cfg.password().map_err(BusError::Config)?;
+        if let (Some(user), Some(password)) = (&cfg.user, password) {
+            options = options.user_and_password(user.clone(), password);
         }
-        if let Some(token) = &cfg.token {
-            options = options.token(token.clone());
+        if let Some(token) = cfg.token().map_err(BusError::Config)? {
+            options = options.token(token);
+        }
+        if let Some(ca) = &cfg.tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) {
+            options = options
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
         }
         if let Some(creds) = &cfg.creds {
             options = options

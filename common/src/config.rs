@@ -10,7 +10,12 @@ pub const ENV_NATS_USER: &str = "SKEIN_NATS_USER";
 pub const ENV_NATS_PASSWORD: &str = "SKEIN_NATS_PASSWORD";
 pub const ENV_NATS_TOKEN: &str = "SKEIN_NATS_TOKEN";
 pub const ENV_NATS_CREDS: &str = "SKEIN_NATS_CREDS";
+pub const ENV_NATS_TLS_CA: &str = "SKEIN_NATS_TLS_CA";
+pub const ENV_NATS_TLS_CERT: &str = "SKEIN_NATS_TLS_CERT";
+pub const ENV_NATS_TLS_KEY: &str = "SKEIN_NATS_TLS_KEY";
 pub const ENV_REDIS_URL: &str = "SKEIN_REDIS_URL";
+pub const ENV_REDIS_PASSWORD: &str = "SKEIN_REDIS_PASSWORD";
+pub const ENV_REDIS_TLS_CA: &str = "SKEIN_REDIS_TLS_CA";
 pub const ENV_LOG: &str = "SKEIN_LOG";
 pub const ENV_LOG_FORMAT: &str = "SKEIN_LOG_FORMAT";
 pub const ENV_MODEL_PROVIDER: &str = "SKEIN_MODEL_PROVIDER";
@@ -61,6 +66,15 @@ pub struct NatsConfig {
     /// Path of a NATS .creds file.
     #[arg(id = "nats_creds", long = "nats-creds", env = ENV_NATS_CREDS)]
     pub creds: Option<std::path::PathBuf>,
+    /// CA certificate (PEM) to trust for the server's TLS certificate; TLS is then required.
+    #[arg(id = "nats_tls_ca", long = "nats-tls-ca", env = ENV_NATS_TLS_CA)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mutual TLS, with --nats-tls-key.
+    #[arg(id = "nats_tls_cert", long = "nats-tls-cert", env = ENV_NATS_TLS_CERT, requires = "nats_tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for mutual TLS, with --nats-tls-cert.
+    #[arg(id = "nats_tls_key", long = "nats-tls-key", env = ENV_NATS_TLS_KEY, requires = "nats_tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// How long to try to reach NATS at start-up.
     #[arg(id = "nats_connect_timeout", long = "nats-connect-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
@@ -74,6 +88,8 @@ impl std::fmt::Debug for NatsConfig {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("creds", &self.creds)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
             .finish()
     }
 }
@@ -86,23 +102,85 @@ impl NatsConfig {
             password: None,
             token: None,
             creds: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
             connect_timeout: Duration::from_secs(5),
         }
     }
+
+    /// The password: `--nats-password`, or the file `SKEIN_NATS_PASSWORD_FILE` names.
+    pub fn password(&self) -> Result<Option<String>, String> {
+        secret(self.password.as_deref(), ENV_NATS_PASSWORD)
+    }
+
+    /// The token: `--nats-token`, or the file `SKEIN_NATS_TOKEN_FILE` names.
+    pub fn token(&self) -> Result<Option<String>, String> {
+        secret(self.token.as_deref(), ENV_NATS_TOKEN)
+    }
+}
+
+/// A secret from its setting, or else from the file named by `{env}_FILE` (as container
+/// platforms mount secrets), without its trailing newline. An unreadable file is an error that
+/// names the file, never the secret.
+pub fn secret(value: Option<&str>, env: &str) -> Result<Option<String>, String> {
+    let file_env = format!("{env}_FILE");
+    secret_from(value, &file_env, std::env::var_os(&file_env))
+}
+
+/// [`secret`], given what `{env}_FILE` holds.
+fn secret_from(
+    value: Option<&str>,
+    file_env: &str,
+    file: Option<std::ffi::OsString>,
+) -> Result<Option<String>, String> {
+    if let Some(value) = value {
+        return Ok(Some(value.to_owned()));
+    }
+    let Some(path) = file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{file_env}: cannot read {}: {e}", path.to_string_lossy()))?;
+    Ok(Some(text.trim_end_matches(['\r', '\n']).to_owned()))
 }
 
 /// How to reach Redis. The URL may carry a password (`redis://:pw@host/`); `Debug` redacts it.
 #[derive(Clone, Args)]
 pub struct RedisConfig {
+    /// `redis://` or, over TLS, `rediss://`; may name an ACL user (`rediss://user:pw@host/`).
     #[arg(id = "redis_url", long = "redis-url", env = ENV_REDIS_URL, default_value = "redis://127.0.0.1:6379/", hide_env_values = true)]
     pub url: String,
+    /// Password, when the URL carries none (also from `SKEIN_REDIS_PASSWORD_FILE`).
+    #[arg(id = "redis_password", long = "redis-password", env = ENV_REDIS_PASSWORD, hide_env_values = true)]
+    pub password: Option<String>,
+    /// CA certificate (PEM) to trust for a `rediss://` server instead of the system's.
+    #[arg(id = "redis_tls_ca", long = "redis-tls-ca", env = ENV_REDIS_TLS_CA)]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &redact_url(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca", &self.tls_ca)
             .finish()
+    }
+}
+
+impl RedisConfig {
+    pub fn local(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            password: None,
+            tls_ca: None,
+        }
+    }
+
+    /// The password: `--redis-password`, or the file `SKEIN_REDIS_PASSWORD_FILE` names.
+    pub fn password(&self) -> Result<Option<String>, String> {
+        secret(self.password.as_deref(), ENV_REDIS_PASSWORD)
     }
 }
 
@@ -136,6 +214,13 @@ pub struct ModelConfig {
     /// Scenario file for the scripted provider; the bundled example when unset.
     #[arg(id = "model_scenario", long = "scenario", env = ENV_SCENARIO)]
     pub scenario: Option<std::path::PathBuf>,
+}
+
+impl ModelConfig {
+    /// The API key: `--model-api-key`, or the file `SKEIN_MODEL_API_KEY_FILE` names.
+    pub fn api_key(&self) -> Result<Option<String>, String> {
+        secret(self.api_key.as_deref(), ENV_MODEL_API_KEY)
+    }
 }
 
 impl std::fmt::Debug for ModelConfig {
@@ -211,6 +296,23 @@ impl ProcessConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn secrets_come_from_the_setting_or_else_from_their_file() {
+        let dir = std::env::temp_dir().join(format!("skein-secret-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("password");
+        std::fs::write(&file, "s3cret\n").expect("written");
+        let from_file = super::secret_from(None, "X_FILE", Some(file.clone().into()));
+        assert_eq!(from_file, Ok(Some("s3cret".to_owned())));
+        let setting_wins = super::secret_from(Some("given"), "X_FILE", Some(file.into()));
+        assert_eq!(setting_wins, Ok(Some("given".to_owned())));
+        assert_eq!(super::secret_from(None, "X_FILE", None), Ok(None));
+        let missing = super::secret_from(None, "X_FILE", Some(dir.join("nope").into()))
+            .expect_err("an unreadable file is an error");
+        assert!(missing.starts_with("X_FILE: cannot read"), "{missing}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::*;
 
     #[test]

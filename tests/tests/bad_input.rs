@@ -310,7 +310,7 @@ async fn unreachable_nats_or_redis_stop_start_up_with_a_clear_error() {
     assert!(err.to_string().contains(&dead_nats), "{err}");
 
     let mut cfg = cluster.worker_config(&[]);
-    cfg.redis = RedisConfig { url: dead_redis };
+    cfg.redis = RedisConfig::local(dead_redis);
     let err = tokio::time::timeout(
         Duration::from_secs(30),
         skein_worker::run(cfg, Default::default()),

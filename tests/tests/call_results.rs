@@ -22,11 +22,9 @@ fn result(output: &str) -> ToolResult {
 #[tokio::test]
 async fn the_first_result_wins_and_a_sessions_results_expire_after_its_last_call() {
     let redis = RedisServer::start();
-    let store = SessionStore::connect(&RedisConfig {
-        url: redis.url.clone(),
-    })
-    .await
-    .expect("redis reachable");
+    let store = SessionStore::connect(&RedisConfig::local(redis.url.clone()))
+        .await
+        .expect("redis reachable");
     let session = unique("s");
 
     assert!(store
@@ -87,11 +85,9 @@ async fn the_first_result_wins_and_a_sessions_results_expire_after_its_last_call
 async fn a_handed_back_uncounted_first_delivery_is_no_attempt() {
     use skein_common::store::CallAdmission;
     let redis = RedisServer::start();
-    let store = SessionStore::connect(&RedisConfig {
-        url: redis.url.clone(),
-    })
-    .await
-    .expect("redis reachable");
+    let store = SessionStore::connect(&RedisConfig::local(redis.url.clone()))
+        .await
+        .expect("redis reachable");
     let session = unique("s");
 
     // Crashed first delivery: nothing in the store; the redelivery is the first count.

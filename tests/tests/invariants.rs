@@ -27,11 +27,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 async fn store(redis: &RedisServer) -> SessionStore {
-    SessionStore::connect(&RedisConfig {
-        url: redis.url.clone(),
-    })
-    .await
-    .expect("redis reachable")
+    SessionStore::connect(&RedisConfig::local(redis.url.clone()))
+        .await
+        .expect("redis reachable")
 }
 
 fn claim<'a>(session: &'a str, task: &'a str, token: &'a str) -> TurnClaim<'a> {
@@ -91,7 +89,8 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
     let redis = RedisServer::start();
     let store = store(&redis).await;
     let (session, task) = (unique("s"), unique("t"));
-    let Ok(TurnStart::Started { session: a, .. }) = store.begin_turn(claim(&session, &task, "a")).await
+    let Ok(TurnStart::Started { session: a, .. }) =
+        store.begin_turn(claim(&session, &task, "a")).await
     else {
         panic!("lead a starts");
     };
@@ -124,7 +123,10 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
             &final_result(&session, &task, "from a"),
         )
         .await;
-    assert!(matches!(stale_end, Err(StoreError::LeaseLost)), "{stale_end:?}");
+    assert!(
+        matches!(stale_end, Err(StoreError::LeaseLost)),
+        "{stale_end:?}"
+    );
     assert_eq!(
         store
             .final_result("acme", &session, &task)
@@ -155,7 +157,10 @@ async fn a_stale_version_is_refused_by_save_and_by_completion() {
     let stale = store
         .save("acme", &session, loaded.version, &SessionState::default())
         .await;
-    assert!(matches!(stale, Err(StoreError::Conflict { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
 
     let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "a")).await else {
         panic!("the turn starts");

@@ -12,11 +12,9 @@ use skein_tests::support::servers::RedisServer;
 use skein_tests::support::unique;
 
 async fn store(redis: &RedisServer) -> SessionStore {
-    SessionStore::connect(&RedisConfig {
-        url: redis.url.clone(),
-    })
-    .await
-    .expect("redis reachable")
+    SessionStore::connect(&RedisConfig::local(redis.url.clone()))
+        .await
+        .expect("redis reachable")
 }
 
 fn claim<'a>(session: &'a str, task_id: &'a str, token: &'a str, max: u64) -> TurnClaim<'a> {

@@ -48,6 +48,8 @@ pub enum StoreError {
     UnexpectedReply(&'static str),
     #[error("stored {what} is not a number in range: {text:?}")]
     BadNumber { what: &'static str, text: String },
+    #[error("Redis settings: {0}")]
+    Config(String),
 }
 
 impl StoreError {
@@ -58,7 +60,8 @@ impl StoreError {
             }
             StoreError::Corrupt(_)
             | StoreError::UnexpectedReply(_)
-            | StoreError::BadNumber { .. } => Failure::new(FailureKind::Internal, self.to_string()),
+            | StoreError::BadNumber { .. }
+            | StoreError::Config(_) => Failure::new(FailureKind::Internal, self.to_string()),
         }
     }
 }
@@ -226,7 +229,27 @@ pub struct SessionStore {
 impl SessionStore {
     /// Connects; fails clearly if Redis cannot be reached within a few seconds.
     pub async fn connect(cfg: &RedisConfig) -> Result<Self, StoreError> {
-        let client = redis::Client::open(cfg.url.as_str())?;
+        use redis::IntoConnectionInfo;
+        let mut info = cfg.url.as_str().into_connection_info()?;
+        if let Some(password) = cfg.password().map_err(StoreError::Config)? {
+            if info.redis_settings().password().is_none() {
+                let settings = info.redis_settings().clone().set_password(password);
+                info = info.set_redis_settings(settings);
+            }
+        }
+        let client = match &cfg.tls_ca {
+            Some(ca) => {
+                let root_cert = std::fs::read(ca).map_err(|e| {
+                    StoreError::Config(format!("cannot read the CA file {}: {e}", ca.display()))
+                })?;
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                };
+                redis::Client::build_with_tls(info, certificates)?
+            }
+            None => redis::Client::open(info)?,
+        };
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(5)))

@@ -35,7 +35,9 @@ pub fn assemble(
     metrics: crate::metrics::Metrics,
     model: &crate::config::ModelConfig,
 ) -> Runtime {
-    let middleware = middleware.with_secrets(model.api_key.clone());
+    // The key as the provider uses it (from its file too); a key that cannot be read failed the
+    // provider already.
+    let middleware = middleware.with_secrets(model.api_key().ok().flatten());
     let directory = Arc::new(dispatcher.catalog().clone());
     let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));
     let model = BoxCloneSyncService::new(ProviderService::new(provider).map_err(Into::into));

@@ -177,11 +177,9 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         cluster.dir.display()
     );
 
-    let store = SessionStore::connect(&skein_common::config::RedisConfig {
-        url: redis_url.clone(),
-    })
-    .await
-    .map_err(|e| e.to_string())?;
+    let store = SessionStore::connect(&skein_common::config::RedisConfig::local(redis_url.clone()))
+        .await
+        .map_err(|e| e.to_string())?;
     let started = Instant::now();
     loop {
         let workers = store.live_workers().await.map_err(|e| e.to_string())?;

@@ -134,10 +134,7 @@ async fn run(args: Args) -> Result<(), Failed> {
     )
     .await?;
     bus.ensure_streams().await?;
-    let store = SessionStore::connect(&RedisConfig {
-        url: redis.url.clone(),
-    })
-    .await?;
+    let store = SessionStore::connect(&RedisConfig::local(redis.url.clone())).await?;
     let ready = start_to_ready(&cluster, &store, &mut report).await?;
     let mut first = cluster.worker("worker-1");
     wait_workers(&store, 1).await?;
@@ -459,10 +456,7 @@ async fn checkpoint_cost(
     samples: usize,
     report: &mut Report,
 ) -> Result<(), Failed> {
-    let store = SessionStore::connect(&RedisConfig {
-        url: url.to_owned(),
-    })
-    .await?;
+    let store = SessionStore::connect(&RedisConfig::local(url.to_owned())).await?;
     let token = "bench-lead:task";
     store
         .try_lease("bench", "checkpoints", token, Duration::from_secs(600))

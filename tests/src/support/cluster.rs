@@ -40,11 +40,16 @@ impl TestCluster {
 
     /// Starts with this NATS server (one started with a configuration, say) and a fresh Redis.
     pub fn with_nats(nats: NatsServer) -> Self {
+        Self::with_servers(nats, RedisServer::start())
+    }
+
+    /// Starts with these servers (started with TLS or passwords, say).
+    pub fn with_servers(nats: NatsServer, redis: RedisServer) -> Self {
         let dir = std::env::temp_dir().join(unique("skein-test"));
         std::fs::create_dir_all(&dir).expect("test dir can be created");
         Self {
             nats,
-            redis: RedisServer::start(),
+            redis,
             dir,
             shutdown: CancellationToken::new(),
         }
@@ -189,9 +194,9 @@ impl TestCluster {
     }
 
     pub async fn store(&self) -> SessionStore {
-        SessionStore::connect(&skein_common::config::RedisConfig {
-            url: self.redis.url.clone(),
-        })
+        SessionStore::connect(&skein_common::config::RedisConfig::local(
+            self.redis.url.clone(),
+        ))
         .await
         .expect("store connects to the test Redis")
     }

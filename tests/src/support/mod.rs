@@ -11,6 +11,7 @@ pub mod proxy;
 pub mod servers;
 pub mod slow_http;
 pub mod test_tools;
+pub mod tls;
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;

@@ -203,6 +203,15 @@ impl RedisServer {
         if let Some(url) = external_url(REDIS_URL_ENV) {
             return Self { url, owned: None };
         }
+        Self::start_with_args(&[])
+    }
+
+    /// Starts a fresh server with more `redis-server` arguments (TLS ports, `--requirepass`),
+    /// always spawned, never external. The plain port (`url`) still answers the readiness probe.
+    ///
+    /// # Panics
+    /// When `redis-server` is not installed or does not become ready in time.
+    pub fn start_with_args(extra: &[String]) -> Self {
         let program = find_binary("redis-server")
             .unwrap_or_else(|| panic!("redis-server not found: apt-get install redis-server"));
         let port = free_port();
@@ -224,6 +233,10 @@ impl RedisServer {
             "--dir".into(),
             dir.clone().into_os_string(),
         ];
+        let args = args
+            .into_iter()
+            .chain(extra.iter().map(OsString::from))
+            .collect();
         let mut owned = OwnedServer::new(ServerKind::Redis, program, args, port, dir);
         owned.launch();
         Self {
@@ -308,7 +321,9 @@ impl ServerKind {
                 if writer.write_all(b"PING\r\n").is_err() {
                     return false;
                 }
-                first_line(&stream).is_some_and(|line| line.trim_end() == "+PONG")
+                // A server that wants a password is up too.
+                first_line(&stream)
+                    .is_some_and(|line| line.trim_end() == "+PONG" || line.starts_with("-NOAUTH"))
             }
         }
     }

@@ -177,7 +177,7 @@ impl Provider {
         match cfg.provider.as_str() {
             "openai" => Ok(Provider::OpenAi(Arc::new(openai::OpenAiClient::new(
                 cfg.base_url.clone(),
-                cfg.api_key.clone(),
+                cfg.api_key().map_err(ModelError::Misconfigured)?,
                 cfg.timeout,
             )?))),
             "scripted" => {

@@ -1,0 +1,95 @@
+//! Certificates for TLS tests, made with the `openssl` command: a CA, a server certificate for
+//! 127.0.0.1 and localhost, and a client certificate, all signed by the CA and valid for two days.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// PEM files in one directory.
+#[derive(Debug, Clone)]
+pub struct TestCertificates {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TestCertificates {
+    /// Generates the certificates into `dir`.
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails.
+    pub fn generate(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("certificate dir");
+        let path = |name: &str| dir.join(name);
+        let openssl = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("openssl runs (apt-get install openssl)");
+            assert!(
+                output.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=skein-test-ca",
+        ]);
+        std::fs::write(
+            path("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("extensions");
+        std::fs::write(path("client.ext"), "extendedKeyUsage=clientAuth\n").expect("extensions");
+        for (name, subject) in [("server", "/CN=localhost"), ("client", "/CN=skein-client")] {
+            let (key, csr, crt, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.crt"),
+                format!("{name}.ext"),
+            );
+            openssl(&[
+                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+                subject,
+            ]);
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ]);
+        }
+        Self {
+            ca: path("ca.crt"),
+            server_cert: path("server.crt"),
+            server_key: path("server.key"),
+            client_cert: path("client.crt"),
+            client_key: path("client.key"),
+        }
+    }
+}
