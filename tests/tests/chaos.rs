@@ -1037,3 +1037,39 @@ async fn a_task_waiting_for_a_held_lease_hands_its_slot_back_and_runs_once_free(
         .expect("the task runs once the lease is free");
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
 }
+
+/// SIGTERM reaches a worker while its call runs: the call finishes within the grace period on
+/// that worker (it is not cut off and run again elsewhere), its result reaches the turn, and the
+/// worker then exits cleanly. A worker started after the signal would run any call handed back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_told_to_stop_finishes_its_running_call_first() {
+    let cluster = TestCluster::start();
+    let script = one_slow_call(&cluster, 1500);
+    let flags = ["--grace", "20s", "--ack-wait", "2s"];
+    let mut draining = test_worker(&cluster, &flags, "worker-draining.log");
+    cluster.wait_for_workers(1).await;
+    let _lead = lead_process(&cluster, &["--scenario", script.as_str()], "lead.log");
+    let task = submission("acme", &unique("s"), "drain-me");
+    let running = cluster.run(&task);
+    let drain = async {
+        wait_for_effect(&cluster.effects_file(), "drain-me", true).await;
+        draining.sigterm();
+        // Anything handed back would run here.
+        let standby = test_worker(&cluster, &flags, "worker-standby.log");
+        let exit = draining.wait_exit(Duration::from_secs(40)).await;
+        (exit, standby)
+    };
+    let ((result, _), (exit, _standby)) = tokio::join!(running, drain);
+    let effects = read_effects(&cluster.effects_file());
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let effect = effects.get("drain-me").expect("the call ran");
+    assert_eq!(
+        (effect.started, effect.done),
+        (1, 1),
+        "the running call finished where it ran, once: {effects:?}"
+    );
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "the worker drained and exited: {exit:?}"
+    );
+}
