@@ -312,14 +312,13 @@ impl Lead {
     async fn refuse_decision(&self, message: &jetstream::Message, why: &str) {
         tracing::warn!(subject = %message.subject, why, "approval decision refused");
         self.metrics.dead_lettered("approval");
-        if let Err(e) = self
+        let reason = format!("rejected: {why}");
+        if self
             .bus
-            .dead_letter_message(message, &format!("rejected: {why}"), 1)
+            .set_aside(message, &reason, 1, DECISION_RETRY)
             .await
         {
-            tracing::error!(error = %e, "cannot dead-letter the approval decision; handing it back");
-            return settle(message, AckKind::Nak(Some(DECISION_RETRY))).await;
+            settle(message, AckKind::Term).await;
         }
-        settle(message, AckKind::Term).await;
     }
 }

@@ -412,15 +412,13 @@ impl Lead {
                     FailureKind::DeadLettered,
                     format!("the turn failed on all {attempts} attempts; last: {last}"),
                 );
-                if let Err(e) = self
+                let set_aside = self
                     .bus
-                    .dead_letter_message(&message, &failure.message, attempts)
+                    .set_aside(&message, &failure.message, attempts, REDELIVERY_DELAY)
                     .boxed()
-                    .await
-                {
-                    // Keep the message: without its dead letter it must not disappear.
-                    tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
-                    return settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+                    .await;
+                if !set_aside {
+                    return;
                 }
                 self.metrics.dead_lettered("submit");
                 self.metrics
@@ -971,11 +969,13 @@ impl Lead {
         }
         self.metrics.dead_lettered("submit");
         let reason = format!("rejected: {failure}");
-        if let Err(e) = self.bus.dead_letter_message(message, &reason, 1).await {
-            tracing::error!(error = %e, "cannot dead-letter the rejected submission; handing it back");
-            return settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+        if self
+            .bus
+            .set_aside(message, &reason, 1, REDELIVERY_DELAY)
+            .await
+        {
+            settle(message, AckKind::Term).await;
         }
-        settle(message, AckKind::Term).await;
     }
 }
 

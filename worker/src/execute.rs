@@ -632,18 +632,15 @@ async fn dead_letter(
     reason: &str,
     attempts: u64,
 ) -> bool {
-    match ctx.bus.dead_letter_message(message, reason, attempts).await {
-        Ok(()) => {
-            let kind = message.subject.split('.').nth(1).unwrap_or("other");
-            ctx.metrics.dead_lettered(kind);
-            true
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "cannot dead-letter the task; handing it back");
-            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
-            false
-        }
+    let set_aside = ctx
+        .bus
+        .set_aside(message, reason, attempts, REDELIVERY_DELAY)
+        .await;
+    if set_aside {
+        let kind = message.subject.split('.').nth(1).unwrap_or("other");
+        ctx.metrics.dead_lettered(kind);
     }
+    set_aside
 }
 
 /// Which call a result belongs to and where it goes.

@@ -1,0 +1,218 @@
+//! The dead-letter stream: setting a message aside with why and how often it was tried, listing,
+//! replaying and removing letters.
+
+use async_nats::header::NATS_MESSAGE_ID;
+use async_nats::jetstream::{self, stream};
+use bytes::Bytes;
+
+use crate::subjects;
+
+use super::{message_id, outgoing_headers, Bus, BusError};
+
+/// Header of a dead letter: the subject the message was first published on.
+pub const HEADER_ORIGINAL_SUBJECT: &str = "Skein-Original-Subject";
+/// Header of a dead letter: why it was set aside.
+pub const HEADER_DEAD_REASON: &str = "Skein-Dead-Reason";
+/// Header of a dead letter: how often it was tried.
+pub const HEADER_ATTEMPTS: &str = "Skein-Attempts";
+/// Header of a dead letter: the original message's `Nats-Msg-Id`, if it had one.
+pub const HEADER_ORIGINAL_ID: &str = "Skein-Original-Id";
+/// Header of a replayed dead letter: the letter's sequence in the dead-letter stream.
+pub const HEADER_REPLAYED: &str = "Skein-Replayed";
+
+/// A message set aside in the dead-letter stream.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// Position in the dead-letter stream; names the letter for show, replay and removal.
+    pub seq: u64,
+    pub original_subject: String,
+    pub original_id: Option<String>,
+    pub reason: String,
+    pub attempts: u64,
+    pub payload: Bytes,
+}
+
+impl DeadLetter {
+    fn from_stream(message: async_nats::jetstream::message::StreamMessage) -> Self {
+        let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+        Self {
+            seq: message.sequence,
+            original_subject: header(HEADER_ORIGINAL_SUBJECT)
+                .unwrap_or_else(|| message.subject.to_string()),
+            original_id: header(HEADER_ORIGINAL_ID),
+            reason: header(HEADER_DEAD_REASON).unwrap_or_default(),
+            attempts: header(HEADER_ATTEMPTS)
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
+            payload: message.payload,
+        }
+    }
+}
+
+impl Bus {
+    /// Sets a delivered message aside as a dead letter. A message that cannot be dead-lettered
+    /// (the broker refused the letter) is handed back to be offered again after `retry` instead,
+    /// so it never disappears without its letter; the caller settles a message that was set aside
+    /// (ack or term). Returns whether it was set aside.
+    pub async fn set_aside(
+        &self,
+        message: &jetstream::Message,
+        reason: &str,
+        attempts: u64,
+        retry: std::time::Duration,
+    ) -> bool {
+        match self.dead_letter_message(message, reason, attempts).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, subject = %message.subject, "cannot dead-letter the message; handing it back");
+                super::settle(message, jetstream::AckKind::Nak(Some(retry))).await;
+                false
+            }
+        }
+    }
+
+    /// Sets a delivered work message aside in the dead-letter stream, with why and how often it
+    /// was tried. Setting the same delivery aside twice (a retry after a failure to settle it)
+    /// stores one letter: the letter's id is the message's stream position.
+    pub async fn dead_letter_message(
+        &self,
+        message: &jetstream::Message,
+        reason: &str,
+        attempts: u64,
+    ) -> Result<(), BusError> {
+        let position = message
+            .info()
+            .map(|info| format!("dead-{}-{}", info.stream, info.stream_sequence))
+            .ok();
+        let id = message_id(message);
+        self.dead_letter(
+            &message.subject,
+            id.as_deref(),
+            position.as_deref(),
+            message.payload.clone(),
+            reason,
+            attempts,
+        )
+        .await
+    }
+
+    /// Sets a message aside in the dead-letter stream, with why and how often it was tried;
+    /// `dedup_id` (if any) keeps a repeated call from storing a second letter.
+    pub async fn dead_letter(
+        &self,
+        original_subject: &str,
+        original_id: Option<&str>,
+        dedup_id: Option<&str>,
+        payload: Bytes,
+        reason: &str,
+        attempts: u64,
+    ) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        if let Some(dedup_id) = dedup_id {
+            headers.insert(NATS_MESSAGE_ID, dedup_id);
+        }
+        headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
+        headers.insert(
+            HEADER_DEAD_REASON,
+            reason.replace(['\r', '\n'], " ").as_str(),
+        );
+        headers.insert(HEADER_ATTEMPTS, attempts.to_string().as_str());
+        if let Some(id) = original_id {
+            headers.insert(HEADER_ORIGINAL_ID, id);
+        }
+        tracing::warn!(
+            subject = original_subject,
+            reason,
+            attempts,
+            "message dead-lettered"
+        );
+        self.publish_durable(subjects::dead_letter(original_subject), headers, payload)
+            .await
+    }
+
+    /// Every dead letter, oldest first.
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BusError> {
+        let mut stream = self.dlq_stream().await?;
+        let state = stream
+            .info()
+            .await
+            .map_err(|e| dlq_error(e.to_string()))?
+            .state
+            .clone();
+        let mut letters = Vec::new();
+        if state.messages == 0 {
+            return Ok(letters);
+        }
+        for seq in state.first_sequence..=state.last_sequence {
+            if let Some(letter) = self.dead_letter_at(seq).await? {
+                letters.push(letter);
+            }
+        }
+        Ok(letters)
+    }
+
+    /// The dead letter at `seq`, if there is one.
+    pub async fn dead_letter_at(&self, seq: u64) -> Result<Option<DeadLetter>, BusError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let stream = self.dlq_stream().await?;
+        match stream.get_raw_message(seq).await {
+            Ok(message) => Ok(Some(DeadLetter::from_stream(message))),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(dlq_error(e.to_string())),
+        }
+    }
+
+    /// Publishes a dead letter's message again on its original subject, then removes the letter.
+    pub async fn replay_dead_letter(&self, letter: &DeadLetter) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        let id = format!(
+            "{}-replay-{}",
+            letter.original_id.as_deref().unwrap_or("dlq"),
+            letter.seq
+        );
+        headers.insert(NATS_MESSAGE_ID, id.as_str());
+        headers.insert(HEADER_REPLAYED, letter.seq.to_string().as_str());
+        self.publish_durable(
+            letter.original_subject.clone(),
+            headers,
+            letter.payload.clone(),
+        )
+        .await?;
+        self.remove_dead_letter(letter.seq).await.map(|_| ())
+    }
+
+    /// Removes one dead letter; false if there was none at `seq`.
+    pub async fn remove_dead_letter(&self, seq: u64) -> Result<bool, BusError> {
+        let stream = self.dlq_stream().await?;
+        use async_nats::jetstream::stream::DeleteMessageErrorKind;
+        use async_nats::jetstream::ErrorCode;
+        match stream.delete_message(seq).await {
+            Ok(deleted) => Ok(deleted),
+            Err(e) if matches!(e.kind(), DeleteMessageErrorKind::JetStream(j) if j.error_code() == ErrorCode::NO_MESSAGE_FOUND) => {
+                Ok(false)
+            }
+            Err(e) => Err(dlq_error(e.to_string())),
+        }
+    }
+
+    /// Removes every dead letter; returns how many there were.
+    pub async fn purge_dead_letters(&self) -> Result<u64, BusError> {
+        let stream = self.dlq_stream().await?;
+        let purged = stream.purge().await.map_err(|e| dlq_error(e.to_string()))?;
+        Ok(purged.purged)
+    }
+
+    async fn dlq_stream(&self) -> Result<stream::Stream, BusError> {
+        self.jetstream
+            .get_stream(subjects::DLQ_STREAM)
+            .await
+            .map_err(|e| dlq_error(e.to_string()))
+    }
+}
+
+fn dlq_error(message: String) -> BusError {
+    BusError::Stream {
+        stream: subjects::DLQ_STREAM.into(),
+        message,
+    }
+}

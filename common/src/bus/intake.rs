@@ -1,0 +1,337 @@
+//! Durable work-queue consumers: binding and reconciling them (`Bus::intake`), pulling only for
+//! free slots (`Intake::serve`), progress acks while work runs, settling, and consumer depth.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{Bus, BusError, HEADER_REPLAYED};
+
+/// Settings of a durable work-queue consumer.
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    pub stream: &'static str,
+    pub durable: String,
+    pub filter: String,
+    /// How long a delivery may go unacknowledged (progress acks extend it).
+    pub ack_wait: Duration,
+    /// Deliveries before the server gives up on a message; -1 for no limit (Skein counts attempts
+    /// itself, see `SessionStore::begin_turn` and `SessionStore::admit_call`).
+    pub max_deliver: i64,
+    /// Most deliveries outstanding at once; `None` keeps the server's default (1,000 on 2.9),
+    /// `Some(-1)` is no limit. Pulls ask only for free slots, so this bounds only deliveries
+    /// held without a slot (suspended turns waiting for approval).
+    pub max_ack_pending: Option<i64>,
+}
+
+impl Bus {
+    /// Binds (creating if needed) a durable pull consumer and returns its intake.
+    ///
+    /// A consumer that exists already keeps the settings of the process that created it unless
+    /// they are reconciled here: its `ack_wait` only grows (a process with a longer one updates
+    /// it; one with a shorter one keeps the longer, since its own progress acks come often enough
+    /// for either, and says so), and `max_deliver` and `max_ack_pending` are set to this
+    /// process's. Every process sends progress acks at a third of its own `ack_wait`, so none
+    /// can fall behind the consumer's deadline.
+    pub async fn intake(&self, settings: &ConsumerSettings) -> Result<Intake, BusError> {
+        let consumer_error = |message: String| BusError::Consumer {
+            consumer: settings.durable.clone(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(settings.stream)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let wanted = consumer::pull::Config {
+            durable_name: Some(settings.durable.clone()),
+            filter_subject: settings.filter.clone(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: settings.max_deliver,
+            max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut consumer = stream
+            .get_or_create_consumer(&settings.durable, wanted.clone())
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let existing = consumer
+            .info()
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?
+            .config
+            .clone();
+        if let Some(reconciled) = reconcile(&existing, &wanted) {
+            tracing::warn!(
+                consumer = %settings.durable,
+                ack_wait = ?(existing.ack_wait, reconciled.ack_wait),
+                max_deliver = ?(existing.max_deliver, reconciled.max_deliver),
+                max_ack_pending = ?(existing.max_ack_pending, reconciled.max_ack_pending),
+                "consumer settings differ from this process's; updating them"
+            );
+            stream
+                .create_consumer(reconciled)
+                .await
+                .map_err(|e| consumer_error(format!("cannot update its settings: {e}")))?;
+            consumer = stream
+                .get_consumer(&settings.durable)
+                .await
+                .map_err(|e| consumer_error(e.to_string()))?;
+        }
+        if existing.ack_wait > settings.ack_wait {
+            tracing::warn!(
+                consumer = %settings.durable,
+                consumer_ack_wait = ?existing.ack_wait,
+                ack_wait = ?settings.ack_wait,
+                "the consumer keeps its longer ack wait: work of a crashed process is redelivered after it"
+            );
+        }
+        Ok(Intake { consumer })
+    }
+
+    /// Pending and unacknowledged messages of a durable consumer.
+    pub async fn consumer_depth(
+        &self,
+        stream: &str,
+        durable: &str,
+    ) -> Result<(u64, u64), BusError> {
+        let consumer_error = |message: String| BusError::Consumer {
+            consumer: durable.to_owned(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let mut consumer: consumer::PullConsumer = stream
+            .get_consumer(durable)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        Ok((info.num_pending, info.num_ack_pending as u64))
+    }
+
+    /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until `stop`.
+    pub fn watch_queue_depth(
+        &self,
+        metrics: crate::metrics::Metrics,
+        consumers: Vec<(&'static str, String)>,
+        every: Duration,
+        tracker: &TaskTracker,
+        stop: CancellationToken,
+    ) {
+        let bus = self.clone();
+        tracker.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = ticks.tick() => {}
+                }
+                for (stream, durable) in &consumers {
+                    match bus.consumer_depth(stream, durable).await {
+                        Ok((pending, ack_pending)) => {
+                            metrics.queue_depth(durable, pending, ack_pending)
+                        }
+                        Err(e) => tracing::debug!(error = %e, "queue depth unknown"),
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The settings an existing consumer must change to, if any: `ack_wait` grows to the wanted
+/// one (never shrinks), `max_deliver` and `max_ack_pending` become the wanted ones; the rest of
+/// its configuration is kept.
+pub fn reconcile(
+    existing: &consumer::Config,
+    wanted: &consumer::pull::Config,
+) -> Option<consumer::Config> {
+    // The server reports its default (1,000 on 2.9) for a consumer created without a limit.
+    let same_pending = existing.max_ack_pending == wanted.max_ack_pending
+        || (wanted.max_ack_pending == 0 && existing.max_ack_pending == DEFAULT_MAX_ACK_PENDING);
+    if existing.ack_wait >= wanted.ack_wait
+        && existing.max_deliver == wanted.max_deliver
+        && same_pending
+    {
+        return None;
+    }
+    let mut reconciled = existing.clone();
+    reconciled.ack_wait = existing.ack_wait.max(wanted.ack_wait);
+    reconciled.max_deliver = wanted.max_deliver;
+    if !same_pending {
+        reconciled.max_ack_pending = wanted.max_ack_pending;
+    }
+    Some(reconciled)
+}
+
+/// The server's `max_ack_pending` for a consumer created without one.
+const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
+
+/// A durable work-queue consumer, pulled only for free slots.
+pub struct Intake {
+    consumer: consumer::Consumer<consumer::pull::Config>,
+}
+
+impl Intake {
+    /// One pull request for at most `count` messages, delivered as they come until `count` have
+    /// come or `wait` ends.
+    async fn pull(&self, count: usize, wait: Duration) -> Result<consumer::pull::Batch, BusError> {
+        self.consumer
+            .batch()
+            .max_messages(count)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| BusError::Pull(e.to_string()))
+    }
+
+    /// Pulls and runs messages until `shutdown`: at most `capacity` run at once, and the broker
+    /// is asked only for as many messages as there are free slots. Each pull request asks for
+    /// every slot free when it is made (each message then runs in a slot held for it), and up to
+    /// [`PULLERS`] requests are outstanding, so slots freed while one request waits are offered
+    /// by the next: intake keeps pace with the broker, yet no message waits in a client-side
+    /// buffer while its ack deadline runs out. A pull in flight is never abandoned (that would
+    /// strand a delivered message until its ack deadline); shutdown is noticed between pulls.
+    pub async fn serve<F, Fut>(
+        self,
+        capacity: usize,
+        shutdown: CancellationToken,
+        tracker: TaskTracker,
+        handler: F,
+    ) where
+        F: Fn(jetstream::Message) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let capacity = capacity.max(1);
+        let slots = Arc::new(Semaphore::new(capacity));
+        let pullers = (0..capacity.min(PULLERS))
+            .map(|_| self.pull_into_slots(&slots, &shutdown, &tracker, &handler));
+        futures::future::join_all(pullers).await;
+    }
+
+    async fn pull_into_slots<F, Fut>(
+        &self,
+        slots: &Arc<Semaphore>,
+        shutdown: &CancellationToken,
+        tracker: &TaskTracker,
+        handler: &F,
+    ) where
+        F: Fn(jetstream::Message) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                slot = slots.clone().acquire_owned() => slot,
+            };
+            let Ok(mut held) = first else { break };
+            let more = slots.available_permits().min(MAX_PULL_BATCH - 1);
+            if more > 0 {
+                if let Ok(extra) = slots.clone().try_acquire_many_owned(more as u32) {
+                    held.merge(extra);
+                }
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+            let mut batch = match self.pull(held.num_permits(), PULL_WAIT).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::warn!(error = %e, "pull failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(PULL_RETRY) => {}
+                    }
+                    continue;
+                }
+            };
+            while let Some(delivered) = batch.next().await {
+                match delivered {
+                    Ok(message) => {
+                        // The broker sends at most as many messages as were asked for.
+                        let Some(slot) = held.split(1) else {
+                            tracing::error!("more messages than asked for; handing one back");
+                            settle(&message, jetstream::AckKind::Nak(None)).await;
+                            continue;
+                        };
+                        // The slot is freed when the work ends (`map` keeps the future stored
+                        // once, where an `async` block would hold it twice).
+                        tracker.spawn(handler(message).map(move |()| drop(slot)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pull ended early");
+                        break;
+                    }
+                }
+            }
+            // Slots asked for but not filled before the pull ended go back here (`held` drops).
+        }
+    }
+}
+
+/// Runs `work` while telling the broker every `every` that `message` is still being worked on, so
+/// a short ack deadline still catches a dead process quickly while long work survives.
+pub async fn with_progress<T>(
+    message: &jetstream::Message,
+    every: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    futures::pin_mut!(work);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = ticks.tick() => {
+                if let Err(e) = message.ack_with(jetstream::AckKind::Progress).await {
+                    tracing::warn!(error = %e, "progress ack failed");
+                }
+            }
+        }
+    }
+}
+
+/// True for the first delivery of a message that is not a replayed dead letter: no earlier
+/// delivery of this work can have run. (A message whose delivery count is unknown is not.)
+pub fn first_delivery(message: &jetstream::Message) -> bool {
+    let delivered_once = message.info().map(|i| i.delivered == 1).unwrap_or(false);
+    delivered_once && !replayed(message)
+}
+
+/// True for a dead letter published again by `skein dlq replay`.
+pub fn replayed(message: &jetstream::Message) -> bool {
+    message
+        .headers
+        .as_ref()
+        .is_some_and(|h| h.get(HEADER_REPLAYED).is_some())
+}
+
+/// Settles a message, logging (not failing) when the broker cannot be told.
+pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
+    if let Err(e) = message.ack_with(kind).await {
+        tracing::warn!(error = %e, ?kind, "acknowledgement not delivered; the broker will redeliver");
+    }
+}
+
+/// Most pull requests a consumer keeps outstanding at once (each for as many messages as it holds
+/// free slots).
+pub const PULLERS: usize = 4;
+/// Most messages one pull request asks for.
+const MAX_PULL_BATCH: usize = 256;
+
+/// How long one pull waits for a message; also bounds how late shutdown is noticed.
+const PULL_WAIT: Duration = Duration::from_secs(2);
+/// Pause after a failed pull (NATS away).
+pub(super) const PULL_RETRY: Duration = Duration::from_millis(500);

@@ -1,0 +1,516 @@
+//! `Bus`: Skein's one NATS transport. It owns the connection, message encoding and size caps,
+//! publishing, the event stream's look-ups, and the headers every published message carries; its
+//! submodules own the streams (`streams`), the durable consumers and settling (`intake`), and the
+//! dead-letter stream (`dead_letters`).
+//!
+//! Invariants:
+//! - work is pulled only for free capacity: each pull request asks for as many messages as there
+//!   are free slots ([`Intake::serve`]), so nothing waits in a client-side buffer while its ack
+//!   deadline runs out;
+//! - every payload is checked against the configured cap before it is published, and on receipt
+//!   before it is decoded;
+//! - subjects come from [`crate::subjects`] only;
+//! - the submit path is idempotent: a submission's `task_id` is its `Nats-Msg-Id`;
+//! - every message carries the W3C trace context of the span that sent it; work (submissions,
+//!   tool and subagent tasks) is published under a `publish {subject}` producer span.
+
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use async_nats::jetstream::{self, consumer};
+use bytes::Bytes;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tracing::Instrument;
+
+mod dead_letters;
+mod intake;
+mod streams;
+
+pub use dead_letters::{
+    DeadLetter, HEADER_ATTEMPTS, HEADER_DEAD_REASON, HEADER_ORIGINAL_ID, HEADER_ORIGINAL_SUBJECT,
+    HEADER_REPLAYED,
+};
+pub use intake::{
+    first_delivery, reconcile, replayed, settle, with_progress, ConsumerSettings, Intake, PULLERS,
+};
+pub use streams::{StreamLimits, STREAM_LIMITS};
+
+use crate::config::NatsConfig;
+use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
+use crate::subjects;
+
+/// Default cap on one message's payload (NATS' own default `max_payload` is 1 MiB).
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// How long start-up waits for JetStream to answer.
+const JETSTREAM_READY_WAIT: Duration = Duration::from_secs(15);
+
+/// How long a JetStream publish may wait for its acknowledgement.
+const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a bus operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BusError {
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("cannot read NATS credentials file: {0}")]
+    Credentials(#[source] std::io::Error),
+    #[error("NATS settings: {0}")]
+    Config(String),
+    #[error("JetStream stream {stream}: {message}")]
+    Stream { stream: String, message: String },
+    #[error("JetStream consumer {consumer}: {message}")]
+    Consumer { consumer: String, message: String },
+    #[error("publish to {subject} failed: {message}")]
+    Publish { subject: String, message: String },
+    #[error("pulling work failed: {0}")]
+    Pull(String),
+    #[error("payload of {size} bytes exceeds the {limit}-byte cap")]
+    TooLarge { size: usize, limit: usize },
+    #[error("cannot encode message: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot decode message: {0}")]
+    Decode(#[source] serde_json::Error),
+}
+
+impl BusError {
+    /// The failure reported across the wire.
+    pub fn to_failure(&self) -> Failure {
+        match self {
+            BusError::TooLarge { .. } => Failure::new(FailureKind::TooLarge, self.to_string()),
+            BusError::Decode(_) => Failure::new(FailureKind::InvalidInput, self.to_string()),
+            BusError::Encode(_) => Failure::new(FailureKind::Internal, self.to_string()),
+            _ => Failure::new(FailureKind::Unavailable, self.to_string()),
+        }
+    }
+}
+
+/// A connection to NATS with JetStream.
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    max_payload: usize,
+    /// How often the connection has dropped (core subscriptions miss what is published then).
+    disconnects: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Bus {
+    /// Connects, retrying for `cfg.connect_timeout`, and reconnecting forever afterwards.
+    pub async fn connect(
+        cfg: &NatsConfig,
+        name: &str,
+        max_payload: usize,
+    ) -> Result<Self, BusError> {
+        let (disconnected, disconnects) = tokio::sync::watch::channel(0u64);
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .connection_timeout(cfg.connect_timeout)
+            .max_reconnects(None)
+            .event_callback(move |event| {
+                if matches!(event, async_nats::Event::Disconnected) {
+                    disconnected.send_modify(|n| *n += 1);
+                }
+                futures::future::ready(())
+            });
+        let password = cfg.password().map_err(BusError::Config)?;
+        if let (Some(user), Some(password)) = (&cfg.user, password) {
+            options = options.user_and_password(user.clone(), password);
+        }
+        if let Some(token) = cfg.token().map_err(BusError::Config)? {
+            options = options.token(token);
+        }
+        if let Some(ca) = &cfg.tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) {
+            options = options
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        if let Some(creds) = &cfg.creds {
+            options = options
+                .credentials_file(creds)
+                .await
+                .map_err(BusError::Credentials)?;
+        }
+        let client =
+            options
+                .connect(cfg.url.as_str())
+                .await
+                .map_err(|source| BusError::Connect {
+                    url: cfg.url.clone(),
+                    source,
+                })?;
+        let server_cap = client.server_info().max_payload;
+        let jetstream = jetstream::new(client.clone());
+        Ok(Self {
+            client,
+            jetstream,
+            max_payload: max_payload.min(server_cap.max(1)),
+            disconnects,
+        })
+    }
+
+    /// Changes each time the connection drops; what core subscriptions missed meanwhile must be
+    /// read from a stream.
+    pub fn disconnects(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.disconnects.clone()
+    }
+
+    /// The underlying client, for core subscriptions.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// Serializes `value`, refusing payloads over the cap.
+    pub fn encode<T: Serialize>(&self, value: &T) -> Result<Bytes, BusError> {
+        let bytes = serde_json::to_vec(value).map_err(BusError::Encode)?;
+        if bytes.len() > self.max_payload {
+            return Err(BusError::TooLarge {
+                size: bytes.len(),
+                limit: self.max_payload,
+            });
+        }
+        Ok(Bytes::from(bytes))
+    }
+
+    /// Deserializes a received payload, refusing payloads over the cap.
+    pub fn decode<T: DeserializeOwned>(&self, payload: &[u8]) -> Result<T, BusError> {
+        if payload.len() > self.max_payload {
+            return Err(BusError::TooLarge {
+                size: payload.len(),
+                limit: self.max_payload,
+            });
+        }
+        serde_json::from_slice(payload).map_err(BusError::Decode)
+    }
+
+    /// Publishes a task submission durably; resubmitting the same `task_id` is a no-op.
+    pub async fn submit(&self, submission: &TaskSubmission) -> Result<Stored, BusError> {
+        let mut headers = outgoing_headers();
+        headers.insert(NATS_MESSAGE_ID, submission.task_id.as_str());
+        let payload = self.encode(submission)?;
+        let subject = subjects::submit(&submission.tenant, &submission.session);
+        self.publish_traced(subject, headers, payload, &submission.task_id)
+            .await
+    }
+
+    /// The stream sequence of a session's oldest unfinished submission (finished ones are removed
+    /// from the work-queue stream), if any.
+    pub async fn oldest_submission(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<u64>, BusError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let stream_error = |message: String| BusError::Stream {
+            stream: subjects::SUBMIT_STREAM.into(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::SUBMIT_STREAM)
+            .await
+            .map_err(|e| stream_error(e.to_string()))?;
+        match stream
+            .get_first_raw_message_by_subject(subjects::submit(tenant, session), 1)
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(stream_error(e.to_string())),
+        }
+    }
+
+    /// Asks every process to stop a task; kept so that work starting later sees it too.
+    pub async fn request_cancel(
+        &self,
+        request: &crate::protocol::CancelRequest,
+    ) -> Result<(), BusError> {
+        let payload = self.encode(request)?;
+        self.publish_durable(
+            subjects::cancel(&request.tenant, &request.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
+    }
+
+    /// Publishes an answer to a task's approval requests (durably: any lead records it, also one
+    /// started after the publish).
+    pub async fn publish_decision(
+        &self,
+        decision: &crate::protocol::ApprovalDecision,
+    ) -> Result<(), BusError> {
+        let payload = self.encode(decision)?;
+        self.publish_durable(
+            subjects::approval(&decision.tenant, &decision.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
+    }
+
+    /// Whether a cancel request for the task was published.
+    pub async fn cancel_requested(&self, tenant: &str, task_id: &str) -> Result<bool, BusError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let stream_error = |message: String| BusError::Stream {
+            stream: subjects::CANCEL_STREAM.into(),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::CANCEL_STREAM)
+            .await
+            .map_err(|e| stream_error(e.to_string()))?;
+        match stream
+            .get_last_raw_message_by_subject(&subjects::cancel(tenant, task_id))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(stream_error(e.to_string())),
+        }
+    }
+
+    /// Publishes a tool or subagent task durably on `subject`.
+    pub async fn publish_work<T: Serialize>(
+        &self,
+        subject: String,
+        task: &T,
+        dedup_id: &str,
+    ) -> Result<(), BusError> {
+        let mut headers = outgoing_headers();
+        headers.insert(NATS_MESSAGE_ID, dedup_id);
+        let payload = self.encode(task)?;
+        self.publish_traced(subject, headers, payload, dedup_id)
+            .await
+            .map(|_| ())
+    }
+
+    /// Publishes a turn event to the task's replayable event subject without waiting for the
+    /// stream to confirm it: events leave in order, and the confirmation is awaited later
+    /// ([`PendingAck::confirmed`]), off the turn's path.
+    pub async fn publish_event(
+        &self,
+        tenant: &str,
+        event: &TurnEvent,
+    ) -> Result<PendingAck, BusError> {
+        let payload = self.encode(event)?;
+        self.send_durable(
+            subjects::events(tenant, &event.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
+    }
+
+    /// Publishes a call's result to the dispatcher waiting for it (core NATS, no ack).
+    pub async fn publish_reply(&self, subject: &str, result: &ToolResult) -> Result<(), BusError> {
+        let payload = self.encode(result)?;
+        self.client
+            .publish_with_headers(subject.to_owned(), outgoing_headers(), payload)
+            .await
+            .map_err(|e| BusError::Publish {
+                subject: subject.to_owned(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Publishes work (a submission, a tool or subagent task) under its own producer span; the
+    /// receiver's `process` span becomes its child.
+    async fn publish_traced(
+        &self,
+        subject: String,
+        mut headers: HeaderMap,
+        payload: Bytes,
+        message_id: &str,
+    ) -> Result<Stored, BusError> {
+        let span = tracing::info_span!(
+            "publish",
+            "otel.name" = format!("publish {subject}"),
+            "otel.kind" = "producer",
+            "messaging.system" = "nats",
+            "messaging.operation.type" = "send",
+            "messaging.destination.name" = %subject,
+            "messaging.message.id" = message_id,
+            "messaging.message.body.size" = payload.len(),
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let published = async {
+            crate::telemetry::propagation::inject_current(&mut headers);
+            self.send_durable(subject, headers, payload)
+                .await?
+                .confirmed()
+                .await
+        }
+        .instrument(span.clone())
+        .await;
+        if published.is_err() {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", "publish_failed");
+        }
+        published
+    }
+
+    async fn publish_durable(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), BusError> {
+        self.send_durable(subject, headers, payload)
+            .await?
+            .confirmed()
+            .await
+            .map(|_| ())
+    }
+
+    /// Sends a message to its stream; the returned ack says whether the stream stored it.
+    async fn send_durable(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<PendingAck, BusError> {
+        match self
+            .jetstream
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+        {
+            Ok(ack) => Ok(PendingAck { subject, ack }),
+            Err(e) => Err(BusError::Publish {
+                subject,
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// The latest event on one subject of the events stream, with its stream sequence.
+    pub async fn last_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let lookup_error = |message: String| BusError::Consumer {
+            consumer: format!("last({subject})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| lookup_error(e.to_string()))?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(lookup_error(e.to_string())),
+        }
+    }
+
+    /// A replaying, ordered view of one subject of the events stream, from its first message.
+    pub async fn replay(&self, subject: String) -> Result<consumer::pull::Ordered, BusError> {
+        let consumer_error = |message: String| BusError::Consumer {
+            consumer: format!("ordered({subject})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject.clone(),
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| consumer_error(e.to_string()))?;
+        consumer
+            .messages()
+            .await
+            .map_err(|e| consumer_error(e.to_string()))
+    }
+}
+
+/// How a stream took a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored now.
+    New,
+    /// Dropped as a duplicate of one stored earlier with the same `Nats-Msg-Id`.
+    Duplicate,
+}
+
+/// A message sent to a stream whose storage the stream has not confirmed yet. Dropping it leaves
+/// the confirmation to the client's background acker (a failure is then only logged there).
+pub struct PendingAck {
+    subject: String,
+    ack: jetstream::context::PublishAckFuture,
+}
+
+impl PendingAck {
+    /// Waits (bounded) until the stream confirms it stored the message.
+    pub async fn confirmed(self) -> Result<Stored, BusError> {
+        let publish_error = |message: String| BusError::Publish {
+            subject: self.subject.clone(),
+            message,
+        };
+        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
+            Ok(Ok(ack)) if ack.duplicate => Ok(Stored::Duplicate),
+            Ok(Ok(_)) => Ok(Stored::New),
+            Ok(Err(e)) => Err(publish_error(e.to_string())),
+            Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
+        }
+    }
+}
+
+/// Headers every message Skein publishes carries: the W3C trace context of the current span, so
+/// the receiver's work joins the sender's trace.
+pub fn outgoing_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    crate::telemetry::propagation::inject_current(&mut headers);
+    headers
+}
+
+/// The consumer span of a delivered work message: `process {subject}`, a child of the span that
+/// published it (trace context from the message headers), so one trace crosses the broker.
+pub fn process_span(message: &jetstream::Message) -> tracing::Span {
+    let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
+    let span = tracing::info_span!(
+        "process",
+        "otel.name" = format!("process {}", message.subject),
+        "otel.kind" = "consumer",
+        "messaging.system" = "nats",
+        "messaging.operation.type" = "process",
+        "messaging.destination.name" = %message.subject,
+        "messaging.message.id" = message_id(message).unwrap_or_default(),
+        "messaging.message.body.size" = message.payload.len(),
+        "skein.delivery" = delivered,
+        "skein.kind" = tracing::field::Empty,
+        "skein.task_id" = tracing::field::Empty,
+        "gen_ai.conversation.id" = tracing::field::Empty,
+    );
+    crate::telemetry::propagation::set_parent(&span, message.headers.as_ref());
+    span
+}
+
+/// The Nats-Msg-Id of a received message, if any.
+pub fn message_id(message: &async_nats::Message) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(NATS_MESSAGE_ID))
+        .map(|v| v.as_str().to_owned())
+}
