@@ -149,14 +149,7 @@ impl CancelRegistry {
         tracker: &TaskTracker,
         stop: CancellationToken,
     ) -> Result<(), BusError> {
-        let mut requests = bus
-            .client()
-            .subscribe(subjects::CANCEL_ALL)
-            .await
-            .map_err(|e| BusError::Consumer {
-                consumer: subjects::CANCEL_ALL.into(),
-                message: e.to_string(),
-            })?;
+        let mut requests = bus.subscribe(subjects::CANCEL_ALL).await?;
         let registry = self.clone();
         tracker.spawn(async move {
             loop {

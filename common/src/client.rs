@@ -171,15 +171,7 @@ impl SkeinClient {
         let subject = subjects::events(tenant, task_id);
         let mut disconnects = self.bus.disconnects();
         disconnects.mark_unchanged();
-        let mut live = self
-            .bus
-            .client()
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| BusError::Consumer {
-                consumer: subject.clone(),
-                message: e.to_string(),
-            })?;
+        let mut live = self.bus.subscribe(&subject).await?;
         let stored = self.submit_stored(submission).await?;
         let mut passed_on = 0usize;
         let wait = async {

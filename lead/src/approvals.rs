@@ -80,14 +80,7 @@ impl Parked {
         tracker: &TaskTracker,
         stop: CancellationToken,
     ) -> Result<Self, BusError> {
-        let mut wakes = bus
-            .client()
-            .subscribe(subjects::WAKE_ALL)
-            .await
-            .map_err(|e| BusError::Consumer {
-                consumer: subjects::WAKE_ALL.into(),
-                message: e.to_string(),
-            })?;
+        let mut wakes = bus.subscribe(subjects::WAKE_ALL).await?;
         let parked = Parked::default();
         let waiting = parked.waiting.clone();
         tracker.spawn(async move {

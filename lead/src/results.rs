@@ -23,13 +23,8 @@ pub async fn serve_lookups(
     stop: CancellationToken,
 ) -> Result<(), BusError> {
     let requests = bus
-        .client()
-        .queue_subscribe(subjects::RESULT_ALL, subjects::RESULT_QUEUE.into())
-        .await
-        .map_err(|e| BusError::Consumer {
-            consumer: subjects::RESULT_ALL.into(),
-            message: e.to_string(),
-        })?;
+        .queue_subscribe(subjects::RESULT_ALL, subjects::RESULT_QUEUE)
+        .await?;
     let bus = bus.clone();
     tracker.spawn(async move {
         requests

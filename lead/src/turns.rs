@@ -61,14 +61,7 @@ impl SessionWaits {
         tracker: &TaskTracker,
         stop: CancellationToken,
     ) -> Result<Self, BusError> {
-        let mut wakes = bus
-            .client()
-            .subscribe(subjects::TURNED_ALL)
-            .await
-            .map_err(|e| BusError::Consumer {
-                consumer: subjects::TURNED_ALL.into(),
-                message: e.to_string(),
-            })?;
+        let mut wakes = bus.subscribe(subjects::TURNED_ALL).await?;
         let waits = SessionWaits::default();
         let listening = waits.clone();
         tracker.spawn(async move {

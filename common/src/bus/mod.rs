@@ -165,6 +165,34 @@ impl Bus {
         self.disconnects.clone()
     }
 
+    /// A core subscription (replies, cancel requests, wakes): messages published while it is
+    /// disconnected are missed (see [`Bus::disconnects`]); payloads are still capped where they
+    /// are decoded ([`Bus::decode`]).
+    pub async fn subscribe(&self, subject: &str) -> Result<async_nats::Subscriber, BusError> {
+        self.client
+            .subscribe(subject.to_owned())
+            .await
+            .map_err(|e| BusError::Consumer {
+                consumer: subject.to_owned(),
+                message: e.to_string(),
+            })
+    }
+
+    /// [`Bus::subscribe`] in a queue group: each message reaches one member.
+    pub async fn queue_subscribe(
+        &self,
+        subject: &str,
+        group: &str,
+    ) -> Result<async_nats::Subscriber, BusError> {
+        self.client
+            .queue_subscribe(subject.to_owned(), group.to_owned())
+            .await
+            .map_err(|e| BusError::Consumer {
+                consumer: format!("{subject} ({group})"),
+                message: e.to_string(),
+            })
+    }
+
     /// The underlying client, for core subscriptions.
     pub fn client(&self) -> &async_nats::Client {
         &self.client

@@ -117,14 +117,7 @@ impl Dispatcher {
         shutdown: CancellationToken,
     ) -> Result<Self, BusError> {
         let filter = subjects::reply_filter(instance);
-        let mut replies =
-            bus.client()
-                .subscribe(filter.clone())
-                .await
-                .map_err(|e| BusError::Consumer {
-                    consumer: filter.clone(),
-                    message: e.to_string(),
-                })?;
+        let mut replies = bus.subscribe(&filter).await?;
         let pending: Pending = Arc::default();
         let routes = pending.clone();
         let decoder = bus.clone();
