@@ -487,7 +487,11 @@ impl Lead {
         .await;
         let epoch = match epoch {
             Ok(epoch) => epoch,
-            Err(e) => return Settled::Retry(e.to_failure()),
+            Err(e) => {
+                // Redis answered the start but not the epoch: take the start back, try again.
+                self.take_back(submission, &start, &token).await;
+                return Settled::Retry(e.to_failure());
+            }
         };
         if let Ok(TurnStart::Finished(done)) = start {
             tracing::info!("task already finished; re-publishing its result");
