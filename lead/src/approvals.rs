@@ -306,12 +306,11 @@ impl Lead {
         tracing::warn!(subject = %message.subject, why, "approval decision refused");
         self.metrics.dead_lettered("approval");
         let reason = format!("rejected: {why}");
-        if self
-            .bus
-            .set_aside(message, &reason, 1, DECISION_RETRY)
-            .await
-        {
-            settle(message, AckKind::Term).await;
-        }
+        let kind = if self.bus.set_aside(message, &reason, 1).await {
+            AckKind::Term
+        } else {
+            AckKind::Nak(Some(DECISION_RETRY))
+        };
+        settle(message, kind).await;
     }
 }

@@ -414,11 +414,11 @@ impl Lead {
                 );
                 let set_aside = self
                     .bus
-                    .set_aside(&message, &failure.message, attempts, REDELIVERY_DELAY)
+                    .set_aside(&message, &failure.message, attempts)
                     .boxed()
                     .await;
                 if !set_aside {
-                    return;
+                    return settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
                 }
                 self.metrics.dead_lettered("submit");
                 self.metrics
@@ -973,13 +973,12 @@ impl Lead {
         }
         self.metrics.dead_lettered("submit");
         let reason = format!("rejected: {failure}");
-        if self
-            .bus
-            .set_aside(message, &reason, 1, REDELIVERY_DELAY)
-            .await
-        {
-            settle(message, AckKind::Term).await;
-        }
+        let kind = if self.bus.set_aside(message, &reason, 1).await {
+            AckKind::Term
+        } else {
+            AckKind::Nak(Some(REDELIVERY_DELAY))
+        };
+        settle(message, kind).await;
     }
 }
 

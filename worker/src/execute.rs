@@ -1,7 +1,8 @@
 //! Running one task: a tool task through the registry, or a subagent task through the agent
 //! runtime. Each gets a `TaskScope` closed on every outcome (a panic in the task becomes a failure,
 //! so it closes too), its result sent to the dispatcher and recorded once by call key, and its
-//! message settled only after the result is recorded.
+//! message settled only after the result is recorded. Every path returns how the message settles
+//! (a `Disposition`); [`task`] applies it, once.
 //!
 //! The store is asked before a task runs unless this is the first delivery of a first dispatch
 //! (`first_dispatch`): nothing can be recorded for it yet, so it runs at once as attempt 1, and
@@ -26,12 +27,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream;
 use futures::FutureExt;
 use skein_common::agent::hooks::Listeners;
 use skein_common::agent::runtime::{Runtime, TurnInput, TurnStop};
 use skein_common::agent::skills::SkillCatalog;
-use skein_common::bus::{first_delivery, replayed, settle, with_progress, Bus};
+use skein_common::bus::{first_delivery, replayed, with_progress, Bus, Disposition};
 use skein_common::protocol::{
     validate_token, CallOutcome, EventKind, Failure, FailureKind, SubagentTask, TaskOrigin,
     ToolResult, ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
@@ -75,13 +76,18 @@ enum Work {
     HandBack,
 }
 
-async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: CancellationToken) {
+async fn tool_task(
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
+    abort: CancellationToken,
+) -> Disposition {
     let task: ToolTask = match ctx.bus.decode(&message.payload) {
         Ok(task) => task,
-        Err(e) => return reject(&ctx, &message, &e.to_string()).await,
+        Err(e) => return reject(ctx, message, &e.to_string()).await,
     };
     tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
     let call = CallRef {
+        message,
         origin: &task.origin,
         call_id: &task.call_id,
         call_key: &task.call_key,
@@ -91,15 +97,15 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
         first_dispatch: task.first_dispatch,
     };
     if let Err(failure) = check_task(&call, task.v) {
-        return refuse(&ctx, &message, call, failure).await;
+        return refuse(ctx, call, failure).await;
     }
-    let Some(Admitted {
+    let Admitted {
         attempt,
         stop,
         _registration,
-    }) = admit(&ctx, &message, call, &abort).await
-    else {
-        return;
+    } = match admit(ctx, message, call, &abort).await {
+        Ok(admitted) => admitted,
+        Err(settled) => return settled,
     };
     let started = Instant::now();
     let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_tool_timeout);
@@ -147,22 +153,23 @@ async fn tool_task(ctx: Arc<WorkerContext>, message: jetstream::Message, abort: 
     };
     let work = tokio::select! {
         _ = stop.cancelled() => stopped(&abort),
-        outcome = with_progress(&message, ctx.progress_every, run) => Work::Done(outcome),
+        outcome = with_progress(message, ctx.progress_every, run) => Work::Done(outcome),
     };
-    conclude(&ctx, &message, scope, work, call, started, attempt).await;
+    conclude(ctx, scope, work, call, started, attempt).await
 }
 
 async fn subagent_task(
-    ctx: Arc<WorkerContext>,
-    message: jetstream::Message,
+    ctx: &WorkerContext,
+    message: &jetstream::Message,
     abort: CancellationToken,
-) {
+) -> Disposition {
     let task: SubagentTask = match ctx.bus.decode(&message.payload) {
         Ok(task) => task,
-        Err(e) => return reject(&ctx, &message, &e.to_string()).await,
+        Err(e) => return reject(ctx, message, &e.to_string()).await,
     };
     tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
     let call = CallRef {
+        message,
         origin: &task.origin,
         call_id: &task.call_id,
         call_key: &task.call_key,
@@ -175,22 +182,22 @@ async fn subagent_task(
         .and_then(|()| validate_token("child_session", &task.child_session))
         .and_then(|()| check_nesting(&task, ctx.max_depth));
     if let Err(failure) = checked {
-        return refuse(&ctx, &message, call, failure).await;
+        return refuse(ctx, call, failure).await;
     }
     let Some(runtime) = &ctx.runtime else {
         let failure = Failure::new(
             FailureKind::Unavailable,
             "this worker does not run subagents",
         );
-        return refuse(&ctx, &message, call, failure).await;
+        return refuse(ctx, call, failure).await;
     };
-    let Some(Admitted {
+    let Admitted {
         attempt,
         stop,
         _registration,
-    }) = admit(&ctx, &message, call, &abort).await
-    else {
-        return;
+    } = match admit(ctx, message, call, &abort).await {
+        Ok(admitted) => admitted,
+        Err(settled) => return settled,
     };
     let started = Instant::now();
     let scope = TaskScope::new(
@@ -204,7 +211,7 @@ async fn subagent_task(
     };
     // The child's events are numbered after those of every earlier delivery of this call; the
     // first delivery of a first dispatch is the only one that can be first, so it needs no count.
-    let first_run = task.first_dispatch && first_delivery(&message);
+    let first_run = task.first_dispatch && first_delivery(message);
     let epoch = if first_run {
         0
     } else {
@@ -217,8 +224,7 @@ async fn subagent_task(
             Ok(epoch) => epoch,
             Err(e) => {
                 tracing::warn!(error = %e, "event epoch not read; handing the task back");
-                let work = Work::HandBack;
-                return conclude(&ctx, &message, scope, work, call, started, attempt).await;
+                return conclude(ctx, scope, Work::HandBack, call, started, attempt).await;
             }
         }
     };
@@ -352,12 +358,12 @@ async fn subagent_task(
     };
     let work = tokio::select! {
         _ = stop.cancelled() => stopped(&abort),
-        work = with_progress(&message, ctx.progress_every, run) => work,
+        work = with_progress(message, ctx.progress_every, run) => work,
     };
     events.flush().await;
     let ended = matches!(work, Work::Done(_));
-    conclude(&ctx, &message, scope, work, call, started, attempt).await;
-    if ended {
+    let settled = conclude(ctx, scope, work, call, started, attempt).await;
+    if ended && settled == Disposition::Ack {
         // The result is recorded (or the call dead-lettered): its progress is no longer needed.
         let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
         if let Err(e) = ctx
@@ -368,6 +374,7 @@ async fn subagent_task(
             tracing::warn!(error = %e, "child checkpoint not dropped; it expires on its own");
         }
     }
+    settled
 }
 
 /// Which attempt a delivery is.
@@ -386,15 +393,16 @@ struct Admitted {
     _registration: skein_common::cancel::Registration,
 }
 
-/// Decides whether a valid task runs now. `None` when it was settled here instead: its result was
-/// already recorded (re-sent), it must not start (deadline passed or cancelled: answered with a
-/// failure), its attempts are used up (dead-lettered), or Redis could not be asked (handed back).
+/// Decides whether a valid task runs now. `Err` with how the task settles when it was dealt with
+/// here instead: its result was already recorded (re-sent), it must not start (deadline passed
+/// or cancelled: answered with a failure), its attempts are used up (dead-lettered), or Redis
+/// could not be asked (handed back).
 async fn admit(
     ctx: &WorkerContext,
     message: &jetstream::Message,
     call: CallRef<'_>,
     abort: &CancellationToken,
-) -> Option<Admitted> {
+) -> Result<Admitted, Disposition> {
     let origin = call.origin;
     let first = first_delivery(message);
     let counted = !(call.first_dispatch && first);
@@ -407,38 +415,25 @@ async fn admit(
         admit_counted(ctx, message, call).await?
     };
     if let Some(failure) = not_startable(ctx, origin, !first).await {
-        finish(
-            ctx,
-            message,
-            call,
-            CallOutcome::Failed { failure },
-            Instant::now(),
-        )
-        .await;
-        return None;
+        let outcome = CallOutcome::Failed { failure };
+        return Err(finish(ctx, call, outcome, Instant::now()).await);
     }
     if attempt > ctx.max_attempts {
         let tries = attempt - 1;
         let reason =
             format!("no attempt of {tries} finished (its worker crashed or stopped each time)");
-        if dead_letter(ctx, message, &reason, tries).await {
-            let failure = Failure::new(FailureKind::DeadLettered, reason);
-            finish(
-                ctx,
-                message,
-                call,
-                CallOutcome::Failed { failure },
-                Instant::now(),
-            )
-            .await;
+        if !dead_letter(ctx, message, &reason, tries).await {
+            return Err(Disposition::Retry(Some(REDELIVERY_DELAY)));
         }
-        return None;
+        let failure = Failure::new(FailureKind::DeadLettered, reason);
+        let outcome = CallOutcome::Failed { failure };
+        return Err(finish(ctx, call, outcome, Instant::now()).await);
     }
     let stop = abort.child_token();
     let registration = ctx
         .cancels
         .register(&origin.tenant, &origin.task_id, stop.clone());
-    Some(Admitted {
+    Ok(Admitted {
         attempt: Attempt {
             number: attempt,
             counted,
@@ -449,13 +444,13 @@ async fn admit(
 }
 
 /// Asks the store, in one trip, for the recorded result of an earlier delivery (re-sent, and the
-/// task settled: `None`) or this attempt's number. A first dispatch's first delivery was not
+/// task done with: `Err(Ack)`) or this attempt's number. A first dispatch's first delivery was not
 /// counted, so its later deliveries count one more (not a replay: its count starts afresh).
 async fn admit_counted(
     ctx: &WorkerContext,
     message: &jetstream::Message,
     call: CallRef<'_>,
-) -> Option<u64> {
+) -> Result<u64, Disposition> {
     let origin = call.origin;
     match ctx
         .store
@@ -465,18 +460,16 @@ async fn admit_counted(
         Ok(CallAdmission::Recorded(recorded)) => {
             tracing::info!("call already has a recorded result; re-sending it");
             reply(ctx, call.reply_to, &recorded).await;
-            settle(message, AckKind::Ack).await;
-            None
+            Err(Disposition::Ack)
         }
-        Ok(CallAdmission::Attempt { count, first_count }) => Some(attempt_number(
+        Ok(CallAdmission::Attempt { count, first_count }) => Ok(attempt_number(
             count,
             call.first_dispatch && !replayed(message),
             first_count,
         )),
         Err(e) => {
             tracing::warn!(error = %e, "cannot admit the call; handing the task back");
-            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
-            None
+            Err(Disposition::Retry(Some(REDELIVERY_DELAY)))
         }
     }
 }
@@ -557,17 +550,16 @@ async fn contain_panic<T>(work: impl std::future::Future<Output = T>) -> Result<
         })
 }
 
-/// Closes the task's scope, then settles: a result is recorded and sent, a transient failure is
-/// tried again after a backoff, or the task is handed back to the broker.
+/// Closes the task's scope, then decides how the task settles: its result is recorded and sent,
+/// a transient failure is tried again after a backoff, or the task is handed back to the broker.
 async fn conclude(
     ctx: &WorkerContext,
-    message: &jetstream::Message,
     mut scope: TaskScope,
     work: Work,
     call: CallRef<'_>,
     started: Instant,
     attempt: Attempt,
-) {
+) -> Disposition {
     let Attempt {
         number: attempt,
         counted,
@@ -581,7 +573,7 @@ async fn conclude(
         {
             let delay = retry_backoff(attempt);
             tracing::info!(attempt, ?delay, "transient failure; trying again");
-            settle(message, AckKind::Nak(Some(delay))).await;
+            Disposition::Retry(Some(delay))
         }
         Work::Done(outcome) => {
             if call.retries && worth_retrying(&outcome) {
@@ -589,11 +581,11 @@ async fn conclude(
                     "failed on all {attempt} attempts; last: {}",
                     outcome.observation()
                 );
-                if !dead_letter(ctx, message, &reason, attempt).await {
-                    return;
+                if !dead_letter(ctx, call.message, &reason, attempt).await {
+                    return Disposition::Retry(Some(REDELIVERY_DELAY));
                 }
             }
-            finish(ctx, message, call, outcome, started).await
+            finish(ctx, call, outcome, started).await
         }
         Work::HandBack => {
             // Shutdown or Redis trouble is not the task's fault: the attempt does not count.
@@ -607,7 +599,7 @@ async fn conclude(
             if let Err(e) = taken_back {
                 tracing::warn!(error = %e, "attempt not taken back");
             }
-            settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await
+            Disposition::Retry(Some(REDELIVERY_DELAY))
         }
     }
 }
@@ -624,18 +616,15 @@ fn retry_backoff(attempt: u64) -> Duration {
     Duration::from_millis(250 * 2u64.pow(exponent)).min(Duration::from_secs(4))
 }
 
-/// Copies the task to the dead-letter stream; false (and the task handed back) if that failed,
-/// so nothing disappears.
+/// Copies the task to the dead-letter stream; false if that failed (the task must then be handed
+/// back, so nothing disappears).
 async fn dead_letter(
     ctx: &WorkerContext,
     message: &jetstream::Message,
     reason: &str,
     attempts: u64,
 ) -> bool {
-    let set_aside = ctx
-        .bus
-        .set_aside(message, reason, attempts, REDELIVERY_DELAY)
-        .await;
+    let set_aside = ctx.bus.set_aside(message, reason, attempts).await;
     if set_aside {
         let kind = message.subject.split('.').nth(1).unwrap_or("other");
         ctx.metrics.dead_lettered(kind);
@@ -646,6 +635,8 @@ async fn dead_letter(
 /// Which call a result belongs to and where it goes.
 #[derive(Clone, Copy)]
 struct CallRef<'a> {
+    /// The delivery of the task.
+    message: &'a jetstream::Message,
     origin: &'a TaskOrigin,
     call_id: &'a str,
     call_key: &'a str,
@@ -682,16 +673,22 @@ pub(crate) async fn task(
         ctx.metrics.redelivered(kind_name);
     }
     let span = skein_common::bus::process_span(&message);
-    match kind {
+    // Every path decides how the task settles; it is settled here, once.
+    let settled = match kind {
         TaskKind::Tool => {
             span.record("skein.kind", "tool");
-            tool_task(ctx, message, abort).instrument(span).await
+            tool_task(&ctx, &message, abort)
+                .instrument(span.clone())
+                .await
         }
         TaskKind::Subagent => {
             span.record("skein.kind", "subagent");
-            subagent_task(ctx, message, abort).instrument(span).await
+            subagent_task(&ctx, &message, abort)
+                .instrument(span.clone())
+                .await
         }
-    }
+    };
+    settled.apply(&message).instrument(span).await;
 }
 
 async fn save_child(store: &SessionStore, origin: &TaskOrigin, version: u64, state: &SessionState) {
@@ -738,13 +735,8 @@ fn check_nesting(task: &SubagentTask, max_depth: u32) -> Result<(), Failure> {
 }
 
 /// Answers a task that must not run (invalid, or not servable here) without recording anything
-/// under the names it carries, then terminates it.
-async fn refuse(
-    ctx: &WorkerContext,
-    message: &jetstream::Message,
-    call: CallRef<'_>,
-    failure: Failure,
-) {
+/// under the names it carries; it is then terminated.
+async fn refuse(ctx: &WorkerContext, call: CallRef<'_>, failure: Failure) -> Disposition {
     tracing::warn!(%failure, "task refused");
     let result = ToolResult {
         v: PROTOCOL_VERSION,
@@ -754,20 +746,19 @@ async fn refuse(
         duration_ms: 0,
     };
     reply(ctx, call.reply_to, &result).await;
-    settle(message, AckKind::Term).await;
+    Disposition::Reject
 }
 
-/// Sends the result, records it (first write wins), then acks. The reply goes out before the
+/// Sends the result and records it (first write wins); the task is then acked. The reply goes out before the
 /// store is asked, so the caller does not wait on it; the ack waits for the record, so a result
 /// that could not be recorded comes again from a redelivery (the dispatcher takes the first result
 /// it hears for a dispatch and drops the rest, and a turn that resumes reads the recorded one).
 async fn finish(
     ctx: &WorkerContext,
-    message: &jetstream::Message,
     call: CallRef<'_>,
     outcome: CallOutcome,
     started: Instant,
-) {
+) -> Disposition {
     let origin = call.origin;
     let outcome_label = match &outcome {
         CallOutcome::Ok { .. } => "ok",
@@ -792,10 +783,10 @@ async fn finish(
         Ok(false) => tracing::info!("an earlier delivery recorded this call's result first"),
         Err(e) => {
             tracing::warn!(error = %e, "result not recorded; handing the task back");
-            return settle(message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+            return Disposition::Retry(Some(REDELIVERY_DELAY));
         }
     }
-    settle(message, AckKind::Ack).await;
+    Disposition::Ack
 }
 
 async fn reply(ctx: &WorkerContext, reply_to: &str, result: &ToolResult) {
@@ -812,10 +803,12 @@ async fn reply(ctx: &WorkerContext, reply_to: &str, result: &ToolResult) {
 }
 
 /// Sets aside a message that cannot be decoded: it would fail the same way on every delivery.
-async fn reject(ctx: &WorkerContext, message: &jetstream::Message, reason: &str) {
+async fn reject(ctx: &WorkerContext, message: &jetstream::Message, reason: &str) -> Disposition {
     tracing::error!(subject = %message.subject, reason, "undecodable task dead-lettered");
     if dead_letter(ctx, message, &format!("undecodable: {reason}"), 1).await {
-        settle(message, AckKind::Term).await;
+        Disposition::Reject
+    } else {
+        Disposition::Retry(Some(REDELIVERY_DELAY))
     }
 }
 

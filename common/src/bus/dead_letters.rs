@@ -50,22 +50,19 @@ impl DeadLetter {
 }
 
 impl Bus {
-    /// Sets a delivered message aside as a dead letter. A message that cannot be dead-lettered
-    /// (the broker refused the letter) is handed back to be offered again after `retry` instead,
-    /// so it never disappears without its letter; the caller settles a message that was set aside
-    /// (ack or term). Returns whether it was set aside.
+    /// Sets a delivered message aside as a dead letter; false (logged) when the broker refused
+    /// the letter, in which case the caller must hand the message back rather than settle it, so
+    /// it never disappears without its letter.
     pub async fn set_aside(
         &self,
         message: &jetstream::Message,
         reason: &str,
         attempts: u64,
-        retry: std::time::Duration,
     ) -> bool {
         match self.dead_letter_message(message, reason, attempts).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(error = %e, subject = %message.subject, "cannot dead-letter the message; handing it back");
-                super::settle(message, jetstream::AckKind::Nak(Some(retry))).await;
                 false
             }
         }

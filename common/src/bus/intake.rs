@@ -318,6 +318,31 @@ pub fn replayed(message: &jetstream::Message) -> bool {
         .is_some_and(|h| h.get(HEADER_REPLAYED).is_some())
 }
 
+/// How a delivered message is settled: decided once by the code that handled it, and applied in
+/// one place ([`Disposition::apply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done with (its result recorded, or it was set aside): removed from a work queue.
+    Ack,
+    /// Offered again, after the delay (`None`: at once).
+    Retry(Option<Duration>),
+    /// Never offered again (it cannot run, and was answered or set aside).
+    Reject,
+}
+
+impl Disposition {
+    /// Tells the broker (a failure to tell it is logged: the message then comes back after its
+    /// ack wait, and its handler finds its result recorded).
+    pub async fn apply(self, message: &jetstream::Message) {
+        let kind = match self {
+            Disposition::Ack => jetstream::AckKind::Ack,
+            Disposition::Retry(delay) => jetstream::AckKind::Nak(delay),
+            Disposition::Reject => jetstream::AckKind::Term,
+        };
+        settle(message, kind).await;
+    }
+}
+
 /// Settles a message, logging (not failing) when the broker cannot be told.
 pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
     if let Err(e) = message.ack_with(kind).await {

@@ -33,7 +33,8 @@ pub use dead_letters::{
     HEADER_REPLAYED,
 };
 pub use intake::{
-    first_delivery, reconcile, replayed, settle, with_progress, ConsumerSettings, Intake, PULLERS,
+    first_delivery, reconcile, replayed, settle, with_progress, ConsumerSettings, Disposition,
+    Intake, PULLERS,
 };
 pub use streams::{StreamLimits, STREAM_LIMITS};
 
