@@ -475,11 +475,8 @@ impl SessionStore {
         call_key: &str,
         checkpoint: &TurnCheckpoint,
     ) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let json = serde_json::to_string(checkpoint).map_err(StoreError::Corrupt)?;
         let key = keys::call_checkpoint(tenant, child_session, call_key);
-        let () = conn.set_ex(key, json, CHECKPOINT_TTL_SECS).await?;
-        Ok(())
+        self.set_json(key, checkpoint, CHECKPOINT_TTL_SECS).await
     }
 
     /// The saved progress of a subagent call's child turn, if an earlier delivery left any.
@@ -489,12 +486,8 @@ impl SessionStore {
         child_session: &str,
         call_key: &str,
     ) -> Result<Option<TurnCheckpoint>, StoreError> {
-        let mut conn = self.connection.clone();
-        let json: Option<String> = conn
-            .get(keys::call_checkpoint(tenant, child_session, call_key))
-            .await?;
-        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
-            .transpose()
+        self.get_json(keys::call_checkpoint(tenant, child_session, call_key))
+            .await
     }
 
     /// Drops a subagent call's checkpoint once its result is recorded.
@@ -700,11 +693,8 @@ impl SessionStore {
 
     /// Stores a task's final result for later lookup.
     pub async fn store_final(&self, result: &FinalResult) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
         let key = keys::final_result(&result.tenant, &result.session, &result.task_id);
-        let () = conn.set_ex(key, json, FINAL_RESULT_TTL_SECS).await?;
-        Ok(())
+        self.set_json(key, result, FINAL_RESULT_TTL_SECS).await
     }
 
     /// A task's final result, if the task has finished.
@@ -714,12 +704,32 @@ impl SessionStore {
         session: &str,
         task_id: &str,
     ) -> Result<Option<FinalResult>, StoreError> {
+        self.get_json(keys::final_result(tenant, session, task_id))
+            .await
+    }
+
+    /// A JSON value stored as a plain string, if the key exists.
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: String,
+    ) -> Result<Option<T>, StoreError> {
         let mut conn = self.connection.clone();
-        let json: Option<String> = conn
-            .get(keys::final_result(tenant, session, task_id))
-            .await?;
+        let json: Option<String> = conn.get(key).await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
             .transpose()
+    }
+
+    /// Stores a JSON value as a plain string that expires after `ttl_secs`.
+    async fn set_json<T: Serialize>(
+        &self,
+        key: String,
+        value: &T,
+        ttl_secs: u64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(value).map_err(StoreError::Corrupt)?;
+        let () = conn.set_ex(key, json, ttl_secs).await?;
+        Ok(())
     }
 
     /// Publishes (or refreshes) a worker's announcement in the registry.
