@@ -29,7 +29,7 @@ use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput, TurnOutput, TurnStop};
 use skein_common::bus::{
     first_delivery, message_id, process_span, settle, with_progress, Bus, BusError,
-    ConsumerSettings,
+    ConsumerSettings, Slots,
 };
 use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
@@ -258,7 +258,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     let handler_lead = lead.clone();
     let handler_abort = work.abort.clone();
     let turns = intake.serve(
-        concurrency,
+        Slots::new(concurrency),
         shutdown.clone(),
         work.running.clone(),
         move |message| {
@@ -269,7 +269,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     );
     let decision_lead = lead.clone();
     let answers = decisions.serve(
-        crate::approvals::DECISION_CONCURRENCY,
+        Slots::new(crate::approvals::DECISION_CONCURRENCY),
         shutdown,
         work.running.clone(),
         move |message| decision_lead.clone().handle_decision(message),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use skein_common::bus::{settle, Bus, ConsumerSettings, DEFAULT_MAX_PAYLOAD};
+use skein_common::bus::{settle, Bus, ConsumerSettings, Slots, DEFAULT_MAX_PAYLOAD};
 use skein_common::config::NatsConfig;
 use skein_common::subjects;
 use skein_tests::support::servers::NatsServer;
@@ -57,7 +57,7 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
     let tracker = TaskTracker::new();
     let serving = tokio::spawn({
         let (release, shutdown, tracker) = (release.clone(), shutdown.clone(), tracker.clone());
-        intake.serve(capacity, shutdown, tracker, move |message| {
+        intake.serve(Slots::new(capacity), shutdown, tracker, move |message| {
             let (release, started) = (release.clone(), started.clone());
             async move {
                 let _ = started.send(()).await;

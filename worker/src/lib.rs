@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod execute;
+mod lending;
 pub mod run;
 pub mod scope;
 pub mod tools;

@@ -12,7 +12,7 @@ use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::RuntimeSettings;
 use skein_common::agent::skills::SkillCatalog;
-use skein_common::bus::{Bus, BusError, ConsumerSettings};
+use skein_common::bus::{Bus, BusError, ConsumerSettings, Slots};
 use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
 use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::execute::{self, TaskKind, WorkerContext};
+use crate::lending::LendSlotsLayer;
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
 
@@ -109,6 +110,9 @@ pub async fn run_custom(
     let metrics = Metrics::new();
     let readiness = Readiness::default();
     admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
+    // The subagent consumer's slots: a subagent turn waiting for its own subagents lends its slot
+    // to them (`lending`), so nested calls never wait on slots their callers hold.
+    let agent_slots = Slots::new(cfg.concurrency);
     let runtime = if cfg.subagents {
         let dispatcher = Dispatcher::start(
             bus.clone(),
@@ -130,7 +134,7 @@ pub async fn run_custom(
             provider,
             dispatcher,
             SkillCatalog::default(),
-            middleware,
+            middleware.tool_layer(LendSlotsLayer::new(agent_slots.clone())),
             settings,
             metrics.clone(),
             &cfg.model,
@@ -183,15 +187,17 @@ pub async fn run_custom(
             subjects::tool_consumer(&cfg.pool),
             subjects::tool_filter(&cfg.pool),
             TaskKind::Tool,
+            Slots::new(cfg.concurrency),
         ),
         (
             ctx.runtime.is_some(),
             subjects::agent_consumer(&cfg.pool),
             subjects::agent_filter(&cfg.pool),
             TaskKind::Subagent,
+            agent_slots,
         ),
     ];
-    for (enabled, durable, filter, kind) in pools {
+    for (enabled, durable, filter, kind, slots) in pools {
         if !enabled {
             continue;
         }
@@ -208,7 +214,7 @@ pub async fn run_custom(
             .await?;
         let (ctx, abort) = (ctx.clone(), work.abort.clone());
         loops.push(tokio::spawn(intake.serve(
-            cfg.concurrency,
+            slots,
             shutdown.clone(),
             work.running.clone(),
             move |message| execute::task(kind, ctx.clone(), message, abort.child_token()),

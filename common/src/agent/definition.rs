@@ -77,6 +77,9 @@ pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
 /// The folder-wide permission rules file at the root of an agents folder.
 pub const PERMISSIONS_FILE: &str = "permissions.toml";
 
+/// Deepest subagent nesting: a user's agent is depth 0, its subagents depth 1, theirs depth 2.
+pub const MAX_NESTING: u32 = 2;
+
 const BUNDLED_MAIN: &str = include_str!("../../../examples/workspace/AGENTS.md");
 const BUNDLED_SUBAGENTS: [(&str, &str); 1] = [(
     "researcher.md",
@@ -258,25 +261,23 @@ impl AgentCatalog {
         let (main_spec, main_subs) = parse(&main.0, &main.1, "assistant", &shared)?;
         sub_lists.push((main_spec.name.clone(), main_subs.unwrap_or(sub_names)));
         agents.insert(main_spec.name.clone(), main_spec);
-        // Resolve subagent names into specs (one level: a child's own children are resolved too,
-        // but without their children, which keeps specs finite).
-        let flat = agents.clone();
-        for (name, subs) in sub_lists {
-            let mut resolved = Vec::new();
-            for sub in subs {
-                let child = flat.get(&sub).ok_or_else(|| DefinitionError::Invalid {
+        let sub_lists: BTreeMap<String, Vec<String>> = sub_lists.into_iter().collect();
+        for (name, subs) in &sub_lists {
+            if let Some(sub) = subs.iter().find(|sub| !agents.contains_key(*sub)) {
+                return Err(DefinitionError::Invalid {
                     path: name.clone(),
                     message: format!("unknown subagent {sub:?}"),
-                })?;
-                resolved.push(child.clone());
-            }
-            if let Some(agent) = agents.get_mut(&name) {
-                agent.subagents = resolved;
+                });
             }
         }
+        // Every agent carries its subagents, theirs in turn, down to the deepest nesting a
+        // turn may reach: specs stay finite even where definitions name each other.
         let agents = agents
-            .into_iter()
-            .map(|(name, spec)| (name, Arc::new(spec)))
+            .keys()
+            .filter_map(|name| {
+                let spec = with_subagents(name, MAX_NESTING, &agents, &sub_lists)?;
+                Some((name.clone(), Arc::new(spec)))
+            })
             .collect();
         Ok(Self { agents, skills })
     }
@@ -438,6 +439,25 @@ pub(crate) fn split_front_matter(text: &str) -> (Option<&str>, &str) {
     (None, text)
 }
 
+/// The spec named `name` with its subagents resolved `levels` deep (none below that); every
+/// name was checked to be defined.
+fn with_subagents(
+    name: &str,
+    levels: u32,
+    agents: &BTreeMap<String, AgentSpec>,
+    sub_lists: &BTreeMap<String, Vec<String>>,
+) -> Option<AgentSpec> {
+    let mut spec = agents.get(name)?.clone();
+    spec.subagents = match (levels, sub_lists.get(name)) {
+        (0, _) | (_, None) => Vec::new(),
+        (_, Some(subs)) => subs
+            .iter()
+            .filter_map(|sub| with_subagents(sub, levels - 1, agents, sub_lists))
+            .collect(),
+    };
+    Some(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,6 +520,35 @@ mod tests {
         assert!(main.subagents.iter().any(|s| s.name == "researcher"));
         assert!(!main.system_prompt.is_empty());
         assert!(catalog.resolve("researcher", None).is_ok());
+    }
+
+    #[test]
+    fn subagents_nest_to_the_deepest_allowed_level_even_when_they_name_each_other() {
+        let folder = TempFolder::new("nesting");
+        folder.write("AGENTS.md", "+++\nsubagents = [\"planner\"]\n+++\nLead.");
+        folder.write(
+            "subagents/planner.md",
+            "+++\nsubagents = [\"researcher\"]\n+++\nPlan.",
+        );
+        folder.write(
+            "subagents/researcher.md",
+            "+++\nsubagents = [\"planner\"]\n+++\nResearch.",
+        );
+        let catalog = AgentCatalog::load_dir(&folder.0).expect("folder loads");
+        let main = catalog.resolve("assistant", None).expect("main agent");
+        let planner = &main.subagents[0];
+        assert_eq!(planner.name, "planner");
+        let researcher = &planner.subagents[0];
+        assert_eq!(researcher.name, "researcher", "depth 2 is resolved");
+        assert!(
+            researcher.subagents.is_empty(),
+            "nothing below the deepest level: {researcher:?}"
+        );
+        check_spec(&main, MAX_NESTING).expect("the resolved spec passes the worker's check");
+        let unknown = TempFolder::new("nesting-unknown");
+        unknown.write("AGENTS.md", "+++\nsubagents = [\"ghost\"]\n+++\nLead.");
+        let err = AgentCatalog::load_dir(&unknown.0).expect_err("unknown subagent");
+        assert!(err.to_string().contains("ghost"), "{err}");
     }
 
     #[test]

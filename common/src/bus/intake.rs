@@ -2,16 +2,14 @@
 //! free slots (`Intake::serve`), progress acks while work runs, settling, and consumer depth.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Bus, BusError, HEADER_REPLAYED};
+use super::{Bus, BusError, Slots, HEADER_REPLAYED};
 
 /// Settings of a durable work-queue consumer.
 #[derive(Debug, Clone)]
@@ -198,16 +196,17 @@ impl Intake {
             .map_err(|e| BusError::Pull(e.to_string()))
     }
 
-    /// Pulls and runs messages until `shutdown`: at most `capacity` run at once, and the broker
-    /// is asked only for as many messages as there are free slots. Each pull request asks for
-    /// every slot free when it is made (each message then runs in a slot held for it), and up to
-    /// [`PULLERS`] requests are outstanding, so slots freed while one request waits are offered
-    /// by the next: intake keeps pace with the broker, yet no message waits in a client-side
-    /// buffer while its ack deadline runs out. A pull in flight is never abandoned (that would
-    /// strand a delivered message until its ack deadline); shutdown is noticed between pulls.
+    /// Pulls and runs messages until `shutdown`: at most as many run at once as `slots` holds,
+    /// and the broker is asked only for as many messages as there are free slots. Each pull
+    /// request asks for every slot free when it is made (each message then runs in a slot held
+    /// for it), and up to [`PULLERS`] requests are outstanding, so slots freed while one request
+    /// waits are offered by the next: intake keeps pace with the broker, yet no message waits in
+    /// a client-side buffer while its ack deadline runs out. A pull in flight is never abandoned
+    /// (that would strand a delivered message until its ack deadline); shutdown is noticed
+    /// between pulls.
     pub async fn serve<F, Fut>(
         self,
-        capacity: usize,
+        slots: Slots,
         shutdown: CancellationToken,
         tracker: TaskTracker,
         handler: F,
@@ -215,16 +214,14 @@ impl Intake {
         F: Fn(jetstream::Message) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let capacity = capacity.max(1);
-        let slots = Arc::new(Semaphore::new(capacity));
-        let pullers = (0..capacity.min(PULLERS))
+        let pullers = (0..slots.free().clamp(1, PULLERS))
             .map(|_| self.pull_into_slots(&slots, &shutdown, &tracker, &handler));
         futures::future::join_all(pullers).await;
     }
 
     async fn pull_into_slots<F, Fut>(
         &self,
-        slots: &Arc<Semaphore>,
+        slots: &Slots,
         shutdown: &CancellationToken,
         tracker: &TaskTracker,
         handler: &F,
@@ -235,15 +232,10 @@ impl Intake {
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                slot = slots.clone().acquire_owned() => slot,
+                slot = slots.acquire() => slot,
             };
-            let Ok(mut held) = first else { break };
-            let more = slots.available_permits().min(MAX_PULL_BATCH - 1);
-            if more > 0 {
-                if let Ok(extra) = slots.clone().try_acquire_many_owned(more as u32) {
-                    held.merge(extra);
-                }
-            }
+            let Some(mut held) = first else { break };
+            slots.take_more(&mut held, slots.free().min(MAX_PULL_BATCH - 1));
             if shutdown.is_cancelled() {
                 break;
             }

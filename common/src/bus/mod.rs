@@ -1,7 +1,7 @@
 //! `Bus`: Skein's one NATS transport. It owns the connection, message encoding and size caps,
 //! publishing, the event stream's look-ups, and the headers every published message carries; its
-//! submodules own the streams (`streams`), the durable consumers and settling (`intake`), and the
-//! dead-letter stream (`dead_letters`).
+//! submodules own the streams (`streams`), the durable consumers and settling (`intake`), how many
+//! of a consumer's messages run at once (`slots`), and the dead-letter stream (`dead_letters`).
 //!
 //! Invariants:
 //! - work is pulled only for free capacity: each pull request asks for as many messages as there
@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 mod dead_letters;
 mod intake;
+mod slots;
 mod streams;
 
 pub use dead_letters::{
@@ -36,6 +37,7 @@ pub use intake::{
     first_delivery, reconcile, replayed, settle, with_progress, ConsumerSettings, Disposition,
     Intake, PULLERS,
 };
+pub use slots::{Loan, Slots};
 pub use streams::{StreamLimits, STREAM_LIMITS};
 
 use crate::config::NatsConfig;

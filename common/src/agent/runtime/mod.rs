@@ -65,7 +65,7 @@ impl Default for RuntimeSettings {
             provider: "openai".into(),
             tool_timeout: Duration::from_secs(60),
             subagent_timeout: Duration::from_secs(300),
-            max_depth: 2,
+            max_depth: crate::agent::definition::MAX_NESTING,
             context: ContextLimits::default(),
         }
     }
