@@ -20,11 +20,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use skein_common::agent::permissions::always_rule;
 use skein_common::agent::runtime::Awaiting;
-use skein_common::bus::{settle, Bus, BusError};
+use skein_common::bus::{Bus, BusError, Disposition, Envelope, Received};
 use skein_common::protocol::{
     now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest, TaskSubmission,
     PROTOCOL_VERSION,
@@ -158,7 +157,7 @@ impl Lead {
 
     /// Holds a suspended turn's message without a slot until something wakes it, then hands it
     /// back for any lead to resume.
-    pub(crate) fn park(self: &Arc<Self>, message: jetstream::Message, suspension: Suspension) {
+    pub(crate) fn park(self: &Arc<Self>, envelope: Envelope, suspension: Suspension) {
         let lead = self.clone();
         self.running.spawn(async move {
             let Suspension {
@@ -172,7 +171,8 @@ impl Lead {
             let _registration = lead.cancels.register(tenant, task_id, cancelled.clone());
             // An answer may have come between the turn's look and this registration.
             if !lead.still_waiting(tenant, task_id).await {
-                return settle(&message, AckKind::Nak(None)).await;
+                envelope.settle(Disposition::Retry(None)).await;
+                return;
             }
             let until = |at_ms: Option<u64>| {
                 let left = at_ms.map(|at| Duration::from_millis(at.saturating_sub(now_ms())));
@@ -195,15 +195,11 @@ impl Lead {
                     _ = lead.shutdown.cancelled() => break "shutdown",
                     _ = &mut expiry => break "expired",
                     _ = &mut deadline => break "deadline",
-                    _ = progress.tick() => {
-                        if let Err(e) = message.ack_with(AckKind::Progress).await {
-                            tracing::warn!(%task_id, error = %e, "progress ack of a suspended turn failed");
-                        }
-                    }
+                    _ = progress.tick() => envelope.progress().await,
                 }
             };
             tracing::info!(%task_id, why, "suspended turn handed back");
-            settle(&message, AckKind::Nak(None)).await;
+            envelope.settle(Disposition::Retry(None)).await;
         });
     }
 
@@ -221,32 +217,37 @@ impl Lead {
     }
 
     /// Records one published `ApprovalDecision` and wakes the turn it answers.
-    pub(crate) async fn handle_decision(self: Arc<Self>, message: jetstream::Message) {
-        let decision: ApprovalDecision = match self.bus.decode(&message.payload) {
-            Ok(decision) => decision,
-            Err(e) => return self.refuse_decision(&message, &e.to_string()).await,
+    pub(crate) async fn handle_decision(self: Arc<Self>, received: Received<ApprovalDecision>) {
+        let (envelope, decision) = match received {
+            Received::Decoded(delivery) => delivery.into_parts(),
+            Received::Undecodable(undecodable) => {
+                let why = undecodable.body().to_string();
+                let (envelope, _) = undecodable.into_parts();
+                return self.refuse_decision(envelope, &why).await;
+            }
         };
-        let on_subject = subjects::parse_approval(&message.subject);
+        let on_subject = subjects::parse_approval(envelope.subject());
         let valid = validate_token("tenant", &decision.tenant)
             .and_then(|()| validate_token("task_id", &decision.task_id));
         if let Err(failure) = valid {
-            return self.refuse_decision(&message, &failure.message).await;
+            return self.refuse_decision(envelope, &failure.message).await;
         }
         if on_subject != Some((decision.tenant.as_str(), decision.task_id.as_str())) {
             let why = format!(
                 "published on {}; an answer for this task goes to {}",
-                message.subject,
+                envelope.subject(),
                 subjects::approval(&decision.tenant, &decision.task_id)
             );
-            return self.refuse_decision(&message, &why).await;
+            return self.refuse_decision(envelope, &why).await;
         }
-        match self.record_decision(&decision).await {
-            Ok(()) => settle(&message, AckKind::Ack).await,
+        let disposition = match self.record_decision(&decision).await {
+            Ok(()) => Disposition::Ack,
             Err(e) => {
                 tracing::warn!(error = %e, "approval decision not recorded; retrying");
-                settle(&message, AckKind::Nak(Some(DECISION_RETRY))).await;
+                Disposition::Retry(Some(DECISION_RETRY))
             }
-        }
+        };
+        envelope.settle(disposition).await;
     }
 
     async fn record_decision(
@@ -302,15 +303,16 @@ impl Lead {
     }
 
     /// A decision that cannot be read or belongs elsewhere: set aside, never retried.
-    async fn refuse_decision(&self, message: &jetstream::Message, why: &str) {
-        tracing::warn!(subject = %message.subject, why, "approval decision refused");
-        self.metrics.dead_lettered("approval");
-        let reason = format!("rejected: {why}");
-        let kind = if self.bus.set_aside(message, &reason, 1).await {
-            AckKind::Term
-        } else {
-            AckKind::Nak(Some(DECISION_RETRY))
-        };
-        settle(message, kind).await;
+    async fn refuse_decision(&self, envelope: Envelope, why: &str) {
+        tracing::warn!(subject = %envelope.subject(), why, "approval decision refused");
+        let applied = envelope
+            .settle(Disposition::SetAside {
+                reason: format!("rejected: {why}"),
+                attempts: 1,
+            })
+            .await;
+        if matches!(applied, Disposition::SetAside { .. }) {
+            self.metrics.dead_lettered("approval");
+        }
     }
 }

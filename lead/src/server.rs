@@ -19,7 +19,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
 use futures::FutureExt;
 use skein_common::admin::{self, Readiness};
 use skein_common::agent::definition::AgentCatalog;
@@ -28,8 +27,7 @@ use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput, TurnOutput, TurnStop};
 use skein_common::bus::{
-    first_delivery, message_id, process_span, settle, with_progress, Bus, BusError,
-    ConsumerSettings, Slots,
+    Bus, BusError, ConsumerSettings, Delivery, Disposition, Envelope, Received, Slots,
 };
 use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
@@ -261,10 +259,10 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         Slots::new(concurrency),
         shutdown.clone(),
         work.running.clone(),
-        move |message| {
+        move |received| {
             handler_lead
                 .clone()
-                .handle(message, handler_abort.child_token())
+                .handle(received, handler_abort.child_token())
         },
     );
     let decision_lead = lead.clone();
@@ -272,7 +270,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         Slots::new(crate::approvals::DECISION_CONCURRENCY),
         shutdown,
         work.running.clone(),
-        move |message| decision_lead.clone().handle_decision(message),
+        move |received| decision_lead.clone().handle_decision(received),
     );
     tokio::join!(turns, answers);
     readiness.set_ready(false);
@@ -314,60 +312,67 @@ struct StartedTurn<'a> {
 
 /// Where a submission sits in its stream, and whether this is its first delivery.
 #[derive(Debug, Clone, Copy)]
-struct Delivery {
+struct Position {
     sequence: u64,
     first: bool,
 }
 
 impl Lead {
     /// Runs one delivered submission; the future owns the lead, so it is spawned as it is.
-    async fn handle(self: Arc<Self>, message: jetstream::Message, abort: CancellationToken) {
+    async fn handle(self: Arc<Self>, received: Received<TaskSubmission>, abort: CancellationToken) {
         let _in_flight = self.metrics.in_flight("turn");
-        if message.info().map(|i| i.delivered).unwrap_or(1) > 1 {
+        let envelope = received.envelope();
+        if envelope.delivered() > 1 {
             self.metrics.redelivered("turn");
         }
-        let span = process_span(&message);
+        let span = envelope.span();
         span.record("skein.kind", "submission");
-        self.handle_delivery(message, abort).instrument(span).await
+        match received {
+            Received::Decoded(delivery) => {
+                self.handle_delivery(delivery, abort).instrument(span).await
+            }
+            Received::Undecodable(undecodable) => {
+                let (task_id, failure) = (
+                    undecodable.envelope().message_id(),
+                    undecodable.body().to_failure(),
+                );
+                let (envelope, _) = undecodable.into_parts();
+                self.reject(envelope, task_id, failure)
+                    .boxed()
+                    .instrument(span)
+                    .await
+            }
+        }
     }
 
     async fn handle_delivery(
         self: &Arc<Self>,
-        message: jetstream::Message,
+        delivery: Delivery<TaskSubmission>,
         abort: CancellationToken,
     ) {
-        let submission: TaskSubmission = match self.bus.decode(&message.payload) {
-            Ok(s) => s,
-            Err(e) => {
-                let task_id = message_id(&message);
-                return self.reject(&message, task_id, e.to_failure()).boxed().await;
-            }
-        };
+        let (envelope, submission) = delivery.into_parts();
         let checked = submission
             .validate(self.cfg.process.max_payload)
-            .and_then(|()| subject_matches(&message, &submission));
+            .and_then(|()| subject_matches(&envelope, &submission));
         if let Err(failure) = checked {
             let task_id = Some(submission.task_id.clone());
-            return self.reject(&message, task_id, failure).boxed().await;
+            return self.reject(envelope, task_id, failure).boxed().await;
         }
         let span = tracing::Span::current();
         span.record("skein.task_id", submission.task_id.as_str());
         span.record("gen_ai.conversation.id", submission.session.as_str());
-        let delivery = Delivery {
-            sequence: message.info().map(|i| i.stream_sequence).unwrap_or(0),
-            first: first_delivery(&message),
+        let position = Position {
+            sequence: envelope.stream_sequence(),
+            first: envelope.is_first(),
         };
         let every = self.cfg.process.progress_every();
-        let outcome = with_progress(
-            &message,
-            every,
-            self.settle_turn(&submission, delivery, &abort),
-        )
-        .await;
+        let outcome = envelope
+            .with_progress(every, self.settle_turn(&submission, position, &abort))
+            .await;
         // Whatever ended here may free the session for its next turn; a task handed back for
         // turn order freed nothing.
         let freed = !matches!(outcome, Settled::NotYet);
-        self.settle_delivery(&message, &submission, outcome, &abort)
+        self.settle_delivery(envelope, &submission, outcome, &abort)
             .await;
         if freed {
             crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
@@ -377,66 +382,61 @@ impl Lead {
     /// Settles a delivered submission by how handling it ended.
     async fn settle_delivery(
         self: &Arc<Self>,
-        message: &jetstream::Message,
+        envelope: Envelope,
         submission: &TaskSubmission,
         outcome: Settled,
         abort: &CancellationToken,
     ) {
-        let message = message.clone();
-        match outcome {
-            Settled::Done => settle(&message, AckKind::Ack).await,
+        let disposition = match outcome {
+            Settled::Done => Disposition::Ack,
             Settled::Unannounced(failure)
-                if message.info().map(|i| i.delivered).unwrap_or(1)
-                    >= self.cfg.process.max_attempts as i64 =>
+                if envelope.delivered() >= self.cfg.process.max_attempts as i64 =>
             {
                 // Bounded: the result is stored, and any lead answers a client's lookup of it.
                 tracing::error!(%failure, "final event not announced after every attempt; clients read the stored result");
-                settle(&message, AckKind::Ack).await;
+                Disposition::Ack
             }
             Settled::Unannounced(failure) => {
                 tracing::warn!(%failure, "final event not announced; handing the task back to announce it again");
-                settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+                Disposition::Retry(Some(REDELIVERY_DELAY))
             }
-            Settled::Suspended(suspension) => self.park(message, *suspension),
-            Settled::NotYet => settle(&message, AckKind::Nak(Some(REQUEUE_DELAY))).await,
+            Settled::Suspended(suspension) => return self.park(envelope, *suspension),
+            Settled::NotYet => Disposition::Retry(Some(REQUEUE_DELAY)),
             Settled::Retry(failure) if abort.is_cancelled() => {
                 tracing::info!(%failure, "turn handed back on shutdown");
-                settle(&message, AckKind::Nak(None)).await;
+                Disposition::Retry(None)
             }
             Settled::Retry(failure) => {
                 tracing::warn!(%failure, "turn handed back for another attempt");
-                settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+                Disposition::Retry(Some(REDELIVERY_DELAY))
             }
             Settled::GiveUp(last, attempts) => {
                 let failure = Failure::new(
                     FailureKind::DeadLettered,
                     format!("the turn failed on all {attempts} attempts; last: {last}"),
                 );
-                let set_aside = self
-                    .bus
-                    .set_aside(&message, &failure.message, attempts)
-                    .boxed()
-                    .await;
-                if !set_aside {
-                    return settle(&message, AckKind::Nak(Some(REDELIVERY_DELAY))).await;
+                if !envelope.set_aside(&failure.message, attempts).boxed().await {
+                    Disposition::Retry(Some(REDELIVERY_DELAY))
+                } else {
+                    self.metrics.dead_lettered("submit");
+                    self.metrics
+                        .turn_finished("dead_lettered", std::time::Duration::ZERO);
+                    // Dead-lettered either way: a final event that did not go out is still
+                    // stored, for lookups.
+                    self.publish_final(failed_result(submission, failure, 0))
+                        .boxed()
+                        .await;
+                    Disposition::Ack
                 }
-                self.metrics.dead_lettered("submit");
-                self.metrics
-                    .turn_finished("dead_lettered", std::time::Duration::ZERO);
-                // Dead-lettered either way: a final event that did not go out is still stored,
-                // for lookups.
-                self.publish_final(failed_result(submission, failure, 0))
-                    .boxed()
-                    .await;
-                settle(&message, AckKind::Ack).await;
             }
-        }
+        };
+        envelope.settle(disposition).await;
     }
 
     async fn settle_turn(
         &self,
         submission: &TaskSubmission,
-        delivery: Delivery,
+        delivery: Position,
         abort: &CancellationToken,
     ) -> Settled {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
@@ -939,14 +939,9 @@ impl Lead {
     /// of the tenant the *subject* names (never one the body claims) and nothing is stored under
     /// the names it carries; the message is set aside as a dead letter and terminated, since it
     /// would fail the same way on every delivery.
-    async fn reject(
-        &self,
-        message: &jetstream::Message,
-        task_id: Option<String>,
-        failure: Failure,
-    ) {
-        tracing::warn!(subject = %message.subject, %failure, "submission rejected");
-        let tenant = subjects::parse_submit(&message.subject).map(|(tenant, _)| tenant);
+    async fn reject(&self, envelope: Envelope, task_id: Option<String>, failure: Failure) {
+        tracing::warn!(subject = %envelope.subject(), %failure, "submission rejected");
+        let tenant = subjects::parse_submit(envelope.subject()).map(|(tenant, _)| tenant);
         if let (Some(tenant), Some(task_id)) = (tenant, task_id) {
             if validate_token("tenant", tenant).is_ok()
                 && validate_token("task_id", &task_id).is_ok()
@@ -971,31 +966,30 @@ impl Lead {
                 }
             }
         }
-        self.metrics.dead_lettered("submit");
         let reason = format!("rejected: {failure}");
-        let kind = if self.bus.set_aside(message, &reason, 1).await {
-            AckKind::Term
-        } else {
-            AckKind::Nak(Some(REDELIVERY_DELAY))
-        };
-        settle(message, kind).await;
+        let applied = envelope
+            .settle(Disposition::SetAside {
+                reason,
+                attempts: 1,
+            })
+            .await;
+        if matches!(applied, Disposition::SetAside { .. }) {
+            self.metrics.dead_lettered("submit");
+        }
     }
 }
 
 /// A submission must arrive on its own session's subject: ordering and tenant isolation rely on it.
-fn subject_matches(
-    message: &jetstream::Message,
-    submission: &TaskSubmission,
-) -> Result<(), Failure> {
+fn subject_matches(envelope: &Envelope, submission: &TaskSubmission) -> Result<(), Failure> {
     let expected = subjects::submit(&submission.tenant, &submission.session);
-    if message.subject.as_str() == expected {
+    if envelope.subject() == expected {
         Ok(())
     } else {
         Err(Failure::new(
             FailureKind::InvalidInput,
             format!(
                 "published on {}; a task of this tenant and session goes to {expected}",
-                message.subject
+                envelope.subject()
             ),
         ))
     }

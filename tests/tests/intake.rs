@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use skein_common::bus::{settle, Bus, ConsumerSettings, Slots, DEFAULT_MAX_PAYLOAD};
+use skein_common::bus::{Bus, ConsumerSettings, Disposition, Received, Slots, DEFAULT_MAX_PAYLOAD};
 use skein_common::config::NatsConfig;
 use skein_common::subjects;
 use skein_tests::support::servers::NatsServer;
@@ -57,16 +57,24 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
     let tracker = TaskTracker::new();
     let serving = tokio::spawn({
         let (release, shutdown, tracker) = (release.clone(), shutdown.clone(), tracker.clone());
-        intake.serve(Slots::new(capacity), shutdown, tracker, move |message| {
-            let (release, started) = (release.clone(), started.clone());
-            async move {
-                let _ = started.send(()).await;
-                if let Ok(permit) = release.acquire().await {
-                    permit.forget();
+        intake.serve(
+            Slots::new(capacity),
+            shutdown,
+            tracker,
+            move |received: Received<serde_json::Value>| {
+                let (release, started) = (release.clone(), started.clone());
+                async move {
+                    let Received::Decoded(delivery) = received else {
+                        panic!("the test's messages decode");
+                    };
+                    let _ = started.send(()).await;
+                    if let Ok(permit) = release.acquire().await {
+                        permit.forget();
+                    }
+                    delivery.settle(Disposition::Ack).await;
                 }
-                settle(&message, async_nats::jetstream::AckKind::Ack).await;
-            }
-        })
+            },
+        )
     });
 
     let depth = || async {

@@ -27,12 +27,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
 use futures::FutureExt;
 use skein_common::agent::hooks::Listeners;
 use skein_common::agent::runtime::{Runtime, TurnInput, TurnStop};
 use skein_common::agent::skills::SkillCatalog;
-use skein_common::bus::{first_delivery, replayed, with_progress, Bus, Disposition};
+use skein_common::bus::{Bus, Delivery, Disposition, Envelope, Received, Undecodable};
+use skein_common::metrics::InFlight;
 use skein_common::protocol::{
     validate_token, CallOutcome, EventKind, Failure, FailureKind, SubagentTask, TaskOrigin,
     ToolResult, ToolTask, TurnStatus, MAX_CALL_KEY_LEN, PROTOCOL_VERSION,
@@ -78,16 +78,13 @@ enum Work {
 
 async fn tool_task(
     ctx: &WorkerContext,
-    message: &jetstream::Message,
+    delivery: &Delivery<ToolTask>,
     abort: CancellationToken,
 ) -> Disposition {
-    let task: ToolTask = match ctx.bus.decode(&message.payload) {
-        Ok(task) => task,
-        Err(e) => return reject(ctx, message, &e.to_string()).await,
-    };
+    let (task, envelope) = (delivery.body(), delivery.envelope());
     tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
     let call = CallRef {
-        message,
+        envelope,
         origin: &task.origin,
         call_id: &task.call_id,
         call_key: &task.call_key,
@@ -103,7 +100,7 @@ async fn tool_task(
         attempt,
         stop,
         _registration,
-    } = match admit(ctx, message, call, &abort).await {
+    } = match admit(ctx, call, &abort).await {
         Ok(admitted) => admitted,
         Err(settled) => return settled,
     };
@@ -153,23 +150,20 @@ async fn tool_task(
     };
     let work = tokio::select! {
         _ = stop.cancelled() => stopped(&abort),
-        outcome = with_progress(message, ctx.progress_every, run) => Work::Done(outcome),
+        outcome = envelope.with_progress(ctx.progress_every, run) => Work::Done(outcome),
     };
     conclude(ctx, scope, work, call, started, attempt).await
 }
 
 async fn subagent_task(
     ctx: &WorkerContext,
-    message: &jetstream::Message,
+    delivery: &Delivery<SubagentTask>,
     abort: CancellationToken,
 ) -> Disposition {
-    let task: SubagentTask = match ctx.bus.decode(&message.payload) {
-        Ok(task) => task,
-        Err(e) => return reject(ctx, message, &e.to_string()).await,
-    };
+    let (task, envelope) = (delivery.body(), delivery.envelope());
     tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
     let call = CallRef {
-        message,
+        envelope,
         origin: &task.origin,
         call_id: &task.call_id,
         call_key: &task.call_key,
@@ -180,7 +174,7 @@ async fn subagent_task(
     };
     let checked = check_task(&call, task.v)
         .and_then(|()| validate_token("child_session", &task.child_session))
-        .and_then(|()| check_nesting(&task, ctx.max_depth));
+        .and_then(|()| check_nesting(task, ctx.max_depth));
     if let Err(failure) = checked {
         return refuse(ctx, call, failure).await;
     }
@@ -195,7 +189,7 @@ async fn subagent_task(
         attempt,
         stop,
         _registration,
-    } = match admit(ctx, message, call, &abort).await {
+    } = match admit(ctx, call, &abort).await {
         Ok(admitted) => admitted,
         Err(settled) => return settled,
     };
@@ -211,7 +205,7 @@ async fn subagent_task(
     };
     // The child's events are numbered after those of every earlier delivery of this call; the
     // first delivery of a first dispatch is the only one that can be first, so it needs no count.
-    let first_run = task.first_dispatch && first_delivery(message);
+    let first_run = task.first_dispatch && envelope.is_first();
     let epoch = if first_run {
         0
     } else {
@@ -358,7 +352,7 @@ async fn subagent_task(
     };
     let work = tokio::select! {
         _ = stop.cancelled() => stopped(&abort),
-        work = with_progress(message, ctx.progress_every, run) => work,
+        work = envelope.with_progress(ctx.progress_every, run) => work,
     };
     events.flush().await;
     let ended = matches!(work, Work::Done(_));
@@ -399,12 +393,11 @@ struct Admitted {
 /// could not be asked (handed back).
 async fn admit(
     ctx: &WorkerContext,
-    message: &jetstream::Message,
     call: CallRef<'_>,
     abort: &CancellationToken,
 ) -> Result<Admitted, Disposition> {
     let origin = call.origin;
-    let first = first_delivery(message);
+    let first = call.envelope.is_first();
     let counted = !(call.first_dispatch && first);
     let attempt = if !counted {
         // The first delivery of a first dispatch: no earlier delivery can have recorded a result
@@ -412,7 +405,7 @@ async fn admit(
         // redeliveries, below).
         1
     } else {
-        admit_counted(ctx, message, call).await?
+        admit_counted(ctx, call).await?
     };
     if let Some(failure) = not_startable(ctx, origin, !first).await {
         let outcome = CallOutcome::Failed { failure };
@@ -422,7 +415,7 @@ async fn admit(
         let tries = attempt - 1;
         let reason =
             format!("no attempt of {tries} finished (its worker crashed or stopped each time)");
-        if !dead_letter(ctx, message, &reason, tries).await {
+        if !dead_letter(ctx, call.envelope, &reason, tries).await {
             return Err(Disposition::Retry(Some(REDELIVERY_DELAY)));
         }
         let failure = Failure::new(FailureKind::DeadLettered, reason);
@@ -446,11 +439,7 @@ async fn admit(
 /// Asks the store, in one trip, for the recorded result of an earlier delivery (re-sent, and the
 /// task done with: `Err(Ack)`) or this attempt's number. A first dispatch's first delivery was not
 /// counted, so its later deliveries count one more (not a replay: its count starts afresh).
-async fn admit_counted(
-    ctx: &WorkerContext,
-    message: &jetstream::Message,
-    call: CallRef<'_>,
-) -> Result<u64, Disposition> {
+async fn admit_counted(ctx: &WorkerContext, call: CallRef<'_>) -> Result<u64, Disposition> {
     let origin = call.origin;
     match ctx
         .store
@@ -464,7 +453,7 @@ async fn admit_counted(
         }
         Ok(CallAdmission::Attempt { count, first_count }) => Ok(attempt_number(
             count,
-            call.first_dispatch && !replayed(message),
+            call.first_dispatch && !call.envelope.is_replayed(),
             first_count,
         )),
         Err(e) => {
@@ -581,7 +570,7 @@ async fn conclude(
                     "failed on all {attempt} attempts; last: {}",
                     outcome.observation()
                 );
-                if !dead_letter(ctx, call.message, &reason, attempt).await {
+                if !dead_letter(ctx, call.envelope, &reason, attempt).await {
                     return Disposition::Retry(Some(REDELIVERY_DELAY));
                 }
             }
@@ -620,23 +609,27 @@ fn retry_backoff(attempt: u64) -> Duration {
 /// back, so nothing disappears).
 async fn dead_letter(
     ctx: &WorkerContext,
-    message: &jetstream::Message,
+    envelope: &Envelope,
     reason: &str,
     attempts: u64,
 ) -> bool {
-    let set_aside = ctx.bus.set_aside(message, reason, attempts).await;
+    let set_aside = envelope.set_aside(reason, attempts).await;
     if set_aside {
-        let kind = message.subject.split('.').nth(1).unwrap_or("other");
-        ctx.metrics.dead_lettered(kind);
+        ctx.metrics.dead_lettered(task_kind(envelope));
     }
     set_aside
+}
+
+/// The kind of task a message carries, from its subject (`skein.{kind}.…`), for metrics.
+fn task_kind(envelope: &Envelope) -> &str {
+    envelope.subject().split('.').nth(1).unwrap_or("other")
 }
 
 /// Which call a result belongs to and where it goes.
 #[derive(Clone, Copy)]
 struct CallRef<'a> {
     /// The delivery of the task.
-    message: &'a jetstream::Message,
+    envelope: &'a Envelope,
     origin: &'a TaskOrigin,
     call_id: &'a str,
     call_key: &'a str,
@@ -650,45 +643,58 @@ struct CallRef<'a> {
     first_dispatch: bool,
 }
 
-/// Kinds of task a worker serves, one consumer each.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum TaskKind {
-    Tool,
-    Subagent,
-}
-
-/// Runs one delivered task of `kind`.
-pub(crate) async fn task(
-    kind: TaskKind,
+/// Runs one delivered tool task.
+pub(crate) async fn tool(
     ctx: Arc<WorkerContext>,
-    message: jetstream::Message,
+    received: Received<ToolTask>,
     abort: CancellationToken,
 ) {
-    let kind_name = match kind {
-        TaskKind::Tool => "tool",
-        TaskKind::Subagent => "subagent",
+    let Some((delivery, span, _in_flight)) = begin(&ctx, "tool", received).await else {
+        return;
     };
-    let _in_flight = ctx.metrics.in_flight(kind_name);
-    if message.info().map(|i| i.delivered).unwrap_or(1) > 1 {
-        ctx.metrics.redelivered(kind_name);
-    }
-    let span = skein_common::bus::process_span(&message);
     // Every path decides how the task settles; it is settled here, once.
-    let settled = match kind {
-        TaskKind::Tool => {
-            span.record("skein.kind", "tool");
-            tool_task(&ctx, &message, abort)
-                .instrument(span.clone())
-                .await
-        }
-        TaskKind::Subagent => {
-            span.record("skein.kind", "subagent");
-            subagent_task(&ctx, &message, abort)
-                .instrument(span.clone())
-                .await
-        }
+    let disposition = tool_task(&ctx, &delivery, abort)
+        .instrument(span.clone())
+        .await;
+    delivery.settle(disposition).instrument(span).await;
+}
+
+/// Runs one delivered subagent task.
+pub(crate) async fn subagent(
+    ctx: Arc<WorkerContext>,
+    received: Received<SubagentTask>,
+    abort: CancellationToken,
+) {
+    let Some((delivery, span, _in_flight)) = begin(&ctx, "subagent", received).await else {
+        return;
     };
-    settled.apply(&message).instrument(span).await;
+    let disposition = subagent_task(&ctx, &delivery, abort)
+        .instrument(span.clone())
+        .await;
+    delivery.settle(disposition).instrument(span).await;
+}
+
+/// Counts a delivered task of `kind` and opens its `process` span; an undecodable one is set
+/// aside here (it would fail the same way on every delivery) and `None` returned.
+async fn begin<T>(
+    ctx: &WorkerContext,
+    kind: &'static str,
+    received: Received<T>,
+) -> Option<(Delivery<T>, tracing::Span, InFlight)> {
+    let in_flight = ctx.metrics.in_flight(kind);
+    let envelope = received.envelope();
+    if envelope.delivered() > 1 {
+        ctx.metrics.redelivered(kind);
+    }
+    let span = envelope.span();
+    span.record("skein.kind", kind);
+    match received {
+        Received::Decoded(delivery) => Some((delivery, span, in_flight)),
+        Received::Undecodable(undecodable) => {
+            reject(ctx, undecodable).instrument(span).await;
+            None
+        }
+    }
 }
 
 async fn save_child(store: &SessionStore, origin: &TaskOrigin, version: u64, state: &SessionState) {
@@ -803,12 +809,18 @@ async fn reply(ctx: &WorkerContext, reply_to: &str, result: &ToolResult) {
 }
 
 /// Sets aside a message that cannot be decoded: it would fail the same way on every delivery.
-async fn reject(ctx: &WorkerContext, message: &jetstream::Message, reason: &str) -> Disposition {
-    tracing::error!(subject = %message.subject, reason, "undecodable task dead-lettered");
-    if dead_letter(ctx, message, &format!("undecodable: {reason}"), 1).await {
-        Disposition::Reject
-    } else {
-        Disposition::Retry(Some(REDELIVERY_DELAY))
+async fn reject(ctx: &WorkerContext, undecodable: Undecodable) {
+    let reason = format!("undecodable: {}", undecodable.body());
+    let kind = task_kind(undecodable.envelope()).to_owned();
+    tracing::error!(subject = %undecodable.envelope().subject(), %reason, "undecodable task dead-lettered");
+    let applied = undecodable
+        .settle(Disposition::SetAside {
+            reason,
+            attempts: 1,
+        })
+        .await;
+    if matches!(applied, Disposition::SetAside { .. }) {
+        ctx.metrics.dead_lettered(&kind);
     }
 }
 

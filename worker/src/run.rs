@@ -22,7 +22,7 @@ use skein_common::{subjects, VERSION};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::execute::{self, TaskKind, WorkerContext};
+use crate::execute::{self, WorkerContext};
 use crate::lending::LendSlotsLayer;
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
@@ -181,44 +181,43 @@ pub async fn run_custom(
 
     let mut loops = Vec::new();
     let mut watched = Vec::new();
-    let pools = [
-        (
-            has_tools,
+    let consumer = |durable: String, filter: String| ConsumerSettings {
+        stream: subjects::WORK_STREAM,
+        durable,
+        filter,
+        ack_wait: cfg.process.ack_wait,
+        max_deliver: -1,
+        max_ack_pending: None,
+    };
+    if has_tools {
+        let settings = consumer(
             subjects::tool_consumer(&cfg.pool),
             subjects::tool_filter(&cfg.pool),
-            TaskKind::Tool,
-            Slots::new(cfg.concurrency),
-        ),
-        (
-            ctx.runtime.is_some(),
-            subjects::agent_consumer(&cfg.pool),
-            subjects::agent_filter(&cfg.pool),
-            TaskKind::Subagent,
-            agent_slots,
-        ),
-    ];
-    for (enabled, durable, filter, kind, slots) in pools {
-        if !enabled {
-            continue;
-        }
-        watched.push((subjects::WORK_STREAM, durable.clone()));
-        let intake = bus
-            .intake(&ConsumerSettings {
-                stream: subjects::WORK_STREAM,
-                durable,
-                filter,
-                ack_wait: cfg.process.ack_wait,
-                max_deliver: -1,
-                max_ack_pending: None,
-            })
-            .await?;
+        );
+        watched.push((subjects::WORK_STREAM, settings.durable.clone()));
         let (ctx, abort) = (ctx.clone(), work.abort.clone());
-        loops.push(tokio::spawn(intake.serve(
-            slots,
+        let serving = bus.intake(&settings).await?.serve(
+            Slots::new(cfg.concurrency),
             shutdown.clone(),
             work.running.clone(),
-            move |message| execute::task(kind, ctx.clone(), message, abort.child_token()),
-        )));
+            move |received| execute::tool(ctx.clone(), received, abort.child_token()),
+        );
+        loops.push(tokio::spawn(serving));
+    }
+    if ctx.runtime.is_some() {
+        let settings = consumer(
+            subjects::agent_consumer(&cfg.pool),
+            subjects::agent_filter(&cfg.pool),
+        );
+        watched.push((subjects::WORK_STREAM, settings.durable.clone()));
+        let (ctx, abort) = (ctx.clone(), work.abort.clone());
+        let serving = bus.intake(&settings).await?.serve(
+            agent_slots,
+            shutdown.clone(),
+            work.running.clone(),
+            move |received| execute::subagent(ctx.clone(), received, abort.child_token()),
+        );
+        loops.push(tokio::spawn(serving));
     }
 
     bus.watch_queue_depth(

@@ -53,7 +53,7 @@ impl Bus {
     /// Sets a delivered message aside as a dead letter; false (logged) when the broker refused
     /// the letter, in which case the caller must hand the message back rather than settle it, so
     /// it never disappears without its letter.
-    pub async fn set_aside(
+    pub(super) async fn set_aside(
         &self,
         message: &jetstream::Message,
         reason: &str,
@@ -71,7 +71,7 @@ impl Bus {
     /// Sets a delivered work message aside in the dead-letter stream, with why and how often it
     /// was tried. Setting the same delivery aside twice (a retry after a failure to settle it)
     /// stores one letter: the letter's id is the message's stream position.
-    pub async fn dead_letter_message(
+    async fn dead_letter_message(
         &self,
         message: &jetstream::Message,
         reason: &str,

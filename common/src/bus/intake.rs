@@ -1,5 +1,6 @@
 //! Durable work-queue consumers: binding and reconciling them (`Bus::intake`), pulling only for
-//! free slots (`Intake::serve`), progress acks while work runs, settling, and consumer depth.
+//! free slots (`Intake::serve`), handing each message over as a decoded `Delivery`, and consumer
+//! depth.
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,7 +10,10 @@ use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Bus, BusError, Slots, HEADER_REPLAYED};
+use serde::de::DeserializeOwned;
+
+use super::delivery::{settle, Envelope, Received};
+use super::{Bus, BusError, Slots};
 
 /// Settings of a durable work-queue consumer.
 #[derive(Debug, Clone)]
@@ -91,7 +95,10 @@ impl Bus {
                 "the consumer keeps its longer ack wait: work of a crashed process is redelivered after it"
             );
         }
-        Ok(Intake { consumer })
+        Ok(Intake {
+            consumer,
+            bus: self.clone(),
+        })
     }
 
     /// Pending and unacknowledged messages of a durable consumer.
@@ -181,6 +188,7 @@ const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 /// A durable work-queue consumer, pulled only for free slots.
 pub struct Intake {
     consumer: consumer::Consumer<consumer::pull::Config>,
+    bus: Bus,
 }
 
 impl Intake {
@@ -203,15 +211,17 @@ impl Intake {
     /// waits are offered by the next: intake keeps pace with the broker, yet no message waits in
     /// a client-side buffer while its ack deadline runs out. A pull in flight is never abandoned
     /// (that would strand a delivered message until its ack deadline); shutdown is noticed
-    /// between pulls.
-    pub async fn serve<F, Fut>(
+    /// between pulls. Each message reaches `handler` decoded as `T`, or as undecodable
+    /// ([`Received`]), to be settled by it.
+    pub async fn serve<T, F, Fut>(
         self,
         slots: Slots,
         shutdown: CancellationToken,
         tracker: TaskTracker,
         handler: F,
     ) where
-        F: Fn(jetstream::Message) -> Fut,
+        T: DeserializeOwned,
+        F: Fn(Received<T>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let pullers = (0..slots.free().clamp(1, PULLERS))
@@ -219,14 +229,15 @@ impl Intake {
         futures::future::join_all(pullers).await;
     }
 
-    async fn pull_into_slots<F, Fut>(
+    async fn pull_into_slots<T, F, Fut>(
         &self,
         slots: &Slots,
         shutdown: &CancellationToken,
         tracker: &TaskTracker,
         handler: &F,
     ) where
-        F: Fn(jetstream::Message) -> Fut,
+        T: DeserializeOwned,
+        F: Fn(Received<T>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         loop {
@@ -261,7 +272,8 @@ impl Intake {
                         };
                         // The slot is freed when the work ends (`map` keeps the future stored
                         // once, where an `async` block would hold it twice).
-                        tracker.spawn(handler(message).map(move |()| drop(slot)));
+                        let delivery = Envelope::new(message, self.bus.clone()).decode();
+                        tracker.spawn(handler(delivery).map(move |()| drop(slot)));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "pull ended early");
@@ -271,74 +283,6 @@ impl Intake {
             }
             // Slots asked for but not filled before the pull ended go back here (`held` drops).
         }
-    }
-}
-
-/// Runs `work` while telling the broker every `every` that `message` is still being worked on, so
-/// a short ack deadline still catches a dead process quickly while long work survives.
-pub async fn with_progress<T>(
-    message: &jetstream::Message,
-    every: Duration,
-    work: impl Future<Output = T>,
-) -> T {
-    futures::pin_mut!(work);
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            done = &mut work => return done,
-            _ = ticks.tick() => {
-                if let Err(e) = message.ack_with(jetstream::AckKind::Progress).await {
-                    tracing::warn!(error = %e, "progress ack failed");
-                }
-            }
-        }
-    }
-}
-
-/// True for the first delivery of a message that is not a replayed dead letter: no earlier
-/// delivery of this work can have run. (A message whose delivery count is unknown is not.)
-pub fn first_delivery(message: &jetstream::Message) -> bool {
-    let delivered_once = message.info().map(|i| i.delivered == 1).unwrap_or(false);
-    delivered_once && !replayed(message)
-}
-
-/// True for a dead letter published again by `skein dlq replay`.
-pub fn replayed(message: &jetstream::Message) -> bool {
-    message
-        .headers
-        .as_ref()
-        .is_some_and(|h| h.get(HEADER_REPLAYED).is_some())
-}
-
-/// How a delivered message is settled: decided once by the code that handled it, and applied in
-/// one place ([`Disposition::apply`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
-    /// Done with (its result recorded, or it was set aside): removed from a work queue.
-    Ack,
-    /// Offered again, after the delay (`None`: at once).
-    Retry(Option<Duration>),
-    /// Never offered again (it cannot run, and was answered or set aside).
-    Reject,
-}
-
-impl Disposition {
-    /// Tells the broker (a failure to tell it is logged: the message then comes back after its
-    /// ack wait, and its handler finds its result recorded).
-    pub async fn apply(self, message: &jetstream::Message) {
-        let kind = match self {
-            Disposition::Ack => jetstream::AckKind::Ack,
-            Disposition::Retry(delay) => jetstream::AckKind::Nak(delay),
-            Disposition::Reject => jetstream::AckKind::Term,
-        };
-        settle(message, kind).await;
-    }
-}
-
-/// Settles a message, logging (not failing) when the broker cannot be told.
-pub async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
-    if let Err(e) = message.ack_with(kind).await {
-        tracing::warn!(error = %e, ?kind, "acknowledgement not delivered; the broker will redeliver");
     }
 }
 

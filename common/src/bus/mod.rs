@@ -1,7 +1,8 @@
 //! `Bus`: Skein's one NATS transport. It owns the connection, message encoding and size caps,
 //! publishing, the event stream's look-ups, and the headers every published message carries; its
-//! submodules own the streams (`streams`), the durable consumers and settling (`intake`), how many
-//! of a consumer's messages run at once (`slots`), and the dead-letter stream (`dead_letters`).
+//! submodules own the streams (`streams`), the durable consumers (`intake`), a delivered message
+//! until it is settled (`delivery`), how many of a consumer's messages run at once (`slots`), and
+//! the dead-letter stream (`dead_letters`).
 //!
 //! Invariants:
 //! - work is pulled only for free capacity: each pull request asks for as many messages as there
@@ -25,6 +26,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 mod dead_letters;
+mod delivery;
 mod intake;
 mod slots;
 mod streams;
@@ -33,10 +35,8 @@ pub use dead_letters::{
     DeadLetter, HEADER_ATTEMPTS, HEADER_DEAD_REASON, HEADER_ORIGINAL_ID, HEADER_ORIGINAL_SUBJECT,
     HEADER_REPLAYED,
 };
-pub use intake::{
-    first_delivery, reconcile, replayed, settle, with_progress, ConsumerSettings, Disposition,
-    Intake, PULLERS,
-};
+pub use delivery::{Delivery, Disposition, Envelope, Received, Undecodable, SET_ASIDE_RETRY};
+pub use intake::{reconcile, ConsumerSettings, Intake, PULLERS};
 pub use slots::{Loan, Slots};
 pub use streams::{StreamLimits, STREAM_LIMITS};
 
@@ -517,7 +517,7 @@ pub fn outgoing_headers() -> HeaderMap {
 
 /// The consumer span of a delivered work message: `process {subject}`, a child of the span that
 /// published it (trace context from the message headers), so one trace crosses the broker.
-pub fn process_span(message: &jetstream::Message) -> tracing::Span {
+pub(super) fn process_span(message: &jetstream::Message) -> tracing::Span {
     let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
     let span = tracing::info_span!(
         "process",
@@ -538,7 +538,7 @@ pub fn process_span(message: &jetstream::Message) -> tracing::Span {
 }
 
 /// The Nats-Msg-Id of a received message, if any.
-pub fn message_id(message: &async_nats::Message) -> Option<String> {
+pub(super) fn message_id(message: &async_nats::Message) -> Option<String> {
     message
         .headers
         .as_ref()

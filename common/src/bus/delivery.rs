@@ -1,0 +1,209 @@
+//! `Delivery<T>`: one delivered work message, decoded, owned by the handler that runs it until
+//! the handler settles it, once, with a [`Disposition`]. A message that does not decode reaches
+//! its handler as an [`Undecodable`] delivery (see [`Received`]), which settles the same way.
+//!
+//! Invariants: nothing but the delivery touches its message; settling consumes the delivery, so
+//! a message is settled at most once; a message set aside that the dead-letter stream refused is
+//! handed back instead of being dropped, so nothing disappears without its letter.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use super::{message_id, process_span, Bus, BusError, HEADER_REPLAYED};
+
+/// The delivered message under a [`Delivery`]: what is known of it besides its body, and the
+/// work done on its behalf while it is held (progress acks, setting it aside).
+pub struct Envelope {
+    message: jetstream::Message,
+    bus: Bus,
+}
+
+/// A delivered message whose body decoded as `T`.
+pub struct Delivery<T> {
+    envelope: Envelope,
+    body: T,
+}
+
+/// A delivered message that did not decode (too large, or not the expected shape): its body is
+/// the reason.
+pub type Undecodable = Delivery<BusError>;
+
+/// A message as an intake hands it to its handler: decoded, or not.
+pub enum Received<T> {
+    Decoded(Delivery<T>),
+    Undecodable(Undecodable),
+}
+
+impl<T> Received<T> {
+    /// What is known of the message besides its body, either way.
+    pub fn envelope(&self) -> &Envelope {
+        match self {
+            Received::Decoded(delivery) => delivery.envelope(),
+            Received::Undecodable(undecodable) => undecodable.envelope(),
+        }
+    }
+}
+
+/// How a delivered message is settled: decided once by the code that handled it, applied by
+/// [`Delivery::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done with (its result recorded, or it was set aside): removed from a work queue.
+    Ack,
+    /// Offered again, after the delay (`None`: at once).
+    Retry(Option<Duration>),
+    /// Never offered again (it cannot run, and was answered or set aside).
+    Reject,
+    /// Copied to the dead-letter stream with why and how often it was tried, then never offered
+    /// again; offered again after [`SET_ASIDE_RETRY`] if the copy could not be stored.
+    SetAside { reason: String, attempts: u64 },
+}
+
+/// Delay before a message whose dead letter could not be stored is offered again.
+pub const SET_ASIDE_RETRY: Duration = Duration::from_secs(1);
+
+impl Envelope {
+    pub(super) fn new(message: jetstream::Message, bus: Bus) -> Self {
+        Self { message, bus }
+    }
+
+    /// Decodes the body (checked against the payload cap); a message that does not decode keeps
+    /// its envelope, to be answered and set aside.
+    pub(super) fn decode<T: serde::de::DeserializeOwned>(self) -> Received<T> {
+        match self.bus.decode(&self.message.payload) {
+            Ok(body) => Received::Decoded(Delivery {
+                envelope: self,
+                body,
+            }),
+            Err(error) => Received::Undecodable(Delivery {
+                envelope: self,
+                body: error,
+            }),
+        }
+    }
+
+    pub fn subject(&self) -> &str {
+        &self.message.subject
+    }
+
+    /// The `Nats-Msg-Id` it was published with, if any.
+    pub fn message_id(&self) -> Option<String> {
+        message_id(&self.message)
+    }
+
+    /// How often the broker has delivered it (1 for the first delivery; 1 when unknown).
+    pub fn delivered(&self) -> i64 {
+        self.message.info().map(|i| i.delivered).unwrap_or(1)
+    }
+
+    /// Its position in its stream (0 when unknown).
+    pub fn stream_sequence(&self) -> u64 {
+        self.message.info().map(|i| i.stream_sequence).unwrap_or(0)
+    }
+
+    /// True for the first delivery of a message that is not a replayed dead letter: no earlier
+    /// delivery of this work can have run. (A message whose delivery count is unknown is not.)
+    pub fn is_first(&self) -> bool {
+        let delivered_once = self
+            .message
+            .info()
+            .map(|i| i.delivered == 1)
+            .unwrap_or(false);
+        delivered_once && !self.is_replayed()
+    }
+
+    /// True for a dead letter published again by `skein dlq replay`.
+    pub fn is_replayed(&self) -> bool {
+        self.message
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(HEADER_REPLAYED).is_some())
+    }
+
+    /// The consumer span of its handling, a child of the span that published it.
+    pub fn span(&self) -> tracing::Span {
+        process_span(&self.message)
+    }
+
+    /// Runs `work` while telling the broker every `every` that the message is still being worked
+    /// on, so a short ack deadline still catches a dead process quickly while long work survives.
+    pub async fn with_progress<O>(&self, every: Duration, work: impl Future<Output = O>) -> O {
+        futures::pin_mut!(work);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = ticks.tick() => self.progress().await,
+            }
+        }
+    }
+
+    /// Tells the broker once that the message is still being worked on.
+    pub async fn progress(&self) {
+        if let Err(e) = self.message.ack_with(jetstream::AckKind::Progress).await {
+            tracing::warn!(error = %e, "progress ack failed");
+        }
+    }
+
+    /// Copies the message to the dead-letter stream; false (logged) when the broker refused the
+    /// letter, in which case it must be handed back rather than settled.
+    pub async fn set_aside(&self, reason: &str, attempts: u64) -> bool {
+        self.bus.set_aside(&self.message, reason, attempts).await
+    }
+
+    /// Tells the broker how the message ends, once; the disposition actually applied is returned
+    /// (a `SetAside` whose letter was refused becomes a `Retry`).
+    pub async fn settle(self, disposition: Disposition) -> Disposition {
+        let applied = match disposition {
+            Disposition::SetAside { reason, attempts } => {
+                if self.set_aside(&reason, attempts).await {
+                    Disposition::SetAside { reason, attempts }
+                } else {
+                    Disposition::Retry(Some(SET_ASIDE_RETRY))
+                }
+            }
+            other => other,
+        };
+        let kind = match &applied {
+            Disposition::Ack => jetstream::AckKind::Ack,
+            Disposition::Retry(delay) => jetstream::AckKind::Nak(*delay),
+            Disposition::Reject | Disposition::SetAside { .. } => jetstream::AckKind::Term,
+        };
+        settle(&self.message, kind).await;
+        applied
+    }
+}
+
+impl<T> Delivery<T> {
+    /// The decoded body.
+    pub fn body(&self) -> &T {
+        &self.body
+    }
+
+    /// What is known of the message besides its body.
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
+    /// Settles the message, once; returns the disposition actually applied (see
+    /// [`Disposition::SetAside`]).
+    pub async fn settle(self, disposition: Disposition) -> Disposition {
+        self.envelope.settle(disposition).await
+    }
+
+    /// The envelope and the body apart (a handler that keeps the body past settling, or holds
+    /// the envelope elsewhere).
+    pub fn into_parts(self) -> (Envelope, T) {
+        (self.envelope, self.body)
+    }
+}
+
+/// Settles a message, logging (not failing) when the broker cannot be told: the message then
+/// comes back after its ack wait, and its handler finds its result recorded.
+pub(super) async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
+    if let Err(e) = message.ack_with(kind).await {
+        tracing::warn!(error = %e, ?kind, "acknowledgement not delivered; the broker will redeliver");
+    }
+}
