@@ -37,9 +37,8 @@ use skein_common::protocol::{
     PROTOCOL_VERSION,
 };
 use skein_common::shutdown::Workload;
-use skein_common::store::keys::turn_attempts_field;
 use skein_common::store::{
-    LoadedSession, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnStart,
+    LoadedSession, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnLease, TurnStart,
 };
 use skein_common::subjects;
 use skein_common::wiring::approvals::StoredApprovals;
@@ -299,10 +298,10 @@ pub(crate) enum Settled {
     Suspended(Box<Suspension>),
 }
 
-/// A turn whose lease is held: the lease token, the session as loaded, any checkpoint to resume
+/// A turn whose lease is held: its lease, the session as loaded, any checkpoint to resume
 /// from, and whether no earlier run can have dispatched its calls.
 struct StartedTurn<'a> {
-    token: &'a str,
+    lease: &'a TurnLease,
     /// This delivery's event epoch (`BusEvents::with_epoch`).
     epoch: u64,
     loaded: LoadedSession,
@@ -459,14 +458,14 @@ impl Lead {
             .register(tenant, &submission.task_id, stop.clone());
         let token = format!("{}:{}", self.instance, submission.task_id);
         let max_attempts = self.cfg.process.max_attempts;
-        let claim = TurnClaim {
+        let lease = self.store.turn(TurnClaim {
             tenant,
             session,
             task_id: &submission.task_id,
             lease_token: &token,
             lease_ttl: self.cfg.lease_ttl,
             max_attempts,
-        };
+        });
         // Independent looks in one round trip: a cancel request (or a passed deadline), the
         // session's oldest unfinished submission, the start of the turn itself — which answers
         // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
@@ -478,7 +477,7 @@ impl Lead {
             tokio::join!(
                 self.not_startable(submission),
                 self.bus.oldest_submission(tenant, session),
-                self.store.begin_turn(claim),
+                lease.begin(),
                 self.store
                     .next_event_epoch(tenant, session, &submission.task_id),
             )
@@ -489,7 +488,7 @@ impl Lead {
             Ok(epoch) => epoch,
             Err(e) => {
                 // Redis answered the start but not the epoch: take the start back, try again.
-                self.take_back(submission, &start, &token).await;
+                lease.take_back(&start).await;
                 return Settled::Retry(e.to_failure());
             }
         };
@@ -500,7 +499,7 @@ impl Lead {
         let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
         let mut start = start;
         if unstartable.is_some() || !matches!(in_line, Ok(true)) {
-            self.take_back(submission, &start, &token).await;
+            lease.take_back(&start).await;
         }
         if let Some(failure) = unstartable {
             // A turn that waited for approval asks no more.
@@ -523,7 +522,7 @@ impl Lead {
                 .boxed()
                 .await
             {
-                Ok(true) => start = self.store.begin_turn(claim).await,
+                Ok(true) => start = lease.begin().await,
                 Ok(false) if stop.is_cancelled() => {
                     return self.stopped_before_start(submission, abort).boxed().await
                 }
@@ -568,10 +567,10 @@ impl Lead {
                 _ = stop.cancelled() => return self.stopped_before_start(submission, abort).boxed().await,
                 () = waiter.changed() => {}
             }
-            start = self.store.begin_turn(claim).await;
+            start = lease.begin().await;
         };
         let started = StartedTurn {
-            token: &token,
+            lease: &lease,
             epoch,
             loaded,
             // Only the first delivery's first attempt can be sure that no earlier run dispatched
@@ -585,56 +584,21 @@ impl Lead {
             .await;
         // A completed turn released the lease as it ended; any other outcome releases it here.
         if !matches!(settled, Settled::Done | Settled::Unannounced(_)) {
-            if let Err(e) = self.store.release_lease(tenant, session, &token).await {
-                tracing::warn!(error = %e, "lease not released; it expires on its own");
-            }
+            lease.release().await;
         }
         match settled {
             Settled::Suspended(_) => {
                 // Waiting for a person is not an attempt.
-                let work = turn_attempts_field(&submission.task_id);
-                if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
-                    tracing::warn!(error = %e, "attempt not taken back");
-                }
+                lease.uncount().await;
                 settled
             }
             Settled::Retry(_) if abort.is_cancelled() => {
                 // Shutdown is not this task's fault: the attempt does not count.
-                let work = turn_attempts_field(&submission.task_id);
-                if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
-                    tracing::warn!(error = %e, "attempt not taken back");
-                }
+                lease.uncount().await;
                 settled
             }
             Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
             other => other,
-        }
-    }
-
-    /// Takes back a turn start that must not stand (the task may not start, or must wait for an
-    /// older one): the lease is released and the attempt uncounted.
-    async fn take_back(
-        &self,
-        submission: &TaskSubmission,
-        start: &Result<TurnStart, StoreError>,
-        token: &str,
-    ) {
-        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
-        let (counted, leased) = match start {
-            Ok(TurnStart::Started { .. }) => (true, true),
-            Ok(TurnStart::Exhausted(_)) => (true, false),
-            _ => (false, false),
-        };
-        if leased {
-            if let Err(e) = self.store.release_lease(tenant, session, token).await {
-                tracing::warn!(error = %e, "lease not released; it expires on its own");
-            }
-        }
-        if counted {
-            let work = turn_attempts_field(&submission.task_id);
-            if let Err(e) = self.store.uncount_attempt(tenant, session, &work).await {
-                tracing::warn!(error = %e, "attempt not taken back");
-            }
         }
     }
 
@@ -732,7 +696,7 @@ impl Lead {
         let started = std::time::Instant::now();
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         let StartedTurn {
-            token,
+            lease,
             epoch,
             loaded,
             resume,
@@ -757,16 +721,10 @@ impl Lead {
                 trace_id: skein_common::telemetry::current_trace_id(),
             })
             .await;
-        let checkpoints = LeaseCheckpoints {
-            store: self.store.clone(),
-            tenant: tenant.to_owned(),
-            session: session.to_owned(),
-            task_id: submission.task_id.clone(),
-            lease_token: token.to_owned(),
-        };
+        let checkpoints = LeaseCheckpoints { turn: lease };
         // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
         let time_left = origin.time_left();
-        let renew = self.keep_lease(tenant, session, token);
+        let renew = crate::lease::keep_renewed(self.cfg.lease_ttl, || lease.renew());
         let turn = Box::pin(self.runtime.run_turn(TurnInput {
             origin,
             agent,
@@ -864,9 +822,8 @@ impl Lead {
             usage: output.usage,
             trace_id: skein_common::telemetry::current_trace_id(),
         };
-        if let Err(e) = self
-            .store
-            .complete_turn(token, loaded.version, state.as_ref(), &result)
+        if let Err(e) = lease
+            .complete(loaded.version, state.as_ref(), &result)
             .await
         {
             return Settled::Retry(e.to_failure());
@@ -883,13 +840,6 @@ impl Lead {
             }
         }
         announced(events.announce(EventKind::Final { result }).await)
-    }
-
-    /// Renews the lease until it is lost or presumed lost; returns why (never while held).
-    async fn keep_lease(&self, tenant: &str, session: &str, token: &str) -> Failure {
-        let ttl = self.cfg.lease_ttl;
-        crate::lease::keep_renewed(ttl, || self.store.renew_lease(tenant, session, token, ttl))
-            .await
     }
 
     /// Stores and publishes the final result of a task that ended without running a turn.

@@ -239,3 +239,49 @@ async fn a_corrupt_or_exhausted_version_is_an_error_not_a_wrap() {
         "{saved:?}"
     );
 }
+
+/// A session whose stored state (or checkpoint) is corrupt: the start script takes the lease
+/// before the reply is read, so a start that fails to read it must leave no lease behind, or
+/// every later turn of the session waits out the lease's time to live.
+#[tokio::test]
+async fn a_start_that_cannot_read_the_session_leaves_no_lease_behind() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let mut conn = redis::Client::open(redis.url.as_str())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    for (key_of, field_or_value) in [("session", "state"), ("checkpoint", "")] {
+        let (session, task) = (unique("s"), unique("t"));
+        if key_of == "session" {
+            let key = skein_common::store::keys::session("acme", &session);
+            let () = redis::cmd("HSET")
+                .arg(&key)
+                .arg("version")
+                .arg("1")
+                .arg(field_or_value)
+                .arg("{not json")
+                .query_async(&mut conn)
+                .await
+                .expect("corrupt session planted");
+        } else {
+            let key = skein_common::store::keys::checkpoint("acme", &session, &task);
+            let () = redis::cmd("SET")
+                .arg(&key)
+                .arg("{not json")
+                .query_async(&mut conn)
+                .await
+                .expect("corrupt checkpoint planted");
+        }
+        let turn = store.turn(claim(&session, &task, "lead-a", 3));
+        let start = turn.begin().await;
+        assert!(start.is_err(), "{key_of}: a corrupt value is an error: {start:?}");
+        let lease: Option<String> = redis::cmd("GET")
+            .arg(skein_common::store::keys::lease("acme", &session))
+            .query_async(&mut conn)
+            .await
+            .expect("lease read");
+        assert_eq!(lease, None, "{key_of}: the lease was released");
+    }
+}

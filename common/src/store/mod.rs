@@ -1,6 +1,7 @@
 //! `SessionStore`: everything Skein keeps in Redis — sessions (history) with versioned
 //! compare-and-set saves, the per-session lease, call results by call id, final results, and the
-//! worker registry. Key layout lives in [`keys`].
+//! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
+//! [`TurnLease`] (`turn`).
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
@@ -11,6 +12,9 @@
 
 pub mod approvals;
 pub mod keys;
+mod turn;
+
+pub use turn::TurnLease;
 
 use std::time::Duration;
 

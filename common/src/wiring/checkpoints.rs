@@ -8,29 +8,19 @@ use futures::future::BoxFuture;
 
 use crate::agent::seams::{CheckpointSink, TurnCheckpoint};
 use crate::protocol::{Failure, FailureKind};
-use crate::store::SessionStore;
+use crate::store::{SessionStore, TurnLease};
 
-/// Where a lead's turn records its progress.
-pub struct LeaseCheckpoints {
-    pub store: SessionStore,
-    pub tenant: String,
-    pub session: String,
-    pub task_id: String,
-    pub lease_token: String,
+/// Where a lead's turn records its progress: under its lease.
+pub struct LeaseCheckpoints<'a> {
+    pub turn: &'a TurnLease,
 }
 
-impl CheckpointSink for LeaseCheckpoints {
+impl CheckpointSink for LeaseCheckpoints<'_> {
     fn save<'a>(&'a self, state: &'a TurnCheckpoint) -> BoxFuture<'a, Result<(), Failure>> {
         Box::pin(async move {
             let saved = self
-                .store
-                .save_checkpoint(
-                    &self.tenant,
-                    &self.session,
-                    &self.task_id,
-                    &self.lease_token,
-                    state,
-                )
+                .turn
+                .checkpoint(state)
                 .await
                 .map_err(|e| e.to_failure())?;
             if saved {

@@ -1,0 +1,140 @@
+//! `TurnLease`: the life of one lead turn under its session's lease, as one type. A turn is
+//! begun (its attempt counted, the lease taken, the session and any checkpoint loaded, in one
+//! trip), renewed and checkpointed while it runs, and ended one way: completed (session, final
+//! result and lease release in one atomic step), or given up — the lease released, and the
+//! attempt taken back when it was not the task's fault (shutdown, a suspension, a start that must
+//! not stand).
+//!
+//! Invariants: every write after the start is fenced by the lease token, so a lead that lost the
+//! lease writes nothing; a start whose reply could not be read (a corrupt session or checkpoint)
+//! leaves no lease behind, so the session's next turn does not wait out the lease's time to live.
+
+use std::time::Duration;
+
+use super::{
+    keys, FinalResult, SessionState, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnStart,
+};
+
+/// One turn of one task on one session, claimed by one lead (its lease token).
+#[derive(Clone)]
+pub struct TurnLease {
+    store: SessionStore,
+    tenant: String,
+    session: String,
+    task_id: String,
+    token: String,
+    ttl: Duration,
+    max_attempts: u64,
+}
+
+impl SessionStore {
+    /// The turn `claim` describes; nothing is asked of Redis until it is begun.
+    pub fn turn(&self, claim: TurnClaim<'_>) -> TurnLease {
+        TurnLease {
+            store: self.clone(),
+            tenant: claim.tenant.to_owned(),
+            session: claim.session.to_owned(),
+            task_id: claim.task_id.to_owned(),
+            token: claim.lease_token.to_owned(),
+            ttl: claim.lease_ttl,
+            max_attempts: claim.max_attempts,
+        }
+    }
+}
+
+impl TurnLease {
+    fn claim(&self) -> TurnClaim<'_> {
+        TurnClaim {
+            tenant: &self.tenant,
+            session: &self.session,
+            task_id: &self.task_id,
+            lease_token: &self.token,
+            lease_ttl: self.ttl,
+            max_attempts: self.max_attempts,
+        }
+    }
+
+    /// Starts the turn (see [`SessionStore::begin_turn`]). A start whose reply could not be read
+    /// may have taken the lease: it is released before the error is returned.
+    pub async fn begin(&self) -> Result<TurnStart, StoreError> {
+        let start = self.store.begin_turn(self.claim()).await;
+        if matches!(
+            start,
+            Err(StoreError::Corrupt(_) | StoreError::BadNumber { .. })
+        ) {
+            self.release().await;
+        }
+        start
+    }
+
+    /// Extends the lease; false if another lead holds it now.
+    pub async fn renew(&self) -> Result<bool, StoreError> {
+        self.store
+            .renew_lease(&self.tenant, &self.session, &self.token, self.ttl)
+            .await
+    }
+
+    /// Records the turn's progress while the lease is held; false if it was lost.
+    pub async fn checkpoint(&self, checkpoint: &TurnCheckpoint) -> Result<bool, StoreError> {
+        self.store
+            .save_checkpoint(
+                &self.tenant,
+                &self.session,
+                &self.task_id,
+                &self.token,
+                checkpoint,
+            )
+            .await
+    }
+
+    /// Ends the turn (see [`SessionStore::complete_turn`]): the lease is released with it.
+    pub async fn complete(
+        &self,
+        expected_version: u64,
+        state: Option<&SessionState>,
+        result: &FinalResult,
+    ) -> Result<(), StoreError> {
+        self.store
+            .complete_turn(&self.token, expected_version, state, result)
+            .await
+    }
+
+    /// Releases the lease if it is still held (a failure is logged: it then expires on its own).
+    pub async fn release(&self) {
+        if let Err(e) = self
+            .store
+            .release_lease(&self.tenant, &self.session, &self.token)
+            .await
+        {
+            tracing::warn!(error = %e, "lease not released; it expires on its own");
+        }
+    }
+
+    /// Takes this attempt back: it does not count toward the task's limit (logged on failure).
+    pub async fn uncount(&self) {
+        let work = keys::turn_attempts_field(&self.task_id);
+        if let Err(e) = self
+            .store
+            .uncount_attempt(&self.tenant, &self.session, &work)
+            .await
+        {
+            tracing::warn!(error = %e, "attempt not taken back");
+        }
+    }
+
+    /// Takes back a start that must not stand: the lease is released if it was taken and the
+    /// attempt uncounted if it was counted.
+    pub async fn take_back(&self, start: &Result<TurnStart, StoreError>) {
+        let (counted, leased) = match start {
+            Ok(TurnStart::Started { .. }) => (true, true),
+            Ok(TurnStart::Exhausted(_)) => (true, false),
+            _ => (false, false),
+        };
+        if leased {
+            self.release().await;
+        }
+        if counted {
+            self.uncount().await;
+        }
+    }
+}
