@@ -1,0 +1,435 @@
+//! The lead process: pulls submitted tasks, runs each as one agent turn and settles it.
+//!
+//! Per task: decode and validate (bad input is answered with a failed final result and set aside
+//! as a dead letter, never a crash) → resolve the agent → in one round trip, three independent
+//! looks: a cancel request, the session's oldest unfinished submission, and the turn's start in
+//! Redis (one script: answer from the stored final result if the task already ran — idempotent
+//! resubmits — else count the attempt, take the session lease, load the session and any
+//! checkpoint) → if the task may not start (cancelled, past its deadline) or an older task of the
+//! session is unfinished (submission order), take the start back (release, uncount) and end or
+//! wait → run (or resume) the turn, checkpointing the calls of every step before they are
+//! dispatched → end it atomically (session, final result, lease released) → publish the final
+//! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
+//! lease is renewed.
+//!
+//! Transient trouble (Redis away, a save that lost a race, a lost lease) hands the task back to the
+//! broker (nak) so it runs again, on this or another lead; after `max_attempts` counted attempts it
+//! is dead-lettered and ends as a `dead_lettered` failure.
+//!
+//! This module owns the process and each delivery (decode, validate, settle); `turn` owns a turn
+//! from its start to its atomic end, `finals` the final results that do not come from a turn's end
+//! (a task that ended before it ran, a redelivery of one that finished, a refused submission).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use skein_common::admin::{self, Readiness};
+use skein_common::agent::definition::AgentCatalog;
+use skein_common::agent::hooks::Listeners;
+use skein_common::agent::middleware::Middleware;
+use skein_common::agent::model::{ModelError, Provider};
+use skein_common::agent::runtime::{Runtime, RuntimeSettings};
+use skein_common::bus::{
+    Bus, BusError, ConsumerSettings, Delivery, Disposition, Envelope, Received, Slots,
+};
+use skein_common::cancel::CancelRegistry;
+use skein_common::dispatch::Dispatcher;
+use skein_common::metrics::Metrics;
+use skein_common::protocol::{Failure, FailureKind, TaskSubmission};
+use skein_common::shutdown::Workload;
+use skein_common::store::{SessionStore, StoreError};
+use skein_common::subjects;
+use skein_common::wiring::approvals::StoredApprovals;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+mod finals;
+mod turn;
+
+use finals::failed_result;
+use turn::Position;
+
+use crate::approvals::{Parked, Suspension};
+use crate::config::Config;
+use crate::turns::SessionWaits;
+
+/// How often the depth of the leads' consumer is reported as metrics.
+const QUEUE_DEPTH_EVERY: Duration = Duration::from_secs(5);
+/// Delay before a handed-back task is redelivered.
+const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
+/// Longest a task waits for an older task of its session before it hands its slot back.
+const ORDER_WAIT: Duration = Duration::from_secs(5);
+/// Delay before a task handed back for ordering is offered again.
+const REQUEUE_DELAY: Duration = Duration::from_millis(200);
+
+/// Why a lead could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeadError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("agent definitions: {0}")]
+    Definitions(#[from] skein_common::agent::definition::DefinitionError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("model provider: {0}")]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Admin(#[from] skein_common::admin::AdminError),
+}
+
+pub(crate) struct Lead {
+    pub(crate) bus: Bus,
+    pub(crate) cancels: CancelRegistry,
+    pub(crate) store: SessionStore,
+    agents: AgentCatalog,
+    runtime: Runtime,
+    listeners: Listeners,
+    approvals: StoredApprovals,
+    /// Suspended turns this lead holds while they wait for an answer.
+    pub(crate) parked: Parked,
+    /// Submissions this lead holds while they wait for their session's turn.
+    turns: SessionWaits,
+    pub(crate) metrics: Metrics,
+    instance: String,
+    pub(crate) cfg: Config,
+    /// The process's shutdown: suspended turns are handed back at once when it fires.
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) running: tokio_util::task::TaskTracker,
+}
+
+/// Runs a lead until `shutdown` is cancelled, then drains.
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), LeadError> {
+    LeadBuilder::new(cfg).run(shutdown).await
+}
+
+/// A lead with the embedder's own middleware (layers around model and tool calls, hooks around
+/// the turn and its steps, prompt transformers) and event listeners.
+pub struct LeadBuilder {
+    cfg: Config,
+    middleware: Middleware,
+    listeners: Listeners,
+}
+
+impl LeadBuilder {
+    pub fn new(cfg: Config) -> Self {
+        Self {
+            cfg,
+            middleware: Middleware::new(),
+            listeners: Listeners::default(),
+        }
+    }
+
+    /// Uses `middleware` for every turn (its layers run outside the built-ins).
+    pub fn middleware(mut self, middleware: Middleware) -> Self {
+        self.middleware = middleware;
+        self
+    }
+
+    /// Tells `listener` of every event of every turn.
+    pub fn listener(mut self, listener: Arc<dyn skein_common::agent::hooks::TurnListener>) -> Self {
+        self.listeners = self.listeners.with(listener);
+        self
+    }
+
+    /// Runs the lead until `shutdown` is cancelled, then drains.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), LeadError> {
+        serve(self, shutdown).await
+    }
+}
+
+async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), LeadError> {
+    let LeadBuilder {
+        cfg,
+        middleware,
+        listeners,
+    } = builder;
+    cfg.validate().map_err(LeadError::Config)?;
+    let instance = cfg.process.instance_id("lead");
+    let agents = match &cfg.agents_dir {
+        Some(dir) => AgentCatalog::load_dir(dir)?,
+        None => AgentCatalog::bundled()?,
+    };
+    let provider = Provider::from_config(&cfg.model)?;
+    let provider_name = provider.label();
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    let bus = Bus::connect(
+        &cfg.nats,
+        &format!("skein-lead {instance}"),
+        cfg.process.max_payload,
+    )
+    .await?;
+    bus.ensure_streams().await?;
+    let store = SessionStore::connect(&cfg.redis).await?;
+
+    let work = Workload::default();
+    admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
+    let dispatcher = Dispatcher::start(
+        bus.clone(),
+        store.clone(),
+        &instance,
+        &work.background,
+        work.background_stop.clone(),
+    )
+    .await?;
+    let runtime = skein_common::wiring::assemble(
+        provider,
+        dispatcher,
+        agents.skills().clone(),
+        middleware,
+        RuntimeSettings {
+            default_model: cfg.model.model.clone(),
+            provider: provider_name.into(),
+            tool_timeout: cfg.process.tool_timeout,
+            subagent_timeout: cfg.subagent_timeout,
+            ..RuntimeSettings::default()
+        },
+        metrics.clone(),
+        &cfg.model,
+    );
+    let intake = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::SUBMIT_STREAM,
+            durable: subjects::LEADS_CONSUMER.into(),
+            filter: subjects::SUBMIT_ALL.into(),
+            ack_wait: cfg.process.ack_wait,
+            max_deliver: -1,
+            // Suspended turns stay unacknowledged while they wait for a person, without a slot:
+            // they must not use up the server's default of 1,000 outstanding deliveries.
+            max_ack_pending: Some(-1),
+        })
+        .await?;
+    let decisions = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::APPROVALS_STREAM,
+            durable: subjects::APPROVALS_CONSUMER.into(),
+            filter: subjects::APPROVALS_ALL.into(),
+            ack_wait: cfg.process.ack_wait,
+            max_deliver: -1,
+            max_ack_pending: None,
+        })
+        .await?;
+    let parked = Parked::listen(&bus, &work.background, work.background_stop.clone()).await?;
+    let turns = SessionWaits::listen(&bus, &work.background, work.background_stop.clone()).await?;
+    crate::results::serve_lookups(
+        &bus,
+        store.clone(),
+        &work.background,
+        work.background_stop.clone(),
+    )
+    .await?;
+    bus.watch_queue_depth(
+        metrics.clone(),
+        vec![(subjects::SUBMIT_STREAM, subjects::LEADS_CONSUMER.to_owned())],
+        QUEUE_DEPTH_EVERY,
+        &work.background,
+        work.background_stop.clone(),
+    );
+    readiness.set_ready(true);
+    tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
+    let (concurrency, grace) = (cfg.concurrency, cfg.process.grace);
+    let cancels = CancelRegistry::default();
+    cancels
+        .listen(&bus, &work.background, work.background_stop.clone())
+        .await?;
+    let lead = Arc::new(Lead {
+        bus,
+        cancels,
+        approvals: StoredApprovals {
+            store: store.clone(),
+        },
+        store,
+        agents,
+        runtime,
+        listeners,
+        parked,
+        turns,
+        metrics,
+        instance: instance.clone(),
+        cfg,
+        shutdown: shutdown.clone(),
+        running: work.running.clone(),
+    });
+
+    let handler_lead = lead.clone();
+    let handler_abort = work.abort.clone();
+    let turns = intake.serve(
+        Slots::new(concurrency),
+        shutdown.clone(),
+        work.running.clone(),
+        move |received| {
+            handler_lead
+                .clone()
+                .handle(received, handler_abort.child_token())
+        },
+    );
+    let decision_lead = lead.clone();
+    let answers = decisions.serve(
+        Slots::new(crate::approvals::DECISION_CONCURRENCY),
+        shutdown,
+        work.running.clone(),
+        move |received| decision_lead.clone().handle_decision(received),
+    );
+    tokio::join!(turns, answers);
+    readiness.set_ready(false);
+    work.drain(grace).await;
+    tracing::info!(lead_id = %instance, "lead stopped");
+    Ok(())
+}
+
+/// How handling a submission ended.
+pub(crate) enum Settled {
+    /// Finished (successfully or not); the final result is stored and published.
+    Done,
+    /// Finished and stored, but the stream did not take the final event: hand the message back
+    /// so a later delivery announces it again (from the stored result; nothing runs again).
+    Unannounced(Failure),
+    /// Not this task's turn yet (an older task of the session is unfinished): hand it back
+    /// without counting an attempt.
+    NotYet,
+    /// Transient trouble: hand the message back for another attempt.
+    Retry(Failure),
+    /// The last attempt failed too: dead-letter it and end with a failed final result.
+    GiveUp(Failure, u64),
+    /// Calls wait for a person: the turn's request is stored, the lease released and the attempt
+    /// uncounted; the message is held (unacknowledged, without a slot) until an answer wakes it.
+    /// (Boxed: a suspension carries the whole submission, the other outcomes are small.)
+    Suspended(Box<Suspension>),
+}
+
+impl Lead {
+    /// Runs one delivered submission; the future owns the lead, so it is spawned as it is.
+    async fn handle(self: Arc<Self>, received: Received<TaskSubmission>, abort: CancellationToken) {
+        let _in_flight = self.metrics.in_flight("turn");
+        let envelope = received.envelope();
+        if envelope.delivered() > 1 {
+            self.metrics.redelivered("turn");
+        }
+        let span = envelope.span();
+        span.record("skein.kind", "submission");
+        match received {
+            Received::Decoded(delivery) => {
+                self.handle_delivery(delivery, abort).instrument(span).await
+            }
+            Received::Undecodable(undecodable) => {
+                let (task_id, failure) = (
+                    undecodable.envelope().message_id(),
+                    undecodable.body().to_failure(),
+                );
+                let (envelope, _) = undecodable.into_parts();
+                self.reject(envelope, task_id, failure)
+                    .boxed()
+                    .instrument(span)
+                    .await
+            }
+        }
+    }
+
+    async fn handle_delivery(
+        self: &Arc<Self>,
+        delivery: Delivery<TaskSubmission>,
+        abort: CancellationToken,
+    ) {
+        let (envelope, submission) = delivery.into_parts();
+        let checked = submission
+            .validate(self.cfg.process.max_payload)
+            .and_then(|()| subject_matches(&envelope, &submission));
+        if let Err(failure) = checked {
+            let task_id = Some(submission.task_id.clone());
+            return self.reject(envelope, task_id, failure).boxed().await;
+        }
+        let span = tracing::Span::current();
+        span.record("skein.task_id", submission.task_id.as_str());
+        span.record("gen_ai.conversation.id", submission.session.as_str());
+        let position = Position {
+            sequence: envelope.stream_sequence(),
+            first: envelope.is_first(),
+        };
+        let every = self.cfg.process.progress_every();
+        let outcome = envelope
+            .with_progress(every, self.settle_turn(&submission, position, &abort))
+            .await;
+        // Whatever ended here may free the session for its next turn; a task handed back for
+        // turn order freed nothing.
+        let freed = !matches!(outcome, Settled::NotYet);
+        self.settle_delivery(envelope, &submission, outcome, &abort)
+            .await;
+        if freed {
+            crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
+        }
+    }
+
+    /// Settles a delivered submission by how handling it ended.
+    async fn settle_delivery(
+        self: &Arc<Self>,
+        envelope: Envelope,
+        submission: &TaskSubmission,
+        outcome: Settled,
+        abort: &CancellationToken,
+    ) {
+        let disposition = match outcome {
+            Settled::Done => Disposition::Ack,
+            Settled::Unannounced(failure)
+                if envelope.delivered() >= self.cfg.process.max_attempts as i64 =>
+            {
+                // Bounded: the result is stored, and any lead answers a client's lookup of it.
+                tracing::error!(%failure, "final event not announced after every attempt; clients read the stored result");
+                Disposition::Ack
+            }
+            Settled::Unannounced(failure) => {
+                tracing::warn!(%failure, "final event not announced; handing the task back to announce it again");
+                Disposition::Retry(Some(REDELIVERY_DELAY))
+            }
+            Settled::Suspended(suspension) => return self.park(envelope, *suspension),
+            Settled::NotYet => Disposition::Retry(Some(REQUEUE_DELAY)),
+            Settled::Retry(failure) if abort.is_cancelled() => {
+                tracing::info!(%failure, "turn handed back on shutdown");
+                Disposition::Retry(None)
+            }
+            Settled::Retry(failure) => {
+                tracing::warn!(%failure, "turn handed back for another attempt");
+                Disposition::Retry(Some(REDELIVERY_DELAY))
+            }
+            Settled::GiveUp(last, attempts) => {
+                let failure = Failure::new(
+                    FailureKind::DeadLettered,
+                    format!("the turn failed on all {attempts} attempts; last: {last}"),
+                );
+                if !envelope.set_aside(&failure.message, attempts).boxed().await {
+                    Disposition::Retry(Some(REDELIVERY_DELAY))
+                } else {
+                    self.metrics.dead_lettered("submit");
+                    self.metrics
+                        .turn_finished("dead_lettered", std::time::Duration::ZERO);
+                    // Dead-lettered either way: a final event that did not go out is still
+                    // stored, for lookups.
+                    self.publish_final(failed_result(submission, failure, 0))
+                        .boxed()
+                        .await;
+                    Disposition::Ack
+                }
+            }
+        };
+        envelope.settle(disposition).await;
+    }
+}
+
+/// A submission must arrive on its own session's subject: ordering and tenant isolation rely on it.
+fn subject_matches(envelope: &Envelope, submission: &TaskSubmission) -> Result<(), Failure> {
+    let expected = subjects::submit(&submission.tenant, &submission.session);
+    if envelope.subject() == expected {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!(
+                "published on {}; a task of this tenant and session goes to {expected}",
+                envelope.subject()
+            ),
+        ))
+    }
+}

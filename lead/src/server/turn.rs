@@ -1,0 +1,449 @@
+//! One turn of a delivered submission: its start (cancel and deadline looks, turn order in the
+//! session, the lease and the attempt through a `TurnLease`, a start taken back when it must not
+//! stand), the wait for the session's lease or its older tasks, the run under the lease (renewed,
+//! checkpointed, stopped at the deadline or on a cancel request), and its atomic end.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
+use skein_common::protocol::{
+    EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
+};
+use skein_common::store::{LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
+use skein_common::wiring::checkpoints::LeaseCheckpoints;
+use skein_common::wiring::events::BusEvents;
+use tokio_util::sync::CancellationToken;
+
+use super::finals::{announced, failed_result};
+use super::{Lead, Settled, ORDER_WAIT};
+
+/// A turn whose lease is held: its lease, the session as loaded, any checkpoint to resume
+/// from, and whether no earlier run can have dispatched its calls.
+pub(super) struct StartedTurn<'a> {
+    lease: &'a TurnLease,
+    /// This delivery's event epoch (`BusEvents::with_epoch`).
+    epoch: u64,
+    loaded: LoadedSession,
+    resume: Option<TurnCheckpoint>,
+    first_run: bool,
+}
+
+/// Where a submission sits in its stream, and whether this is its first delivery.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Position {
+    pub(super) sequence: u64,
+    pub(super) first: bool,
+}
+
+impl Lead {
+    pub(super) async fn settle_turn(
+        &self,
+        submission: &TaskSubmission,
+        delivery: Position,
+        abort: &CancellationToken,
+    ) -> Settled {
+        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+        let agent = match self
+            .agents
+            .resolve(&submission.agent, submission.overrides.as_ref())
+        {
+            Ok(agent) => agent,
+            Err(failure) => {
+                return self
+                    .publish_final(failed_result(submission, failure, 0))
+                    .boxed()
+                    .await;
+            }
+        };
+        // From here on a cancel request reaches this task: `stop` fires on it (and on shutdown).
+        let stop = abort.child_token();
+        let _registration = self
+            .cancels
+            .register(tenant, &submission.task_id, stop.clone());
+        let token = format!("{}:{}", self.instance, submission.task_id);
+        let max_attempts = self.cfg.process.max_attempts;
+        let lease = self.store.turn(TurnClaim {
+            tenant,
+            session,
+            task_id: &submission.task_id,
+            lease_token: &token,
+            lease_ttl: self.cfg.lease_ttl,
+            max_attempts,
+        });
+        // Independent looks in one round trip: a cancel request (or a passed deadline), the
+        // session's oldest unfinished submission, the start of the turn itself — which answers
+        // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
+        // and loads the session — and this delivery's event epoch. A start that must not stand is
+        // taken back below.
+        // Registered before the first look, so an announcement right after it is not missed.
+        let waiter = self.turns.wait_for(tenant, session);
+        let (unstartable, oldest, start, epoch) = async {
+            tokio::join!(
+                self.not_startable(submission),
+                self.bus.oldest_submission(tenant, session),
+                lease.begin(),
+                self.store
+                    .next_event_epoch(tenant, session, &submission.task_id),
+            )
+        }
+        .boxed()
+        .await;
+        let epoch = match epoch {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                // Redis answered the start but not the epoch: take the start back, try again.
+                lease.take_back(&start).await;
+                return Settled::Retry(e.to_failure());
+            }
+        };
+        if let Ok(TurnStart::Finished(done)) = start {
+            tracing::info!("task already finished; re-publishing its result");
+            return self.emit_final(submission, done, epoch).boxed().await;
+        }
+        let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
+        let mut start = start;
+        if unstartable.is_some() || !matches!(in_line, Ok(true)) {
+            lease.take_back(&start).await;
+        }
+        if let Some(failure) = unstartable {
+            // A turn that waited for approval asks no more.
+            if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
+                tracing::warn!(error = %e, "approval request not cleared");
+            }
+            let status = if failure.kind == FailureKind::Cancelled {
+                TurnStatus::Cancelled
+            } else {
+                TurnStatus::Failed
+            };
+            let mut result = failed_result(submission, failure, 0);
+            result.status = status;
+            return self.publish_final(result).boxed().await;
+        }
+        match in_line {
+            Ok(true) => {}
+            Ok(false) => match self
+                .wait_for_turn_order(submission, delivery.sequence, &waiter, &stop)
+                .boxed()
+                .await
+            {
+                Ok(true) => start = lease.begin().await,
+                Ok(false) if stop.is_cancelled() => {
+                    return self.stopped_before_start(submission, abort).boxed().await
+                }
+                Ok(false) => return Settled::NotYet,
+                Err(failure) => return Settled::Retry(failure),
+            },
+            Err(e) => return Settled::Retry(e.to_failure()),
+        }
+        // Turns of one session run one at a time: while another lead holds the lease, look again
+        // when a lead announces the session free (or after a fallback look), for a bounded time.
+        let lease_wait = tokio::time::Instant::now() + self.cfg.lease_ttl * 2;
+        let (attempt, loaded, resume) = loop {
+            match start {
+                Ok(TurnStart::Started {
+                    attempt,
+                    session,
+                    checkpoint,
+                }) => break (attempt, session, checkpoint),
+                Ok(TurnStart::Finished(done)) => {
+                    tracing::info!("task already finished; re-publishing its result");
+                    return self.emit_final(submission, done, epoch).boxed().await;
+                }
+                Ok(TurnStart::Exhausted(attempt)) => {
+                    let failure = Failure::new(
+                        FailureKind::Unavailable,
+                        format!(
+                            "gave up after {max_attempts} attempts (the lead running it stopped each time)"
+                        ),
+                    );
+                    return Settled::GiveUp(failure, attempt - 1);
+                }
+                Ok(TurnStart::Busy) if tokio::time::Instant::now() >= lease_wait => {
+                    // Held longer than a lease can live unrenewed: its holder is alive and busy.
+                    // Free the slot; the broker offers the task again.
+                    tracing::info!("the session is busy; handing the task back");
+                    return Settled::NotYet;
+                }
+                Ok(TurnStart::Busy) => {}
+                Err(e) => return Settled::Retry(e.to_failure()),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return self.stopped_before_start(submission, abort).boxed().await,
+                () = waiter.changed() => {}
+            }
+            start = lease.begin().await;
+        };
+        let started = StartedTurn {
+            lease: &lease,
+            epoch,
+            loaded,
+            // Only the first delivery's first attempt can be sure that no earlier run dispatched
+            // the turn's calls.
+            first_run: delivery.first && attempt == 1 && resume.is_none(),
+            resume,
+        };
+        let settled = self
+            .turn_under_lease(submission, &agent, started, abort, &stop)
+            .boxed()
+            .await;
+        // A completed turn released the lease as it ended; any other outcome releases it here.
+        if !matches!(settled, Settled::Done | Settled::Unannounced(_)) {
+            lease.release().await;
+        }
+        match settled {
+            Settled::Suspended(_) => {
+                // Waiting for a person is not an attempt.
+                lease.uncount().await;
+                settled
+            }
+            Settled::Retry(_) if abort.is_cancelled() => {
+                // Shutdown is not this task's fault: the attempt does not count.
+                lease.uncount().await;
+                settled
+            }
+            Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
+            other => other,
+        }
+    }
+
+    /// The task was stopped while it waited for its turn: by shutdown (hand it back) or by a cancel
+    /// request (it ends cancelled).
+    async fn stopped_before_start(
+        &self,
+        submission: &TaskSubmission,
+        abort: &CancellationToken,
+    ) -> Settled {
+        if abort.is_cancelled() {
+            return Settled::Retry(Failure::new(FailureKind::Unavailable, "lead shutting down"));
+        }
+        let mut result = failed_result(
+            submission,
+            Failure::new(FailureKind::Cancelled, "cancelled before it started"),
+            0,
+        );
+        result.status = TurnStatus::Cancelled;
+        self.publish_final(result).await
+    }
+
+    /// Why the task must not start, if it must not: it was cancelled, or its deadline passed.
+    async fn not_startable(&self, submission: &TaskSubmission) -> Option<Failure> {
+        if submission
+            .origin()
+            .time_left()
+            .is_some_and(|left| left.is_zero())
+        {
+            return Some(Failure::new(
+                FailureKind::TimedOut,
+                "the task's deadline passed before it started",
+            ));
+        }
+        match self
+            .bus
+            .cancel_requested(&submission.tenant, &submission.task_id)
+            .await
+        {
+            Ok(true) => Some(Failure::new(
+                FailureKind::Cancelled,
+                "cancelled before it started",
+            )),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for a cancel request; running the task");
+                None
+            }
+        }
+    }
+
+    /// Waits until no older task of the session is unfinished, so turns run in submission order
+    /// across leads. False if that takes too long (the caller hands the task back, freeing its
+    /// slot for the older task).
+    async fn wait_for_turn_order(
+        &self,
+        submission: &TaskSubmission,
+        sequence: u64,
+        waiter: &crate::turns::Waiter,
+        stop: &CancellationToken,
+    ) -> Result<bool, Failure> {
+        let deadline = tokio::time::Instant::now() + ORDER_WAIT;
+        loop {
+            let oldest = self
+                .bus
+                .oldest_submission(&submission.tenant, &submission.session)
+                .await
+                .map_err(|e| e.to_failure())?;
+            match oldest {
+                Some(oldest) if oldest < sequence => {}
+                _ => return Ok(true),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::info!(
+                    sequence,
+                    "an older task of the session is unfinished; handing this one back"
+                );
+                return Ok(false);
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(false),
+                () = waiter.changed() => {}
+            }
+        }
+    }
+
+    async fn turn_under_lease(
+        &self,
+        submission: &TaskSubmission,
+        agent: &skein_common::protocol::AgentSpec,
+        turn: StartedTurn<'_>,
+        abort: &CancellationToken,
+        stop: &CancellationToken,
+    ) -> Settled {
+        let started = std::time::Instant::now();
+        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+        let StartedTurn {
+            lease,
+            epoch,
+            loaded,
+            resume,
+            first_run,
+        } = turn;
+        let origin = submission.origin();
+        let events = Arc::new(
+            BusEvents::new(
+                self.bus.clone(),
+                self.listeners.clone(),
+                origin.clone(),
+                "lead",
+            )
+            .with_epoch(epoch),
+        );
+        events
+            .emit(EventKind::TurnStarted {
+                agent: agent.name.clone(),
+                session: session.to_owned(),
+                instance: self.instance.clone(),
+                resumed_at_step: resume.as_ref().map(|r| r.iterations),
+                trace_id: skein_common::telemetry::current_trace_id(),
+            })
+            .await;
+        let checkpoints = LeaseCheckpoints { turn: lease };
+        // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
+        let time_left = origin.time_left();
+        let renew = crate::lease::keep_renewed(self.cfg.lease_ttl, || lease.renew());
+        let turn = Box::pin(self.runtime.run_turn(TurnInput {
+            origin,
+            agent,
+            history: &loaded.state.history,
+            loaded_skills: &loaded.state.skills,
+            skills: None,
+            input: submission.input.clone(),
+            depth: 0,
+            events: events.clone(),
+            cancel: stop,
+            first_run,
+            resume,
+            checkpoints: Some(&checkpoints),
+            approvals: Some(&self.approvals),
+        }));
+        let deadline = async {
+            match time_left {
+                Some(left) => tokio::time::sleep(left).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut deadline_hit = false;
+        let output = tokio::select! {
+            lost = renew => return Settled::Retry(lost),
+            output = async {
+                tokio::pin!(turn);
+                tokio::select! {
+                    output = &mut turn => output,
+                    () = deadline => {
+                        deadline_hit = true;
+                        stop.cancel();
+                        turn.await
+                    }
+                }
+            } => output,
+        };
+        let output = match output {
+            Ok(output) => output,
+            Err(TurnStop::AwaitingApproval(awaiting)) => {
+                events.flush().await;
+                return self.suspend(submission, awaiting).boxed().await;
+            }
+            Err(TurnStop::Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
+                return Settled::Retry(failure)
+            }
+            Err(TurnStop::Interrupted(_)) => {
+                let (status, failure) = if deadline_hit {
+                    (
+                        TurnStatus::Failed,
+                        Failure::new(
+                            FailureKind::TimedOut,
+                            "the task's deadline passed while it ran",
+                        ),
+                    )
+                } else {
+                    (
+                        TurnStatus::Cancelled,
+                        Failure::new(FailureKind::Cancelled, "cancelled while running"),
+                    )
+                };
+                TurnOutput {
+                    status,
+                    answer: None,
+                    failure: Some(failure),
+                    iterations: 0,
+                    limit_reached: false,
+                    usage: Default::default(),
+                    new_messages: Vec::new(),
+                    loaded_skills: Vec::new(),
+                    asked_approval: true,
+                }
+            }
+        };
+        let state = (output.status == TurnStatus::Completed).then(|| {
+            let mut state = loaded.state;
+            state.history.extend(output.new_messages.iter().cloned());
+            state.turns += 1;
+            for skill in &output.loaded_skills {
+                if !state.skills.contains(skill) {
+                    state.skills.push(skill.clone());
+                }
+            }
+            state
+        });
+        let result = FinalResult {
+            v: PROTOCOL_VERSION,
+            task_id: submission.task_id.clone(),
+            tenant: tenant.to_owned(),
+            session: session.to_owned(),
+            status: output.status,
+            answer: output.answer,
+            failure: output.failure,
+            iterations: output.iterations,
+            limit_reached: output.limit_reached,
+            usage: output.usage,
+            trace_id: skein_common::telemetry::current_trace_id(),
+        };
+        if let Err(e) = lease
+            .complete(loaded.version, state.as_ref(), &result)
+            .await
+        {
+            return Settled::Retry(e.to_failure());
+        }
+        let outcome = match result.status {
+            TurnStatus::Completed => "completed",
+            TurnStatus::Failed => "failed",
+            TurnStatus::Cancelled => "cancelled",
+        };
+        self.metrics.turn_finished(outcome, started.elapsed());
+        if output.asked_approval {
+            if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
+                tracing::warn!(error = %e, "approval request not cleared");
+            }
+        }
+        announced(events.announce(EventKind::Final { result }).await)
+    }
+}

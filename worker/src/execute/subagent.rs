@@ -1,0 +1,262 @@
+//! A subagent task: the child turn run on this worker's runtime in the child session, numbered
+//! after every earlier delivery's events, resumed from the call's checkpoint when an earlier
+//! delivery left one, bounded by the worker's subagent timeout, and saved to the child session
+//! when it completes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use skein_common::agent::hooks::Listeners;
+use skein_common::agent::runtime::{TurnInput, TurnStop};
+use skein_common::agent::skills::SkillCatalog;
+use skein_common::bus::{Delivery, Disposition};
+use skein_common::protocol::{
+    validate_token, CallOutcome, EventKind, Failure, FailureKind, SubagentTask, TaskOrigin,
+    TurnStatus,
+};
+use skein_common::store::{SessionState, SessionStore};
+use skein_common::wiring::checkpoints::CallCheckpoints;
+use skein_common::wiring::events::BusEvents;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::{admit, check_task, refuse, Admitted};
+use super::settling::conclude;
+use super::{contain_panic, stopped, CallRef, Work, WorkerContext};
+use crate::scope::TaskScope;
+
+pub(super) async fn subagent_task(
+    ctx: &WorkerContext,
+    delivery: &Delivery<SubagentTask>,
+    abort: CancellationToken,
+) -> Disposition {
+    let (task, envelope) = (delivery.body(), delivery.envelope());
+    tracing::Span::current().record("skein.task_id", task.origin.task_id.as_str());
+    let call = CallRef {
+        envelope,
+        origin: &task.origin,
+        call_id: &task.call_id,
+        call_key: &task.call_key,
+        reply_to: &task.reply_to,
+        retries: false,
+        label: &task.agent.name,
+        first_dispatch: task.first_dispatch,
+    };
+    let checked = check_task(&call, task.v)
+        .and_then(|()| validate_token("child_session", &task.child_session))
+        .and_then(|()| check_nesting(task, ctx.max_depth));
+    if let Err(failure) = checked {
+        return refuse(ctx, call, failure).await;
+    }
+    let Some(runtime) = &ctx.runtime else {
+        let failure = Failure::new(
+            FailureKind::Unavailable,
+            "this worker does not run subagents",
+        );
+        return refuse(ctx, call, failure).await;
+    };
+    let Admitted {
+        attempt,
+        stop,
+        _registration,
+    } = match admit(ctx, call, &abort).await {
+        Ok(admitted) => admitted,
+        Err(settled) => return settled,
+    };
+    let started = Instant::now();
+    let scope = TaskScope::new(
+        ctx.stats.clone(),
+        ctx.scratch_dir.clone(),
+        format!("subagent {} {}", task.agent.name, task.call_id),
+    );
+    let child_origin = TaskOrigin {
+        session: task.child_session.clone(),
+        ..task.origin.clone()
+    };
+    // The child's events are numbered after those of every earlier delivery of this call; the
+    // first delivery of a first dispatch is the only one that can be first, so it needs no count.
+    let first_run = task.first_dispatch && envelope.is_first();
+    let epoch = if first_run {
+        0
+    } else {
+        let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
+        match ctx
+            .store
+            .next_event_epoch(tenant, child_session, &task.call_key)
+            .await
+        {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                tracing::warn!(error = %e, "event epoch not read; handing the task back");
+                return conclude(ctx, scope, Work::HandBack, call, started, attempt).await;
+            }
+        }
+    };
+    let events = Arc::new(
+        BusEvents::new(
+            ctx.bus.clone(),
+            Listeners::default(),
+            child_origin.clone(),
+            format!("subagent:{}", task.call_id),
+        )
+        .with_epoch(epoch),
+    );
+    let timeout = Duration::from_millis(task.timeout_ms).min(ctx.max_subagent_timeout);
+    let run = async {
+        let loaded = match ctx
+            .store
+            .load(&child_origin.tenant, &child_origin.session)
+            .await
+        {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::warn!(error = %e, "child session not loaded; handing the task back");
+                return Work::HandBack;
+            }
+        };
+        // A delivery that may follow an earlier one resumes that one's progress, if it left any.
+        let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
+        let resume = if first_run {
+            None
+        } else {
+            match ctx
+                .store
+                .call_checkpoint(tenant, child_session, &task.call_key)
+                .await
+            {
+                Ok(resume) => resume,
+                Err(e) => {
+                    tracing::warn!(error = %e, "child checkpoint not read; handing the task back");
+                    return Work::HandBack;
+                }
+            }
+        };
+        if let Some(resumed) = &resume {
+            tracing::info!(
+                steps = resumed.iterations,
+                "resuming the child turn from its checkpoint"
+            );
+        }
+        events
+            .emit(EventKind::TurnStarted {
+                agent: task.agent.name.clone(),
+                session: child_session.clone(),
+                instance: ctx.instance.clone(),
+                resumed_at_step: resume.as_ref().map(|r| r.iterations),
+                trace_id: skein_common::telemetry::current_trace_id(),
+            })
+            .await;
+        let checkpoints = CallCheckpoints {
+            store: ctx.store.clone(),
+            tenant: tenant.clone(),
+            child_session: child_session.clone(),
+            call_key: task.call_key.clone(),
+        };
+        let skills = SkillCatalog::from_skills(task.skills.clone());
+        let turn = runtime.run_turn(TurnInput {
+            origin: child_origin.clone(),
+            agent: &task.agent,
+            history: &loaded.state.history,
+            loaded_skills: &loaded.state.skills,
+            // The skills its task carried (the worker has no agents folder of its own).
+            skills: Some(&skills),
+            input: task.input.clone(),
+            depth: task.depth,
+            events: events.clone(),
+            cancel: &stop,
+            resume,
+            // The child turn's calls can have run before only if this task ran before.
+            first_run,
+            checkpoints: Some(&checkpoints),
+            // Nobody answers a subagent's approval requests: a call that would ask is denied.
+            approvals: None,
+        });
+        let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
+            Ok(Ok(Ok(output))) => output,
+            // Stopped by its cancel request (or shutdown): as any cancelled call.
+            Ok(Ok(Err(TurnStop::Interrupted(failure))))
+                if failure.kind == FailureKind::Cancelled || stop.is_cancelled() =>
+            {
+                return stopped(&abort)
+            }
+            // Trouble that may pass (the registry could not be read): another attempt, not a
+            // cancel, which would stop the calling turn.
+            Ok(Ok(Err(TurnStop::Interrupted(failure)))) => {
+                tracing::warn!(%failure, "subagent turn interrupted; handing the task back");
+                return Work::HandBack;
+            }
+            // A subagent's loop has no approval gate, so it never suspends; should it, the
+            // call fails clearly rather than waiting for an answer nobody can give.
+            Ok(Ok(Err(TurnStop::AwaitingApproval(_)))) => {
+                let failure =
+                    Failure::new(FailureKind::Denied, "a subagent cannot wait for approval");
+                return Work::Done(CallOutcome::Failed { failure });
+            }
+            Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
+            Err(_) => {
+                let failure = Failure::new(
+                    FailureKind::TimedOut,
+                    format!("subagent ran longer than {timeout:?}"),
+                );
+                return Work::Done(CallOutcome::Failed { failure });
+            }
+        };
+        if output.status == TurnStatus::Completed {
+            let mut state = loaded.state;
+            state.history.extend(output.new_messages);
+            state.turns += 1;
+            for skill in output.loaded_skills {
+                if !state.skills.contains(&skill) {
+                    state.skills.push(skill);
+                }
+            }
+            save_child(&ctx.store, &child_origin, loaded.version, &state).await;
+        }
+        Work::Done(match (output.answer, output.failure) {
+            (_, Some(failure)) => CallOutcome::Failed { failure },
+            (Some(output), None) => CallOutcome::Ok { output },
+            (None, None) => CallOutcome::Failed {
+                failure: Failure::new(FailureKind::ModelFailed, "subagent gave no answer"),
+            },
+        })
+    };
+    let work = tokio::select! {
+        _ = stop.cancelled() => stopped(&abort),
+        work = envelope.with_progress(ctx.progress_every, run) => work,
+    };
+    events.flush().await;
+    let ended = matches!(work, Work::Done(_));
+    let settled = conclude(ctx, scope, work, call, started, attempt).await;
+    if ended && settled == Disposition::Ack {
+        // The result is recorded (or the call dead-lettered): its progress is no longer needed.
+        let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
+        if let Err(e) = ctx
+            .store
+            .drop_call_checkpoint(tenant, child_session, &task.call_key)
+            .await
+        {
+            tracing::warn!(error = %e, "child checkpoint not dropped; it expires on its own");
+        }
+    }
+    settled
+}
+
+async fn save_child(store: &SessionStore, origin: &TaskOrigin, version: u64, state: &SessionState) {
+    if let Err(e) = store
+        .save(&origin.tenant, &origin.session, version, state)
+        .await
+    {
+        tracing::warn!(error = %e, session = %origin.session, "child session not saved");
+    }
+}
+
+/// A subagent task is trusted no further than its message: its depth must lie within this
+/// worker's bound, and its agent spec must pass the checks its definition would have.
+fn check_nesting(task: &SubagentTask, max_depth: u32) -> Result<(), Failure> {
+    if task.depth == 0 || task.depth > max_depth {
+        return Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!("subagent depth must be 1..={max_depth}, got {}", task.depth),
+        ));
+    }
+    skein_common::agent::definition::check_spec(&task.agent, max_depth - task.depth)
+}
