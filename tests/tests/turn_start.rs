@@ -276,7 +276,10 @@ async fn a_start_that_cannot_read_the_session_leaves_no_lease_behind() {
         }
         let turn = store.turn(claim(&session, &task, "lead-a", 3));
         let start = turn.begin().await;
-        assert!(start.is_err(), "{key_of}: a corrupt value is an error: {start:?}");
+        assert!(
+            start.is_err(),
+            "{key_of}: a corrupt value is an error: {start:?}"
+        );
         let lease: Option<String> = redis::cmd("GET")
             .arg(skein_common::store::keys::lease("acme", &session))
             .query_async(&mut conn)

@@ -1,0 +1,198 @@
+//! `skein-bench`: measures Skein against the floor of its own infrastructure, in one run on one
+//! machine. It starts its own `nats-server` and `redis-server` on free ports and real lead and
+//! worker processes (this binary re-run as `skein-bench node ...`), then prints a table of
+//! figures and Skein/floor ratios (and writes them as JSON with `--json FILE`).
+//!
+//! Run on demand (it is not a test): `cargo run --release -p skein-tests --bin skein-bench`.
+//!
+//! # Layout
+//! - `floor`: NATS and Redis on their own (and the `responder` process of the request-reply floor).
+//! - `nodes`: the lead and worker processes, and what is read from them while they run.
+//! - `calls`: a step's checkpoint and no-op tool calls through the dispatcher.
+//! - `turns`: whole turns, then a burst of sessions.
+//! - `celery`: the Celery peer.
+//! - `report`: the figures, the ratios and the printed tables.
+
+mod calls;
+mod celery;
+mod floor;
+mod nodes;
+mod report;
+mod turns;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::{json, Value};
+use skein_common::bus::Bus;
+use skein_common::config::{NatsConfig, RedisConfig};
+use skein_common::store::SessionStore;
+use skein_tests::support::servers::{NatsServer, RedisServer};
+use skein_tests::support::unique;
+
+use calls::{checkpoint_cost, noop_calls};
+use celery::celery_peer;
+use floor::{floor_jetstream, floor_redis_set, floor_request_reply, responder, session_blob};
+use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
+use report::{print_table, ratios, Report};
+use turns::{burst, whole_turns};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "skein-bench",
+    about = "Skein against the floor of NATS and Redis, in one run"
+)]
+struct Args {
+    /// Samples per latency figure.
+    #[arg(long, default_value_t = 2000)]
+    samples: usize,
+    /// Calls per throughput figure.
+    #[arg(long, default_value_t = 20_000)]
+    calls: usize,
+    /// Concurrent sessions of the burst.
+    #[arg(long, default_value_t = 10_000)]
+    burst: usize,
+    /// Also write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also measure the Celery peer (benches/peers) on the same Redis; needs python3 and PyPI.
+    #[arg(long)]
+    celery: bool,
+    /// Run the lead under this profiler command (e.g. "heaptrack -o lead"); its RSS figures
+    /// then describe the profiler, not the lead.
+    #[arg(long)]
+    wrap_lead: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        // The processes the bench starts: `node <skein command...>` and `responder <nats url>`.
+        Some("node") => {
+            let rest = std::iter::once("skein".to_owned()).chain(args[2..].iter().cloned());
+            return skein_tests::support::node::main_from(rest.collect());
+        }
+        Some("responder") => return responder(args.get(2).cloned().unwrap_or_default()),
+        _ => {}
+    }
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("skein-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skein-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub(crate) type Failed = Box<dyn std::error::Error + Send + Sync>;
+
+async fn run(args: Args) -> Result<(), Failed> {
+    let nats = NatsServer::start();
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(unique("skein-bench"));
+    std::fs::create_dir_all(&dir)?;
+    let mut report = Report::default();
+    eprintln!("floor");
+    floor_request_reply(&nats.url, args.samples, args.calls, &mut report).await?;
+    floor_jetstream(&nats.url, args.samples, args.calls, &mut report).await?;
+    let blob = session_blob();
+    floor_redis_set(&redis.url, &blob, args.samples, &mut report).await?;
+
+    eprintln!("skein");
+    let cluster = Nodes {
+        nats: nats.url.clone(),
+        redis: redis.url.clone(),
+        dir: dir.clone(),
+        wrap_lead: args.wrap_lead.clone(),
+    };
+    checkpoint_cost(&redis.url, &blob, args.samples, &mut report).await?;
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "bench",
+        skein_common::bus::DEFAULT_MAX_PAYLOAD,
+    )
+    .await?;
+    bus.ensure_streams().await?;
+    let store = SessionStore::connect(&RedisConfig::local(redis.url.clone())).await?;
+    let ready = start_to_ready(&cluster, &store, &mut report).await?;
+    let mut first = cluster.worker("worker-1");
+    wait_workers(&store, 1).await?;
+    noop_calls(&bus, &store, args.samples, args.calls, 1, &mut report).await?;
+    let mut second = cluster.worker("worker-2");
+    wait_workers(&store, 2).await?;
+    noop_calls(&bus, &store, 0, args.calls, 2, &mut report).await?;
+    let scenario = dir.join("scenario.json");
+    std::fs::write(
+        &scenario,
+        json!({ "agents": { "assistant": { "turns": [ { "steps": [
+            { "tool_calls": [ { "name": "noop", "arguments": {} }, { "name": "noop", "arguments": {} } ] },
+            { "answer": "done" }
+        ] } ] } } })
+        .to_string(),
+    )?;
+    let lead_admin = format!("127.0.0.1:{}", skein_tests::support::free_port());
+    let mut lead = cluster.lead(&scenario, &lead_admin);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    report.add(
+        "lead idle RSS",
+        rss_kib(lead.id(), "VmRSS")? / 1024.0,
+        "MiB",
+    );
+    report.add(
+        "worker idle RSS",
+        rss_kib(first.id(), "VmRSS")? / 1024.0,
+        "MiB",
+    );
+    whole_turns(&nats.url, args.samples.min(500), &mut report).await?;
+    burst(
+        &nats.url,
+        &store,
+        args.burst,
+        lead.id(),
+        &lead_admin,
+        &mut report,
+    )
+    .await?;
+    let _ = ready;
+    lead.kill();
+    first.kill();
+    second.kill();
+    if args.celery {
+        eprintln!("peer: celery");
+        celery_peer(
+            &redis.url,
+            &dir,
+            args.samples.min(1000),
+            args.calls,
+            &mut report,
+        )
+        .await?;
+    }
+    print_table(&report);
+    if let Some(path) = args.json {
+        let rows: Vec<Value> = report
+            .rows
+            .iter()
+            .map(|(name, value, unit)| json!({ "name": name, "value": value, "unit": unit }))
+            .collect();
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json!({ "figures": rows, "ratios": ratios(&report) }))?,
+        )?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! The lead and worker processes of the bench: this binary re-run as `skein-bench node ...`
+//! (the lead optionally under a profiler), waiting for workers to register, and what is read from
+//! the running processes (memory from `/proc`, turns in flight from the lead's admin server).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use skein_common::store::SessionStore;
+use skein_tests::support::ChildProcess;
+
+use crate::report::Report;
+use crate::Failed;
+
+/// The lead and worker processes of the bench.
+pub(crate) struct Nodes {
+    pub(crate) nats: String,
+    pub(crate) redis: String,
+    pub(crate) dir: PathBuf,
+    /// A profiler command the lead runs under.
+    pub(crate) wrap_lead: Option<String>,
+}
+
+impl Nodes {
+    /// `admin` is the node's admin address, or `off`.
+    fn command(&self, role: &str, id: &str, admin: &str) -> std::process::Command {
+        let exe = std::env::current_exe().unwrap_or_else(|_| "skein-bench".into());
+        let wrapper: Vec<&str> = match (&self.wrap_lead, role) {
+            (Some(wrapper), "lead") => wrapper.split_whitespace().collect(),
+            _ => Vec::new(),
+        };
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = std::process::Command::new(program);
+                cmd.args(args).arg(exe);
+                cmd
+            }
+            None => std::process::Command::new(exe),
+        };
+        cmd.args([
+            "node",
+            role,
+            "--nats-url",
+            &self.nats,
+            "--redis-url",
+            &self.redis,
+        ])
+        .args(["--instance-id", id, "--admin-addr", admin])
+        .env("SKEIN_LOG", "warn");
+        cmd
+    }
+
+    pub(crate) fn worker(&self, id: &str) -> ChildProcess {
+        let mut cmd = self.command("test-worker", id, "off");
+        cmd.args(["--concurrency", "64", "--subagents", "false"])
+            .args([
+                "--workspace-root",
+                &self.dir.join("ws").display().to_string(),
+            ]);
+        ChildProcess::spawn(cmd, self.dir.join(format!("{id}.log")))
+    }
+
+    /// The lead, with its admin server on `admin` (its metrics tell the turns in flight).
+    pub(crate) fn lead(&self, scenario: &std::path::Path, admin: &str) -> ChildProcess {
+        let mut cmd = self.command("lead", "bench-lead", admin);
+        cmd.args([
+            "--concurrency",
+            "1000",
+            "--scenario",
+            &scenario.display().to_string(),
+        ]);
+        ChildProcess::spawn(cmd, self.dir.join("lead.log"))
+    }
+}
+
+pub(crate) async fn wait_workers(store: &SessionStore, n: usize) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.live_workers().await?.len() < n {
+        if Instant::now() > deadline {
+            return Err(format!("{n} workers did not come up").into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// Time from spawning a worker process to its first announcement, median of 5.
+pub(crate) async fn start_to_ready(
+    nodes: &Nodes,
+    store: &SessionStore,
+    report: &mut Report,
+) -> Result<Duration, Failed> {
+    let mut taken = Vec::new();
+    for i in 0..5 {
+        let id = format!("ready-{i}");
+        let started = Instant::now();
+        let mut worker = nodes.worker(&id);
+        loop {
+            if store
+                .live_workers()
+                .await?
+                .iter()
+                .any(|w| w.worker_id == id)
+            {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err("a worker did not get ready".into());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        taken.push(started.elapsed());
+        worker.sigterm();
+        let _ = worker.wait_exit(Duration::from_secs(10)).await;
+        store.remove_worker(&id).await?;
+    }
+    taken.sort();
+    report.add(
+        "skein: worker start to ready",
+        taken[2].as_secs_f64() * 1e3,
+        "ms",
+    );
+    Ok(taken[2])
+}
+
+/// The lead's `skein_in_flight{kind="turn"}` gauge, read from its admin server.
+pub(crate) async fn turns_in_flight(admin: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: lead\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await.ok()?;
+        body.lines()
+            .find(|line| line.starts_with("skein_in_flight{") && line.contains("kind=\"turn\""))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.trim().parse().ok())
+    };
+    tokio::time::timeout(Duration::from_secs(1), read)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A memory figure of a process from /proc (KiB).
+pub(crate) fn rss_kib(pid: u32, field: &str) -> Result<f64, Failed> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no {field} for process {pid}").into())
+}

@@ -1,0 +1,102 @@
+//! The figures of one run, in the order they are measured, and how they are printed: a table of
+//! figures, then a table of Skein/floor ratios with their targets (the same ratios go to `--json`).
+//! A figure that was not measured (no `--celery`, say) reads as NaN, and so does any ratio of it.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// Figures of one run, in the order they are printed.
+#[derive(Default)]
+pub(crate) struct Report {
+    pub(crate) rows: Vec<(String, f64, String)>,
+}
+
+impl Report {
+    pub(crate) fn add(&mut self, name: &str, value: f64, unit: &str) {
+        eprintln!("  {name}: {value:.1} {unit}");
+        self.rows.push((name.to_owned(), value, unit.to_owned()));
+    }
+
+    fn get(&self, name: &str) -> f64 {
+        self.rows
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, v, _)| *v)
+            .unwrap_or(f64::NAN)
+    }
+}
+
+pub(crate) fn percentile(sorted: &[Duration], p: usize) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = (sorted.len() * p / 100).min(sorted.len() - 1);
+    sorted[i].as_secs_f64() * 1e6
+}
+
+pub(crate) fn latencies(report: &mut Report, name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    report.add(&format!("{name} p50"), percentile(&samples, 50), "µs");
+    report.add(&format!("{name} p99"), percentile(&samples, 99), "µs");
+}
+
+pub(crate) fn ratios(report: &Report) -> Vec<Value> {
+    let rr = report.get("floor: core NATS request-reply p50");
+    let pipelined = report.get("floor: pipelined core NATS request-reply");
+    let set = report.get("floor: Redis SET of the same bytes p50");
+    let round_trip = report.get("skein: no-op tool call round trip p50");
+    let two_workers = report.get("skein: no-op tool calls with 2 worker(s)");
+    let ratio = |name: &str, value: f64, target: &str| json!({ "name": name, "value": value, "target": target });
+    vec![
+        ratio(
+            "no-op round trip p50 / request-reply p50",
+            round_trip / rr,
+            "<= 3",
+        ),
+        ratio(
+            "no-op calls with 2 workers / pipelined core NATS",
+            two_workers / pipelined,
+            ">= 0.15",
+        ),
+        ratio(
+            "whole turn p50 / request-reply p50",
+            report.get("skein: whole turn (two tool calls) p50") / rr,
+            "<= 12",
+        ),
+        ratio(
+            "checkpoint p50 / Redis SET p50",
+            report.get("skein: checkpoint of a step p50") / set,
+            "<= 1.5",
+        ),
+        ratio(
+            "Celery round trip p50 / no-op round trip p50",
+            report.get("peer: Celery task round trip p50") / round_trip,
+            ">= 4",
+        ),
+        ratio(
+            "no-op calls with 2 workers / Celery tasks",
+            two_workers / report.get("peer: Celery tasks (2 worker processes)"),
+            ">= 20",
+        ),
+    ]
+}
+
+pub(crate) fn print_table(report: &Report) {
+    println!("| figure | value | unit |");
+    println!("| --- | ---: | --- |");
+    for (name, value, unit) in &report.rows {
+        println!("| {name} | {value:.1} | {unit} |");
+    }
+    println!();
+    println!("| ratio | value | target |");
+    println!("| --- | ---: | --- |");
+    for ratio in ratios(report) {
+        println!(
+            "| {} | {:.2} | {} |",
+            ratio["name"].as_str().unwrap_or_default(),
+            ratio["value"].as_f64().unwrap_or(f64::NAN),
+            ratio["target"].as_str().unwrap_or_default()
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Skein's turn path, through the lead: whole turns one at a time (submit to final result), then a
+//! burst of many sessions at once, counting finals from the events (and from the stored results
+//! for finals the watcher missed), the lead's peak turns in flight and its memory per turn.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use skein_common::client::SkeinClient;
+use skein_common::config::NatsConfig;
+use skein_common::protocol::{EventKind, TaskSubmission, TurnEvent, PROTOCOL_VERSION};
+use skein_common::store::SessionStore;
+use skein_tests::support::unique;
+use tokio_util::sync::CancellationToken;
+
+use crate::nodes::{rss_kib, turns_in_flight};
+use crate::report::{latencies, percentile, Report};
+use crate::Failed;
+
+pub(crate) fn task(i: usize) -> TaskSubmission {
+    TaskSubmission {
+        v: PROTOCOL_VERSION,
+        task_id: unique(&format!("turn{i}")),
+        tenant: "bench".into(),
+        user: "bench".into(),
+        session: unique("s"),
+        agent: "assistant".into(),
+        input: "go".into(),
+        overrides: None,
+        deadline_ms: None,
+    }
+}
+
+pub(crate) async fn whole_turns(
+    url: &str,
+    samples: usize,
+    report: &mut Report,
+) -> Result<(), Failed> {
+    let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
+    let warm = client
+        .run(&task(0), Duration::from_secs(30), |_| {})
+        .await?;
+    if warm.answer.as_deref() != Some("done") {
+        return Err(format!("the bench turn did not complete: {warm:?}").into());
+    }
+    let mut taken = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let started = Instant::now();
+        client
+            .run(&task(i), Duration::from_secs(30), |_| {})
+            .await?;
+        taken.push(started.elapsed());
+    }
+    latencies(report, "skein: whole turn (two tool calls)", taken);
+    Ok(())
+}
+
+/// Many sessions at once: every turn submitted, then finals counted from the events.
+pub(crate) async fn burst(
+    url: &str,
+    store: &SessionStore,
+    sessions: usize,
+    lead_pid: u32,
+    lead_admin: &str,
+    report: &mut Report,
+) -> Result<(), Failed> {
+    let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
+    // The most turns the lead runs at once, sampled from its metrics while the burst runs.
+    let sampling = CancellationToken::new();
+    let most_in_flight = tokio::spawn({
+        let (admin, stop) = (lead_admin.to_owned(), sampling.clone());
+        async move {
+            let mut most = 0.0_f64;
+            while !stop.is_cancelled() {
+                if let Some(now) = turns_in_flight(&admin).await {
+                    most = most.max(now);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        }
+    });
+    let nats = async_nats::connect(url).await?;
+    let mut finals = nats.subscribe("skein.events.bench.>").await?;
+    let idle = rss_kib(lead_pid, "VmRSS")?;
+    let tasks: Vec<TaskSubmission> = (0..sessions).map(task).collect();
+    let submitted = Instant::now();
+    let published = futures::stream::iter(tasks.iter())
+        .map(|t| client.submit(t))
+        .buffer_unordered(256)
+        .filter(|r| futures::future::ready(r.is_ok()))
+        .count()
+        .await;
+    let mut done = 0;
+    let mut finished = std::collections::HashSet::with_capacity(sessions);
+    let mut taken = Vec::with_capacity(sessions);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while done < published && Instant::now() < deadline {
+        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(30), finals.next()).await
+        else {
+            break;
+        };
+        if let Ok(TurnEvent {
+            event: EventKind::Final { .. },
+            task_id,
+            ..
+        }) = serde_json::from_slice::<TurnEvent>(&message.payload)
+        {
+            if finished.insert(task_id) {
+                done += 1;
+                taken.push(submitted.elapsed());
+            }
+        }
+    }
+    let elapsed = submitted.elapsed();
+    let peak = rss_kib(lead_pid, "VmHWM")?;
+    // A final event this watcher missed (a slow core subscriber drops messages) is not a lost
+    // turn: a turn counts as lost only if its final result is not stored either.
+    let mut stored_only = 0;
+    for task in tasks.iter().filter(|t| !finished.contains(&t.task_id)) {
+        if let Ok(Some(_)) = store
+            .final_result(&task.tenant, &task.session, &task.task_id)
+            .await
+        {
+            stored_only += 1;
+        }
+    }
+    sampling.cancel();
+    let most_in_flight = most_in_flight.await.unwrap_or(0.0);
+    report.add(
+        "skein: burst sessions completed",
+        (done + stored_only) as f64,
+        "turns",
+    );
+    report.add(
+        "skein: burst final events not seen by the watcher (results stored)",
+        stored_only as f64,
+        "turns",
+    );
+    report.add(
+        "skein: burst sessions lost",
+        (sessions - done - stored_only) as f64,
+        "turns",
+    );
+    report.add(
+        "skein: burst throughput",
+        done as f64 / elapsed.as_secs_f64(),
+        "turns/s",
+    );
+    taken.sort();
+    report.add(
+        "skein: burst completion p99",
+        percentile(&taken, 99) / 1e3,
+        "ms",
+    );
+    report.add("skein: burst peak turns in flight", most_in_flight, "turns");
+    report.add(
+        "skein: lead peak RSS growth per in-flight turn",
+        (peak - idle) / most_in_flight.max(1.0),
+        "KiB",
+    );
+    Ok(())
+}
