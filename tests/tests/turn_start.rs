@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use skein_common::config::RedisConfig;
 use skein_common::protocol::{FinalResult, TurnStatus, PROTOCOL_VERSION};
-use skein_common::store::{SessionState, SessionStore, TurnCheckpoint, TurnClaim, TurnStart};
+use skein_common::store::{
+    Ended, SessionState, SessionStore, TurnCheckpoint, TurnClaim, TurnStart,
+};
 use skein_tests::support::servers::RedisServer;
 use skein_tests::support::unique;
 
@@ -287,4 +289,66 @@ async fn a_start_that_cannot_read_the_session_leaves_no_lease_behind() {
             .expect("lease read");
         assert_eq!(lease, None, "{key_of}: the lease was released");
     }
+}
+
+/// A task's final result is written once: a later store (a resubmit refused for another agent,
+/// a cancel on a redelivery) or a turn that ends after another path ended the task leaves the
+/// first standing, and gets it back.
+#[tokio::test]
+async fn a_final_result_is_written_once() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    let first = answer(&session, &task);
+    assert_eq!(
+        store.store_final(&first).await.expect("store"),
+        Ended::Stored
+    );
+    let mut refused = answer(&session, &task);
+    refused.status = TurnStatus::Failed;
+    refused.answer = None;
+    assert_eq!(
+        store.store_final(&refused).await.expect("store"),
+        Ended::Earlier(first.clone()),
+        "the first final stands"
+    );
+    assert_eq!(
+        store
+            .final_result("acme", &session, &task)
+            .await
+            .expect("read"),
+        Some(first.clone())
+    );
+
+    // A turn that held the lease while another path ended the task saves nothing.
+    let (session, task) = (unique("s"), unique("t"));
+    let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "lead-a", 3)).await
+    else {
+        panic!("the turn starts");
+    };
+    let mut cancelled = answer(&session, &task);
+    cancelled.status = TurnStatus::Cancelled;
+    assert_eq!(
+        store.store_final(&cancelled).await.expect("store"),
+        Ended::Stored
+    );
+    let state = SessionState {
+        turns: 1,
+        ..Default::default()
+    };
+    let ended = store
+        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task))
+        .await
+        .expect("complete");
+    assert_eq!(ended, Ended::Earlier(cancelled));
+    let loaded = store.load("acme", &session).await.expect("load");
+    assert_eq!(loaded.version, 0, "the turn's history was not saved");
+    let start = store
+        .begin_turn(claim(&session, &unique("t"), "lead-b", 3))
+        .await
+        .expect("begin");
+    assert!(
+        matches!(start, TurnStart::Started { .. }),
+        "the lease was released: {start:?}"
+    );
 }

@@ -130,6 +130,15 @@ pub enum TurnStart {
     },
 }
 
+/// How storing a task's final result came out: a task's final result is written once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ended {
+    /// This final result is stored now.
+    Stored,
+    /// The task had ended already: this is the final result that stands.
+    Earlier(FinalResult),
+}
+
 /// Who starts a turn and under which limits ([`SessionStore::begin_turn`]).
 #[derive(Debug, Clone, Copy)]
 pub struct TurnClaim<'a> {
@@ -166,20 +175,37 @@ return 1
 
 /// Ends a turn atomically while the writer holds the lease: saves the session (compare-and-set,
 /// unless ARGV[4] is empty), stores the final result, drops the checkpoint and releases the lease.
+/// A final result stored earlier (the task ended on another path meanwhile) stands: nothing is
+/// saved, the lease is released and the stored final returned.
 /// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint.
 /// ARGV token, expected version, new version, state, final, final ttl seconds.
-/// Returns 1 done, 0 version conflict, -1 lease lost.
+/// Returns {1} done, {0} version conflict, {-1} lease lost, {2, final} an earlier final stands.
 const COMPLETE_SCRIPT: &str = r#"
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1} end
+local earlier = redis.call('GET', KEYS[3])
+if earlier then
+  redis.call('DEL', KEYS[4])
+  redis.call('DEL', KEYS[2])
+  return {2, earlier}
+end
 if ARGV[4] ~= '' then
   local current = redis.call('HGET', KEYS[1], 'version')
-  if (current or '0') ~= ARGV[2] then return 0 end
+  if (current or '0') ~= ARGV[2] then return {0} end
   redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4])
 end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])
 redis.call('DEL', KEYS[2])
-return 1
+return {1}
+"#;
+
+/// Stores a final result unless one is stored already. KEYS[1] final; ARGV final, ttl seconds.
+/// Returns false when stored now, or the final stored earlier.
+const STORE_FINAL_SCRIPT: &str = r#"
+local earlier = redis.call('GET', KEYS[1])
+if earlier then return earlier end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return false
 "#;
 
 /// Admits a call on a worker in one trip: its recorded result if there is one, else counts the
@@ -510,15 +536,17 @@ impl SessionStore {
 
     /// Ends a turn in one step while `lease_token` holds the lease: saves the session state (when
     /// given, compare-and-set on `expected_version`), stores the final result, drops the
-    /// checkpoint and releases the lease. A crash can therefore never save a turn's history without its final result
-    /// (which would append it twice on resume).
+    /// checkpoint and releases the lease. A crash can therefore never save a turn's history
+    /// without its final result (which would append it twice on resume). A final result is
+    /// written once: if the task already ended on another path, nothing is saved and the final
+    /// that stands is returned as [`Ended::Earlier`].
     pub async fn complete_turn(
         &self,
         lease_token: &str,
         expected_version: u64,
         state: Option<&SessionState>,
         result: &FinalResult,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
         let (tenant, session) = (result.tenant.as_str(), result.session.as_str());
         let state = match state {
@@ -526,7 +554,7 @@ impl SessionStore {
             None => String::new(),
         };
         let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let done: i64 = Script::new(COMPLETE_SCRIPT)
+        let reply: Vec<redis::Value> = Script::new(COMPLETE_SCRIPT)
             .key(keys::session(tenant, session))
             .key(keys::lease(tenant, session))
             .key(keys::final_result(tenant, session, &result.task_id))
@@ -539,12 +567,23 @@ impl SessionStore {
             .arg(FINAL_RESULT_TTL_SECS)
             .invoke_async(&mut conn)
             .await?;
-        match done {
-            1 => Ok(()),
-            0 => Err(StoreError::Conflict {
+        let code: Option<i64> = reply
+            .first()
+            .and_then(|v| redis::from_redis_value(v.clone()).ok());
+        match code {
+            Some(1) => Ok(Ended::Stored),
+            Some(0) => Err(StoreError::Conflict {
                 expected: expected_version,
             }),
-            _ => Err(StoreError::LeaseLost),
+            Some(-1) => Err(StoreError::LeaseLost),
+            Some(2) => {
+                let earlier: String = reply
+                    .get(1)
+                    .and_then(|v| redis::from_redis_value(v.clone()).ok())
+                    .ok_or(StoreError::UnexpectedReply("the turn-end script"))?;
+                Ok(Ended::Earlier(decode(&earlier)?))
+            }
+            _ => Err(StoreError::UnexpectedReply("the turn-end script")),
         }
     }
 
@@ -695,10 +734,26 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Stores a task's final result for later lookup.
-    pub async fn store_final(&self, result: &FinalResult) -> Result<(), StoreError> {
-        let key = keys::final_result(&result.tenant, &result.session, &result.task_id);
-        self.set_json(key, result, FINAL_RESULT_TTL_SECS).await
+    /// Stores a task's final result for later lookup, once: a final stored earlier stands (a
+    /// resubmit, or another path that ended the task first) and is returned as
+    /// [`Ended::Earlier`].
+    pub async fn store_final(&self, result: &FinalResult) -> Result<Ended, StoreError> {
+        let mut conn = self.connection.clone();
+        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let earlier: Option<String> = Script::new(STORE_FINAL_SCRIPT)
+            .key(keys::final_result(
+                &result.tenant,
+                &result.session,
+                &result.task_id,
+            ))
+            .arg(json)
+            .arg(FINAL_RESULT_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        match earlier {
+            None => Ok(Ended::Stored),
+            Some(json) => Ok(Ended::Earlier(decode(&json)?)),
+        }
     }
 
     /// A task's final result, if the task has finished.

@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use super::{
-    keys, FinalResult, SessionState, SessionStore, StoreError, TurnCheckpoint, TurnClaim, TurnStart,
+    keys, Ended, FinalResult, SessionState, SessionStore, StoreError, TurnCheckpoint, TurnClaim,
+    TurnStart,
 };
 
 /// One turn of one task on one session, claimed by one lead (its lease token).
@@ -93,7 +94,7 @@ impl TurnLease {
         expected_version: u64,
         state: Option<&SessionState>,
         result: &FinalResult,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Ended, StoreError> {
         self.store
             .complete_turn(&self.token, expected_version, state, result)
             .await

@@ -7,21 +7,30 @@ use skein_common::bus::{BusError, Disposition, Envelope};
 use skein_common::protocol::{
     validate_token, EventKind, Failure, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
+use skein_common::store::Ended;
 use skein_common::subjects;
 use skein_common::wiring::events::BusEvents;
 
 use super::{Lead, Settled};
 
 impl Lead {
-    /// Stores and publishes the final result of a task that ended without running a turn.
+    /// Stores and publishes the final result of a task that ended without running a turn. A
+    /// final result is written once: if the task had ended already (a resubmit, say), the stored
+    /// one is announced instead and stands.
     pub(super) async fn publish_final(&self, result: FinalResult) -> Settled {
-        if let Err(e) = self.store.store_final(&result).await {
-            // Announced all the same; a later delivery stores it again.
-            tracing::warn!(error = %e, "final result not stored");
-            self.announce_final(result).await.ok();
-            return Settled::Retry(e.to_failure());
+        match self.store.store_final(&result).await {
+            Ok(Ended::Stored) => announced(self.announce_final(result).await),
+            Ok(Ended::Earlier(earlier)) => {
+                tracing::info!("task already ended; announcing its stored result");
+                announced(self.announce_final(earlier).await)
+            }
+            Err(e) => {
+                // Announced all the same; a later delivery stores it again.
+                tracing::warn!(error = %e, "final result not stored");
+                self.announce_final(result).await.ok();
+                Settled::Retry(e.to_failure())
+            }
         }
-        announced(self.announce_final(result).await)
     }
 
     /// Publishes a final result on its task's event subject (stores nothing).

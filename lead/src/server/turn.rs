@@ -10,7 +10,7 @@ use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
 use skein_common::protocol::{
     EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
-use skein_common::store::{LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
+use skein_common::store::{Ended, LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
@@ -427,11 +427,18 @@ impl Lead {
             usage: output.usage,
             trace_id: skein_common::telemetry::current_trace_id(),
         };
-        if let Err(e) = lease
+        match lease
             .complete(loaded.version, state.as_ref(), &result)
             .await
         {
-            return Settled::Retry(e.to_failure());
+            Ok(Ended::Stored) => {}
+            Ok(Ended::Earlier(earlier)) => {
+                // Ended on another path meanwhile (a cancel before its start, on a redelivery):
+                // that result stands, and this turn's history is not saved.
+                tracing::warn!(status = ?earlier.status, "the task had ended already; its stored result stands");
+                return announced(events.announce(EventKind::Final { result: earlier }).await);
+            }
+            Err(e) => return Settled::Retry(e.to_failure()),
         }
         let outcome = match result.status {
             TurnStatus::Completed => "completed",
