@@ -54,6 +54,8 @@ pub enum StoreError {
     BadNumber { what: &'static str, text: String },
     #[error("Redis settings: {0}")]
     Config(String),
+    #[error("a stored value has the wrong type: {0}")]
+    WrongType(#[source] redis::RedisError),
 }
 
 impl StoreError {
@@ -65,8 +67,22 @@ impl StoreError {
             StoreError::Corrupt(_)
             | StoreError::UnexpectedReply(_)
             | StoreError::BadNumber { .. }
+            | StoreError::WrongType(_)
             | StoreError::Config(_) => Failure::new(FailureKind::Internal, self.to_string()),
         }
+    }
+
+    /// Whether trying again cannot help: what is stored is unreadable (corrupt, out of range, of
+    /// the wrong type), so every attempt would fail the same way. Such a task is set aside with
+    /// this reason at once, not retried.
+    pub fn is_persistent(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Corrupt(_)
+                | StoreError::BadNumber { .. }
+                | StoreError::UnexpectedReply(_)
+                | StoreError::WrongType(_)
+        )
     }
 }
 
@@ -88,7 +104,16 @@ fn next_version(version: u64) -> Result<u64, StoreError> {
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
-        StoreError::Unavailable(e)
+        // A WRONGTYPE reply may come alone, or inside a failed pipeline or transaction.
+        let wrong_type = e.kind() == redis::ErrorKind::UnexpectedReturnType
+            || e.clone()
+                .into_server_errors()
+                .is_some_and(|errors| errors.iter().any(|(_, error)| error.code() == "WRONGTYPE"));
+        if wrong_type {
+            StoreError::WrongType(e)
+        } else {
+            StoreError::Unavailable(e)
+        }
     }
 }
 

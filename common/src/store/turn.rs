@@ -56,13 +56,11 @@ impl TurnLease {
     }
 
     /// Starts the turn (see [`SessionStore::begin_turn`]). A start whose reply could not be read
-    /// may have taken the lease: it is released before the error is returned.
+    /// (or that met a key of the wrong type) may have taken the lease: it is released before the
+    /// error is returned.
     pub async fn begin(&self) -> Result<TurnStart, StoreError> {
         let start = self.store.begin_turn(self.claim()).await;
-        if matches!(
-            start,
-            Err(StoreError::Corrupt(_) | StoreError::BadNumber { .. })
-        ) {
+        if start.as_ref().is_err_and(StoreError::is_persistent) {
             self.release().await;
         }
         start

@@ -295,10 +295,26 @@ pub(crate) enum Settled {
     Retry(Failure),
     /// The last attempt failed too: dead-letter it and end with a failed final result.
     GiveUp(Failure, u64),
+    /// State the task needs cannot be read (corrupt, out of range, of the wrong type): every
+    /// attempt would fail the same way, so it is dead-lettered at once with this reason and ends
+    /// with a failed final result; the session's later turns run.
+    Poisoned(Failure),
     /// Calls wait for a person: the turn's request is stored, the lease released and the attempt
     /// uncounted; the message is held (unacknowledged, without a slot) until an answer wakes it.
     /// (Boxed: a suspension carries the whole submission, the other outcomes are small.)
     Suspended(Box<Suspension>),
+}
+
+impl Settled {
+    /// How trouble with the store ends a delivery: handed back when it may pass, set aside when
+    /// it cannot ([`StoreError::is_persistent`]).
+    pub(crate) fn store_trouble(e: StoreError) -> Settled {
+        if e.is_persistent() {
+            Settled::Poisoned(e.to_failure())
+        } else {
+            Settled::Retry(e.to_failure())
+        }
+    }
 }
 
 impl Lead {
@@ -399,22 +415,47 @@ impl Lead {
                     FailureKind::DeadLettered,
                     format!("the turn failed on all {attempts} attempts; last: {last}"),
                 );
-                if !envelope.set_aside(&failure.message, attempts).boxed().await {
-                    Disposition::Retry(Some(REDELIVERY_DELAY))
-                } else {
-                    self.metrics.dead_lettered("submit");
-                    self.metrics
-                        .turn_finished("dead_lettered", std::time::Duration::ZERO);
-                    // Dead-lettered either way: a final event that did not go out is still
-                    // stored, for lookups.
-                    self.publish_final(failed_result(submission, failure, 0))
-                        .boxed()
-                        .await;
-                    Disposition::Ack
-                }
+                self.set_aside_and_end(&envelope, submission, failure, attempts)
+                    .boxed()
+                    .await
+            }
+            Settled::Poisoned(cause) => {
+                tracing::error!(%cause, "the task's stored state cannot be read; setting it aside");
+                let failure = Failure::new(
+                    FailureKind::DeadLettered,
+                    format!("stored state this task needs cannot be read: {cause}"),
+                );
+                let attempts = u64::try_from(envelope.delivered()).unwrap_or(1);
+                self.set_aside_and_end(&envelope, submission, failure, attempts)
+                    .boxed()
+                    .await
             }
         };
         envelope.settle(disposition).await;
+    }
+}
+
+impl Lead {
+    /// Dead-letters a submission that will not run, then ends it with a failed final result
+    /// (dead-lettered either way: a final event that did not go out is still stored, for
+    /// lookups); a letter the broker refused hands it back instead.
+    async fn set_aside_and_end(
+        &self,
+        envelope: &Envelope,
+        submission: &TaskSubmission,
+        failure: Failure,
+        attempts: u64,
+    ) -> Disposition {
+        if !envelope.set_aside(&failure.message, attempts).await {
+            return Disposition::Retry(Some(REDELIVERY_DELAY));
+        }
+        self.metrics.dead_lettered("submit");
+        self.metrics
+            .turn_finished("dead_lettered", std::time::Duration::ZERO);
+        self.publish_final(failed_result(submission, failure, 0))
+            .boxed()
+            .await;
+        Disposition::Ack
     }
 }
 

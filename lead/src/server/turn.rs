@@ -94,7 +94,7 @@ impl Lead {
             Err(e) => {
                 // Redis answered the start but not the epoch: take the start back, try again.
                 lease.take_back(&start).await;
-                return Settled::Retry(e.to_failure());
+                return Settled::store_trouble(e);
             }
         };
         if let Ok(TurnStart::Finished(done)) = start {
@@ -166,7 +166,7 @@ impl Lead {
                     return Settled::NotYet;
                 }
                 Ok(TurnStart::Busy) => {}
-                Err(e) => return Settled::Retry(e.to_failure()),
+                Err(e) => return Settled::store_trouble(e),
             }
             tokio::select! {
                 _ = stop.cancelled() => return self.stopped_before_start(submission, abort).boxed().await,
@@ -438,7 +438,7 @@ impl Lead {
                 tracing::warn!(status = ?earlier.status, "the task had ended already; its stored result stands");
                 return announced(events.announce(EventKind::Final { result: earlier }).await);
             }
-            Err(e) => return Settled::Retry(e.to_failure()),
+            Err(e) => return Settled::store_trouble(e),
         }
         let outcome = match result.status {
             TurnStatus::Completed => "completed",

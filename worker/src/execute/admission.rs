@@ -101,10 +101,37 @@ async fn admit_counted(ctx: &WorkerContext, call: CallRef<'_>) -> Result<u64, Di
             call.first_dispatch && !call.envelope.is_replayed(),
             first_count,
         )),
+        Err(e) if e.is_persistent() => Err(unreadable(ctx, call, e).await),
         Err(e) => {
             tracing::warn!(error = %e, "cannot admit the call; handing the task back");
             Err(Disposition::Retry(Some(REDELIVERY_DELAY)))
         }
+    }
+}
+
+/// A call whose stored state cannot be read (corrupt, or a key of the wrong type): every
+/// delivery would fail the same way, so its caller gets the failure and the task is set aside
+/// with the true reason, not handed back for ever.
+pub(super) async fn unreadable(
+    ctx: &WorkerContext,
+    call: CallRef<'_>,
+    error: skein_common::store::StoreError,
+) -> Disposition {
+    tracing::error!(%error, "the call's stored state cannot be read; setting it aside");
+    let reason = format!("stored state this call needs cannot be read: {error}");
+    let result = ToolResult {
+        v: PROTOCOL_VERSION,
+        call_id: call.call_id.to_owned(),
+        outcome: CallOutcome::Failed {
+            failure: Failure::new(FailureKind::DeadLettered, reason.clone()),
+        },
+        worker_id: ctx.instance.clone(),
+        duration_ms: 0,
+    };
+    reply(ctx, call.reply_to, &result).await;
+    Disposition::SetAside {
+        reason,
+        attempts: u64::try_from(call.envelope.delivered()).unwrap_or(1),
     }
 }
 

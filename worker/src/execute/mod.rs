@@ -240,7 +240,7 @@ pub(crate) async fn tool(
     let disposition = tool_task(&ctx, &delivery, abort)
         .instrument(span.clone())
         .await;
-    delivery.settle(disposition).instrument(span).await;
+    settle(&ctx, delivery, disposition).instrument(span).await;
 }
 
 /// Runs one delivered subagent task.
@@ -255,7 +255,15 @@ pub(crate) async fn subagent(
     let disposition = subagent_task(&ctx, &delivery, abort)
         .instrument(span.clone())
         .await;
-    delivery.settle(disposition).instrument(span).await;
+    settle(&ctx, delivery, disposition).instrument(span).await;
+}
+
+/// Settles a task's message, once, counting it when it was set aside.
+async fn settle<T>(ctx: &WorkerContext, delivery: Delivery<T>, disposition: Disposition) {
+    let kind = task_kind(delivery.envelope()).to_owned();
+    if let Disposition::SetAside { .. } = delivery.settle(disposition).await {
+        ctx.metrics.dead_lettered(&kind);
+    }
 }
 
 /// Counts a delivered task of `kind` and opens its `process` span; an undecodable one is set
@@ -284,15 +292,10 @@ async fn begin<T>(
 /// Sets aside a message that cannot be decoded: it would fail the same way on every delivery.
 async fn reject(ctx: &WorkerContext, undecodable: Undecodable) {
     let reason = format!("undecodable: {}", undecodable.body());
-    let kind = task_kind(undecodable.envelope()).to_owned();
     tracing::error!(subject = %undecodable.envelope().subject(), %reason, "undecodable task dead-lettered");
-    let applied = undecodable
-        .settle(Disposition::SetAside {
-            reason,
-            attempts: 1,
-        })
-        .await;
-    if matches!(applied, Disposition::SetAside { .. }) {
-        ctx.metrics.dead_lettered(&kind);
-    }
+    let set_aside = Disposition::SetAside {
+        reason,
+        attempts: 1,
+    };
+    settle(ctx, undecodable, set_aside).await;
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use skein_common::bus::Disposition;
 use skein_common::protocol::{CallOutcome, FailureKind, ToolResult, PROTOCOL_VERSION};
 
-use super::admission::Attempt;
+use super::admission::{unreadable, Attempt};
 use super::{dead_letter, CallRef, Work, WorkerContext, REDELIVERY_DELAY};
 use crate::scope::TaskScope;
 
@@ -110,6 +110,7 @@ pub(super) async fn finish(
     {
         Ok(true) => {}
         Ok(false) => tracing::info!("an earlier delivery recorded this call's result first"),
+        Err(e) if e.is_persistent() => return unreadable(ctx, call, e).await,
         Err(e) => {
             tracing::warn!(error = %e, "result not recorded; handing the task back");
             return Disposition::Retry(Some(REDELIVERY_DELAY));

@@ -1,0 +1,235 @@
+//! A hostile or broken client harms no one: corrupt Redis values end their task at once with the
+//! true reason (never a retry loop, never a leaked lease, the session's later turns run), a
+//! resubmitted task id cannot overwrite the answer that stands, and refusals reach only the
+//! clients that sent them.
+
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use skein_common::protocol::{EventKind, FailureKind, TaskSubmission, TurnStatus};
+use skein_common::store::keys;
+use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::{eventually, unique};
+
+/// Plants a Redis value of the test's choosing.
+async fn plant(cluster: &TestCluster, command: &[&str]) {
+    let mut conn = redis::Client::open(cluster.redis.url.as_str())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let mut cmd = redis::cmd(command[0]);
+    for arg in &command[1..] {
+        cmd.arg(*arg);
+    }
+    let _: redis::Value = cmd.query_async(&mut conn).await.expect("planted");
+}
+
+/// Publishes a submission as a plain NATS client would, with `message_id` (or none).
+async fn publish_raw(cluster: &TestCluster, task: &TaskSubmission, message_id: Option<&str>) {
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut headers = HeaderMap::new();
+    if let Some(id) = message_id {
+        headers.insert(NATS_MESSAGE_ID, id);
+    }
+    jetstream
+        .publish_with_headers(
+            skein_common::subjects::submit(&task.tenant, &task.session),
+            headers,
+            serde_json::to_vec(task).expect("encode").into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored by JetStream");
+}
+
+/// The latest event of a task, with its stream sequence.
+async fn last_event(cluster: &TestCluster, task_id: &str) -> Option<(u64, EventKind)> {
+    let subject = skein_common::subjects::events("acme", task_id);
+    let (seq, event) = cluster
+        .client()
+        .await
+        .bus()
+        .last_event(&subject)
+        .await
+        .ok()??;
+    Some((seq, event.event))
+}
+
+/// How many dead letters name `task_id` as their original id.
+async fn letters_of(cluster: &TestCluster, task_id: &str) -> Vec<skein_common::bus::DeadLetter> {
+    let letters = cluster
+        .client()
+        .await
+        .bus()
+        .dead_letters()
+        .await
+        .expect("dead letters");
+    letters
+        .into_iter()
+        .filter(|l| {
+            l.original_id
+                .as_deref()
+                .is_some_and(|id| id.ends_with(task_id))
+        })
+        .collect()
+}
+
+/// Corrupt state of every kind a turn reads: the session's state, its version, the task's
+/// stored final, its attempts counter (a key of the wrong type), its event epoch. Each task ends
+/// at once as a failure that names what is unreadable, is dead-lettered once with that reason,
+/// leaves no lease behind, and the next turn of a session with intact state runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_state_ends_its_task_with_the_true_reason_and_later_turns_run() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let corruptions: [(&str, fn(&str, &str) -> Vec<String>); 5] = [
+        ("session state", |session, _| {
+            let key = keys::session("acme", session);
+            ["HSET", &key, "version", "1", "state", "{not json"]
+                .map(String::from)
+                .to_vec()
+        }),
+        ("session version", |session, _| {
+            let key = keys::session("acme", session);
+            ["HSET", &key, "version", "garbage"]
+                .map(String::from)
+                .to_vec()
+        }),
+        ("stored final", |session, task| {
+            let key = keys::final_result("acme", session, task);
+            ["SET", &key, "{not json"].map(String::from).to_vec()
+        }),
+        ("attempts of the wrong type", |session, task| {
+            let key = keys::attempts("acme", session, &keys::turn_attempts_field(task));
+            ["SET", &key, "a string"].map(String::from).to_vec()
+        }),
+        ("event epoch of the wrong type", |session, task| {
+            let key = keys::event_epoch("acme", session, task);
+            ["HSET", &key, "f", "v"].map(String::from).to_vec()
+        }),
+    ];
+    for (what, corrupt) in corruptions {
+        let session = unique("s");
+        let task = submission("acme", &session, "hi");
+        let command = corrupt(&session, &task.task_id);
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        plant(&cluster, &command).await;
+
+        let started = std::time::Instant::now();
+        let client = cluster.client().await;
+        let result = client
+            .run(&task, Duration::from_secs(30), |_| {})
+            .await
+            .unwrap_or_else(|e| panic!("{what}: a final result: {e}"));
+        println!(
+            "{what}: ended {:?} in {:?}",
+            result.status,
+            started.elapsed()
+        );
+        assert_eq!(result.status, TurnStatus::Failed, "{what}: {result:?}");
+        let failure = result.failure.expect("a failure");
+        assert_eq!(
+            failure.kind,
+            FailureKind::DeadLettered,
+            "{what}: {failure:?}"
+        );
+        assert!(
+            failure.message.contains("cannot be read"),
+            "{what}: the true reason: {failure:?}"
+        );
+        // One letter, from the first delivery: no retry loop.
+        let letters = letters_of(&cluster, &task.task_id).await;
+        assert_eq!(letters.len(), 1, "{what}: {letters:?}");
+        assert!(
+            letters[0].reason.contains("cannot be read"),
+            "{what}: {letters:?}"
+        );
+        assert_eq!(letters[0].attempts, 1, "{what}: {letters:?}");
+        let store = cluster.store().await;
+        let lease = store
+            .try_lease("acme", &session, "probe", Duration::from_millis(50))
+            .await;
+        assert!(
+            matches!(lease, Ok(true)),
+            "{what}: no lease was left behind: {lease:?}"
+        );
+    }
+    // A session whose only corrupt value belonged to one task runs its next turn.
+    let session = unique("s");
+    let doomed = submission("acme", &session, "hi");
+    plant(
+        &cluster,
+        &[
+            "SET",
+            &keys::final_result("acme", &session, &doomed.task_id),
+            "{not json",
+        ],
+    )
+    .await;
+    let (first, _) = cluster.run(&doomed).await;
+    assert_eq!(first.status, TurnStatus::Failed, "{first:?}");
+    let (next, _) = cluster.run(&submission("acme", &session, "again")).await;
+    assert_eq!(next.status, TurnStatus::Completed, "{next:?}");
+}
+
+/// A task id resubmitted after its answer stands (here by a plain client with no broker
+/// deduplication, naming an agent that does not exist) is answered with the answer that stands;
+/// the stored answer is not overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resubmitted_task_id_cannot_overwrite_its_answer() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let task = submission("acme", &unique("s"), "hi");
+    let (original, _) = cluster.run(&task).await;
+    assert_eq!(original.status, TurnStatus::Completed, "{original:?}");
+
+    let (before, _) = last_event(&cluster, &task.task_id)
+        .await
+        .expect("its final");
+    let mut resubmitted = task.clone();
+    resubmitted.agent = "nobody".into();
+    publish_raw(&cluster, &resubmitted, None).await;
+    let announced = eventually(
+        "the resubmission's answer",
+        Duration::from_secs(30),
+        || async {
+            match last_event(&cluster, &task.task_id).await? {
+                (seq, EventKind::Final { result }) if seq > before => Some(result),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        announced.status,
+        TurnStatus::Completed,
+        "the answer that stands is announced again: {announced:?}"
+    );
+    let stored = cluster
+        .store()
+        .await
+        .final_result("acme", &task.session, &task.task_id)
+        .await
+        .expect("read");
+    assert_eq!(stored.map(|r| r.status), Some(TurnStatus::Completed));
+    eventually(
+        "the resubmission to be settled",
+        Duration::from_secs(10),
+        || async {
+            let (pending, unacked) = cluster
+                .client()
+                .await
+                .bus()
+                .consumer_depth(skein_common::subjects::SUBMIT_STREAM, "skein-leads")
+                .await
+                .ok()?;
+            (pending == 0 && unacked == 0).then_some(())
+        },
+    )
+    .await;
+}
