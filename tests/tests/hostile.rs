@@ -79,6 +79,9 @@ async fn letters_of(cluster: &TestCluster, task_id: &str) -> Vec<skein_common::b
         .collect()
 }
 
+/// A Redis command that corrupts what a task (session, task id) reads.
+type Corruption = fn(&str, &str) -> Vec<String>;
+
 /// Corrupt state of every kind a turn reads: the session's state, its version, the task's
 /// stored final, its attempts counter (a key of the wrong type), its event epoch. Each task ends
 /// at once as a failure that names what is unreadable, is dead-lettered once with that reason,
@@ -87,7 +90,7 @@ async fn letters_of(cluster: &TestCluster, task_id: &str) -> Vec<skein_common::b
 async fn corrupt_state_ends_its_task_with_the_true_reason_and_later_turns_run() {
     let cluster = TestCluster::start();
     cluster.start_nodes(1, &[]).await;
-    let corruptions: [(&str, fn(&str, &str) -> Vec<String>); 5] = [
+    let corruptions: [(&str, Corruption); 5] = [
         ("session state", |session, _| {
             let key = keys::session("acme", session);
             ["HSET", &key, "version", "1", "state", "{not json"]
