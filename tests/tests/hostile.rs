@@ -236,3 +236,73 @@ async fn a_resubmitted_task_id_cannot_overwrite_its_answer() {
     )
     .await;
 }
+
+/// Two tenants may use the same task id at once: the broker's deduplication is scoped by tenant,
+/// so neither submission is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_may_use_the_same_task_id() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let shared = unique("task");
+    let mut first = submission("acme", &unique("s"), "hi");
+    first.task_id = shared.clone();
+    let mut second = submission("globex", &unique("s"), "hi");
+    second.task_id = shared.clone();
+    let bus = cluster.client().await.bus().clone();
+    for task in [&first, &second] {
+        let stored = bus.submit(task).await.expect("submitted");
+        assert_eq!(stored, skein_common::bus::Stored::New, "{}", task.tenant);
+    }
+    for task in [&first, &second] {
+        let client = cluster.client().await;
+        let events = client.watch(&task.tenant, &shared).await.expect("watch");
+        futures::pin_mut!(events);
+        let answered = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(event) = futures::StreamExt::next(&mut events).await {
+                if let EventKind::Final { result } = event.expect("event").event {
+                    return result;
+                }
+            }
+            panic!("no final");
+        })
+        .await
+        .expect("answered within 30 s");
+        assert_eq!(answered.status, TurnStatus::Completed, "{}", task.tenant);
+    }
+}
+
+/// A refused submission that names a task which already has events (by mistake or on purpose)
+/// is set aside without announcing a refusal on that task's subject: the task's clients keep
+/// its real answer as the last word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_never_announced_over_a_real_task() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let task = submission("acme", &unique("s"), "hi");
+    let (answer, _) = cluster.run(&task).await;
+    assert_eq!(answer.status, TurnStatus::Completed);
+    let (before, _) = last_event(&cluster, &task.task_id)
+        .await
+        .expect("its final");
+
+    let mut forged = task.clone();
+    forged.v = 9;
+    let probe = unique("probe");
+    publish_raw(&cluster, &forged, Some(&probe)).await;
+    eventually(
+        "the refusal to be set aside",
+        Duration::from_secs(20),
+        || async {
+            let letters = letters_of(&cluster, &probe).await;
+            (!letters.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let (after, last) = last_event(&cluster, &task.task_id)
+        .await
+        .expect("its final");
+    assert_eq!(
+        after, before,
+        "nothing was announced over the task: {last:?}"
+    );
+}

@@ -11,7 +11,8 @@
 //! - every payload is checked against the configured cap before it is published, and on receipt
 //!   before it is decoded;
 //! - subjects come from [`crate::subjects`] only;
-//! - the submit path is idempotent: a submission's `task_id` is its `Nats-Msg-Id`;
+//! - the submit path is idempotent: a submission's `Nats-Msg-Id` is its task id scoped by its
+//!   tenant ([`submission_id`]);
 //! - every message carries the W3C trace context of the span that sent it; work (submissions,
 //!   tool and subagent tasks) is published under a `publish {subject}` producer span.
 
@@ -231,7 +232,8 @@ impl Bus {
     /// Publishes a task submission durably; resubmitting the same `task_id` is a no-op.
     pub async fn submit(&self, submission: &TaskSubmission) -> Result<Stored, BusError> {
         let mut headers = outgoing_headers();
-        headers.insert(NATS_MESSAGE_ID, submission.task_id.as_str());
+        let id = submission_id(&submission.tenant, &submission.task_id);
+        headers.insert(NATS_MESSAGE_ID, id.as_str());
         let payload = self.encode(submission)?;
         let subject = subjects::submit(&submission.tenant, &submission.session);
         self.publish_traced(subject, headers, payload, &submission.task_id)
@@ -473,6 +475,13 @@ impl Bus {
             .await
             .map_err(|e| consumer_error(e.to_string()))
     }
+}
+
+/// The `Nats-Msg-Id` of a submission: its task id scoped by its tenant, so the submit stream's
+/// deduplication window never drops one tenant's task for another's that used the same id. A
+/// client must make task ids unique within its tenant.
+pub fn submission_id(tenant: &str, task_id: &str) -> String {
+    format!("{tenant}:{task_id}")
 }
 
 /// How a stream took a message.

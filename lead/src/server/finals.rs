@@ -66,9 +66,11 @@ impl Lead {
 
     /// Refuses a submission that will not run — it cannot be decoded, breaks a protocol rule, or
     /// travels on another session's subject. The failure is announced on the task's event subject
-    /// of the tenant the *subject* names (never one the body claims) and nothing is stored under
-    /// the names it carries; the message is set aside as a dead letter and terminated, since it
-    /// would fail the same way on every delivery.
+    /// of the tenant the *subject* names (never one the body claims), and only for a task id that
+    /// has no events yet: a refusal never speaks for a task that runs or ran (a client's first
+    /// final would be the refusal). Nothing is stored under the names it carries; the message is
+    /// set aside as a dead letter and terminated, since it would fail the same way on every
+    /// delivery.
     pub(super) async fn reject(
         &self,
         envelope: Envelope,
@@ -78,9 +80,14 @@ impl Lead {
         tracing::warn!(subject = %envelope.subject(), %failure, "submission rejected");
         let tenant = subjects::parse_submit(envelope.subject()).map(|(tenant, _)| tenant);
         if let (Some(tenant), Some(task_id)) = (tenant, task_id) {
-            if validate_token("tenant", tenant).is_ok()
-                && validate_token("task_id", &task_id).is_ok()
-            {
+            // A submission's message id is scoped by its tenant (`bus::submission_id`).
+            let task_id = task_id
+                .strip_prefix(tenant)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .map_or(task_id.clone(), str::to_owned);
+            let valid = validate_token("tenant", tenant).is_ok()
+                && validate_token("task_id", &task_id).is_ok();
+            if valid && !self.task_has_events(tenant, &task_id).await {
                 let stub = TaskSubmission {
                     v: PROTOCOL_VERSION,
                     task_id,
@@ -110,6 +117,28 @@ impl Lead {
             .await;
         if matches!(applied, Disposition::SetAside { .. }) {
             self.metrics.dead_lettered("submit");
+        }
+    }
+}
+
+impl Lead {
+    /// Whether a task id already has events (it runs or ran); an unanswered look counts as yes,
+    /// so a refusal is never announced over a real task.
+    async fn task_has_events(&self, tenant: &str, task_id: &str) -> bool {
+        match self
+            .bus
+            .last_event(&subjects::events(tenant, task_id))
+            .await
+        {
+            Ok(None) => false,
+            Ok(Some(_)) => {
+                tracing::warn!(%task_id, "a refused submission names a task that has events; not announced");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for the task's events; refusal not announced");
+                true
+            }
         }
     }
 }
