@@ -29,6 +29,7 @@ pub mod shutdown;
 pub mod store;
 pub mod subjects;
 pub mod telemetry;
+pub mod text;
 pub mod wiring;
 
 /// The version every process announces.

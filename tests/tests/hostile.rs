@@ -306,3 +306,87 @@ async fn a_refusal_is_never_announced_over_a_real_task() {
         "nothing was announced over the task: {last:?}"
     );
 }
+
+/// A submission so close to the broker's payload limit that its dead letter (the body plus the
+/// letter's headers) cannot fit: the letter keeps the body's head and says so, the message is
+/// settled once (no redelivery loop), the letter cannot be replayed, and the lead keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_always_fits_and_ends_the_message() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let limit = client.server_info().max_payload;
+    let mut body = b"{\"v\":1,\"input\":\"".to_vec();
+    body.resize(limit - 256, b'x');
+    let probe = unique("huge");
+    let mut headers = HeaderMap::new();
+    headers.insert(NATS_MESSAGE_ID, probe.as_str());
+    async_nats::jetstream::new(client)
+        .publish_with_headers("skein.submit.acme.raw", headers, body.clone().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored by JetStream");
+
+    let letter = eventually("the letter", Duration::from_secs(20), || async {
+        letters_of(&cluster, &probe).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        letter.truncated_from,
+        Some(body.len() as u64),
+        "{:?}",
+        letter.reason
+    );
+    assert!(letter.payload.len() < body.len());
+    assert!(
+        body.starts_with(&letter.payload),
+        "the letter keeps the body's head"
+    );
+    assert!(letter.reason.len() <= skein_common::bus::MAX_DEAD_REASON);
+    let bus = cluster.client().await.bus().clone();
+    let replayed = bus.replay_dead_letter(&letter).await;
+    assert!(
+        replayed.is_err_and(|e| e.to_string().contains("cannot be replayed")),
+        "a cut letter is not replayed"
+    );
+    eventually(
+        "the message to be settled",
+        Duration::from_secs(10),
+        || async {
+            let (pending, unacked) = bus
+                .consumer_depth(skein_common::subjects::SUBMIT_STREAM, "skein-leads")
+                .await
+                .ok()?;
+            (pending == 0 && unacked == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        letters_of(&cluster, &probe).await.len(),
+        1,
+        "one letter, no loop"
+    );
+    let (ok, _) = cluster
+        .run(&submission("acme", &unique("s"), "still there?"))
+        .await;
+    assert_eq!(ok.status, TurnStatus::Completed);
+}
+
+/// A failure never echoes outside input at length: an id of 600 KB is refused with a message
+/// that names the rule and shows only the id's head.
+#[test]
+fn failure_messages_are_bounded() {
+    let huge = "x".repeat(600_000);
+    let failure = skein_common::protocol::validate_token("tenant", &huge).expect_err("refused");
+    assert!(failure.message.len() < 512, "{}", failure.message.len());
+    assert!(failure.message.contains("tenant must be"));
+    let failure = skein_common::protocol::Failure::new(FailureKind::ToolFailed, huge);
+    assert_eq!(
+        failure.message.len(),
+        skein_common::protocol::MAX_FAILURE_MESSAGE,
+        "cut to the cap"
+    );
+}

@@ -17,6 +17,11 @@ pub const HEADER_DEAD_REASON: &str = "Skein-Dead-Reason";
 pub const HEADER_ATTEMPTS: &str = "Skein-Attempts";
 /// Header of a dead letter: the original message's `Nats-Msg-Id`, if it had one.
 pub const HEADER_ORIGINAL_ID: &str = "Skein-Original-Id";
+/// Header of a dead letter whose body was cut to fit the broker's payload limit: the original
+/// body's size in bytes. Such a letter is kept for inspection and cannot be replayed.
+pub const HEADER_TRUNCATED: &str = "Skein-Truncated";
+/// Longest dead-letter reason, in bytes (a reason can echo the offending input).
+pub const MAX_DEAD_REASON: usize = 1024;
 /// Header of a replayed dead letter: the letter's sequence in the dead-letter stream.
 pub const HEADER_REPLAYED: &str = "Skein-Replayed";
 
@@ -29,6 +34,8 @@ pub struct DeadLetter {
     pub original_id: Option<String>,
     pub reason: String,
     pub attempts: u64,
+    /// The original body's size when the letter holds only its head (it did not fit).
+    pub truncated_from: Option<u64>,
     pub payload: Bytes,
 }
 
@@ -44,6 +51,7 @@ impl DeadLetter {
             attempts: header(HEADER_ATTEMPTS)
                 .and_then(|a| a.parse().ok())
                 .unwrap_or(0),
+            truncated_from: header(HEADER_TRUNCATED).and_then(|n| n.parse().ok()),
             payload: message.payload,
         }
     }
@@ -109,17 +117,35 @@ impl Bus {
             headers.insert(NATS_MESSAGE_ID, dedup_id);
         }
         headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
-        headers.insert(
-            HEADER_DEAD_REASON,
-            reason.replace(['\r', '\n'], " ").as_str(),
-        );
+        let reason = crate::text::cut(&reason.replace(['\r', '\n'], " "), MAX_DEAD_REASON);
+        headers.insert(HEADER_DEAD_REASON, reason.as_str());
         headers.insert(HEADER_ATTEMPTS, attempts.to_string().as_str());
         if let Some(id) = original_id {
             headers.insert(HEADER_ORIGINAL_ID, id);
         }
+        // The letter must fit the broker's limit with its headers, or it could never be stored
+        // and its message would come back for ever: a body that does not fit keeps its head.
+        let limit = self.client.server_info().max_payload;
+        let header_bytes: usize = headers
+            .iter()
+            .flat_map(|(name, values)| {
+                let name = AsRef::<str>::as_ref(name).len();
+                values
+                    .iter()
+                    .map(move |value| name + value.as_str().len() + 4)
+            })
+            .sum::<usize>()
+            + 64;
+        let room = limit.saturating_sub(header_bytes);
+        let payload = if payload.len() > room {
+            headers.insert(HEADER_TRUNCATED, payload.len().to_string().as_str());
+            payload.slice(..room)
+        } else {
+            payload
+        };
         tracing::warn!(
             subject = original_subject,
-            reason,
+            %reason,
             attempts,
             "message dead-lettered"
         );
@@ -161,6 +187,15 @@ impl Bus {
 
     /// Publishes a dead letter's message again on its original subject, then removes the letter.
     pub async fn replay_dead_letter(&self, letter: &DeadLetter) -> Result<(), BusError> {
+        if let Some(size) = letter.truncated_from {
+            return Err(BusError::Stream {
+                stream: subjects::DLQ_STREAM.into(),
+                message: format!(
+                    "letter {} holds only the head of a {size}-byte message (it did not fit the broker's limit) and cannot be replayed",
+                    letter.seq
+                ),
+            });
+        }
         let mut headers = outgoing_headers();
         let id = format!(
             "{}-replay-{}",

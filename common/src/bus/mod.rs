@@ -34,7 +34,7 @@ mod streams;
 
 pub use dead_letters::{
     DeadLetter, HEADER_ATTEMPTS, HEADER_DEAD_REASON, HEADER_ORIGINAL_ID, HEADER_ORIGINAL_SUBJECT,
-    HEADER_REPLAYED,
+    HEADER_REPLAYED, HEADER_TRUNCATED, MAX_DEAD_REASON,
 };
 pub use delivery::{Delivery, Disposition, Envelope, Received, Undecodable, SET_ASIDE_RETRY};
 pub use intake::{reconcile, ConsumerSettings, Intake, PULLERS};

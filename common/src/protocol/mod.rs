@@ -253,12 +253,23 @@ pub struct Failure {
     pub retryable: bool,
 }
 
+/// Longest failure message, in bytes: a failure can echo outside input, and it travels in
+/// events, results, dead-letter headers and model context.
+pub const MAX_FAILURE_MESSAGE: usize = 4096;
+
 impl Failure {
+    /// A failure of `kind`; its message is cut to [`MAX_FAILURE_MESSAGE`] bytes.
     pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let message = if message.len() > MAX_FAILURE_MESSAGE {
+            crate::text::cut(&message, MAX_FAILURE_MESSAGE)
+        } else {
+            message
+        };
         Self {
             retryable: kind.default_retryable(),
             kind,
-            message: message.into(),
+            message,
         }
     }
 }
@@ -536,7 +547,8 @@ pub fn validate_token(field: &str, value: &str) -> Result<(), Failure> {
         Err(Failure::new(
             FailureKind::InvalidInput,
             format!(
-                "{field} must be 1-{MAX_TOKEN_LEN} characters of A-Z a-z 0-9 _ - (got {value:?})"
+                "{field} must be 1-{MAX_TOKEN_LEN} characters of A-Z a-z 0-9 _ - (got {:?})",
+                crate::text::cut(value, 2 * MAX_TOKEN_LEN)
             ),
         ))
     }

@@ -296,20 +296,9 @@ fn truncate_output(mut output: String, max_bytes: usize) -> String {
         return output;
     }
     let total = output.len();
-    output.truncate(floor_char_boundary(&output, max_bytes));
+    output.truncate(skein_common::text::floor_char_boundary(&output, max_bytes));
     output.push_str(&format!("\n[output truncated: {total} bytes total]"));
     output
-}
-
-/// The largest char boundary of `text` at or below `index`.
-pub(crate) fn floor_char_boundary(text: &str, index: usize) -> usize {
-    if index >= text.len() {
-        return text.len();
-    }
-    (0..=index)
-        .rev()
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap_or(0)
 }
 
 /// Drops an incomplete UTF-8 sequence left at the end of `bytes` by a size cut, so the text does
@@ -625,7 +614,5 @@ mod tests {
         let mut bytes = "aé".as_bytes()[..2].to_vec();
         trim_partial_utf8(&mut bytes);
         assert_eq!(bytes, b"a");
-        assert_eq!(floor_char_boundary("aé", 2), 1);
-        assert_eq!(floor_char_boundary("aé", 9), 3);
     }
 }

@@ -264,7 +264,7 @@ impl From<WireUsage> for Usage {
 
 fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let completion: ChatCompletion = serde_json::from_slice(body).map_err(|error| {
-        let start = truncate_utf8(&String::from_utf8_lossy(body), 200);
+        let start = crate::text::cut(&String::from_utf8_lossy(body), 200);
         ModelError::BadResponse(format!("{error}; the body starts with: {start}"))
     })?;
     let choice = completion
@@ -549,7 +549,7 @@ impl SseReader {
             let chunk: StreamChunk = serde_json::from_str(data).map_err(|error| {
                 ModelError::BadResponse(format!(
                     "undecodable stream chunk ({error}): {}",
-                    truncate_utf8(data, 200)
+                    crate::text::cut(data, 200)
                 ))
             })?;
             if let Some(text) = self.accumulator.absorb(chunk)? {
@@ -646,7 +646,7 @@ async fn error_for_status(
         return Ok(response);
     }
     let body = match tokio::time::timeout(timeout, response.text()).await {
-        Ok(Ok(body)) => truncate_utf8(&body, MAX_ERROR_BODY_BYTES),
+        Ok(Ok(body)) => crate::text::cut(&body, MAX_ERROR_BODY_BYTES),
         Ok(Err(error)) => format!("<body unreadable: {error}>"),
         Err(_) => "<body not received in time>".to_owned(),
     };
@@ -663,19 +663,6 @@ fn answers_with_json(response: &reqwest::Response) -> bool {
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.trim_start().starts_with("application/json"))
-}
-
-/// `text` cut to at most `max_bytes` bytes on a character boundary, marked when cut.
-fn truncate_utf8(text: &str, max_bytes: usize) -> String {
-    const MARK: &str = "…";
-    if text.len() <= max_bytes {
-        return text.to_owned();
-    }
-    let mut end = max_bytes.saturating_sub(MARK.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{MARK}", &text[..end])
 }
 
 #[cfg(test)]
@@ -1080,9 +1067,9 @@ mod tests {
     #[test]
     fn truncation_respects_char_boundaries_and_the_limit() {
         let long = "é".repeat(3000);
-        let cut = truncate_utf8(&long, MAX_ERROR_BODY_BYTES);
+        let cut = crate::text::cut(&long, MAX_ERROR_BODY_BYTES);
         assert!(cut.len() <= MAX_ERROR_BODY_BYTES);
         assert!(cut.ends_with('…'));
-        assert_eq!(truncate_utf8("short", 10), "short");
+        assert_eq!(crate::text::cut("short", 10), "short");
     }
 }
