@@ -35,6 +35,9 @@ pub async fn serve_lookups(
     Ok(())
 }
 
+/// Room kept in a lookup answer for its envelope.
+const LOOKUP_ROOM: usize = 1024;
+
 async fn answer(bus: &Bus, store: &SessionStore, request: Message) {
     let Some(reply) = request.reply.clone() else {
         return;
@@ -42,7 +45,8 @@ async fn answer(bus: &Bus, store: &SessionStore, request: Message) {
     let stored = match look_up(store, &request.subject).await {
         Ok(result) => StoredFinal {
             v: PROTOCOL_VERSION,
-            result,
+            // The answer keeps its head when the whole would not fit one message.
+            result: result.map(|r| r.fitted(bus.max_payload().saturating_sub(LOOKUP_ROOM))),
             failure: None,
         },
         Err(failure) => StoredFinal {

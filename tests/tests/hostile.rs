@@ -390,3 +390,38 @@ fn failure_messages_are_bounded() {
         "cut to the cap"
     );
 }
+
+/// An answer larger than one message can carry still reaches its client: the final event keeps
+/// the answer's head and says how long the whole is; the stored result keeps it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_payload_cap_is_announced_cut() {
+    let cluster = TestCluster::start();
+    let long = "\"quoted\" ".repeat(6_000);
+    let script = cluster.scenario(serde_json::json!([{ "steps": [ { "answer": long } ] }]));
+    cluster
+        .start_nodes(0, &["--scenario", &script, "--max-payload", "16384"])
+        .await;
+    let task = submission("acme", &unique("s"), "say a lot");
+    let (result, _) = cluster.run(&task).await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let answer = result.answer.unwrap_or_default();
+    assert!(answer.len() < 16_384, "{}", answer.len());
+    assert!(long.starts_with(answer.lines().next().unwrap_or_default()));
+    assert!(
+        answer.contains(&format!("{} bytes in all", long.len())),
+        "{}",
+        &answer[answer.len().saturating_sub(200)..]
+    );
+    let stored = cluster
+        .store()
+        .await
+        .final_result("acme", &task.session, &task.task_id)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(
+        stored.answer.as_deref(),
+        Some(long.as_str()),
+        "stored whole"
+    );
+}

@@ -461,6 +461,34 @@ pub struct FinalResult {
     pub trace_id: Option<String>,
 }
 
+impl FinalResult {
+    /// This result as it can travel in one message of at most `limit` bytes of JSON: an answer
+    /// too long keeps its head, followed by a note of its whole size (the whole answer stays in
+    /// the stored result and the session's history).
+    pub fn fitted(mut self, limit: usize) -> FinalResult {
+        const NOTE_ROOM: usize = 128;
+        let whole = self.answer.as_ref().map_or(0, String::len);
+        let Some(mut answer) = self.answer.take() else {
+            return self;
+        };
+        // Escaping can make JSON longer than its text: cut again by the measured overshoot.
+        for _ in 0..8 {
+            self.answer = Some(answer.clone());
+            let size = serde_json::to_vec(&self).map_or(usize::MAX, |json| json.len());
+            if size <= limit {
+                return self;
+            }
+            let keep = answer.len().saturating_sub(size - limit + NOTE_ROOM);
+            let head = &answer[..crate::text::floor_char_boundary(&answer, keep)];
+            answer = format!(
+                "{head}\n[answer cut to fit one message: {whole} bytes in all; the stored result keeps it whole]"
+            );
+        }
+        self.answer = Some(answer);
+        self
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnStatus {

@@ -86,6 +86,14 @@ impl BusEvents {
     /// Publishes an event and waits until the stream has stored it (and so every event before
     /// it on this connection was handled too).
     pub async fn announce(&self, event: EventKind) -> Result<(), BusError> {
+        // A final result always fits its event (its answer cut if need be), or the client would
+        // wait for ever for an answer that is stored but never announced.
+        let event = match event {
+            EventKind::Final { result } => EventKind::Final {
+                result: result.fitted(self.bus.max_payload().saturating_sub(EVENT_ROOM)),
+            },
+            other => other,
+        };
         let event = self.next_event(event);
         let ack = self.bus.publish_event(&self.origin.tenant, &event).await?;
         ack.confirmed().await.map(|_| ())
@@ -114,6 +122,9 @@ impl BusEvents {
         }
     }
 }
+
+/// Room kept in a message for a final event's envelope (its other fields and headers).
+const EVENT_ROOM: usize = 2048;
 
 impl EventSink for BusEvents {
     fn emit(&self, event: EventKind) -> BoxFuture<'_, ()> {
