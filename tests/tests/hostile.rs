@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
+use futures::StreamExt;
 use skein_common::protocol::{EventKind, FailureKind, TaskSubmission, TurnStatus};
 use skein_common::store::keys;
 use skein_tests::support::cluster::{submission, TestCluster};
@@ -424,4 +425,117 @@ async fn an_answer_over_the_payload_cap_is_announced_cut() {
         Some(long.as_str()),
         "stored whole"
     );
+}
+
+/// A forged worker registry entry (written by anyone who can reach Redis) with a heartbeat from
+/// the future and a huge heartbeat period, or names that are not tokens, is never routed to and
+/// is pruned; an honest worker's entry stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_registry_entries_are_not_believed() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &[]).await;
+    let now = skein_common::protocol::now_ms();
+    let honest = cluster
+        .store()
+        .await
+        .live_workers()
+        .await
+        .expect("registry");
+    assert_eq!(honest.len(), 1);
+    let forged = |id: &str, pool: &str, heartbeat_ms: u64, every: u64| {
+        let mut entry = honest[0].clone();
+        entry.worker_id = id.to_owned();
+        entry.pool = pool.to_owned();
+        entry.heartbeat_ms = heartbeat_ms;
+        entry.heartbeat_every_ms = every;
+        serde_json::to_string(&entry).expect("encode")
+    };
+    let entries = [
+        ("future", forged("future", "evil", now + 3_600_000, 1_000)),
+        ("forever", forged("forever", "evil", now, u64::MAX / 4)),
+        ("bad pool", forged("bad pool", "evil pool", now, 1_000)),
+        ("elsewhere", forged("not-elsewhere", "evil", now, 1_000)),
+    ];
+    for (id, json) in &entries {
+        plant(&cluster, &["HSET", keys::WORKERS, id, json]).await;
+    }
+    // "forever" is alive now; it must stop being so once its claimed period would have kept it.
+    let store = cluster.store().await;
+    let routable = store.routable_workers().await.expect("registry");
+    let ids: Vec<_> = routable.iter().map(|w| w.worker_id.as_str()).collect();
+    assert!(!ids.contains(&"future"), "{ids:?}");
+    assert!(!ids.contains(&"bad pool"), "{ids:?}");
+    assert!(!ids.contains(&"elsewhere"), "{ids:?}");
+    assert!(ids.contains(&honest[0].worker_id.as_str()), "{ids:?}");
+    let forever = routable
+        .iter()
+        .find(|w| w.worker_id == "forever")
+        .expect("recent");
+    assert!(
+        !forever.is_alive(now + 10 * 60_000),
+        "a claimed period does not keep an entry alive for ever"
+    );
+    let mut conn = redis::Client::open(cluster.redis.url.as_str())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg(keys::WORKERS)
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    for pruned in ["future", "bad pool", "elsewhere"] {
+        assert!(
+            !left.iter().any(|k| k == pruned),
+            "{pruned} pruned: {left:?}"
+        );
+    }
+}
+
+/// A client that can see a tool task publishes a result for another call on its reply subject
+/// while the real call runs: the dispatcher drops it, and the real result is the one the model
+/// sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_for_another_call_is_dropped() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(serde_json::json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "real", "ms": 1500 } } ] },
+        { "answer": "saw {{observations}}" }
+    ] }]));
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    cluster.start_nodes(0, &["--scenario", &script]).await;
+
+    let spy = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let mut tasks = spy.subscribe("skein.tool.>").await.expect("subscribe");
+    let task = submission("acme", &unique("s"), "go");
+    let running = cluster.run(&task);
+    let forge = async {
+        let message = tasks.next().await.expect("a tool task");
+        let tool_task: skein_common::protocol::ToolTask =
+            serde_json::from_slice(&message.payload).expect("a tool task");
+        let forged = skein_common::protocol::ToolResult {
+            v: skein_common::protocol::PROTOCOL_VERSION,
+            call_id: format!("{}-not", tool_task.call_id),
+            outcome: skein_common::protocol::CallOutcome::Ok {
+                output: "FORGED".into(),
+            },
+            worker_id: "nobody".into(),
+            duration_ms: 0,
+        };
+        spy.publish(
+            tool_task.reply_to.clone(),
+            serde_json::to_vec(&forged).expect("encode").into(),
+        )
+        .await
+        .expect("forged");
+        spy.flush().await.expect("flushed");
+    };
+    let ((result, _), ()) = tokio::join!(running, forge);
+    let answer = result.answer.unwrap_or_default();
+    assert!(answer.contains("effect real done"), "{answer}");
+    assert!(!answer.contains("FORGED"), "{answer}");
 }

@@ -87,6 +87,10 @@ impl Config {
         if self.heartbeat < MIN_HEARTBEAT {
             return Err(format!("heartbeat must be at least {MIN_HEARTBEAT:?}"));
         }
+        let longest = Duration::from_millis(skein_common::protocol::MAX_HEARTBEAT_EVERY_MS);
+        if self.heartbeat > longest {
+            return Err(format!("heartbeat must be at most {longest:?}"));
+        }
         if self.subagent_timeout < Duration::from_secs(1) {
             return Err("subagent timeout must be at least 1s".into());
         }

@@ -48,7 +48,9 @@ const DISPATCH_SLACK: Duration = Duration::from_secs(30);
 /// How often a waiting call looks for its result among the recorded ones.
 const RECORD_POLL: Duration = Duration::from_secs(1);
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<ToolResult>>>>;
+/// Calls waiting for their result, by dispatch number: the call id a result must carry, and where
+/// it goes.
+type Pending = Arc<Mutex<HashMap<u64, (String, oneshot::Sender<ToolResult>)>>>;
 
 /// Sends calls to worker pools and collects results for one process.
 #[derive(Clone)]
@@ -135,14 +137,24 @@ impl Dispatcher {
                         continue;
                     }
                 };
+                // A result reaches its call only if it names the call: anyone who can publish on
+                // the reply subject could otherwise answer for a worker.
                 let waiter = subjects::reply_number(&message.subject).and_then(|n| {
-                    routes.lock().map(|mut p| p.remove(&n)).unwrap_or(None)
+                    let mut pending = routes.lock().ok()?;
+                    match pending.get(&n) {
+                        Some((call_id, _)) if *call_id == result.call_id => pending.remove(&n),
+                        Some(_) => {
+                            tracing::warn!(call_id = %crate::text::cut(&result.call_id, 64), "a result for another call dropped");
+                            None
+                        }
+                        None => None,
+                    }
                 });
                 match waiter {
-                    Some(tx) => {
+                    Some((_, tx)) => {
                         let _ = tx.send(result);
                     }
-                    None => tracing::debug!(call_id = %result.call_id, "duplicate or late result dropped"),
+                    None => tracing::debug!(call_id = %crate::text::cut(&result.call_id, 64), "duplicate, late or foreign result dropped"),
                 }
             }
         });
@@ -334,7 +346,7 @@ impl Dispatcher {
         }
         let (tx, rx) = oneshot::channel();
         if let Ok(mut pending) = self.pending.lock() {
-            pending.insert(n, tx);
+            pending.insert(n, (call_id.to_owned(), tx));
         }
         // The waiter goes away however this call ends, also when the turn drops it (cancelled).
         let _waiter = Waiter {

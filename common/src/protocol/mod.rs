@@ -521,16 +521,70 @@ pub struct WorkerAnnouncement {
 /// heartbeats) must not make its tools vanish.
 pub const ROUTABLE_SILENCE_MS: u64 = 60_000;
 
+/// Longest heartbeat period a registry entry may claim (a forged entry must not stay alive for
+/// ever by claiming a huge one); workers refuse a longer `--heartbeat`.
+pub const MAX_HEARTBEAT_EVERY_MS: u64 = 60_000;
+
+/// How far ahead of the reader's clock a heartbeat may be and still count (clock skew); an
+/// entry further ahead is not believed (it would otherwise stay alive until that time).
+pub const MAX_CLOCK_SKEW_MS: u64 = 30_000;
+
+/// Most tools one registry entry may offer.
+pub const MAX_ANNOUNCED_TOOLS: usize = 1024;
+
 impl WorkerAnnouncement {
-    /// Heard from within three heartbeat periods.
+    /// Heard from within three heartbeat periods (by the reader's clock).
     pub fn is_alive(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.heartbeat_ms) <= self.heartbeat_every_ms.saturating_mul(3)
+        self.silence(now_ms)
+            .is_some_and(|silence| silence <= self.heartbeat_every().saturating_mul(3))
     }
 
     /// Recent enough that calls may still be routed to its pool.
     pub fn is_routable(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.heartbeat_ms)
-            <= ROUTABLE_SILENCE_MS.max(self.heartbeat_every_ms.saturating_mul(3))
+        self.silence(now_ms).is_some_and(|silence| {
+            silence <= ROUTABLE_SILENCE_MS.max(self.heartbeat_every().saturating_mul(3))
+        })
+    }
+
+    /// How long the worker has been silent; `None` for a heartbeat too far in the future.
+    fn silence(&self, now_ms: u64) -> Option<u64> {
+        (self.heartbeat_ms <= now_ms.saturating_add(MAX_CLOCK_SKEW_MS))
+            .then(|| now_ms.saturating_sub(self.heartbeat_ms))
+    }
+
+    fn heartbeat_every(&self) -> u64 {
+        self.heartbeat_every_ms.min(MAX_HEARTBEAT_EVERY_MS)
+    }
+
+    /// Checks an entry read from the registry: anyone who can write there could have written it,
+    /// so its names must be tokens and its tool list bounded and well-formed.
+    pub fn check(&self) -> Result<(), Failure> {
+        validate_token("worker_id", &self.worker_id)?;
+        validate_token("pool", &self.pool)?;
+        if self.tools.len() > MAX_ANNOUNCED_TOOLS {
+            return Err(Failure::new(
+                FailureKind::InvalidInput,
+                format!("a worker may offer at most {MAX_ANNOUNCED_TOOLS} tools"),
+            ));
+        }
+        for tool in &self.tools {
+            let name_ok = !tool.name.is_empty()
+                && tool.name.len() <= MAX_TOKEN_LEN
+                && tool
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !name_ok {
+                return Err(Failure::new(
+                    FailureKind::InvalidInput,
+                    format!(
+                        "tool name {:?} is not a token",
+                        crate::text::cut(&tool.name, 64)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

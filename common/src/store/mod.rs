@@ -845,7 +845,8 @@ impl SessionStore {
     }
 
     /// Workers whose pools calls may be routed to (see `WorkerAnnouncement::is_routable`); entries
-    /// silent for longer, or unreadable, are pruned from the registry.
+    /// silent for longer, unreadable, or failing their checks (`WorkerAnnouncement::check`, an
+    /// entry filed under another id, a heartbeat from the future) are pruned from the registry.
     pub async fn routable_workers(&self) -> Result<Vec<WorkerAnnouncement>, StoreError> {
         let mut conn = self.connection.clone();
         let all: Vec<(String, String)> = conn.hgetall(keys::WORKERS).await?;
@@ -853,7 +854,14 @@ impl SessionStore {
         let mut routable = Vec::new();
         for (id, json) in all {
             match serde_json::from_str::<WorkerAnnouncement>(&json) {
-                Ok(a) if a.is_routable(now) => routable.push(a),
+                Ok(a) if a.is_routable(now) && a.worker_id == id && a.check().is_ok() => {
+                    routable.push(a)
+                }
+                Ok(a) if a.is_routable(now) => {
+                    let worker_id = crate::text::cut(&id, 64);
+                    tracing::warn!(%worker_id, "invalid worker registry entry removed");
+                    let _: i64 = conn.hdel(keys::WORKERS, &id).await?;
+                }
                 _ => {
                     let _: i64 = conn.hdel(keys::WORKERS, &id).await?;
                 }
