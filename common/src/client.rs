@@ -38,7 +38,11 @@ pub struct SkeinClient {
 impl SkeinClient {
     pub async fn connect(nats: &NatsConfig) -> Result<Self, ClientError> {
         let bus = Bus::connect(nats, "skein-client", crate::bus::DEFAULT_MAX_PAYLOAD).await?;
-        bus.ensure_streams().await?;
+        // A tenant's user may read the streams but not change them: the cluster's processes
+        // create and bound them, so a client that cannot only says so.
+        if let Err(e) = bus.ensure_streams().await {
+            tracing::debug!(error = %e, "streams not checked; the cluster's processes create them");
+        }
         Ok(Self { bus })
     }
 

@@ -13,6 +13,7 @@ pub const ENV_NATS_CREDS: &str = "SKEIN_NATS_CREDS";
 pub const ENV_NATS_TLS_CA: &str = "SKEIN_NATS_TLS_CA";
 pub const ENV_NATS_TLS_CERT: &str = "SKEIN_NATS_TLS_CERT";
 pub const ENV_NATS_TLS_KEY: &str = "SKEIN_NATS_TLS_KEY";
+pub const ENV_NATS_INBOX_PREFIX: &str = "SKEIN_NATS_INBOX_PREFIX";
 pub const ENV_REDIS_URL: &str = "SKEIN_REDIS_URL";
 pub const ENV_REDIS_PASSWORD: &str = "SKEIN_REDIS_PASSWORD";
 pub const ENV_REDIS_TLS_CA: &str = "SKEIN_REDIS_TLS_CA";
@@ -75,6 +76,10 @@ pub struct NatsConfig {
     /// Client key (PEM) for mutual TLS, with --nats-tls-cert.
     #[arg(id = "nats_tls_key", long = "nats-tls-key", env = ENV_NATS_TLS_KEY, requires = "nats_tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Prefix of this connection's reply subjects (default `_INBOX`); a tenant's user whose
+    /// server permissions allow it only its own inbox (`_INBOX_<tenant>.>`) sets it to match.
+    #[arg(id = "nats_inbox_prefix", long = "nats-inbox-prefix", env = ENV_NATS_INBOX_PREFIX)]
+    pub inbox_prefix: Option<String>,
     /// How long to try to reach NATS at start-up.
     #[arg(id = "nats_connect_timeout", long = "nats-connect-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
@@ -105,6 +110,7 @@ impl NatsConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            inbox_prefix: None,
             connect_timeout: Duration::from_secs(5),
         }
     }

@@ -139,6 +139,9 @@ impl Bus {
                 .add_client_certificate(cert.clone(), key.clone())
                 .require_tls(true);
         }
+        if let Some(prefix) = &cfg.inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
+        }
         if let Some(creds) = &cfg.creds {
             options = options
                 .credentials_file(creds)
@@ -432,21 +435,23 @@ impl Bus {
         }
     }
 
-    /// The latest event on one subject of the events stream, with its stream sequence.
+    /// The latest event on one subject of the events stream, with its stream sequence. Read with
+    /// a direct get, whose API subject names the event subject, so a server can fence it by
+    /// tenant.
     pub async fn last_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
-        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        use async_nats::jetstream::stream::DirectGetErrorKind;
         let lookup_error = |message: String| BusError::Consumer {
             consumer: format!("last({subject})"),
             message,
         };
         let stream = self
             .jetstream
-            .get_stream(subjects::EVENTS_STREAM)
+            .get_stream_no_info(subjects::EVENTS_STREAM)
             .await
             .map_err(|e| lookup_error(e.to_string()))?;
-        match stream.get_last_raw_message_by_subject(subject).await {
+        match stream.direct_get_last_for_subject(subject).await {
             Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
             Err(e) => Err(lookup_error(e.to_string())),
         }
     }
@@ -459,11 +464,15 @@ impl Bus {
         };
         let stream = self
             .jetstream
-            .get_stream(subjects::EVENTS_STREAM)
+            .get_stream_no_info(subjects::EVENTS_STREAM)
             .await
             .map_err(|e| consumer_error(e.to_string()))?;
+        // Named, so the create request's API subject carries the filter (and a server can fence
+        // which events a user may watch).
+        let name = format!("watch_{}", uuid::Uuid::new_v4().simple());
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
+                name: Some(name),
                 filter_subject: subject.clone(),
                 deliver_policy: consumer::DeliverPolicy::All,
                 ..Default::default()

@@ -61,6 +61,8 @@ impl Bus {
                 retention: stream::RetentionPolicy::Limits,
                 max_age: Duration::from_secs(24 * 3600),
                 max_bytes: STREAM_LIMITS.events_bytes,
+                // Direct gets name the subject in their API subject (fenceable per tenant).
+                allow_direct: true,
                 ..Default::default()
             },
         ];
@@ -92,8 +94,8 @@ impl Bus {
         Ok(())
     }
 
-    /// Gives a stream created before Skein bounded it the limits it should have; other settings
-    /// are kept.
+    /// Gives a stream created before Skein bounded it the limits it should have (and the events
+    /// stream its direct gets); other settings are kept.
     async fn bound_stream(
         &self,
         current: &stream::Config,
@@ -107,6 +109,7 @@ impl Bus {
                 unlimited(c.max_bytes),
                 c.max_age,
                 c.discard,
+                c.allow_direct,
             )
         };
         if limits(current) == limits(wanted) {
@@ -118,6 +121,7 @@ impl Bus {
         bounded.max_bytes = wanted.max_bytes;
         bounded.max_age = wanted.max_age;
         bounded.discard = wanted.discard;
+        bounded.allow_direct = wanted.allow_direct;
         self.jetstream
             .update_stream(bounded)
             .await
