@@ -48,9 +48,18 @@ async fn publish_raw(cluster: &TestCluster, task: &TaskSubmission, message_id: O
         .expect("stored by JetStream");
 }
 
-/// The latest event of a task, with its stream sequence.
+/// The latest event of one of `acme`'s tasks, with its stream sequence.
 async fn last_event(cluster: &TestCluster, task_id: &str) -> Option<(u64, EventKind)> {
-    let subject = skein_common::subjects::events("acme", task_id);
+    last_event_of(cluster, "acme", task_id).await
+}
+
+/// The latest event of a task of `tenant`, with its stream sequence.
+async fn last_event_of(
+    cluster: &TestCluster,
+    tenant: &str,
+    task_id: &str,
+) -> Option<(u64, EventKind)> {
+    let subject = skein_common::subjects::events(tenant, task_id);
     let (seq, event) = cluster
         .client()
         .await
@@ -538,4 +547,259 @@ async fn a_result_for_another_call_is_dropped() {
     let answer = result.answer.unwrap_or_default();
     assert!(answer.contains("effect real done"), "{answer}");
     assert!(!answer.contains("FORGED"), "{answer}");
+}
+
+/// What one bad input is, and how it must end.
+struct BadInput {
+    what: &'static str,
+    subject: String,
+    message_id: String,
+    payload: Vec<u8>,
+    /// Set aside as exactly one dead letter (otherwise: answered or dropped, never redelivered).
+    lettered: bool,
+}
+
+/// A battery of malformed, oversized and forged messages and corrupt Redis values, sent while
+/// valid tasks arrive every 200 ms on one lead and two workers: every valid task completes, every
+/// bad message that must be set aside has exactly one letter, every queue drains (nothing is
+/// redelivered for ever), and no other tenant sees an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_battery_of_bad_input_harms_no_valid_task() {
+    use skein_common::subjects;
+    let cluster = TestCluster::start();
+    for _ in 0..2 {
+        cluster.spawn_worker(cluster.worker_config(&[]));
+    }
+    cluster.wait_for_workers(2).await;
+    cluster.spawn_lead(cluster.lead_config(&["--max-payload", "65536"]));
+
+    let valid_task = |n: usize| submission("acme", &format!("valid-{n}"), "hello");
+    let mut battery: Vec<BadInput> = Vec::new();
+    let mut add = |what, subject: String, payload: Vec<u8>, lettered| {
+        battery.push(BadInput {
+            what,
+            subject,
+            message_id: unique("bad"),
+            payload,
+            lettered,
+        })
+    };
+    let good = serde_json::to_value(submission("mallory", "m1", "hi")).expect("encode");
+    let with = |field: &str, value: serde_json::Value| {
+        let mut body = good.clone();
+        body[field] = value;
+        body["task_id"] = serde_json::json!(unique("t"));
+        serde_json::to_vec(&body).expect("encode")
+    };
+    for n in 0..5 {
+        add(
+            "not JSON",
+            subjects::submit("mallory", "m1"),
+            format!("{{ nope {n}").into_bytes(),
+            true,
+        );
+    }
+    add(
+        "oversized",
+        subjects::submit("mallory", "m1"),
+        with("input", "x".repeat(100_000).into()),
+        true,
+    );
+    add(
+        "a 60 KB tenant",
+        subjects::submit("mallory", "m1"),
+        with("tenant", "t".repeat(60_000).into()),
+        true,
+    );
+    add(
+        "wrong version",
+        subjects::submit("mallory", "m1"),
+        with("v", 9.into()),
+        true,
+    );
+    add(
+        "misrouted",
+        subjects::submit("mallory", "elsewhere"),
+        with("session", "m1".into()),
+        true,
+    );
+    add(
+        "unknown field",
+        subjects::submit("mallory", "m1"),
+        with("surprise", true.into()),
+        true,
+    );
+    add(
+        "unknown agent",
+        subjects::submit("mallory", "m1"),
+        with("agent", "nobody".into()),
+        false,
+    );
+    add(
+        "a past deadline",
+        subjects::submit("mallory", "m1"),
+        with("deadline_ms", 1.into()),
+        false,
+    );
+    for n in 0..3 {
+        add(
+            "undecodable tool task",
+            "skein.tool.default.read_file".into(),
+            format!("garbage {n}").into_bytes(),
+            true,
+        );
+        add(
+            "undecodable subagent task",
+            "skein.agent.default.researcher".into(),
+            format!("garbage {n}").into_bytes(),
+            true,
+        );
+        add(
+            "undecodable approval",
+            subjects::approval("mallory", "t1"),
+            format!("garbage {n}").into_bytes(),
+            true,
+        );
+        add(
+            "undecodable cancel",
+            subjects::cancel("mallory", &format!("t{n}")),
+            b"garbage".to_vec(),
+            false,
+        );
+        add(
+            "forged result",
+            format!("skein.reply.nobody.{n}"),
+            b"{\"v\":1}".to_vec(),
+            false,
+        );
+    }
+    // Corrupt state under sessions of their own: those tasks end failed, set aside once.
+    let mut corrupt_tasks = Vec::new();
+    for n in 0..3 {
+        let task = submission("mallory", &unique("corrupt"), "hi");
+        let key = keys::session("mallory", &task.session);
+        plant(
+            &cluster,
+            &["HSET", &key, "version", &format!("garbage-{n}")],
+        )
+        .await;
+        corrupt_tasks.push(task);
+    }
+    plant(
+        &cluster,
+        &["HSET", keys::WORKERS, "forged", "{\"not\": \"an entry\"}"],
+    )
+    .await;
+
+    let client = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let valid_count = 20;
+    let valid: Vec<_> = (0..valid_count).map(valid_task).collect();
+    let cluster_ref = &cluster;
+    let runs = async {
+        let runs = valid.iter().enumerate().map(|(n, task)| async move {
+            tokio::time::sleep(Duration::from_millis(200 * n as u64)).await;
+            cluster_ref.run(task).await
+        });
+        futures::future::join_all(runs).await
+    };
+    let attack = async {
+        for bad in &battery {
+            let mut headers = HeaderMap::new();
+            headers.insert(NATS_MESSAGE_ID, bad.message_id.as_str());
+            let durable = !bad.subject.starts_with("skein.reply.");
+            if durable {
+                jetstream
+                    .publish_with_headers(bad.subject.clone(), headers, bad.payload.clone().into())
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: {e}", bad.what))
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: stored: {e}", bad.what));
+            } else {
+                client
+                    .publish_with_headers(bad.subject.clone(), headers, bad.payload.clone().into())
+                    .await
+                    .expect("published");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for task in &corrupt_tasks {
+            cluster
+                .client()
+                .await
+                .submit(task)
+                .await
+                .expect("submitted");
+        }
+    };
+    let (results, ()) = tokio::join!(runs, attack);
+
+    let completed = results
+        .iter()
+        .filter(|(r, _)| r.status == TurnStatus::Completed)
+        .count();
+    assert_eq!(completed, valid_count, "every valid task completed");
+    let bus = cluster.client().await.bus().clone();
+    for (stream, durable) in [
+        (subjects::SUBMIT_STREAM, subjects::LEADS_CONSUMER.to_owned()),
+        (
+            subjects::APPROVALS_STREAM,
+            subjects::APPROVALS_CONSUMER.to_owned(),
+        ),
+        (subjects::WORK_STREAM, subjects::tool_consumer("default")),
+        (subjects::WORK_STREAM, subjects::agent_consumer("default")),
+    ] {
+        eventually(
+            &format!("{durable} to drain"),
+            Duration::from_secs(30),
+            || async {
+                let (pending, unacked) = bus.consumer_depth(stream, &durable).await.ok()?;
+                (pending == 0 && unacked == 0).then_some(())
+            },
+        )
+        .await;
+    }
+    let letters = bus.dead_letters().await.expect("dead letters");
+    let mut lettered = 0;
+    for bad in battery.iter().filter(|b| b.lettered) {
+        let mine = letters
+            .iter()
+            .filter(|l| l.original_id.as_deref() == Some(bad.message_id.as_str()))
+            .count();
+        assert_eq!(mine, 1, "{}: one letter", bad.what);
+        lettered += 1;
+    }
+    for task in &corrupt_tasks {
+        let mine = letters
+            .iter()
+            .filter(|l| {
+                l.original_id
+                    .as_deref()
+                    .is_some_and(|id| id.ends_with(&task.task_id))
+            })
+            .count();
+        assert_eq!(mine, 1, "corrupt session: one letter");
+        let last = eventually("the corrupt task's final", Duration::from_secs(20), || {
+            last_event_of(&cluster, "mallory", &task.task_id)
+        })
+        .await;
+        assert!(matches!(last.1, EventKind::Final { .. }), "{:?}", last.1);
+    }
+    // No event of the battery reached the tenant whose valid tasks ran.
+    for (result, events) in &results {
+        assert!(
+            events.iter().all(|e| e.task_id == result.task_id),
+            "only its own events"
+        );
+    }
+    println!(
+        "battery: {} bad inputs ({} set aside once each, {} corrupt sessions set aside), {} valid tasks completed, every queue drained, {} letters in all",
+        battery.len(),
+        lettered,
+        corrupt_tasks.len(),
+        completed,
+        letters.len()
+    );
 }
