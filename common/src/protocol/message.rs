@@ -79,8 +79,30 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Adds `other`, saturating: the counts come from model servers, which may report anything.
     pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Usage;
+
+    #[test]
+    fn usage_reported_by_a_server_saturates_instead_of_overflowing() {
+        let mut total = Usage {
+            prompt_tokens: u64::MAX,
+            completion_tokens: 1,
+        };
+        total.add(Usage {
+            prompt_tokens: 5,
+            completion_tokens: u64::MAX,
+        });
+        assert_eq!(total.prompt_tokens, u64::MAX);
+        assert_eq!(total.completion_tokens, u64::MAX);
     }
 }
