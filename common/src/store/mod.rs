@@ -1,7 +1,8 @@
 //! `SessionStore`: everything Skein keeps in Redis — sessions (history) with versioned
 //! compare-and-set saves, the per-session lease, call results by call id, final results, and the
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
-//! [`TurnLease`] (`turn`).
+//! [`TurnLease`] (`turn`); call results, attempts and child-turn checkpoints live in `calls`, the
+//! worker registry in `workers`.
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
@@ -11,8 +12,10 @@
 //!   hang.
 
 pub mod approvals;
+mod calls;
 pub mod keys;
 mod turn;
+mod workers;
 
 pub use turn::TurnLease;
 
@@ -25,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::agent::seams::TurnCheckpoint;
 use crate::config::RedisConfig;
 use crate::protocol::message::Message;
-use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult, WorkerAnnouncement};
+use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult};
 
 /// How long a final result stays retrievable.
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
@@ -231,18 +234,6 @@ local earlier = redis.call('GET', KEYS[1])
 if earlier then return earlier end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return false
-"#;
-
-/// Admits a call on a worker in one trip: its recorded result if there is one, else counts the
-/// attempt. KEYS[1] results, KEYS[2] attempts; ARGV call key, attempts ttl seconds. Returns
-/// {0, result}; {1, n} (n counted, the first count of the call); {2, n} (counted before).
-const ADMIT_SCRIPT: &str = r#"
-local recorded = redis.call('HGET', KEYS[1], ARGV[1])
-if recorded then return {0, recorded} end
-local existed = redis.call('HEXISTS', KEYS[2], ARGV[1])
-local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-return {1 + existed, tostring(n)}
 "#;
 
 /// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
@@ -520,45 +511,6 @@ impl SessionStore {
         })
     }
 
-    /// Saves the progress of a subagent call's child turn. Not fenced by a lease: a subagent task
-    /// runs on one worker at a time (its delivery is kept alive by progress acks), and the call's
-    /// key is unique to it.
-    pub async fn save_call_checkpoint(
-        &self,
-        tenant: &str,
-        child_session: &str,
-        call_key: &str,
-        checkpoint: &TurnCheckpoint,
-    ) -> Result<(), StoreError> {
-        let key = keys::call_checkpoint(tenant, child_session, call_key);
-        self.set_json(key, checkpoint, CHECKPOINT_TTL_SECS).await
-    }
-
-    /// The saved progress of a subagent call's child turn, if an earlier delivery left any.
-    pub async fn call_checkpoint(
-        &self,
-        tenant: &str,
-        child_session: &str,
-        call_key: &str,
-    ) -> Result<Option<TurnCheckpoint>, StoreError> {
-        self.get_json(keys::call_checkpoint(tenant, child_session, call_key))
-            .await
-    }
-
-    /// Drops a subagent call's checkpoint once its result is recorded.
-    pub async fn drop_call_checkpoint(
-        &self,
-        tenant: &str,
-        child_session: &str,
-        call_key: &str,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let _: i64 = conn
-            .del(keys::call_checkpoint(tenant, child_session, call_key))
-            .await?;
-        Ok(())
-    }
-
     /// Ends a turn in one step while `lease_token` holds the lease: saves the session state (when
     /// given, compare-and-set on `expected_version`), stores the final result, drops the
     /// checkpoint and releases the lease. A crash can therefore never save a turn's history
@@ -612,96 +564,6 @@ impl SessionStore {
         }
     }
 
-    /// Records a call's result under its key (`protocol::call_key`) unless one is already
-    /// recorded; true if this one was recorded. The session's results live for
-    /// [`RESULTS_TTL_SECS`] after the last one recorded (longer than a checkpoint that could need
-    /// them).
-    pub async fn record_result(
-        &self,
-        tenant: &str,
-        session: &str,
-        call_key: &str,
-        result: &ToolResult,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.connection.clone();
-        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let key = keys::results(tenant, session, call_key);
-        let (fresh, _): (bool, bool) = redis::pipe()
-            .atomic()
-            .hset_nx(&key, call_key, json)
-            .expire(&key, RESULTS_TTL_SECS as i64)
-            .query_async(&mut conn)
-            .await?;
-        Ok(fresh)
-    }
-
-    /// The recorded result of a call, if any.
-    pub async fn recorded_result(
-        &self,
-        tenant: &str,
-        session: &str,
-        call_key: &str,
-    ) -> Result<Option<ToolResult>, StoreError> {
-        let mut conn = self.connection.clone();
-        let json: Option<String> = conn
-            .hget(keys::results(tenant, session, call_key), call_key)
-            .await?;
-        json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
-            .transpose()
-    }
-
-    /// Admits a call on a worker: its recorded result if an earlier delivery finished it, else
-    /// the number of this attempt (counted). Counting attempts ourselves keeps retries bounded
-    /// without relying on the broker's max-deliveries advisories, which nats-server 2.9 sends as
-    /// core messages only.
-    pub async fn admit_call(
-        &self,
-        tenant: &str,
-        session: &str,
-        call_key: &str,
-    ) -> Result<CallAdmission, StoreError> {
-        let mut conn = self.connection.clone();
-        let (recorded, value): (i64, String) = Script::new(ADMIT_SCRIPT)
-            .key(keys::results(tenant, session, call_key))
-            .key(keys::attempts(tenant, session, call_key))
-            .arg(call_key)
-            .arg(ATTEMPTS_TTL_SECS)
-            .invoke_async(&mut conn)
-            .await?;
-        if recorded == 0 {
-            Ok(CallAdmission::Recorded(
-                serde_json::from_str(&value).map_err(StoreError::Corrupt)?,
-            ))
-        } else {
-            Ok(CallAdmission::Attempt {
-                count: parse_number("attempt count", &value)?,
-                first_count: recorded == 1,
-            })
-        }
-    }
-
-    /// Notes that a call's first delivery, which runs without being counted, was handed back: it
-    /// was no attempt, so later deliveries must not count it as one (which they do for a first
-    /// delivery that left no trace: its worker crashed).
-    pub async fn note_uncounted_hand_back(
-        &self,
-        tenant: &str,
-        session: &str,
-        call_key: &str,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let key = keys::attempts(tenant, session, call_key);
-        let () = redis::pipe()
-            .atomic()
-            .hset_nx(&key, call_key, 0)
-            .ignore()
-            .expire(&key, ATTEMPTS_TTL_SECS as i64)
-            .ignore()
-            .query_async(&mut conn)
-            .await?;
-        Ok(())
-    }
-
     /// Takes back an attempt that did not really happen (work handed back on shutdown).
     pub async fn uncount_attempt(
         &self,
@@ -733,26 +595,6 @@ impl SessionStore {
                 keys::attempts(tenant, session, &keys::turn_attempts_field(task_id)),
                 keys::turn_attempts_field(task_id),
             )
-            .ignore()
-            .query_async(&mut conn)
-            .await?;
-        Ok(())
-    }
-
-    /// Forgets a call's recorded result and attempts, so it can run again (replay of a dead
-    /// letter).
-    pub async fn forget_call(
-        &self,
-        tenant: &str,
-        session: &str,
-        call_key: &str,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let () = redis::pipe()
-            .atomic()
-            .hdel(keys::results(tenant, session, call_key), call_key)
-            .ignore()
-            .hdel(keys::attempts(tenant, session, call_key), call_key)
             .ignore()
             .query_async(&mut conn)
             .await?;
@@ -814,60 +656,5 @@ impl SessionStore {
         let json = serde_json::to_string(value).map_err(StoreError::Corrupt)?;
         let () = conn.set_ex(key, json, ttl_secs).await?;
         Ok(())
-    }
-
-    /// Publishes (or refreshes) a worker's announcement in the registry.
-    pub async fn announce_worker(
-        &self,
-        announcement: &WorkerAnnouncement,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let json = serde_json::to_string(announcement).map_err(StoreError::Corrupt)?;
-        let _: i64 = conn
-            .hset(keys::WORKERS, &announcement.worker_id, json)
-            .await?;
-        Ok(())
-    }
-
-    /// Removes a worker from the registry (on drain).
-    pub async fn remove_worker(&self, worker_id: &str) -> Result<(), StoreError> {
-        let mut conn = self.connection.clone();
-        let _: i64 = conn.hdel(keys::WORKERS, worker_id).await?;
-        Ok(())
-    }
-
-    /// Live workers (heard from within three heartbeats).
-    pub async fn live_workers(&self) -> Result<Vec<WorkerAnnouncement>, StoreError> {
-        let now = crate::protocol::now_ms();
-        let mut workers = self.routable_workers().await?;
-        workers.retain(|w| w.is_alive(now));
-        Ok(workers)
-    }
-
-    /// Workers whose pools calls may be routed to (see `WorkerAnnouncement::is_routable`); entries
-    /// silent for longer, unreadable, or failing their checks (`WorkerAnnouncement::check`, an
-    /// entry filed under another id, a heartbeat from the future) are pruned from the registry.
-    pub async fn routable_workers(&self) -> Result<Vec<WorkerAnnouncement>, StoreError> {
-        let mut conn = self.connection.clone();
-        let all: Vec<(String, String)> = conn.hgetall(keys::WORKERS).await?;
-        let now = crate::protocol::now_ms();
-        let mut routable = Vec::new();
-        for (id, json) in all {
-            match serde_json::from_str::<WorkerAnnouncement>(&json) {
-                Ok(a) if a.is_routable(now) && a.worker_id == id && a.check().is_ok() => {
-                    routable.push(a)
-                }
-                Ok(a) if a.is_routable(now) => {
-                    let worker_id = crate::text::cut(&id, 64);
-                    tracing::warn!(%worker_id, "invalid worker registry entry removed");
-                    let _: i64 = conn.hdel(keys::WORKERS, &id).await?;
-                }
-                _ => {
-                    let _: i64 = conn.hdel(keys::WORKERS, &id).await?;
-                }
-            }
-        }
-        routable.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
-        Ok(routable)
     }
 }
