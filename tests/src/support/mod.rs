@@ -6,6 +6,7 @@
 pub mod chaos;
 pub mod cluster;
 pub mod fake_openai;
+pub mod hostile;
 pub mod node;
 pub mod otlp;
 pub mod proxy;
