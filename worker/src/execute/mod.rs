@@ -118,10 +118,12 @@ async fn tool_task(
         ctx.scratch_dir.clone(),
         format!("tool {} {}", task.tool, task.call_id),
     );
+    let idempotency_key = crate::tools::idempotency_key(&task.origin, &task.call_key);
     let run = async {
         let context = ToolContext {
             origin: &task.origin,
             call_id: &task.call_id,
+            idempotency_key: &idempotency_key,
             scope: &mut scope,
         };
         let span = tracing::info_span!(

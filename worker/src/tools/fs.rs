@@ -487,6 +487,7 @@ mod tests {
             let ctx = ToolContext {
                 origin: &origin,
                 call_id: "c1",
+                idempotency_key: "key-1",
                 scope: &mut scope,
             };
             let result = self.registry.call(tool, arguments, ctx).await;

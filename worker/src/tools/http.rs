@@ -366,6 +366,7 @@ mod tests {
         let ctx = ToolContext {
             origin: &origin,
             call_id: "c1",
+            idempotency_key: "key-1",
             scope: &mut scope,
         };
         let result = registry.call("http_fetch", json!({"url": url}), ctx).await;

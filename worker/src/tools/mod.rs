@@ -63,6 +63,10 @@ pub trait Tool: Send + Sync + 'static {
 pub struct ToolContext<'a> {
     pub origin: &'a TaskOrigin,
     pub call_id: &'a str,
+    /// The same for every run of this call (redeliveries, other workers), different for every
+    /// other call: tools that change the outside world send it along (`Idempotency-Key` on HTTP,
+    /// `_meta` on MCP) so a call run twice is applied once. See [`idempotency_key`].
+    pub idempotency_key: &'a str,
     /// Owns whatever the call opens for itself.
     pub scope: &'a mut TaskScope,
 }
@@ -107,6 +111,17 @@ impl From<ToolError> for Failure {
     fn from(error: ToolError) -> Self {
         error.to_failure()
     }
+}
+
+/// A tool known only at run time (an MCP server's tools, say): its spec comes with it and it
+/// takes raw JSON arguments, checking them itself. Registered with
+/// [`ToolRegistry::register_dynamic`].
+pub trait DynamicTool: Send + Sync + 'static {
+    fn call<'a>(
+        &'a self,
+        arguments: Value,
+        ctx: ToolContext<'a>,
+    ) -> BoxFuture<'a, Result<String, ToolError>>;
 }
 
 /// The object-safe face of a [`Tool`]: decodes arguments, then calls it.
@@ -172,6 +187,18 @@ fn describe_json(value: &Value) -> String {
     format!("{kind} ({preview}{ellipsis})")
 }
 
+struct Dynamic(std::sync::Arc<dyn DynamicTool>);
+
+impl ErasedTool for Dynamic {
+    fn call<'a>(
+        &'a self,
+        arguments: Value,
+        ctx: ToolContext<'a>,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        self.0.call(arguments, ctx)
+    }
+}
+
 struct Registered {
     spec: ToolSpec,
     tool: Box<dyn ErasedTool>,
@@ -234,6 +261,18 @@ impl ToolRegistry {
         }
     }
 
+    /// Adds a tool known only at run time under `spec.name`, replacing any tool of that name.
+    pub fn register_dynamic(&mut self, spec: ToolSpec, tool: std::sync::Arc<dyn DynamicTool>) {
+        let name = spec.name.clone();
+        let entry = Registered {
+            spec,
+            tool: Box::new(Dynamic(tool)),
+        };
+        if self.tools.insert(name.clone(), entry).is_some() {
+            tracing::warn!(tool = %name, "tool registered twice; the last one wins");
+        }
+    }
+
     /// Tool names, sorted.
     pub fn names(&self) -> Vec<String> {
         self.tools.keys().cloned().collect()
@@ -289,6 +328,17 @@ fn schema_of<A: schemars::JsonSchema>() -> Value {
     schema.remove("$schema");
     schema.to_value()
 }
+
+/// The idempotency key of a call: a UUID (version 5) of the call's session and call key
+/// (`protocol::call_key`: task, step, call id), so every run of the call has the same key, every
+/// other call another, and nothing about the session can be read from it.
+pub fn idempotency_key(origin: &TaskOrigin, call_key: &str) -> String {
+    let name = format!("{}/{}/{}", origin.tenant, origin.session, call_key);
+    uuid::Uuid::new_v5(&IDEMPOTENCY_NAMESPACE, name.as_bytes()).to_string()
+}
+
+/// The namespace of [`idempotency_key`]s (fixed: changing it changes every key).
+const IDEMPOTENCY_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5d1c_a0e4_3b7f_4c1e_9a62_0f4d_8e21_b7c3);
 
 /// Cuts `output` to at most `max_bytes` (at a char boundary) and notes the original size.
 fn truncate_output(mut output: String, max_bytes: usize) -> String {
@@ -454,6 +504,7 @@ mod tests {
         let ctx = ToolContext {
             origin: &origin,
             call_id: "c1",
+            idempotency_key: "key-1",
             scope: &mut scope,
         };
         let result = registry.call(name, arguments, ctx).await;
@@ -604,6 +655,7 @@ mod tests {
         let ctx = ToolContext {
             origin: &origin,
             call_id: "c1",
+            idempotency_key: "key-1",
             scope: &mut scope,
         };
         assert_send(&registry.call("echo", json!({"text": "x"}), ctx));
