@@ -97,6 +97,7 @@ struct Families {
     model_tokens: Family<TokenLabels, Counter>,
     in_flight: Family<KindLabels, Gauge>,
     redeliveries: Family<KindLabels, Counter>,
+    waits_for_running_calls: Family<ToolLabels, Counter>,
     dead_letters: Family<KindLabels, Counter>,
     open_resources: Family<KindLabels, Gauge>,
     queue_pending: Family<ConsumerLabels, Gauge>,
@@ -124,6 +125,11 @@ impl Families {
             ),
             in_flight: gauge(r, "in_flight", "Work running in this process, by kind"),
             redeliveries: counter(r, "redeliveries", "Deliveries beyond the first, by kind"),
+            waits_for_running_calls: counter(
+                r,
+                "waits_for_running_calls",
+                "Deliveries of a call that waited for another run of it in progress, by tool",
+            ),
             dead_letters: counter(r, "dead_letters", "Messages dead-lettered, by kind"),
             open_resources: gauge(r, "open_resources", "Resources held open, by kind"),
             queue_pending: gauge(
@@ -263,6 +269,14 @@ impl Metrics {
         self.families()
             .redeliveries
             .get_or_create(&kind(kind_name))
+            .inc();
+    }
+
+    /// A delivered call waited for another run of it, still in progress, instead of running.
+    pub fn waited_for_running_call(&self, tool: &str) {
+        self.families()
+            .waits_for_running_calls
+            .get_or_create(&ToolLabels { tool: label(tool) })
             .inc();
     }
 

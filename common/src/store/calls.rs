@@ -1,5 +1,6 @@
 //! Call state on the store: a call's recorded result (the first write wins), its attempt count
-//! (admission in one trip), the checkpoints of a subagent call's child turn, and forgetting a
+//! (admission in one trip), the marker of a run in progress (so a redelivered copy waits for the
+//! running one instead of running beside it), the checkpoints of a subagent call's child turn, and forgetting a
 //! call's outcome for a replay.
 
 use redis::{AsyncCommands, Script};
@@ -10,19 +11,89 @@ use super::{
 };
 use crate::protocol::ToolResult;
 
-/// Admits a call on a worker in one trip: its recorded result if there is one, else counts the
-/// attempt. KEYS[1] results, KEYS[2] attempts; ARGV call key, attempts ttl seconds. Returns
-/// {0, result}; {1, n} (n counted, the first count of the call); {2, n} (counted before).
+/// Admits a call on a worker in one trip: its recorded result if there is one; else, when
+/// another run holds the call's marker, who; else counts the attempt and takes the marker.
+/// KEYS[1] results, KEYS[2] attempts, KEYS[3] running marker; ARGV call key, attempts ttl
+/// seconds, owner, marker ttl milliseconds. Returns {0, result}; {3, owner}; {1, n} (n counted,
+/// the first count of the call); {2, n} (counted before).
 const ADMIT_SCRIPT: &str = r#"
 local recorded = redis.call('HGET', KEYS[1], ARGV[1])
 if recorded then return {0, recorded} end
+local running = redis.call('GET', KEYS[3])
+if running and running ~= ARGV[3] then return {3, running} end
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 local existed = redis.call('HEXISTS', KEYS[2], ARGV[1])
 local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return {1 + existed, tostring(n)}
 "#;
 
+/// Takes or renews a call's running marker for ARGV[1] (ttl ARGV[2] ms) unless another owner
+/// holds it. KEYS[1] the marker. Returns 1 if held by ARGV[1] now, 0 if held by another.
+const CLAIM_SCRIPT: &str = r#"
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"#;
+
+/// Drops a call's running marker if ARGV[1] holds it. KEYS[1] the marker.
+const RELEASE_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"#;
+
+/// A call's run in progress, as the store knows it: who runs it and for how long the marker lives
+/// without renewal.
+#[derive(Debug, Clone, Copy)]
+pub struct RunMarker<'a> {
+    /// Unique to one run (worker instance and a nonce), so a worker's own redelivered copy waits
+    /// too.
+    pub owner: &'a str,
+    /// Lifetime of the marker without renewal; shorter than the broker's ack wait, so the marker
+    /// of a run whose worker died has expired by the time its task is redelivered.
+    pub ttl: std::time::Duration,
+}
+
 impl SessionStore {
+    /// Takes or renews a call's running marker for `marker.owner`; false when another run holds
+    /// it (two runs of one call are then under way: the caller logs it; the result recorded
+    /// first wins either way).
+    pub async fn claim_call(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+        marker: RunMarker<'_>,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let held: i64 = Script::new(CLAIM_SCRIPT)
+            .key(keys::running_call(tenant, session, call_key))
+            .arg(marker.owner)
+            .arg(marker.ttl.as_millis().max(1) as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(held == 1)
+    }
+
+    /// Drops a call's running marker if `owner` holds it (a run handed back: the next delivery
+    /// need not wait for the marker to expire).
+    pub async fn release_call(
+        &self,
+        tenant: &str,
+        session: &str,
+        call_key: &str,
+        owner: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = Script::new(RELEASE_SCRIPT)
+            .key(keys::running_call(tenant, session, call_key))
+            .arg(owner)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
     /// Saves the progress of a subagent call's child turn. Not fenced by a lease: a subagent task
     /// runs on one worker at a time (its delivery is kept alive by progress acks), and the call's
     /// key is unique to it.
@@ -76,10 +147,13 @@ impl SessionStore {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
         let key = keys::results(tenant, session, call_key);
-        let (fresh, _): (bool, bool) = redis::pipe()
+        // The run is over once its result is recorded: its marker goes in the same trip (a copy
+        // waiting on it finds the result first).
+        let (fresh, _, _): (bool, bool, i64) = redis::pipe()
             .atomic()
             .hset_nx(&key, call_key, json)
             .expire(&key, RESULTS_TTL_SECS as i64)
+            .del(keys::running_call(tenant, session, call_key))
             .query_async(&mut conn)
             .await?;
         Ok(fresh)
@@ -100,33 +174,38 @@ impl SessionStore {
             .transpose()
     }
 
-    /// Admits a call on a worker: its recorded result if an earlier delivery finished it, else
-    /// the number of this attempt (counted). Counting attempts ourselves keeps retries bounded
-    /// without relying on the broker's max-deliveries advisories, which nats-server 2.9 sends as
-    /// core messages only.
+    /// Admits a call on a worker: its recorded result if an earlier delivery finished it; that
+    /// another run is in progress (its marker held by another owner); else the number of this
+    /// attempt (counted), its marker taken for `marker.owner`. Counting attempts ourselves keeps
+    /// retries bounded without relying on the broker's max-deliveries advisories, which
+    /// nats-server 2.9 sends as core messages only.
     pub async fn admit_call(
         &self,
         tenant: &str,
         session: &str,
         call_key: &str,
+        marker: RunMarker<'_>,
     ) -> Result<CallAdmission, StoreError> {
         let mut conn = self.connection.clone();
-        let (recorded, value): (i64, String) = Script::new(ADMIT_SCRIPT)
+        let (answer, value): (i64, String) = Script::new(ADMIT_SCRIPT)
             .key(keys::results(tenant, session, call_key))
             .key(keys::attempts(tenant, session, call_key))
+            .key(keys::running_call(tenant, session, call_key))
             .arg(call_key)
             .arg(ATTEMPTS_TTL_SECS)
+            .arg(marker.owner)
+            .arg(marker.ttl.as_millis().max(1) as u64)
             .invoke_async(&mut conn)
             .await?;
-        if recorded == 0 {
-            Ok(CallAdmission::Recorded(
+        match answer {
+            0 => Ok(CallAdmission::Recorded(
                 serde_json::from_str(&value).map_err(StoreError::Corrupt)?,
-            ))
-        } else {
-            Ok(CallAdmission::Attempt {
+            )),
+            3 => Ok(CallAdmission::RunningElsewhere { owner: value }),
+            _ => Ok(CallAdmission::Attempt {
                 count: parse_number("attempt count", &value)?,
-                first_count: recorded == 1,
-            })
+                first_count: answer == 1,
+            }),
         }
     }
 
@@ -166,6 +245,8 @@ impl SessionStore {
             .hdel(keys::results(tenant, session, call_key), call_key)
             .ignore()
             .hdel(keys::attempts(tenant, session, call_key), call_key)
+            .ignore()
+            .del(keys::running_call(tenant, session, call_key))
             .ignore()
             .query_async(&mut conn)
             .await?;

@@ -10,6 +10,7 @@
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
 //! | `skein:{t:s}:results:{task}` | hash `task_id:step:call_id` → `ToolResult` | the task's call results, first write wins (expire 7 days after the task's last call, so an active session does not keep them forever) |
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
+//! | `skein:{t:s}:running:{call_key}` | string | the owner (`worker/run nonce`) of a call's run in progress, renewed while it runs and expiring soon after its worker stops renewing; deleted when the result is recorded |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
 //! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
@@ -48,6 +49,11 @@ pub fn results(tenant: &str, session: &str, work: &str) -> String {
 /// The attempt counts of the task that `work` (a call key or a turn's field) belongs to.
 pub fn attempts(tenant: &str, session: &str, work: &str) -> String {
     format!("{}:attempts:{}", tag(tenant, session), task_of(work))
+}
+
+/// The marker of a call's run in progress (see `SessionStore::claim_call`).
+pub fn running_call(tenant: &str, session: &str, call_key: &str) -> String {
+    format!("{}:running:{call_key}", tag(tenant, session))
 }
 
 pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {

@@ -17,6 +17,7 @@ pub mod keys;
 mod turn;
 mod workers;
 
+pub use calls::RunMarker;
 pub use turn::TurnLease;
 
 use std::time::Duration;
@@ -139,6 +140,9 @@ pub enum CallAdmission {
     /// Run it: `count` attempts are counted now, this one included; `first_count` when nothing
     /// was counted for the call before (not even a hand-back of an uncounted first delivery).
     Attempt { count: u64, first_count: bool },
+    /// Another run of the call is in progress (its marker is held by `owner` and renewed): wait
+    /// for its result rather than run beside it. Nothing was counted.
+    RunningElsewhere { owner: String },
 }
 
 /// How a lead's attempt to start a turn came out ([`SessionStore::begin_turn`]).

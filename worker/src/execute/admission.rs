@@ -1,18 +1,20 @@
 //! Whether a delivered task runs: its names checked before anything is built from them, a task
 //! that must not run refused, and admission — the recorded result of an earlier delivery re-sent,
+//! a copy of a call whose run is still in progress elsewhere kept waiting for that run's result,
 //! the attempt counted (or not, for a first dispatch's first delivery), a task past its deadline
 //! or cancelled answered without running, attempts used up set aside.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use skein_common::bus::Disposition;
 use skein_common::protocol::{
     validate_token, CallOutcome, Failure, FailureKind, TaskOrigin, ToolResult, MAX_CALL_KEY_LEN,
     PROTOCOL_VERSION,
 };
-use skein_common::store::CallAdmission;
+use skein_common::store::{CallAdmission, RunMarker};
 use tokio_util::sync::CancellationToken;
 
+use super::marker::RunOwner;
 use super::settling::{finish, reply};
 use super::{dead_letter, CallRef, WorkerContext, REDELIVERY_DELAY};
 
@@ -24,10 +26,11 @@ pub(super) struct Attempt {
     pub(super) counted: bool,
 }
 
-/// A task cleared to run: its attempt number, and the token that stops it (shutdown or a cancel
-/// request), registered for cancel requests while it runs.
+/// A task cleared to run: its attempt number, its run's marker, and the token that stops it
+/// (shutdown or a cancel request), registered for cancel requests while it runs.
 pub(super) struct Admitted {
     pub(super) attempt: Attempt,
+    pub(super) run: RunOwner,
     pub(super) stop: CancellationToken,
     pub(super) _registration: skein_common::cancel::Registration,
 }
@@ -44,13 +47,16 @@ pub(super) async fn admit(
     let origin = call.origin;
     let first = call.envelope.is_first();
     let counted = !(call.first_dispatch && first);
+    let mut run = RunOwner::new(ctx);
     let attempt = if !counted {
-        // The first delivery of a first dispatch: no earlier delivery can have recorded a result
-        // or counted an attempt, so the store is not asked (this attempt is counted by
-        // redeliveries, below).
+        // The first delivery of a first dispatch: no earlier delivery can have recorded a result,
+        // counted an attempt or be running, so the store is not asked (this attempt is counted by
+        // redeliveries, below; its marker is taken while it runs).
         1
     } else {
-        admit_counted(ctx, call).await?
+        let attempt = admit_counted(ctx, call, &run, abort).await?;
+        run.claimed = true;
+        attempt
     };
     if let Some(failure) = not_startable(ctx, origin, !first).await {
         let outcome = CallOutcome::Failed { failure };
@@ -76,19 +82,94 @@ pub(super) async fn admit(
             number: attempt,
             counted,
         },
+        run,
         stop,
         _registration: registration,
     })
 }
 
+/// First wait between two looks at a call whose run is in progress elsewhere.
+const FIRST_LOOK_AFTER: Duration = Duration::from_millis(100);
+
+/// Longest wait between two such looks.
+const LONGEST_LOOK_AFTER: Duration = Duration::from_secs(1);
+
 /// Asks the store, in one trip, for the recorded result of an earlier delivery (re-sent, and the
-/// task done with: `Err(Ack)`) or this attempt's number. A first dispatch's first delivery was not
-/// counted, so its later deliveries count one more (not a replay: its count starts afresh).
-async fn admit_counted(ctx: &WorkerContext, call: CallRef<'_>) -> Result<u64, Disposition> {
+/// task done with: `Err(Ack)`) or this attempt's number, the run's marker taken. A first
+/// dispatch's first delivery was not counted, so its later deliveries count one more (not a
+/// replay: its count starts afresh).
+///
+/// While another run of the call holds its marker (the broker redelivered the task, but the run
+/// it gave up on is still going: its progress acks were lost, or it outlived the ack wait), this
+/// copy waits, keeping its own delivery alive, until that run records its result (re-sent) or its
+/// marker goes (it was handed back, or its worker died and stopped renewing it): effects are not
+/// applied by two runs side by side. The wait ends early for shutdown (handed back), a passed
+/// deadline or a cancel request (answered as such).
+async fn admit_counted(
+    ctx: &WorkerContext,
+    call: CallRef<'_>,
+    run: &RunOwner,
+    abort: &CancellationToken,
+) -> Result<u64, Disposition> {
+    let origin = call.origin;
+    let marker = run.marker(ctx);
+    let waiting = async {
+        let mut look_after = FIRST_LOOK_AFTER;
+        let mut waited = false;
+        loop {
+            let owner = match admit_once(ctx, call, marker).await? {
+                Look::Run(attempt) => {
+                    if waited {
+                        tracing::info!(
+                            "the other run of this call ended without a result; running it"
+                        );
+                    }
+                    return Ok(attempt);
+                }
+                Look::Wait { owner } => owner,
+            };
+            if abort.is_cancelled() {
+                return Err(Disposition::Retry(Some(REDELIVERY_DELAY)));
+            }
+            if let Some(failure) = not_startable(ctx, origin, true).await {
+                let outcome = CallOutcome::Failed { failure };
+                return Err(finish(ctx, call, outcome, Instant::now()).await);
+            }
+            if !waited {
+                tracing::info!(%owner, "another run of this call is in progress; waiting for its result");
+                ctx.metrics.waited_for_running_call(call.label);
+                waited = true;
+            }
+            tokio::select! {
+                _ = abort.cancelled() => {}
+                _ = tokio::time::sleep(look_after) => {}
+            }
+            look_after = (look_after * 2).min(LONGEST_LOOK_AFTER);
+        }
+    };
+    call.envelope
+        .with_progress(ctx.progress_every, waiting)
+        .await
+}
+
+/// What one look at the store found a call to need.
+enum Look {
+    /// Run it as this attempt.
+    Run(u64),
+    /// Wait: another run (`owner`) is in progress.
+    Wait { owner: String },
+}
+
+/// One look at the store; `Err` with how the task settles when it is done with here.
+async fn admit_once(
+    ctx: &WorkerContext,
+    call: CallRef<'_>,
+    marker: RunMarker<'_>,
+) -> Result<Look, Disposition> {
     let origin = call.origin;
     match ctx
         .store
-        .admit_call(&origin.tenant, &origin.session, call.call_key)
+        .admit_call(&origin.tenant, &origin.session, call.call_key, marker)
         .await
     {
         Ok(CallAdmission::Recorded(recorded)) => {
@@ -96,11 +177,12 @@ async fn admit_counted(ctx: &WorkerContext, call: CallRef<'_>) -> Result<u64, Di
             reply(ctx, call.reply_to, &recorded).await;
             Err(Disposition::Ack)
         }
-        Ok(CallAdmission::Attempt { count, first_count }) => Ok(attempt_number(
+        Ok(CallAdmission::Attempt { count, first_count }) => Ok(Look::Run(attempt_number(
             count,
             call.first_dispatch && !call.envelope.is_replayed(),
             first_count,
-        )),
+        ))),
+        Ok(CallAdmission::RunningElsewhere { owner }) => Ok(Look::Wait { owner }),
         Err(e) if e.is_persistent() => Err(unreadable(ctx, call, e).await),
         Err(e) => {
             tracing::warn!(error = %e, "cannot admit the call; handing the task back");

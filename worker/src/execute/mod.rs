@@ -24,6 +24,8 @@
 //! - invalid task (bad ids, version, call key): a failure is sent back, nothing is recorded under
 //!   the names it carries, terminated;
 //! - undecodable message: dead-lettered and terminated (it would fail the same way every time);
+//! - another run of the call is still in progress (its marker held, see `marker`): the copy
+//!   waits for that run's result and re-sends it, ack; or runs once the marker is gone;
 //! - result could not be recorded, a child session could not be loaded (Redis away), or the task
 //!   was aborted by shutdown: nak (the attempt is not counted), so the broker redelivers it.
 
@@ -43,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod admission;
+mod marker;
 mod settling;
 mod subagent;
 
@@ -105,6 +108,7 @@ async fn tool_task(
     }
     let Admitted {
         attempt,
+        run: marker,
         stop,
         _registration,
     } = match admit(ctx, call, &abort).await {
@@ -159,9 +163,9 @@ async fn tool_task(
     };
     let work = tokio::select! {
         _ = stop.cancelled() => stopped(&abort),
-        outcome = envelope.with_progress(ctx.progress_every, run) => Work::Done(outcome),
+        outcome = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => Work::Done(outcome),
     };
-    conclude(ctx, scope, work, call, started, attempt).await
+    conclude(ctx, scope, work, call, started, attempt, &marker).await
 }
 
 /// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends

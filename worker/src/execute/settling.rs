@@ -9,6 +9,7 @@ use skein_common::bus::Disposition;
 use skein_common::protocol::{CallOutcome, FailureKind, ToolResult, PROTOCOL_VERSION};
 
 use super::admission::{unreadable, Attempt};
+use super::marker::RunOwner;
 use super::{dead_letter, CallRef, Work, WorkerContext, REDELIVERY_DELAY};
 use crate::scope::TaskScope;
 
@@ -21,6 +22,7 @@ pub(super) async fn conclude(
     call: CallRef<'_>,
     started: Instant,
     attempt: Attempt,
+    run: &RunOwner,
 ) -> Disposition {
     let Attempt {
         number: attempt,
@@ -33,6 +35,8 @@ pub(super) async fn conclude(
         Work::Done(outcome)
             if call.retries && worth_retrying(&outcome) && attempt < ctx.max_attempts =>
         {
+            // Tried again by a redelivery, which must not wait for this run's marker.
+            run.release(ctx, call).await;
             let delay = retry_backoff(attempt);
             tracing::info!(attempt, ?delay, "transient failure; trying again");
             Disposition::Retry(Some(delay))
@@ -61,6 +65,7 @@ pub(super) async fn conclude(
             if let Err(e) = taken_back {
                 tracing::warn!(error = %e, "attempt not taken back");
             }
+            run.release(ctx, call).await;
             Disposition::Retry(Some(REDELIVERY_DELAY))
         }
     }

@@ -56,6 +56,7 @@ pub(super) async fn subagent_task(
     };
     let Admitted {
         attempt,
+        run: marker,
         stop,
         _registration,
     } = match admit(ctx, call, &abort).await {
@@ -87,7 +88,7 @@ pub(super) async fn subagent_task(
             Ok(epoch) => epoch,
             Err(e) => {
                 tracing::warn!(error = %e, "event epoch not read; handing the task back");
-                return conclude(ctx, scope, Work::HandBack, call, started, attempt).await;
+                return conclude(ctx, scope, Work::HandBack, call, started, attempt, &marker).await;
             }
         }
     };
@@ -221,11 +222,11 @@ pub(super) async fn subagent_task(
     };
     let work = tokio::select! {
         _ = stop.cancelled() => stopped(&abort),
-        work = envelope.with_progress(ctx.progress_every, run) => work,
+        work = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => work,
     };
     events.flush().await;
     let ended = matches!(work, Work::Done(_));
-    let settled = conclude(ctx, scope, work, call, started, attempt).await;
+    let settled = conclude(ctx, scope, work, call, started, attempt, &marker).await;
     if ended && settled == Disposition::Ack {
         // The result is recorded (or the call dead-lettered): its progress is no longer needed.
         let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);

@@ -1,0 +1,108 @@
+//! The marker of a call's run in progress: taken at admission (or, for a first dispatch's first
+//! delivery, which skips the store, beside the run's start), renewed while the run goes on at the
+//! cadence of its progress acks, deleted when its result is recorded (`store::record_result`) or
+//! when the run is handed back. A redelivered copy of the call that finds the marker held waits
+//! for the run's result (`admission`) instead of applying its effects a second time beside it.
+//!
+//! Invariants:
+//! - the owner is unique to one run (worker instance and a nonce), so a worker's own
+//!   redelivered copy waits too;
+//! - the marker lives [`MARKER_TTL_PROGRESS_INTERVALS`] progress intervals without renewal:
+//!   less than the ack wait (three intervals), so the marker of a run whose worker died has
+//!   expired by the time the broker redelivers its task, and the copy runs at once;
+//! - a marker that cannot be written never stops a run: the copy that finds none runs, and the
+//!   result recorded first wins, as before markers.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use skein_common::store::RunMarker;
+
+use super::{CallRef, WorkerContext};
+
+/// Progress intervals a marker lives without renewal (see the module invariants).
+const MARKER_TTL_PROGRESS_INTERVALS: u32 = 2;
+
+/// One run of a call and whether its marker is already taken.
+#[derive(Debug)]
+pub(super) struct RunOwner {
+    pub(super) owner: String,
+    /// Taken by admission (true), or still to take beside the run (false).
+    pub(super) claimed: bool,
+}
+
+impl RunOwner {
+    pub(super) fn new(ctx: &WorkerContext) -> Self {
+        Self {
+            owner: format!("{}/{}", ctx.instance, uuid::Uuid::new_v4().simple()),
+            claimed: false,
+        }
+    }
+
+    pub(super) fn marker<'a>(&'a self, ctx: &WorkerContext) -> RunMarker<'a> {
+        RunMarker {
+            owner: &self.owner,
+            ttl: marker_ttl(ctx.progress_every),
+        }
+    }
+
+    /// Runs `work` holding the marker: taken now unless admission took it, renewed every progress
+    /// interval until `work` ends.
+    pub(super) async fn hold<O>(
+        &self,
+        ctx: &WorkerContext,
+        call: CallRef<'_>,
+        work: impl Future<Output = O>,
+    ) -> O {
+        // Concurrent with the work, so taking the marker adds no round trip before it starts.
+        tokio::select! {
+            done = work => done,
+            never = self.renew(ctx, call) => match never {},
+        }
+    }
+
+    /// Takes (unless admission did) and renews the marker every progress interval, for ever.
+    async fn renew(&self, ctx: &WorkerContext, call: CallRef<'_>) -> Infallible {
+        let origin = call.origin;
+        let marker = self.marker(ctx);
+        let now = tokio::time::Instant::now();
+        let first = if self.claimed {
+            now + ctx.progress_every
+        } else {
+            now
+        };
+        let mut ticks = tokio::time::interval_at(first, ctx.progress_every);
+        loop {
+            ticks.tick().await;
+            match ctx
+                .store
+                .claim_call(&origin.tenant, &origin.session, call.call_key, marker)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!("another run of this call holds its marker; both are running")
+                }
+                Err(e) => tracing::debug!(error = %e, "run marker not renewed"),
+            }
+        }
+    }
+
+    /// Drops the marker of a run that is handed back, so the next delivery need not wait for it
+    /// to expire.
+    pub(super) async fn release(&self, ctx: &WorkerContext, call: CallRef<'_>) {
+        let origin = call.origin;
+        if let Err(e) = ctx
+            .store
+            .release_call(&origin.tenant, &origin.session, call.call_key, &self.owner)
+            .await
+        {
+            tracing::debug!(error = %e, "run marker not released; it expires");
+        }
+    }
+}
+
+fn marker_ttl(progress_every: Duration) -> Duration {
+    progress_every * MARKER_TTL_PROGRESS_INTERVALS
+}
