@@ -14,6 +14,8 @@
 //!   definitions, model providers, prompt sections, skills, context); it imports no transport.
 //! - [`wiring`]: the runtime's seams over NATS and Redis (events, checkpoints, approvals) and the
 //!   assembly of a cluster runtime.
+//! - [`workspace`]: session workspaces in the NATS object store (one bucket per tenant), their
+//!   path rules and size caps, for the workers' file tools and `skein workspace`.
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
 
 pub mod admin;
@@ -31,6 +33,7 @@ pub mod subjects;
 pub mod telemetry;
 pub mod text;
 pub mod wiring;
+pub mod workspace;
 
 /// The version every process announces.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

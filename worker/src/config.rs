@@ -8,7 +8,8 @@ use skein_common::config::*;
 use skein_common::protocol::validate_token;
 
 /// Tools a worker provides when none are configured.
-pub const DEFAULT_TOOLS: &str = "read_file,write_file,list_files,http_fetch";
+pub const DEFAULT_TOOLS: &str =
+    "read_file,write_file,edit_file,list_files,glob_files,grep_files,http_fetch";
 
 /// `skein-worker`: runs tool and subagent tasks for one pool.
 #[derive(Debug, Clone, Parser)]
@@ -27,6 +28,12 @@ pub struct Config {
     pub telemetry: skein_common::telemetry::TelemetryConfig,
     #[command(flatten)]
     pub admin: skein_common::admin::AdminConfig,
+    #[command(flatten)]
+    pub workspace: crate::workspace::WorkspaceConfig,
+    #[command(flatten)]
+    pub shell: crate::tools::shell::ShellConfig,
+    #[command(flatten)]
+    pub mcp: crate::mcp::McpConfig,
     /// Pool this worker serves; workers of one pool share one consumer and must provide the same tools.
     #[arg(long, env = ENV_POOL, default_value = "default")]
     pub pool: String,
@@ -45,9 +52,14 @@ pub struct Config {
     /// Where task scopes create scratch directories.
     #[arg(long, env = ENV_SCRATCH_DIR)]
     pub scratch_dir: Option<PathBuf>,
-    /// Hosts `http_fetch` may reach (comma separated; `*.example.com` patterns; `*` for any).
+    /// Hosts `http_fetch` and `http_request` may reach (comma separated; `*.example.com`
+    /// patterns; `*` for any). An IP literal also allows that address when it is private.
     #[arg(long, env = ENV_HTTP_ALLOW, value_delimiter = ',')]
     pub http_allow: Vec<String>,
+    /// Let the HTTP tools reach loopback, private, link-local (cloud metadata) and other
+    /// non-public addresses; off, only the ones `http_allow` names literally.
+    #[arg(long, env = crate::tools::http::ENV_HTTP_ALLOW_PRIVATE, default_value_t = false, action = clap::ArgAction::Set)]
+    pub http_allow_private: bool,
     /// Largest body `http_fetch` returns.
     #[arg(long, env = ENV_HTTP_MAX_BYTES, default_value_t = 256 * 1024)]
     pub http_max_bytes: usize,
@@ -69,6 +81,8 @@ impl Config {
         self.process.validate()?;
         self.telemetry.validate()?;
         self.admin.validate()?;
+        self.workspace.validate()?;
+        self.shell.validate()?;
         if self.concurrency == 0 {
             return Err("concurrency must be at least 1".into());
         }
@@ -80,9 +94,6 @@ impl Config {
                 "unknown tool {unknown:?}; available: {}",
                 crate::tools::BUILTIN_TOOLS.join(", ")
             ));
-        }
-        if self.tools().next().is_none() && !self.subagents {
-            return Err("a worker must provide at least one tool or run subagents".into());
         }
         if self.heartbeat < MIN_HEARTBEAT {
             return Err(format!("heartbeat must be at least {MIN_HEARTBEAT:?}"));

@@ -44,6 +44,8 @@ pub enum WorkerError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Admin(#[from] skein_common::admin::AdminError),
+    #[error(transparent)]
+    Mcp(#[from] crate::mcp::McpError),
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains.
@@ -92,18 +94,34 @@ pub async fn run_custom(
     bus.ensure_streams().await?;
     let store = SessionStore::connect(&cfg.redis).await?;
 
-    let http = crate::tools::http::client(Duration::from_secs(5))
+    let http_policy =
+        crate::tools::http::AddressPolicy::new(&cfg.http_allow, cfg.http_allow_private);
+    let http = crate::tools::http::client(Duration::from_secs(5), http_policy)
         .map_err(|e| WorkerError::Config(format!("HTTP client: {e}")))?;
+    // Session files for the file tools and for commands: the object store or a volume.
+    let (workspace_files, workspace_commands) =
+        crate::workspace::open(&cfg.workspace, &cfg.workspace_root(), &bus);
     let builtins = BuiltinConfig {
-        workspace_root: cfg.workspace_root(),
+        workspace: workspace_files,
         http_allow: cfg.http_allow.clone(),
+        http_allow_private: cfg.http_allow_private,
         http_max_bytes: cfg.http_max_bytes,
         http_timeout: Duration::from_secs(15).min(cfg.process.tool_timeout),
         max_read_bytes: 60 * 1024,
+        // Probes the sandbox once, and only when `shell` is listed.
+        shell: crate::tools::shell::ShellSetup::configured(&cfg, workspace_commands).await,
     };
     let mut registry = builtin_registry(&builtins, http);
     registry.retain(|name| cfg.tools().any(|t| t == name));
     extra(&mut registry);
+    // Worker-scoped MCP servers start here, so their tools are in the first announcement.
+    let mcp = crate::mcp::McpServers::start(&cfg.mcp, &mut registry).await?;
+    if registry.is_empty() && !cfg.subagents {
+        // Checked once every tool is known: `SKEIN_TOOLS`, the embedder's and the MCP servers'.
+        return Err(WorkerError::Config(
+            "a worker must provide at least one tool or run subagents".into(),
+        ));
+    }
 
     // The reply listener and the admin server are background work: they outlive running tasks.
     let work = Workload::default();
@@ -254,6 +272,7 @@ pub async fn run_custom(
         tracing::warn!(error = %e, "could not leave the worker registry; the entry will expire");
     }
     work.drain(cfg.process.grace).await;
+    mcp.close().await;
     tracing::info!(worker_id = %instance, "worker stopped");
     Ok(())
 }

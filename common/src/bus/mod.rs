@@ -205,6 +205,11 @@ impl Bus {
         &self.client
     }
 
+    /// The JetStream context, for stores built on streams (the workspace object store).
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
     pub fn max_payload(&self) -> usize {
         self.max_payload
     }

@@ -1,11 +1,12 @@
 //! The `skein` command: submit tasks and watch them, cancel them, answer the calls that wait for
-//! approval, list live workers, manage dead letters, run a local cluster, or run a lead or worker
-//! in the foreground.
+//! approval, list live workers, manage dead letters, list, fetch and seed session workspaces, run a
+//! local cluster, or run a lead or worker in the foreground.
 
 mod approvals;
 mod dev;
 mod ops;
 mod submit;
+mod workspace;
 
 use std::process::ExitCode;
 
@@ -38,6 +39,8 @@ pub enum Command {
     Dlq(Box<ops::DlqArgs>),
     /// Print a task's trace id and its Jaeger link.
     Trace(Box<ops::TraceArgs>),
+    /// List, fetch or seed the files of a session's workspace (NATS object store).
+    Workspace(Box<workspace::WorkspaceArgs>),
     /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
     Dev(Box<dev::DevArgs>),
     /// Run a lead in the foreground.
@@ -74,6 +77,7 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Deny(args) => approvals::deny(*args).await,
             Command::Dlq(args) => ops::dlq(*args).await,
             Command::Trace(args) => ops::trace(*args).await,
+            Command::Workspace(args) => workspace::workspace(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,
@@ -101,21 +105,14 @@ pub async fn run_worker(cfg: skein_worker::Config) -> ExitCode {
 
 /// [`run_worker`] with more tools than the built-in ones (see `skein_worker::run_with_tools`).
 pub async fn run_worker_with(
-    mut cfg: skein_worker::Config,
-    extra: impl FnOnce(&mut skein_worker::tools::ToolRegistry),
+    cfg: skein_worker::Config,
+    extra: impl FnOnce(&mut skein_worker::tools::ToolRegistry) + Send + 'static,
 ) -> ExitCode {
-    let instance = cfg.process.instance_id("worker");
-    cfg.process.instance_id = Some(instance.clone());
-    let validated = cfg.validate();
-    let telemetry = cfg.telemetry.clone();
-    serve_until_signal(
-        "skein-worker",
-        &instance,
-        &telemetry,
-        validated,
-        |shutdown| skein_worker::run_with_tools(cfg, shutdown, Default::default(), extra),
-    )
-    .await
+    skein_worker::WorkerBuilder::new()
+        .config(cfg)
+        .tools_from(extra)
+        .serve()
+        .await
 }
 
 #[cfg(test)]

@@ -138,6 +138,11 @@ impl TestCluster {
         stats
     }
 
+    /// A token cancelled when the cluster drops: what a test's own in-process nodes stop on.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.child_token()
+    }
+
     /// Where the test tools of this cluster's workers record their effects.
     pub fn effects_file(&self) -> PathBuf {
         self.dir.join("effects.log")

@@ -4,6 +4,7 @@
 //! ([`ChildProcess`]).
 
 pub mod chaos;
+pub mod effects_http;
 pub mod cluster;
 pub mod fake_openai;
 pub mod hostile;

@@ -1,154 +1,44 @@
 //! Workspace file tools (`read_file`, `write_file`, `list_files`), confined to the session's
-//! workspace `{workspace_root}/{tenant}/{session}`.
+//! workspace, whichever [`WorkspaceStore`] holds it (the NATS object store or a directory).
 //!
 //! Invariants:
-//! - every path a model gives goes through [`Workspace::resolve`] before any file operation: it
-//!   must be relative, free of `..` and NUL, and the deepest part of it that exists must
-//!   canonicalize to a place inside the canonical workspace directory; a target that is itself a
-//!   symbolic link is refused. Every refusal is [`ToolError::Denied`];
-//! - tenant and session are re-validated as tokens, so two sessions (or tenants) never share a
-//!   directory, and the workspace directory is created on first use;
+//! - every path a model gives is parsed into a [`WorkspacePath`] before the store sees it: it
+//!   must be relative, free of `..`, NUL and control characters; every refusal is
+//!   [`ToolError::Denied`] (the volume store also refuses paths that leave through links);
+//! - the session is the task's tenant and `workspace`, re-validated as tokens by the store;
+//! - writes are whole-file and all-or-nothing; an append reads the file and writes it back
+//!   conditionally, so a concurrent change is never lost (it is tried again);
 //! - messages name paths as the model gave them, never the host's absolute paths.
-//!
-//! Limit: the check and the use are two steps. These tools never create symbolic links, so a link
-//! can only appear between them if something else running in the same workspace makes one; a tool
-//! that runs arbitrary commands there would need an OS-level sandbox instead.
 
-use std::io::SeekFrom;
-use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
+use bytes::Bytes;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use skein_common::protocol::{validate_token, TaskOrigin};
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use skein_common::protocol::ToolEffects;
+use skein_common::workspace::{human_size, WorkspaceError, WorkspacePath};
 
 use super::{trim_partial_utf8, Tool, ToolContext, ToolError};
-use skein_common::protocol::ToolEffects;
+use crate::workspace::WorkspaceStore;
 
-/// Largest content `write_file` accepts.
-pub const MAX_WRITE_BYTES: usize = 1024 * 1024;
+/// The volume mode's path resolver (kept here for the fuzz target and older callers).
+pub use crate::workspace::volume::Workspace;
 
-/// One session's workspace directory.
-#[derive(Debug, Clone)]
-pub struct Workspace {
-    dir: PathBuf,
-}
-
-impl Workspace {
-    /// The workspace of `origin`'s session under `root` (not created yet).
-    pub fn for_session(root: &Path, origin: &TaskOrigin) -> Result<Self, ToolError> {
-        validate_token("tenant", &origin.tenant).map_err(|f| ToolError::Denied(f.message))?;
-        validate_token("workspace", &origin.workspace).map_err(|f| ToolError::Denied(f.message))?;
-        Ok(Self {
-            dir: root.join(&origin.tenant).join(&origin.workspace),
-        })
-    }
-
-    /// The workspace directory (not canonicalized).
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Maps `relative` to a path inside the workspace, creating the workspace directory if
-    /// needed. `"."` is the workspace itself. See the module invariants for what is refused.
-    pub async fn resolve(&self, relative: &str) -> Result<PathBuf, ToolError> {
-        let cleaned = clean_relative(relative)?;
-        tokio::fs::create_dir_all(&self.dir)
-            .await
-            .map_err(|e| ToolError::Failed(format!("could not create the workspace: {e}")))?;
-        let root = tokio::fs::canonicalize(&self.dir)
-            .await
-            .map_err(|e| ToolError::Failed(format!("could not resolve the workspace: {e}")))?;
-        if cleaned.as_os_str().is_empty() {
-            return Ok(root);
-        }
-        let target = root.join(&cleaned);
-        if let Ok(meta) = tokio::fs::symlink_metadata(&target).await {
-            if meta.file_type().is_symlink() {
-                return Err(escapes(relative, "it is a symbolic link"));
-            }
-        }
-        // The deepest existing ancestor decides: below it, only plain directories can be created.
-        for ancestor in target.ancestors() {
-            match tokio::fs::symlink_metadata(ancestor).await {
-                Ok(_) => {
-                    let real = tokio::fs::canonicalize(ancestor)
-                        .await
-                        .map_err(|_| escapes(relative, "it goes through a broken link"))?;
-                    if !real.starts_with(&root) {
-                        return Err(escapes(relative, "it leads outside through a link"));
-                    }
-                    return Ok(target);
-                }
-                Err(e) if is_missing(&e) => continue,
-                Err(e) => return Err(io_error(relative, e)),
-            }
-        }
-        // `root` is an ancestor of `target` and exists, so the loop always returns.
-        Err(escapes(relative, "no part of it exists"))
-    }
-}
-
-/// The normal components of `relative`; empty for `"."`.
-fn clean_relative(relative: &str) -> Result<PathBuf, ToolError> {
-    if relative.is_empty() {
-        return Err(ToolError::Denied(
-            "empty path: give a path relative to the workspace".to_owned(),
-        ));
-    }
-    if relative.contains('\0') {
-        return Err(escapes(relative, "it contains a NUL byte"));
-    }
-    let mut cleaned = PathBuf::new();
-    for component in Path::new(relative).components() {
-        match component {
-            Component::Normal(part) => cleaned.push(part),
-            Component::CurDir => {}
-            Component::ParentDir => return Err(escapes(relative, "`..` is not allowed")),
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(escapes(relative, "absolute paths are not allowed"))
-            }
-        }
-    }
-    Ok(cleaned)
-}
-
-fn escapes(relative: &str, why: &str) -> ToolError {
-    ToolError::Denied(format!(
-        "path escapes the workspace: {relative:?} ({why}); use a path relative to the workspace"
-    ))
-}
-
-fn is_missing(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-    )
-}
-
-fn io_error(relative: &str, e: std::io::Error) -> ToolError {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            ToolError::NotFound(format!("{relative}: no such file or directory"))
-        }
-        std::io::ErrorKind::PermissionDenied => {
-            ToolError::Denied(format!("{relative}: permission denied"))
-        }
-        _ => ToolError::Failed(format!("{relative}: {e}")),
-    }
-}
+/// How many times a read-modify-write (an append, an edit) starts over when the file changed
+/// under it.
+pub(crate) const CONFLICT_RETRIES: usize = 3;
 
 /// Reads a file of the session workspace.
 #[derive(Debug, Clone)]
 pub struct ReadFile {
-    root: PathBuf,
+    store: Arc<dyn WorkspaceStore>,
     max_read_bytes: usize,
 }
 
 impl ReadFile {
-    pub fn new(workspace_root: PathBuf, max_read_bytes: usize) -> Self {
+    pub fn new(store: Arc<dyn WorkspaceStore>, max_read_bytes: usize) -> Self {
         Self {
-            root: workspace_root,
+            store,
             max_read_bytes,
         }
     }
@@ -188,18 +78,9 @@ impl Tool for ReadFile {
     }
 
     async fn call(&self, args: ReadFileArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
-        let workspace = Workspace::for_session(&self.root, ctx.origin)?;
-        let path = workspace.resolve(&args.path).await?;
-        let meta = tokio::fs::metadata(&path)
-            .await
-            .map_err(|e| io_error(&args.path, e))?;
-        if meta.is_dir() {
-            return Err(ToolError::InvalidArguments(format!(
-                "{} is a directory; use list_files",
-                args.path
-            )));
-        }
-        let len = meta.len();
+        let path = WorkspacePath::parse(&args.path)?;
+        let content = self.store.read(ctx.origin, &path).await?.bytes;
+        let len = content.len() as u64;
         let offset = args.offset.unwrap_or(0);
         if offset > len {
             return Err(ToolError::InvalidArguments(format!(
@@ -212,22 +93,14 @@ impl Tool for ReadFile {
                 .unwrap_or(usize::MAX)
                 .min(self.max_read_bytes)
         });
-        let mut file = tokio::fs::File::open(&path)
-            .await
-            .map_err(|e| io_error(&args.path, e))?;
-        file.seek(SeekFrom::Start(offset))
-            .await
-            .map_err(|e| io_error(&args.path, e))?;
-        let mut bytes = Vec::with_capacity(cap.min(usize::try_from(len - offset).unwrap_or(cap)));
-        file.take(u64::try_from(cap).unwrap_or(u64::MAX))
-            .read_to_end(&mut bytes)
-            .await
-            .map_err(|e| io_error(&args.path, e))?;
-        let mut end = offset + bytes.len() as u64;
-        if end < len {
+        // `offset <= len`, which is a `usize`.
+        let start = usize::try_from(offset).unwrap_or(content.len());
+        let end = start.saturating_add(cap).min(content.len());
+        let mut bytes = content[start..end].to_vec();
+        if end < content.len() {
             trim_partial_utf8(&mut bytes);
-            end = offset + bytes.len() as u64;
         }
+        let end = offset + bytes.len() as u64;
         let mut text = String::from_utf8_lossy(&bytes).into_owned();
         if end < len {
             text.push_str(&format!(
@@ -241,14 +114,12 @@ impl Tool for ReadFile {
 /// Writes a file of the session workspace.
 #[derive(Debug, Clone)]
 pub struct WriteFile {
-    root: PathBuf,
+    store: Arc<dyn WorkspaceStore>,
 }
 
 impl WriteFile {
-    pub fn new(workspace_root: PathBuf) -> Self {
-        Self {
-            root: workspace_root,
-        }
+    pub fn new(store: Arc<dyn WorkspaceStore>) -> Self {
+        Self { store }
     }
 }
 
@@ -272,11 +143,12 @@ impl Tool for WriteFile {
     fn description(&self) -> String {
         format!(
             "Write a text file in the session workspace, creating missing directories. Replaces \
-             the file unless `append` is true. At most {MAX_WRITE_BYTES} bytes per call."
+             the file unless `append` is true. A file may hold at most {}.",
+            human_size(self.store.limits().max_file_bytes)
         )
     }
 
-    /// Two writes to one file at once would interleave.
+    /// Two writes to one file at once would race.
     fn concurrency_safe(&self) -> bool {
         false
     }
@@ -291,61 +163,53 @@ impl Tool for WriteFile {
     }
 
     async fn call(&self, args: WriteFileArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
-        if args.content.len() > MAX_WRITE_BYTES {
+        let path = WorkspacePath::parse(&args.path)?;
+        let limits = self.store.limits();
+        if args.content.len() as u64 > limits.max_file_bytes {
             return Err(ToolError::TooLarge(format!(
-                "content is {} bytes; write_file accepts at most {MAX_WRITE_BYTES}",
-                args.content.len()
+                "content is {} bytes; a workspace file may hold at most {}",
+                args.content.len(),
+                human_size(limits.max_file_bytes)
             )));
         }
-        let workspace = Workspace::for_session(&self.root, ctx.origin)?;
-        let path = workspace.resolve(&args.path).await?;
-        let is_dir = tokio::fs::metadata(&path)
-            .await
-            .map(|m| m.is_dir())
-            .unwrap_or(false);
-        if is_dir {
-            return Err(ToolError::InvalidArguments(format!(
-                "{} is a directory",
-                args.path
-            )));
+        let written = args.content.len();
+        if !args.append.unwrap_or(false) {
+            self.store
+                .write(ctx.origin, &path, Bytes::from(args.content), None)
+                .await?;
+        } else {
+            let mut attempt = 0;
+            loop {
+                let (mut content, revision) = match self.store.read(ctx.origin, &path).await {
+                    Ok(current) => (current.bytes.to_vec(), Some(current.revision)),
+                    Err(WorkspaceError::NotFound(_)) => (Vec::new(), None),
+                    Err(other) => return Err(other.into()),
+                };
+                content.extend_from_slice(args.content.as_bytes());
+                match self
+                    .store
+                    .write(ctx.origin, &path, content.into(), revision.as_ref())
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(WorkspaceError::Conflict(_)) if attempt < CONFLICT_RETRIES => attempt += 1,
+                    Err(other) => return Err(other.into()),
+                }
+            }
         }
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| io_error(&args.path, e))?;
-        }
-        let append = args.append.unwrap_or(false);
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .append(append)
-            .truncate(!append)
-            .open(&path)
-            .await
-            .map_err(|e| io_error(&args.path, e))?;
-        file.write_all(args.content.as_bytes())
-            .await
-            .map_err(|e| io_error(&args.path, e))?;
-        file.flush().await.map_err(|e| io_error(&args.path, e))?;
-        Ok(format!(
-            "wrote {} bytes to {}",
-            args.content.len(),
-            args.path
-        ))
+        Ok(format!("wrote {written} bytes to {}", args.path))
     }
 }
 
 /// Lists a directory of the session workspace.
 #[derive(Debug, Clone)]
 pub struct ListFiles {
-    root: PathBuf,
+    store: Arc<dyn WorkspaceStore>,
 }
 
 impl ListFiles {
-    pub fn new(workspace_root: PathBuf) -> Self {
-        Self {
-            root: workspace_root,
-        }
+    pub fn new(store: Arc<dyn WorkspaceStore>) -> Self {
+        Self { store }
     }
 }
 
@@ -377,98 +241,54 @@ impl Tool for ListFiles {
 
     async fn call(&self, args: ListFilesArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
         let relative = args.path.as_deref().unwrap_or(".");
-        let workspace = Workspace::for_session(&self.root, ctx.origin)?;
-        let dir = workspace.resolve(relative).await?;
-        let meta = tokio::fs::metadata(&dir)
-            .await
-            .map_err(|e| io_error(relative, e))?;
-        if !meta.is_dir() {
-            return Err(ToolError::InvalidArguments(format!(
-                "{relative} is a file; use read_file"
-            )));
-        }
-        let mut reader = tokio::fs::read_dir(&dir)
-            .await
-            .map_err(|e| io_error(relative, e))?;
-        let mut names = Vec::new();
-        while let Some(entry) = reader
-            .next_entry()
-            .await
-            .map_err(|e| io_error(relative, e))?
-        {
-            let mut name = entry.file_name().to_string_lossy().into_owned();
-            // `file_type` does not follow links: a link to a directory is listed as a plain name.
-            if entry.file_type().await.is_ok_and(|t| t.is_dir()) {
-                name.push('/');
-            }
-            names.push(name);
-        }
-        if names.is_empty() {
+        let dir = WorkspacePath::parse(relative)?;
+        let entries = self.store.list_dir(ctx.origin, &dir).await?;
+        if entries.is_empty() {
             return Ok("(empty)".to_owned());
         }
-        names.sort();
+        let names: Vec<String> = entries
+            .into_iter()
+            .map(|e| if e.is_dir { format!("{}/", e.name) } else { e.name })
+            .collect();
         Ok(names.join("\n"))
     }
 }
 
 #[cfg(test)]
-mod properties {
-    use super::*;
-    use crate::tools::test_support::{origin, TestDir};
-    use proptest::prelude::*;
+pub(crate) mod test_support {
+    //! A registry of the workspace tools over a volume store in a temporary directory.
 
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+    use std::path::PathBuf;
+    use std::sync::Arc;
 
-        /// Any path text: refused, or resolved to a path inside the workspace.
-        #[test]
-        fn the_path_resolver_never_panics_or_leaves_the_workspace(
-            relative in prop_oneof![
-                ".{0,40}",
-                "(\\.\\.?/|/|[a-z]{1,3}/|\\\\|%2e|\u{0}){0,6}[a-z.]{0,8}",
-            ]
-        ) {
-            let dir = TestDir::new();
-            let workspace = Workspace::for_session(dir.path(), &origin("acme", "s1"))
-                .expect("a valid workspace");
-            if let Ok(cleaned) = clean_relative(&relative) {
-                prop_assert!(cleaned.components().all(|c| matches!(c, Component::Normal(_))));
-            }
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .expect("a runtime");
-            if let Ok(path) = runtime.block_on(workspace.resolve(&relative)) {
-                let root = std::fs::canonicalize(workspace.dir()).expect("the workspace exists");
-                prop_assert!(path.starts_with(&root), "{path:?} outside {root:?}");
-            }
-        }
-    }
-}
+    use serde_json::Value;
+    use skein_common::workspace::Limits;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
     use crate::tools::test_support::{origin, scope, TestDir};
-    use crate::tools::ToolRegistry;
-    use serde_json::{json, Value};
+    use crate::tools::{ToolContext, ToolError, ToolRegistry};
+    use crate::workspace::{VolumeFiles, WorkspaceStore};
 
-    struct Fixture {
-        dir: TestDir,
-        registry: ToolRegistry,
+    pub struct Fixture {
+        pub dir: TestDir,
+        pub registry: ToolRegistry,
     }
 
     impl Fixture {
-        fn new(max_read_bytes: usize) -> Self {
+        pub fn new(max_read_bytes: usize, limits: Limits) -> Self {
             let dir = TestDir::new();
-            let root = dir.path().join("workspaces");
+            let store: Arc<dyn WorkspaceStore> =
+                Arc::new(VolumeFiles::new(dir.path().join("workspaces"), limits));
             let mut registry = ToolRegistry::new();
-            registry.register(ReadFile::new(root.clone(), max_read_bytes));
-            registry.register(WriteFile::new(root.clone()));
-            registry.register(ListFiles::new(root));
+            registry.register(super::ReadFile::new(store.clone(), max_read_bytes));
+            registry.register(super::WriteFile::new(store.clone()));
+            registry.register(super::ListFiles::new(store.clone()));
+            registry.register(crate::tools::edit::EditFile::new(store.clone()));
+            registry.register(crate::tools::glob::GlobFiles::new(store.clone()));
+            registry.register(crate::tools::grep::GrepFiles::new(store));
             Self { dir, registry }
         }
 
-        fn workspace(&self, tenant: &str, session: &str) -> PathBuf {
+        pub fn workspace(&self, tenant: &str, session: &str) -> PathBuf {
             self.dir
                 .path()
                 .join("workspaces")
@@ -476,7 +296,7 @@ mod tests {
                 .join(session)
         }
 
-        async fn call_as(
+        pub async fn call_as(
             &self,
             session: &str,
             tool: &str,
@@ -495,9 +315,23 @@ mod tests {
             result
         }
 
-        async fn call(&self, tool: &str, arguments: Value) -> Result<String, ToolError> {
+        pub async fn call(&self, tool: &str, arguments: Value) -> Result<String, ToolError> {
             self.call_as("s1", tool, arguments).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::Fixture;
+    use super::*;
+    use crate::tools::test_support::origin;
+    use serde_json::json;
+    use skein_common::workspace::Limits;
+    use std::path::Path;
+
+    fn fixture(max_read_bytes: usize) -> Fixture {
+        Fixture::new(max_read_bytes, Limits::default())
     }
 
     fn assert_denied(result: Result<String, ToolError>, what: &str) {
@@ -514,7 +348,7 @@ mod tests {
 
     #[tokio::test]
     async fn write_read_list_round_trip() {
-        let fx = Fixture::new(1024);
+        let fx = fixture(1024);
         assert_eq!(fx.call("list_files", json!({})).await, Ok("(empty)".into()));
         let wrote = fx
             .call(
@@ -545,11 +379,17 @@ mod tests {
             Ok("a.txt".into())
         );
         assert!(fx.workspace("acme", "s1").join("notes/a.txt").is_file());
+        // Nothing left behind by the all-or-nothing writes.
+        let names: Vec<_> = std::fs::read_dir(fx.workspace("acme", "s1").join("notes"))
+            .expect("lists")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["a.txt"]);
     }
 
     #[tokio::test]
     async fn reads_are_capped_and_resumable() {
-        let fx = Fixture::new(4);
+        let fx = fixture(4);
         fx.call("write_file", json!({"path": "f", "content": "abcdefghij"}))
             .await
             .expect("write");
@@ -568,26 +408,71 @@ mod tests {
             )
             .await;
         assert_eq!(rest, Ok("ij".into()));
+        let past = fx
+            .call("read_file", json!({"path": "f", "offset": 11}))
+            .await;
+        assert!(
+            matches!(past, Err(ToolError::InvalidArguments(ref m)) if m.contains("past the end")),
+            "{past:?}"
+        );
         let missing = fx.call("read_file", json!({"path": "nope.txt"})).await;
         assert!(
             matches!(missing, Err(ToolError::NotFound(_))),
             "{missing:?}"
         );
+        let dir = fx.call("read_file", json!({"path": "."})).await;
+        assert!(
+            matches!(dir, Err(ToolError::InvalidArguments(ref m)) if m.contains("is a directory")),
+            "{dir:?}"
+        );
     }
 
     #[tokio::test]
-    async fn oversized_writes_are_too_large() {
-        let fx = Fixture::new(16);
-        let content = "x".repeat(MAX_WRITE_BYTES + 1);
-        let result = fx
-            .call("write_file", json!({"path": "big", "content": content}))
+    async fn files_and_sessions_over_their_caps_are_too_large() {
+        let fx = Fixture::new(
+            1024,
+            Limits {
+                max_file_bytes: 10,
+                max_session_bytes: 15,
+            },
+        );
+        let big = fx
+            .call("write_file", json!({"path": "big", "content": "x".repeat(11)}))
             .await;
-        assert!(matches!(result, Err(ToolError::TooLarge(_))), "{result:?}");
+        assert!(
+            matches!(big, Err(ToolError::TooLarge(ref m)) if m.contains("at most 10 B")),
+            "{big:?}"
+        );
+        fx.call("write_file", json!({"path": "a", "content": "x".repeat(10)}))
+            .await
+            .expect("fits");
+        let grown = fx
+            .call(
+                "write_file",
+                json!({"path": "a", "content": "y", "append": true}),
+            )
+            .await;
+        assert!(matches!(grown, Err(ToolError::TooLarge(_))), "{grown:?}");
+        let session = fx
+            .call("write_file", json!({"path": "b", "content": "x".repeat(6)}))
+            .await;
+        assert!(
+            matches!(session, Err(ToolError::TooLarge(ref m)) if m.contains("session")),
+            "{session:?}"
+        );
+        // Replacing a file counts its new size, not both.
+        fx.call("write_file", json!({"path": "a", "content": "x".repeat(9)}))
+            .await
+            .expect("a replacement within the caps");
+        assert_eq!(
+            fx.call("read_file", json!({"path": "a"})).await,
+            Ok("x".repeat(9))
+        );
     }
 
     #[tokio::test]
     async fn paths_outside_the_workspace_are_denied() {
-        let fx = Fixture::new(1024);
+        let fx = fixture(1024);
         for path in ["../x", "/etc/passwd", "a/../../x", "a/..", "x\0y"] {
             assert_denied(fx.call("read_file", json!({"path": path})).await, path);
             assert_denied(
@@ -603,7 +488,7 @@ mod tests {
     #[cfg(unix)]
     #[tokio::test]
     async fn symlinks_out_of_the_workspace_are_denied() {
-        let fx = Fixture::new(1024);
+        let fx = fixture(1024);
         let outside = fx.dir.path().join("outside");
         std::fs::create_dir_all(&outside).expect("outside dir");
         std::fs::write(outside.join("secret"), "secret").expect("secret");
@@ -642,11 +527,17 @@ mod tests {
             std::fs::read_to_string(outside.join("secret")).expect("secret"),
             "secret"
         );
+        // Searches do not follow links either.
+        let grep = fx
+            .call("grep_files", json!({"pattern": "secret"}))
+            .await
+            .expect("grep runs");
+        assert!(!grep.contains("link:"), "{grep}");
     }
 
     #[tokio::test]
     async fn sessions_of_one_tenant_are_isolated() {
-        let fx = Fixture::new(1024);
+        let fx = fixture(1024);
         fx.call_as(
             "s1",
             "write_file",
@@ -676,7 +567,7 @@ mod tests {
         for (tenant, session) in [("..", "s1"), ("acme", "a/b"), ("", "s1"), ("acme", ".")] {
             let result = Workspace::for_session(root, &origin(tenant, session));
             assert!(
-                matches!(result, Err(ToolError::Denied(_))),
+                matches!(result, Err(WorkspaceError::Denied(_))),
                 "{tenant}/{session}"
             );
         }

@@ -12,17 +12,21 @@
 //! - tools hold only shared, borrowed things (paths, the HTTP pool); whatever a call opens for
 //!   itself goes into the call's [`TaskScope`].
 
+pub mod edit;
 pub mod fs;
+pub mod glob;
+pub mod grep;
 pub mod http;
+pub mod shell;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use skein_common::protocol::{Failure, FailureKind, TaskOrigin, ToolEffects, ToolSpec};
+pub use skein_common::protocol::ToolEffects;
+use skein_common::protocol::{Failure, FailureKind, TaskOrigin, ToolSpec};
 
 use crate::scope::TaskScope;
 
@@ -364,38 +368,64 @@ pub(crate) fn trim_partial_utf8(bytes: &mut Vec<u8>) {
 /// Settings of the built-in tools.
 #[derive(Debug, Clone)]
 pub struct BuiltinConfig {
-    /// Session workspaces live at `{workspace_root}/{tenant}/{session}`.
-    pub workspace_root: PathBuf,
-    /// Hosts `http_fetch` may reach: exact names, `*.suffix` patterns, or `*`.
+    /// Where the file tools find session files (`crate::workspace::open` picks it).
+    pub workspace: std::sync::Arc<dyn crate::workspace::WorkspaceStore>,
+    /// Hosts `http_fetch` and `http_request` may reach: exact names, `*.suffix` patterns, or
+    /// `*`; an IP literal also allows that address when it is private.
     pub http_allow: Vec<String>,
+    /// Let the HTTP tools reach loopback, private, link-local and other non-public addresses.
+    pub http_allow_private: bool,
     /// Most bytes of a response body `http_fetch` returns.
     pub http_max_bytes: usize,
     /// Bound on one `http_fetch` call, redirects included.
     pub http_timeout: Duration,
     /// Most bytes `read_file` returns per call.
     pub max_read_bytes: usize,
+    /// `shell`'s setup; `None` leaves the tool out (it is off unless listed).
+    pub shell: Option<shell::ShellSetup>,
 }
 
 /// Names of the built-in tools.
-pub const BUILTIN_TOOLS: [&str; 4] = ["read_file", "write_file", "list_files", "http_fetch"];
+pub const BUILTIN_TOOLS: [&str; 9] = [
+    "read_file",
+    "write_file",
+    "edit_file",
+    "list_files",
+    "glob_files",
+    "grep_files",
+    "http_fetch",
+    "http_request",
+    "shell",
+];
 
-/// A registry with `read_file`, `write_file`, `list_files` and `http_fetch`. `http` is the
-/// worker's shared pool; build it with [`http::client`] so redirects are checked against the
-/// allowlist hop by hop.
+/// A registry with the workspace file tools (`read_file`, `write_file`, `edit_file`,
+/// `list_files`, `glob_files`, `grep_files`), `http_fetch` and `http_request`.
+/// `http` is the worker's shared pool; build it with [`http::client`] and an
+/// [`http::AddressPolicy`] of the same `http_allow` and `http_allow_private`, so redirects are
+/// checked hop by hop and names are resolved to allowed addresses only. `shell` is added when
+/// `cfg.shell` is set.
 pub fn builtin_registry(cfg: &BuiltinConfig, http: reqwest::Client) -> ToolRegistry {
     let mut registry = ToolRegistry::new();
     registry.register(fs::ReadFile::new(
-        cfg.workspace_root.clone(),
+        cfg.workspace.clone(),
         cfg.max_read_bytes,
     ));
-    registry.register(fs::WriteFile::new(cfg.workspace_root.clone()));
-    registry.register(fs::ListFiles::new(cfg.workspace_root.clone()));
-    registry.register(http::HttpFetch::new(
-        http,
-        cfg.http_allow.clone(),
-        cfg.http_max_bytes,
-        cfg.http_timeout,
-    ));
+    registry.register(fs::WriteFile::new(cfg.workspace.clone()));
+    registry.register(edit::EditFile::new(cfg.workspace.clone()));
+    registry.register(fs::ListFiles::new(cfg.workspace.clone()));
+    registry.register(glob::GlobFiles::new(cfg.workspace.clone()));
+    registry.register(grep::GrepFiles::new(cfg.workspace.clone()));
+    let http_settings = http::HttpSettings {
+        allow: cfg.http_allow.clone(),
+        allow_private: cfg.http_allow_private,
+        max_bytes: cfg.http_max_bytes,
+        timeout: cfg.http_timeout,
+    };
+    registry.register(http::HttpFetch::new(http.clone(), &http_settings));
+    registry.register(http::HttpRequest::new(http, &http_settings));
+    if let Some(setup) = &cfg.shell {
+        registry.register(shell::Shell::new(setup.clone()));
+    }
     registry
 }
 
@@ -587,19 +617,33 @@ mod tests {
     fn retain_keeps_a_subset() {
         let dir = TestDir::new();
         let cfg = BuiltinConfig {
-            workspace_root: dir.path().to_owned(),
+            workspace: std::sync::Arc::new(crate::workspace::VolumeFiles::new(
+                dir.path(),
+                skein_common::workspace::Limits::default(),
+            )),
             http_allow: Vec::new(),
+            http_allow_private: false,
             http_max_bytes: 1024,
             http_timeout: Duration::from_secs(1),
             max_read_bytes: 1024,
+            shell: None,
         };
         let mut registry = builtin_registry(&cfg, reqwest::Client::new());
         assert_eq!(
             registry.names(),
-            ["http_fetch", "list_files", "read_file", "write_file"]
+            [
+                "edit_file",
+                "glob_files",
+                "grep_files",
+                "http_fetch",
+                "http_request",
+                "list_files",
+                "read_file",
+                "write_file"
+            ]
         );
         registry.retain(|name| name.ends_with("_file"));
-        assert_eq!(registry.names(), ["read_file", "write_file"]);
+        assert_eq!(registry.names(), ["edit_file", "read_file", "write_file"]);
         assert!(registry.contains("read_file") && !registry.contains("list_files"));
     }
 

@@ -4,17 +4,68 @@
 //!
 //! [`VolumeWorkspace`] is the volume mode: the session's files already live in a local (or
 //! shared) directory, so checking out hands that directory over and checking in does nothing.
+//! [`ObjectCheckout`] is the object mode: the files are copied from the NATS object store into a
+//! directory of the call's scratch space, and what the command changed is written back.
+//!
+//! Beside it, the file tools' side: [`WorkspaceStore`] (read, write and list whole files) with
+//! [`ObjectFiles`] and [`VolumeFiles`], the settings ([`WorkspaceConfig`]), and [`open`], which
+//! picks both sides for the configured mode.
+//!
+//! Layout: `store` (the `WorkspaceStore` contract), `object` (object mode, files), `checkout`
+//! (object mode, commands), `volume` (volume mode, files and the path resolver), `config`.
+
+pub mod checkout;
+pub mod config;
+pub mod object;
+pub mod store;
+pub mod volume;
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use skein_common::bus::Bus;
 use skein_common::protocol::TaskOrigin;
+use skein_common::workspace::ObjectWorkspaces;
 
 use crate::scope::TaskScope;
-use crate::tools::fs::Workspace;
 use crate::tools::ToolError;
+
+pub use checkout::ObjectCheckout;
+pub use config::{WorkspaceConfig, WorkspaceMode};
+pub use object::ObjectFiles;
+pub use store::{DirEntry, FileContent, FileEntry, Revision, WorkspaceStore};
+pub use volume::{VolumeFiles, Workspace};
+
+/// The workspace of the configured mode, for the file tools and for commands: in object mode
+/// both share one [`ObjectWorkspaces`] (and its content cache) over `bus`; in volume mode both
+/// use directories under `root`.
+pub fn open(
+    cfg: &WorkspaceConfig,
+    root: &Path,
+    bus: &Bus,
+) -> (Arc<dyn WorkspaceStore>, Arc<dyn CommandWorkspace>) {
+    match cfg.mode {
+        WorkspaceMode::Object => {
+            let cache_bytes = usize::try_from(cfg.cache_bytes).unwrap_or(usize::MAX);
+            let objects = Arc::new(ObjectWorkspaces::new(
+                bus.jetstream().clone(),
+                &cfg.store,
+                cache_bytes,
+            ));
+            (
+                Arc::new(ObjectFiles::new(objects.clone())),
+                Arc::new(ObjectCheckout::new(objects)),
+            )
+        }
+        WorkspaceMode::Volume => (
+            Arc::new(VolumeFiles::new(root, cfg.store.limits())),
+            Arc::new(VolumeWorkspace::new(root)),
+        ),
+    }
+}
 
 /// A session's files on local disk for one call.
 pub struct CheckedOut {

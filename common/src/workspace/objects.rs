@@ -1,0 +1,881 @@
+//! `ObjectWorkspaces`: every session's files in the NATS object store, one bucket per tenant
+//! (`skein-ws-<tenant>`, stream `OBJ_skein-ws-<tenant>`), one object per file named
+//! `<session>/<path>`.
+//!
+//! The objects keep the object store's own layout (chunks on `$O.<bucket>.C.<nuid>`, metadata on
+//! `$O.<bucket>.M.<base64 of the name>`, rolled up to one message per name), so `nats object`
+//! and any client library read them. Reads and writes go through it directly to add what a shared
+//! workspace needs:
+//!
+//! - **all-or-nothing writes.** A write publishes its chunks under a new `nuid`, then the metadata
+//!   that names them, then purges the chunks of the version it replaced. A reader takes one
+//!   metadata message and reads only that version's chunks; if they are purged under it (a newer
+//!   write finished), it reads the newer version instead, and it checks the size and the SHA-256
+//!   digest of what it assembled. So a reader gets an old or a new content, never a mix, and never
+//!   hangs on missing chunks;
+//! - **compare-and-set.** The metadata is published with `Nats-Expected-Last-Subject-Sequence`:
+//!   a conditional write (an edit, a check-in) fails with [`WorkspaceError::Conflict`] if the file
+//!   changed since it was read, and every replaced version's chunks are purged by the write that
+//!   replaced it;
+//! - **leader reads.** Metadata and chunks are read with `STREAM.MSG.GET`, answered by the stream's
+//!   leader, so a write acknowledged on one worker is seen by a read on any other, whatever the
+//!   bucket's replicas;
+//! - **caps.** Before a write, the session's files are listed: the new size must keep the session
+//!   under its cap, and the path must not clash with a file (`a` a file and `a/b` wanted) or a
+//!   directory (`a/b` present and `a` wanted);
+//! - **cache.** Contents read or written are kept in a [`ContentCache`] by object name, used only
+//!   when the metadata read just before names the same `nuid` and digest.
+//!
+//! Works on nats-server 2.9: `create_object_store` creates the stream directly (unlike
+//! `create_key_value`, it does not query the account first); buckets are created on the first
+//! write of a tenant, never by a read. Listing a session reads the metadata of every object of the
+//! tenant's bucket (names are base64 in subjects, so a session cannot be filtered by subject): its
+//! cost grows with the tenant's file count.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, HeaderValue, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ROLLUP};
+use async_nats::jetstream::context::{PublishErrorKind, PublishAckFuture};
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::object_store::{self, ObjectInfo, ObjectOptions};
+use async_nats::jetstream::stream::{RawMessageErrorKind, StorageType};
+use async_nats::jetstream::{self, context::GetStreamErrorKind};
+use base64::Engine;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::cache::{ContentCache, ContentId};
+use super::path::{clean_relative, WorkspacePath};
+use super::{digest, human_size, Limits, SessionRef, WorkspaceError, WorkspaceStoreConfig};
+
+/// Bucket names are this and the tenant.
+pub const BUCKET_PREFIX: &str = "skein-ws-";
+
+/// Size of the chunks of a new object (the object store's default). A chunk must fit in one
+/// message, and in a `STREAM.MSG.GET` answer once base64-encoded.
+const CHUNK_BYTES: usize = 128 * 1024;
+
+/// Chunks published before the oldest one's acknowledgement is awaited.
+const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// How many versions a read follows when the one it started on is replaced under it.
+const READ_ATTEMPTS: usize = 5;
+
+/// How many times an unconditional write retries its metadata when another write lands first.
+const WRITE_ATTEMPTS: usize = 5;
+
+/// Longest a listing of one session may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Buckets whose handles a process keeps; beyond, the map is emptied and refilled on demand.
+const MAX_KNOWN_BUCKETS: usize = 1024;
+
+/// The `Nats-Rollup` value that keeps one metadata message per object.
+const ROLLUP_SUBJECT: &str = "sub";
+
+/// The bucket of `tenant`'s workspaces (a valid bucket name for any tenant token).
+pub fn bucket_name(tenant: &str) -> String {
+    format!("{BUCKET_PREFIX}{tenant}")
+}
+
+fn stream_name(bucket: &str) -> String {
+    format!("OBJ_{bucket}")
+}
+
+fn meta_subject(bucket: &str, object: &str) -> String {
+    format!(
+        "$O.{bucket}.M.{}",
+        base64::engine::general_purpose::URL_SAFE.encode(object)
+    )
+}
+
+fn chunk_subject(bucket: &str, nuid: &str) -> String {
+    format!("$O.{bucket}.C.{nuid}")
+}
+
+fn object_name(session: &SessionRef, path: &WorkspacePath) -> String {
+    format!("{}/{}", session.session(), path.as_str())
+}
+
+/// One version of a file, as its metadata says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    /// Stream sequence of the metadata message: what a conditional write compares.
+    pub seq: u64,
+    /// Names this version's chunks; new for every write.
+    pub nuid: String,
+    pub digest: Option<String>,
+    pub size: u64,
+}
+
+/// A file of a session, as a listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredFile {
+    /// Normal form of the path (see [`WorkspacePath`]).
+    pub path: String,
+    pub size: u64,
+    pub nuid: String,
+    pub digest: Option<String>,
+}
+
+/// What a write requires of the file's current version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Nothing: the write replaces whatever is there.
+    Any,
+    /// No file at that path.
+    Absent,
+    /// Exactly the version whose metadata has this sequence.
+    Seq(u64),
+}
+
+/// The current metadata of an object, live or deleted.
+struct Meta {
+    info: ObjectInfo,
+    seq: u64,
+}
+
+impl Meta {
+    fn version(&self) -> Version {
+        Version {
+            seq: self.seq,
+            nuid: self.info.nuid.clone(),
+            digest: self.info.digest.clone(),
+            size: self.info.size as u64,
+        }
+    }
+}
+
+/// A tenant's bucket: its stream for direct reads and writes, and the object store for listing.
+#[derive(Clone)]
+struct Bucket {
+    name: String,
+    stream: jetstream::stream::Stream<()>,
+    objects: object_store::ObjectStore,
+}
+
+/// Why assembling one version failed.
+enum Fetch {
+    /// The version's chunks are gone or do not add up: a newer write replaced it.
+    Replaced(String),
+    Failed(WorkspaceError),
+}
+
+/// Session workspaces in the object store. See the module documentation.
+pub struct ObjectWorkspaces {
+    jetstream: jetstream::Context,
+    limits: Limits,
+    replicas: usize,
+    buckets: std::sync::Mutex<HashMap<String, Bucket>>,
+    cache: ContentCache,
+}
+
+impl std::fmt::Debug for ObjectWorkspaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectWorkspaces")
+            .field("limits", &self.limits)
+            .field("replicas", &self.replicas)
+            .field("cache", &self.cache)
+            .finish()
+    }
+}
+
+impl ObjectWorkspaces {
+    /// Workspaces reached through `jetstream`, with `cfg`'s caps and replicas, caching at most
+    /// `cache_bytes` of contents.
+    pub fn new(jetstream: jetstream::Context, cfg: &WorkspaceStoreConfig, cache_bytes: usize) -> Self {
+        Self {
+            jetstream,
+            limits: cfg.limits(),
+            replicas: cfg.replicas,
+            buckets: std::sync::Mutex::new(HashMap::new()),
+            cache: ContentCache::new(cache_bytes),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The content cache (for its usage).
+    pub fn cache(&self) -> &ContentCache {
+        &self.cache
+    }
+
+    /// Every file of `session`, sorted by path. Objects whose names are not normal workspace
+    /// paths (written by other tools) are left out: no tool could name them.
+    pub async fn list(&self, session: &SessionRef) -> Result<Vec<StoredFile>, WorkspaceError> {
+        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+            return Ok(Vec::new());
+        };
+        let prefix = format!("{}/", session.session());
+        let listing = async {
+            let mut files = Vec::new();
+            let mut list = bucket.objects.list().await.map_err(|e| {
+                WorkspaceError::unavailable(format!("cannot list {}", bucket.name), e)
+            })?;
+            while let Some(info) = list.next().await {
+                let info = info.map_err(|e| {
+                    WorkspaceError::unavailable(format!("cannot list {}", bucket.name), e)
+                })?;
+                let Some(path) = info.name.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let is_link = info.options.as_ref().is_some_and(|o| o.link.is_some());
+                if is_link || clean_relative(path).ok().as_deref() != Some(path) {
+                    tracing::debug!(object = %info.name, "object not addressable as a workspace file; skipped");
+                    continue;
+                }
+                files.push(StoredFile {
+                    path: path.to_owned(),
+                    size: info.size as u64,
+                    nuid: info.nuid,
+                    digest: info.digest,
+                });
+            }
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(files)
+        };
+        let listed = match tokio::time::timeout(LIST_TIMEOUT, listing).await {
+            Ok(listed) => listed,
+            Err(_) => Err(WorkspaceError::Unavailable {
+                message: format!("listing {} took longer than {LIST_TIMEOUT:?}", bucket.name),
+                source: None,
+            }),
+        };
+        self.forget_bucket_on_failure(session.tenant(), listed)
+    }
+
+    /// The current version of a file, if there is one.
+    pub async fn stat(
+        &self,
+        session: &SessionRef,
+        path: &WorkspacePath,
+    ) -> Result<Option<Version>, WorkspaceError> {
+        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+            return Ok(None);
+        };
+        let meta = self.meta(&bucket, &object_name(session, path)).await;
+        let meta = self.forget_bucket_on_failure(session.tenant(), meta)?;
+        Ok(meta
+            .filter(|m| !m.info.deleted)
+            .map(|m| m.version()))
+    }
+
+    /// A file's whole content and its version.
+    pub async fn read(
+        &self,
+        session: &SessionRef,
+        path: &WorkspacePath,
+    ) -> Result<(Bytes, Version), WorkspaceError> {
+        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+            return Err(not_found(path));
+        };
+        let read = self.read_in(&bucket, session, path).await;
+        self.forget_bucket_on_failure(session.tenant(), read)
+    }
+
+    async fn read_in(
+        &self,
+        bucket: &Bucket,
+        session: &SessionRef,
+        path: &WorkspacePath,
+    ) -> Result<(Bytes, Version), WorkspaceError> {
+        let name = object_name(session, path);
+        let mut why_not = String::new();
+        for _ in 0..READ_ATTEMPTS {
+            let meta = match self.meta(bucket, &name).await? {
+                Some(meta) if !meta.info.deleted => meta,
+                _ => return Err(not_found(path)),
+            };
+            let version = meta.version();
+            if version.size > self.limits.max_file_bytes {
+                return Err(WorkspaceError::TooLarge(format!(
+                    "{path} is {} ({} bytes), over the {} per-file cap: it cannot be read here",
+                    human_size(version.size),
+                    version.size,
+                    human_size(self.limits.max_file_bytes)
+                )));
+            }
+            let id = ContentId {
+                nuid: version.nuid.clone(),
+                digest: version.digest.clone().unwrap_or_default(),
+            };
+            if let Some(content) = self.cache.get(&cache_key(bucket, &name), &id) {
+                return Ok((content, version));
+            }
+            match self.fetch(bucket, &meta.info).await {
+                Ok(content) => {
+                    self.cache.put(&cache_key(bucket, &name), id, content.clone());
+                    return Ok((content, version));
+                }
+                Err(Fetch::Replaced(why)) => why_not = why,
+                Err(Fetch::Failed(error)) => return Err(error),
+            }
+        }
+        Err(WorkspaceError::Unavailable {
+            message: format!(
+                "{path} kept changing while it was read ({READ_ATTEMPTS} versions tried; last: \
+                 {why_not}); try again"
+            ),
+            source: None,
+        })
+    }
+
+    /// Assembles the chunks of the version `info` describes, checking size and digest.
+    async fn fetch(&self, bucket: &Bucket, info: &ObjectInfo) -> Result<Bytes, Fetch> {
+        let subject = chunk_subject(&bucket.name, &info.nuid);
+        let mut content = bytes::BytesMut::with_capacity(info.size);
+        let mut next_seq = 1;
+        for index in 0..info.chunks {
+            let message = bucket
+                .stream
+                .raw_message_builder()
+                .sequence(next_seq)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            let message = match message {
+                Ok(message) => message,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => {
+                    return Err(Fetch::Replaced(format!(
+                        "chunk {} of {} is gone",
+                        index + 1,
+                        info.chunks
+                    )))
+                }
+                Err(e) => {
+                    return Err(Fetch::Failed(WorkspaceError::unavailable(
+                        format!("cannot read {}", info.name),
+                        e,
+                    )))
+                }
+            };
+            content.extend_from_slice(&message.payload);
+            if content.len() > info.size {
+                return Err(Fetch::Replaced("more bytes than its size".into()));
+            }
+            next_seq = message.sequence + 1;
+        }
+        if content.len() != info.size {
+            return Err(Fetch::Replaced(format!(
+                "{} bytes where {} were expected",
+                content.len(),
+                info.size
+            )));
+        }
+        if let Some(expected) = &info.digest {
+            if digest(&content) != *expected {
+                return Err(Fetch::Replaced("its digest does not match".into()));
+            }
+        }
+        Ok(content.freeze())
+    }
+
+    /// Writes a whole file (see the module documentation for the checks and guarantees).
+    pub async fn write(
+        &self,
+        session: &SessionRef,
+        path: &WorkspacePath,
+        content: Bytes,
+        expect: Expect,
+    ) -> Result<Version, WorkspaceError> {
+        if path.is_root() {
+            return Err(WorkspaceError::Invalid(
+                "the workspace itself is a directory: give a file path".into(),
+            ));
+        }
+        self.limits.check_file(path, content.len() as u64)?;
+        let Some(bucket) = self.bucket(session.tenant(), true).await? else {
+            return Err(WorkspaceError::Unavailable {
+                message: "the workspace bucket could not be created".into(),
+                source: None,
+            });
+        };
+        let files = self.list(session).await?;
+        check_namespace(&files, path)?;
+        let others: u64 = files
+            .iter()
+            .filter(|f| f.path != path.as_str())
+            .map(|f| f.size)
+            .sum();
+        self.limits.check_session(others + content.len() as u64)?;
+        let written = self
+            .write_in(&bucket, &object_name(session, path), path, content, expect)
+            .await;
+        self.forget_bucket_on_failure(session.tenant(), written)
+    }
+
+    /// [`write`](Self::write) without listing the session first: the caller has checked the
+    /// session cap, and that no file clashes with `path`, against its own view of every file (a
+    /// check-in does that once for all the files it writes back). The per-file cap still holds.
+    pub async fn write_prechecked(
+        &self,
+        session: &SessionRef,
+        path: &WorkspacePath,
+        content: Bytes,
+        expect: Expect,
+    ) -> Result<Version, WorkspaceError> {
+        if path.is_root() {
+            return Err(WorkspaceError::Invalid(
+                "the workspace itself is a directory: give a file path".into(),
+            ));
+        }
+        self.limits.check_file(path, content.len() as u64)?;
+        let Some(bucket) = self.bucket(session.tenant(), true).await? else {
+            return Err(WorkspaceError::Unavailable {
+                message: "the workspace bucket could not be created".into(),
+                source: None,
+            });
+        };
+        let written = self
+            .write_in(&bucket, &object_name(session, path), path, content, expect)
+            .await;
+        self.forget_bucket_on_failure(session.tenant(), written)
+    }
+
+    async fn write_in(
+        &self,
+        bucket: &Bucket,
+        name: &str,
+        path: &WorkspacePath,
+        content: Bytes,
+        expect: Expect,
+    ) -> Result<Version, WorkspaceError> {
+        let mut current = self.meta(bucket, name).await?;
+        check_expectation(path, current.as_ref(), expect)?;
+
+        let nuid = uuid::Uuid::new_v4().simple().to_string();
+        let chunks = self.publish_chunks(bucket, &nuid, &content).await;
+        let chunks = match chunks {
+            Ok(chunks) => chunks,
+            Err(error) => {
+                self.purge_chunks(bucket, &nuid).await;
+                return Err(error);
+            }
+        };
+        let digest = digest(&content);
+        let info = ObjectInfo {
+            name: name.to_owned(),
+            description: None,
+            metadata: HashMap::new(),
+            headers: None,
+            options: Some(ObjectOptions {
+                link: None,
+                max_chunk_size: Some(CHUNK_BYTES),
+            }),
+            bucket: bucket.name.clone(),
+            nuid: nuid.clone(),
+            size: content.len(),
+            chunks,
+            modified: now(),
+            digest: Some(digest.clone()),
+            deleted: false,
+        };
+        for _ in 0..WRITE_ATTEMPTS {
+            let expected_seq = current.as_ref().map_or(0, |m| m.seq);
+            match self.publish_meta(bucket, &info, expected_seq).await {
+                Ok(seq) => {
+                    if let Some(replaced) = current.filter(|m| !m.info.deleted) {
+                        self.purge_chunks(bucket, &replaced.info.nuid).await;
+                    }
+                    let id = ContentId {
+                        nuid: nuid.clone(),
+                        digest: digest.clone(),
+                    };
+                    self.cache.put(&cache_key(bucket, name), id, content);
+                    return Ok(Version {
+                        seq,
+                        nuid,
+                        digest: Some(digest),
+                        size: info.size as u64,
+                    });
+                }
+                Err(MetaPublish::Conflict) if expect == Expect::Any => {
+                    // Another write landed first; this one replaces it.
+                    current = self.meta(bucket, name).await?;
+                }
+                Err(MetaPublish::Conflict) => {
+                    self.purge_chunks(bucket, &nuid).await;
+                    return Err(changed(path));
+                }
+                Err(MetaPublish::Failed(error)) => {
+                    self.purge_chunks(bucket, &nuid).await;
+                    return Err(error);
+                }
+            }
+        }
+        self.purge_chunks(bucket, &nuid).await;
+        Err(WorkspaceError::Unavailable {
+            message: format!(
+                "{path} was written by others {WRITE_ATTEMPTS} times while this write ran; try again"
+            ),
+            source: None,
+        })
+    }
+
+    /// Removes a file; false if there was none. With [`Expect::Seq`], only that version.
+    pub async fn remove(
+        &self,
+        session: &SessionRef,
+        path: &WorkspacePath,
+        expect: Expect,
+    ) -> Result<bool, WorkspaceError> {
+        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+            return Ok(false);
+        };
+        let removed = self.remove_in(&bucket, session, path, expect).await;
+        self.forget_bucket_on_failure(session.tenant(), removed)
+    }
+
+    async fn remove_in(
+        &self,
+        bucket: &Bucket,
+        session: &SessionRef,
+        path: &WorkspacePath,
+        expect: Expect,
+    ) -> Result<bool, WorkspaceError> {
+        let name = object_name(session, path);
+        let current = match self.meta(bucket, &name).await? {
+            Some(meta) if !meta.info.deleted => meta,
+            _ if matches!(expect, Expect::Seq(_)) => return Err(changed(path)),
+            _ => return Ok(false),
+        };
+        check_expectation(path, Some(&current), expect)?;
+        let mut info = current.info.clone();
+        info.deleted = true;
+        info.chunks = 0;
+        info.size = 0;
+        info.digest = None;
+        info.modified = now();
+        match self.publish_meta(bucket, &info, current.seq).await {
+            Ok(_) => {}
+            Err(MetaPublish::Conflict) => return Err(changed(path)),
+            Err(MetaPublish::Failed(error)) => return Err(error),
+        }
+        self.cache.forget(&cache_key(bucket, &name));
+        self.purge_chunks(bucket, &current.info.nuid).await;
+        Ok(true)
+    }
+
+    /// The bucket of `tenant`, created if `create` and missing; `None` if missing otherwise.
+    async fn bucket(&self, tenant: &str, create: bool) -> Result<Option<Bucket>, WorkspaceError> {
+        if let Some(bucket) = self.known_bucket(tenant) {
+            return Ok(Some(bucket));
+        }
+        let name = bucket_name(tenant);
+        let found = match self.open_bucket(&name).await? {
+            Some(bucket) => bucket,
+            None if !create => return Ok(None),
+            None => {
+                let config = object_store::Config {
+                    bucket: name.clone(),
+                    description: Some(format!("Skein session workspaces of tenant {tenant}")),
+                    num_replicas: self.replicas,
+                    storage: StorageType::File,
+                    ..Default::default()
+                };
+                let created = self.jetstream.create_object_store(config).await;
+                match (created, self.open_bucket(&name).await) {
+                    (_, Ok(Some(bucket))) => bucket,
+                    (Err(e), _) => {
+                        return Err(WorkspaceError::unavailable(
+                            format!("cannot create the workspace bucket {name}"),
+                            e,
+                        ))
+                    }
+                    (Ok(_), Ok(None)) => {
+                        return Err(WorkspaceError::Unavailable {
+                            message: format!("the workspace bucket {name} vanished after creation"),
+                            source: None,
+                        })
+                    }
+                    (Ok(_), Err(e)) => return Err(e),
+                }
+            }
+        };
+        let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if buckets.len() >= MAX_KNOWN_BUCKETS {
+            buckets.clear();
+        }
+        buckets.insert(tenant.to_owned(), found.clone());
+        Ok(Some(found))
+    }
+
+    fn known_bucket(&self, tenant: &str) -> Option<Bucket> {
+        self.buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(tenant)
+            .cloned()
+    }
+
+    /// Drops the handle of `tenant`'s bucket when `result` says the store failed (the bucket
+    /// may have been removed or recreated), so the next call looks it up again.
+    fn forget_bucket_on_failure<T>(
+        &self,
+        tenant: &str,
+        result: Result<T, WorkspaceError>,
+    ) -> Result<T, WorkspaceError> {
+        if matches!(result, Err(WorkspaceError::Unavailable { .. })) {
+            self.buckets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(tenant);
+        }
+        result
+    }
+
+    async fn open_bucket(&self, name: &str) -> Result<Option<Bucket>, WorkspaceError> {
+        let stream = stream_name(name);
+        match self.jetstream.get_stream(&stream).await {
+            Ok(_) => {}
+            Err(e) => {
+                if let GetStreamErrorKind::JetStream(js) = e.kind() {
+                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND {
+                        return Ok(None);
+                    }
+                }
+                return Err(WorkspaceError::unavailable(
+                    format!("cannot look up the workspace bucket {name}"),
+                    e,
+                ));
+            }
+        }
+        let objects = self.jetstream.get_object_store(name).await.map_err(|e| {
+            WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
+        })?;
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&stream)
+            .await
+            .map_err(|e| {
+                WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
+            })?;
+        Ok(Some(Bucket {
+            name: name.to_owned(),
+            stream,
+            objects,
+        }))
+    }
+
+    /// The latest metadata message of `object` (live or deleted), read from the stream leader.
+    async fn meta(&self, bucket: &Bucket, object: &str) -> Result<Option<Meta>, WorkspaceError> {
+        let message = bucket
+            .stream
+            .raw_message_builder()
+            .last_by_subject(meta_subject(&bucket.name, object))
+            .send()
+            .await;
+        let message = match message {
+            Ok(message) => message,
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(e) => {
+                return Err(WorkspaceError::unavailable(
+                    format!("cannot read the metadata of {object}"),
+                    e,
+                ))
+            }
+        };
+        let info: ObjectInfo = serde_json::from_slice(&message.payload).map_err(|e| {
+            WorkspaceError::unavailable(format!("the metadata of {object} is not readable"), e)
+        })?;
+        Ok(Some(Meta {
+            info,
+            seq: message.sequence,
+        }))
+    }
+
+    /// Publishes `content` as chunks under `nuid`; returns how many.
+    async fn publish_chunks(
+        &self,
+        bucket: &Bucket,
+        nuid: &str,
+        content: &Bytes,
+    ) -> Result<usize, WorkspaceError> {
+        let subject = chunk_subject(&bucket.name, nuid);
+        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
+        let mut chunks = 0;
+        let publish_error = |e: Box<dyn std::error::Error + Send + Sync>| {
+            WorkspaceError::unavailable(format!("cannot store a chunk in {}", bucket.name), e)
+        };
+        for chunk in content.chunks(CHUNK_BYTES) {
+            if pending.len() >= CHUNKS_IN_FLIGHT {
+                if let Some(ack) = pending.pop_front() {
+                    ack.await.map_err(|e| publish_error(Box::new(e)))?;
+                }
+            }
+            let ack = self
+                .jetstream
+                .publish(subject.clone(), content.slice_ref(chunk))
+                .await
+                .map_err(|e| publish_error(Box::new(e)))?;
+            pending.push_back(ack);
+            chunks += 1;
+        }
+        while let Some(ack) = pending.pop_front() {
+            ack.await.map_err(|e| publish_error(Box::new(e)))?;
+        }
+        Ok(chunks)
+    }
+
+    /// Publishes `info` as the object's metadata if the last one has sequence `expected_seq`
+    /// (0: none); returns the new metadata's sequence.
+    async fn publish_meta(
+        &self,
+        bucket: &Bucket,
+        info: &ObjectInfo,
+        expected_seq: u64,
+    ) -> Result<u64, MetaPublish> {
+        let payload = serde_json::to_vec(info).map_err(|e| {
+            MetaPublish::Failed(WorkspaceError::unavailable("cannot encode object metadata", e))
+        })?;
+        let mut headers = HeaderMap::new();
+        headers.insert(NATS_ROLLUP, HeaderValue::from(ROLLUP_SUBJECT));
+        headers.insert(
+            NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            HeaderValue::from(expected_seq.to_string().as_str()),
+        );
+        let failed = |e: async_nats::jetstream::context::PublishError| {
+            if e.kind() == PublishErrorKind::WrongLastSequence {
+                MetaPublish::Conflict
+            } else {
+                MetaPublish::Failed(WorkspaceError::unavailable(
+                    format!("cannot store the metadata of {}", info.name),
+                    e,
+                ))
+            }
+        };
+        let ack = self
+            .jetstream
+            .publish_with_headers(
+                meta_subject(&bucket.name, &info.name),
+                headers,
+                payload.into(),
+            )
+            .await
+            .map_err(failed)?
+            .await
+            .map_err(failed)?;
+        Ok(ack.sequence)
+    }
+
+    /// Removes the chunks of version `nuid`; a failure only leaves unreachable data behind, so
+    /// it is logged, not returned.
+    async fn purge_chunks(&self, bucket: &Bucket, nuid: &str) {
+        if nuid.is_empty() {
+            return;
+        }
+        if let Err(e) = bucket
+            .stream
+            .purge()
+            .filter(chunk_subject(&bucket.name, nuid))
+            .await
+        {
+            tracing::warn!(bucket = %bucket.name, nuid, error = %e, "could not purge replaced chunks");
+        }
+    }
+}
+
+/// Why a metadata publish failed.
+enum MetaPublish {
+    /// The object's last metadata is not the expected one.
+    Conflict,
+    Failed(WorkspaceError),
+}
+
+fn cache_key(bucket: &Bucket, object: &str) -> String {
+    format!("{}/{object}", bucket.name)
+}
+
+fn not_found(path: &WorkspacePath) -> WorkspaceError {
+    WorkspaceError::NotFound(format!("{path}: no such file or directory"))
+}
+
+fn changed(path: &WorkspacePath) -> WorkspaceError {
+    WorkspaceError::Conflict(format!(
+        "{path} changed while this operation ran; nothing was written: read it again"
+    ))
+}
+
+fn check_expectation(
+    path: &WorkspacePath,
+    current: Option<&Meta>,
+    expect: Expect,
+) -> Result<(), WorkspaceError> {
+    let live = current.filter(|m| !m.info.deleted);
+    match (expect, live) {
+        (Expect::Any, _) | (Expect::Absent, None) => Ok(()),
+        (Expect::Seq(seq), Some(meta)) if meta.seq == seq => Ok(()),
+        _ => Err(changed(path)),
+    }
+}
+
+/// Refuses a file at `path` when a file lies on its way (`a` for `a/b`) or below it (`a/b` for
+/// `a`): one name cannot be a file and a directory at once.
+pub fn check_namespace(files: &[StoredFile], path: &WorkspacePath) -> Result<(), WorkspaceError> {
+    for file in files {
+        if path.as_str().len() > file.path.len()
+            && path.as_str().starts_with(&file.path)
+            && path.as_str().as_bytes()[file.path.len()] == b'/'
+        {
+            return Err(WorkspaceError::Invalid(format!(
+                "{} is a file, so {path} cannot be created below it",
+                file.path
+            )));
+        }
+        if path.contains(&file.path) {
+            return Err(WorkspaceError::Invalid(format!(
+                "{path} is a directory (it holds {})",
+                file.path
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn now() -> Option<async_nats::datetime::DateTime> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
+    async_nats::datetime::from_nanos(i128::try_from(nanos).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> StoredFile {
+        StoredFile {
+            path: path.into(),
+            size: 1,
+            nuid: "n".into(),
+            digest: None,
+        }
+    }
+
+    #[test]
+    fn a_name_is_a_file_or_a_directory_never_both() {
+        let files = [file("a"), file("dir/b.txt")];
+        let path = |p: &str| WorkspacePath::parse(p).expect("valid");
+        assert!(check_namespace(&files, &path("a")).is_ok());
+        assert!(check_namespace(&files, &path("ab")).is_ok());
+        assert!(check_namespace(&files, &path("dir/c.txt")).is_ok());
+        assert!(check_namespace(&files, &path("dir2")).is_ok());
+        let below_file = check_namespace(&files, &path("a/x")).expect_err("clash");
+        assert!(below_file.to_string().contains("a is a file"), "{below_file}");
+        let over_dir = check_namespace(&files, &path("dir")).expect_err("clash");
+        assert!(over_dir.to_string().contains("dir is a directory"), "{over_dir}");
+    }
+
+    #[test]
+    fn names_follow_the_object_store_layout() {
+        assert_eq!(bucket_name("acme"), "skein-ws-acme");
+        assert_eq!(stream_name("skein-ws-acme"), "OBJ_skein-ws-acme");
+        // URL-safe base64 with padding, as the object store encodes names.
+        assert_eq!(meta_subject("b", "s/a"), "$O.b.M.cy9h");
+        assert_eq!(chunk_subject("b", "n1"), "$O.b.C.n1");
+    }
+}

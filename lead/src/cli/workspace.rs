@@ -1,0 +1,197 @@
+//! `skein workspace`: list, fetch and seed the files of a session's workspace in the NATS object
+//! store (the workers' default `object` mode), with the same path rules and caps as the file
+//! tools.
+//!
+//! - `skein workspace ls <session>`: one line per file, its size in bytes and its path;
+//! - `skein workspace get <session> <path> [--out FILE]`: the file's bytes on stdout, or in FILE;
+//! - `skein workspace put <session> <path> [FILE|-]`: stores FILE (stdin when `-` or absent),
+//!   replacing the file whole; the cap is checked before anything is sent.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use skein_common::client::SkeinClient;
+use skein_common::config::{NatsConfig, ENV_TENANT};
+use skein_common::workspace::objects::Expect;
+use skein_common::workspace::{
+    human_size, ObjectWorkspaces, SessionRef, WorkspacePath, WorkspaceStoreConfig,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The command line does not re-read files, so it keeps no content cache.
+const NO_CACHE: usize = 0;
+
+#[derive(Debug, Args)]
+pub struct WorkspaceArgs {
+    #[command(subcommand)]
+    pub action: WorkspaceAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceAction {
+    /// List a session's files: size in bytes, then path, one per line.
+    Ls {
+        #[command(flatten)]
+        target: Target,
+        /// The session whose files to list.
+        session: String,
+    },
+    /// Print a file of a session's workspace (or write it to --out).
+    Get {
+        #[command(flatten)]
+        target: Target,
+        /// The session.
+        session: String,
+        /// Path of the file, relative to the workspace.
+        path: String,
+        /// Write the file here instead of to standard output.
+        #[arg(long, short = 'o')]
+        out: Option<PathBuf>,
+    },
+    /// Store a file in a session's workspace, replacing any file of that path.
+    Put {
+        #[command(flatten)]
+        target: Target,
+        /// The session.
+        session: String,
+        /// Path of the file, relative to the workspace.
+        path: String,
+        /// What to store: a local file, or `-` (the default) for standard input.
+        file: Option<PathBuf>,
+    },
+}
+
+/// Where the workspace is: the NATS connection, the tenant, the caps.
+#[derive(Debug, Args)]
+pub struct Target {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[arg(long, env = ENV_TENANT, default_value = "default")]
+    pub tenant: String,
+    #[command(flatten)]
+    pub store: WorkspaceStoreConfig,
+}
+
+pub async fn workspace(args: WorkspaceArgs) -> ExitCode {
+    match run(args.action).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(action: WorkspaceAction) -> Result<(), String> {
+    match action {
+        WorkspaceAction::Ls { target, session } => {
+            let (objects, session) = open(&target, &session).await?;
+            let files = objects.list(&session).await.map_err(|e| e.describe())?;
+            if files.is_empty() {
+                eprintln!("no files in session {}", session.session());
+            }
+            let mut out = String::new();
+            for file in files {
+                out.push_str(&format!("{:>12}  {}\n", file.size, file.path));
+            }
+            print_bytes(out.as_bytes(), None).await
+        }
+        WorkspaceAction::Get {
+            target,
+            session,
+            path,
+            out,
+        } => {
+            let path = WorkspacePath::parse(&path).map_err(|e| e.to_string())?;
+            let (objects, session) = open(&target, &session).await?;
+            let (content, _) = objects
+                .read(&session, &path)
+                .await
+                .map_err(|e| e.describe())?;
+            print_bytes(&content, out.as_deref()).await
+        }
+        WorkspaceAction::Put {
+            target,
+            session,
+            path,
+            file,
+        } => {
+            let path = WorkspacePath::parse(&path).map_err(|e| e.to_string())?;
+            target.store.validate()?;
+            let cap = target.store.max_file_bytes;
+            let content = read_source(file.as_deref(), cap).await?;
+            let limits = target.store.limits();
+            limits
+                .check_file(&path, content.len() as u64)
+                .map_err(|e| e.to_string())?;
+            let (objects, session) = open(&target, &session).await?;
+            let size = content.len();
+            objects
+                .write(&session, &path, content.into(), Expect::Any)
+                .await
+                .map_err(|e| e.describe())?;
+            eprintln!(
+                "stored {path} ({}) in session {} of tenant {}",
+                human_size(size as u64),
+                session.session(),
+                session.tenant()
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn open(target: &Target, session: &str) -> Result<(ObjectWorkspaces, SessionRef), String> {
+    target.store.validate()?;
+    let session = SessionRef::new(&target.tenant, session).map_err(|e| e.to_string())?;
+    let client = SkeinClient::connect(&target.nats)
+        .await
+        .map_err(|e| e.to_string())?;
+    let objects = ObjectWorkspaces::new(client.bus().jetstream().clone(), &target.store, NO_CACHE);
+    Ok((objects, session))
+}
+
+/// The bytes of `file` (standard input for `-` or none), refused past `cap` bytes without
+/// reading further.
+async fn read_source(file: Option<&std::path::Path>, cap: u64) -> Result<Vec<u8>, String> {
+    let mut content = Vec::new();
+    let limit = cap.saturating_add(1);
+    let read = match file {
+        Some(path) if path.as_os_str() != "-" => {
+            let opened = tokio::fs::File::open(path)
+                .await
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            opened.take(limit).read_to_end(&mut content).await
+        }
+        _ => tokio::io::stdin().take(limit).read_to_end(&mut content).await,
+    };
+    read.map_err(|e| format!("cannot read the input: {e}"))?;
+    if content.len() as u64 > cap {
+        return Err(format!(
+            "the input is larger than {} ({cap} bytes), the per-file cap of a workspace",
+            human_size(cap)
+        ));
+    }
+    Ok(content)
+}
+
+/// Writes `bytes` to `out`, or to standard output.
+async fn print_bytes(bytes: &[u8], out: Option<&std::path::Path>) -> Result<(), String> {
+    match out {
+        Some(path) => tokio::fs::write(path, bytes)
+            .await
+            .map_err(|e| format!("cannot write {}: {e}", path.display())),
+        None => {
+            let mut stdout = tokio::io::stdout();
+            stdout
+                .write_all(bytes)
+                .await
+                .map_err(|e| format!("cannot write to standard output: {e}"))?;
+            stdout
+                .flush()
+                .await
+                .map_err(|e| format!("cannot write to standard output: {e}"))
+        }
+    }
+}
