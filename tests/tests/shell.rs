@@ -89,7 +89,24 @@ fn session_dir(cluster: &TestCluster, tenant: &str, session: &str) -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shell_runs_in_the_session_workspace_and_leaves_nothing_running() {
+async fn shell_runs_in_the_object_store_workspace_and_leaves_nothing_running() {
+    shell_shares_the_workspace_with_the_file_tools("object").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_runs_in_the_volume_workspace_and_leaves_nothing_running() {
+    let (cluster, session) = shell_shares_the_workspace_with_the_file_tools("volume").await;
+    assert_eq!(
+        std::fs::read_to_string(session_dir(&cluster, "acme", &session).join("out.txt"))
+            .expect("the file is in the session's directory"),
+        "from shell\n"
+    );
+}
+
+/// One turn on a worker with `--workspace mode`: `write_file`, then `shell` (reads that file,
+/// writes another, leaves a background `sleep` behind), then `read_file` of the shell's file.
+/// Returns the cluster and the session.
+async fn shell_shares_the_workspace_with_the_file_tools(mode: &str) -> (TestCluster, String) {
     let cluster = TestCluster::start();
     let marker = unique("skein-sleeper");
     // Starts a background `sleep 1000` named after the marker and waits until it runs.
@@ -109,7 +126,12 @@ async fn shell_runs_in_the_session_workspace_and_leaves_nothing_running() {
         FakeReply::answer("done"),
     ])
     .await;
-    cluster.spawn_worker(cluster.worker_config(&["--tools", "shell,read_file,write_file"]));
+    cluster.spawn_worker(cluster.worker_config(&[
+        "--tools",
+        "shell,read_file,write_file",
+        "--workspace",
+        mode,
+    ]));
     let agents = unguarded_agents(&cluster);
     let mut lead_flags = model_flags(&model.base_url).to_vec();
     lead_flags.extend(["--agents-dir", agents.to_str().expect("utf-8 path")]);
@@ -120,7 +142,7 @@ async fn shell_runs_in_the_session_workspace_and_leaves_nothing_running() {
     let (result, events) = cluster
         .run(&submission("acme", &session, "run something"))
         .await;
-    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.status, TurnStatus::Completed, "{mode}: {result:?}");
     assert_eq!(result.answer.as_deref(), Some("done"));
     let tools = finished(&events);
     assert_eq!(
@@ -129,44 +151,37 @@ async fn shell_runs_in_the_session_workspace_and_leaves_nothing_running() {
             ("write_file".to_owned(), true),
             ("shell".to_owned(), true),
             ("read_file".to_owned(), true)
-        ]
+        ],
+        "{mode}"
     );
 
     let requests = model.requests();
     assert_eq!(requests.len(), 4);
-    assert!(
-        offered_tools(&requests[0]).contains(&"shell".to_owned()),
-        "{:?}",
-        offered_tools(&requests[0])
-    );
-    // The shell saw the file write_file wrote, in the same directory.
+    let offered = offered_tools(&requests[0]);
+    assert!(offered.contains(&"shell".to_owned()), "{offered:?}");
+    // The shell saw the file write_file wrote, in its current directory.
     let results = tool_results(&requests[2]);
     let shell_output = results.last().expect("the shell result");
     assert!(
         shell_output.starts_with("exit status: 0\n--- stdout ---\nfrom write_file\nsleeper up"),
-        "{shell_output}"
+        "{mode}: {shell_output}"
     );
     // read_file saw the file the shell wrote.
     let results = tool_results(&requests[3]);
     let read = results.last().expect("the read result");
-    assert!(read.contains("from shell"), "{read}");
-    assert_eq!(
-        std::fs::read_to_string(session_dir(&cluster, "acme", &session).join("out.txt"))
-            .expect("the file is in the session's workspace"),
-        "from shell\n"
-    );
+    assert!(read.contains("from shell"), "{mode}: {read}");
 
     // The background sleep did not survive the call.
-    let survivors = eventually(
+    eventually(
         "the command's processes are gone",
         Duration::from_secs(10),
         || {
             let alive = processes_with(&marker);
-            async move { alive.is_empty().then_some(alive) }
+            async move { alive.is_empty().then_some(()) }
         },
     )
     .await;
-    assert!(survivors.is_empty());
+    (cluster, session)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

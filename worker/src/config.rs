@@ -7,6 +7,8 @@ use clap::Parser;
 use skein_common::config::*;
 use skein_common::protocol::validate_token;
 
+use crate::tools::http::ENV_HTTP_ALLOW_PRIVATE;
+
 /// Tools a worker provides when none are configured.
 pub const DEFAULT_TOOLS: &str =
     "read_file,write_file,edit_file,list_files,glob_files,grep_files,http_fetch";
@@ -58,7 +60,7 @@ pub struct Config {
     pub http_allow: Vec<String>,
     /// Let the HTTP tools reach loopback, private, link-local (cloud metadata) and other
     /// non-public addresses; off, only the ones `http_allow` names literally.
-    #[arg(long, env = crate::tools::http::ENV_HTTP_ALLOW_PRIVATE, default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = ENV_HTTP_ALLOW_PRIVATE, default_value_t = false, action = clap::ArgAction::Set)]
     pub http_allow_private: bool,
     /// Largest body `http_fetch` returns.
     #[arg(long, env = ENV_HTTP_MAX_BYTES, default_value_t = 256 * 1024)]

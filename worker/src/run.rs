@@ -255,7 +255,9 @@ pub async fn run_custom(
             _ = shutdown.cancelled() => break,
             _ = beats.tick() => {
                 announcement.heartbeat_ms = now_ms();
-                metrics.open_resources("scopes", ctx.stats.snapshot().open_scopes() as i64);
+                let counts = ctx.stats.snapshot();
+                metrics.open_resources("scopes", counts.open_scopes() as i64);
+                metrics.open_resources("task_resources", counts.open_resources() as i64);
                 if let Err(e) = store.announce_worker(&announcement).await {
                     tracing::warn!(error = %e, "heartbeat not recorded");
                 }

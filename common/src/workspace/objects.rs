@@ -59,8 +59,9 @@ const CHUNK_BYTES: usize = 128 * 1024;
 /// Chunks published before the oldest one's acknowledgement is awaited.
 const CHUNKS_IN_FLIGHT: usize = 8;
 
-/// How many versions a read follows when the one it started on is replaced under it.
-const READ_ATTEMPTS: usize = 5;
+/// How many versions a read follows when the one it started on is replaced under it (a file
+/// rewritten continuously can replace a few in a row while its chunks are being read).
+const READ_ATTEMPTS: usize = 16;
 
 /// How many times an unconditional write retries its metadata when another write lands first.
 const WRITE_ATTEMPTS: usize = 5;

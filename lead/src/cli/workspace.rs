@@ -17,7 +17,7 @@ use skein_common::workspace::objects::Expect;
 use skein_common::workspace::{
     human_size, ObjectWorkspaces, SessionRef, WorkspacePath, WorkspaceStoreConfig,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 /// The command line does not re-read files, so it keeps no content cache.
 const NO_CACHE: usize = 0;
@@ -164,7 +164,23 @@ async fn read_source(file: Option<&std::path::Path>, cap: u64) -> Result<Vec<u8>
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             opened.take(limit).read_to_end(&mut content).await
         }
-        _ => tokio::io::stdin().take(limit).read_to_end(&mut content).await,
+        _ => {
+            // Standard input is read on a blocking thread (tokio's own needs its `io-std`).
+            let read = tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut content = Vec::new();
+                std::io::stdin()
+                    .take(limit)
+                    .read_to_end(&mut content)
+                    .map(|_| content)
+            })
+            .await
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+            read.map(|stdin| {
+                content = stdin;
+                content.len()
+            })
+        }
     };
     read.map_err(|e| format!("cannot read the input: {e}"))?;
     if content.len() as u64 > cap {
@@ -183,15 +199,16 @@ async fn print_bytes(bytes: &[u8], out: Option<&std::path::Path>) -> Result<(), 
             .await
             .map_err(|e| format!("cannot write {}: {e}", path.display())),
         None => {
-            let mut stdout = tokio::io::stdout();
-            stdout
-                .write_all(bytes)
-                .await
-                .map_err(|e| format!("cannot write to standard output: {e}"))?;
-            stdout
-                .flush()
-                .await
-                .map_err(|e| format!("cannot write to standard output: {e}"))
+            let bytes = bytes.to_vec();
+            tokio::task::spawn_blocking(move || {
+                use std::io::Write;
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(&bytes)?;
+                stdout.flush()
+            })
+            .await
+            .map_err(|e| format!("cannot write to standard output: {e}"))?
+            .map_err(|e| format!("cannot write to standard output: {e}"))
         }
     }
 }

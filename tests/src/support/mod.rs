@@ -13,6 +13,7 @@ pub mod otlp;
 pub mod proxy;
 pub mod servers;
 pub mod slow_http;
+pub mod soak;
 pub mod test_tools;
 pub mod tls;
 

@@ -1,6 +1,7 @@
 //! Tools that exist only in tests and benchmarks: a slow tool whose side effect is counted (to see
 //! which calls ran more than once after a crash), a tool that kills its worker process (a poison
-//! task), and a tool that does nothing (the cost of the path around a tool).
+//! task), a tool that does nothing (the cost of the path around a tool), and tools that fail and
+//! panic (the soak's bad outcomes).
 //! `skein-node test-worker ...` runs a real worker process that provides them next to the
 //! built-in tools.
 
@@ -20,6 +21,57 @@ pub fn register(registry: &mut ToolRegistry, effects: PathBuf) {
     registry.register(SlowEffect { effects });
     registry.register(CrashWorker);
     registry.register(Noop);
+    registry.register(FailAlways);
+    registry.register(PanicAlways);
+}
+
+/// Fails with its message (test tool).
+pub struct FailAlways;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailArgs {
+    /// What the failure says.
+    #[serde(default)]
+    pub message: String,
+}
+
+impl Tool for FailAlways {
+    const NAME: &'static str = "fail";
+    type Args = FailArgs;
+
+    fn description(&self) -> String {
+        "Fails (test tool).".into()
+    }
+
+    async fn call(&self, args: FailArgs, _ctx: ToolContext<'_>) -> Result<String, ToolError> {
+        Err(ToolError::Failed(args.message))
+    }
+}
+
+/// Panics after opening a scratch directory in its scope (test tool): the scope must still close.
+pub struct PanicAlways;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PanicArgs {}
+
+impl Tool for PanicAlways {
+    const NAME: &'static str = "panic";
+    type Args = PanicArgs;
+
+    fn description(&self) -> String {
+        "Panics (test tool).".into()
+    }
+
+    async fn call(&self, _args: PanicArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
+        let scratch = ctx
+            .scope
+            .scratch_dir()
+            .await
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        panic!("test tool panicked with {} open", scratch.display())
+    }
 }
 
 /// Does nothing and answers at once: the cost of the path around a tool (test and bench tool).

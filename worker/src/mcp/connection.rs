@@ -11,8 +11,8 @@
 //!   leaves nothing running;
 //! - [`Connection::close`] is the only way a session ends on purpose: the MCP session is closed
 //!   (stdin closed, or the HTTP session deleted), then the process group is killed and reaped.
-//!   Dropping a `Connection` instead still cancels the session and kills the leader
-//!   (`kill_on_drop`), as a safety net.
+//!   Dropping a `Connection` (or a start half-way) instead still cancels the session and
+//!   kills the process group at once, as a safety net.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -108,8 +108,9 @@ impl Connection {
                     .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
-                    .process_group(0)
                     .kill_on_drop(true);
+                #[cfg(unix)]
+                cmd.process_group(0);
                 if let Some(cwd) = cwd {
                     cmd.current_dir(cwd);
                 }
@@ -294,28 +295,16 @@ impl Drop for ServerProcess {
             return;
         };
         // The leader is not reaped yet (its `Child` is still held), so its id still names the
-        // group. `unsafe` is forbidden here, so the signal goes through kill(1), not waited for.
+        // group. `unsafe` is forbidden here, so the signal goes through kill(1); this runs only
+        // when a server was not closed, and kill(1) returns at once.
         if let Some(pid) = child.id() {
-            let group = format!("-{pid}");
-            let args = ["-s", "KILL", "--", group.as_str()];
-            let spawned = if tokio::runtime::Handle::try_current().is_ok() {
-                tokio::process::Command::new("kill")
-                    .args(args)
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .map(drop)
-            } else {
-                std::process::Command::new("kill")
-                    .args(args)
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
-                    .map(drop)
-            };
-            if let Err(e) = spawned {
+            let killed = std::process::Command::new("kill")
+                .args(["-s", "KILL", "--", &format!("-{pid}")])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+            if let Err(e) = killed {
                 tracing::warn!(pid, error = %e, "could not signal a dropped MCP server's process group");
             }
         }
@@ -405,4 +394,117 @@ pub(crate) fn http_client() -> Result<reqwest_mcp::Client, String> {
         .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| format!("HTTP client: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::*;
+    use crate::mcp::config::ServerScope;
+    use crate::tools::test_support::TestDir;
+
+    /// A "server" that never answers the handshake and leaves a grandchild in its group, whose
+    /// pid it writes to `pid_file`.
+    fn silent_server(pid_file: &Path, startup_timeout: Duration) -> ServerSpec {
+        ServerSpec {
+            name: "silent".into(),
+            transport: TransportSpec::Stdio {
+                command: "sh".into(),
+                args: vec![
+                    "-c".into(),
+                    format!("sleep 300 & echo $! > '{}'; wait", pid_file.display()),
+                ],
+                env: BTreeMap::new(),
+                cwd: None,
+            },
+            scope: ServerScope::Worker,
+            startup_timeout,
+        }
+    }
+
+    fn shared() -> Shared {
+        Shared {
+            http: http_client().expect("HTTP client"),
+            background: TaskTracker::new(),
+        }
+    }
+
+    /// The grandchild's pid, once the stand-in server has written it (bounded wait).
+    async fn grandchild(pid_file: &Path) -> u32 {
+        for _ in 0..500 {
+            if let Some(pid) = std::fs::read_to_string(pid_file)
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the stand-in server never wrote {}", pid_file.display());
+    }
+
+    /// Waits (bounded) until `pid` is gone or a zombie.
+    async fn ended(pid: u32) -> bool {
+        for _ in 0..250 {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim().to_owned()));
+            match state {
+                None => return true,
+                Some(rest) if rest.starts_with('Z') => return true,
+                Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        false
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_start_that_times_out_leaves_nothing_running() {
+        let dir = TestDir::new();
+        let pid_file = dir.path().join("grandchild");
+        let spec = silent_server(&pid_file, Duration::from_secs(1));
+        let opened = Connection::open(&spec, &shared()).await;
+        assert!(matches!(opened, Err(StartError::TimedOut(_))), "{opened:?}");
+        let pid = grandchild(&pid_file).await;
+        assert!(ended(pid).await, "grandchild {pid} survived");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_start_dropped_half_way_kills_the_process_group() {
+        let dir = TestDir::new();
+        let pid_file = dir.path().join("grandchild");
+        let spec = silent_server(&pid_file, Duration::from_secs(60));
+        let shared = shared();
+        let mut opening = Box::pin(Connection::open(&spec, &shared));
+        let pid = tokio::select! {
+            opened = &mut opening => panic!("the silent server cannot start: {opened:?}"),
+            pid = grandchild(&pid_file) => pid,
+        };
+        drop(opening);
+        assert!(ended(pid).await, "grandchild {pid} survived");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_exits_at_once_fails_its_start() {
+        let spec = ServerSpec {
+            name: "quitter".into(),
+            transport: TransportSpec::Stdio {
+                command: "sh".into(),
+                args: vec!["-c".into(), "exit 3".into()],
+                env: BTreeMap::new(),
+                cwd: None,
+            },
+            scope: ServerScope::Task,
+            startup_timeout: Duration::from_secs(30),
+        };
+        let opened = Connection::open_and_list(&spec, &shared()).await;
+        assert!(
+            matches!(opened, Err(StartError::Handshake(_))),
+            "{opened:?}"
+        );
+    }
 }

@@ -151,7 +151,14 @@ impl McpServers {
                     }
                 }
             };
-            register(registry, &spec.name, &tools, &source);
+            let registered = register(registry, &spec.name, &tools, &source);
+            tracing::info!(
+                mcp_server = %spec.name,
+                scope = ?spec.scope,
+                listed = tools.len(),
+                registered,
+                "MCP server's tools registered"
+            );
         }
         tracing::info!(
             worker_scoped = ?servers.running,
@@ -195,13 +202,14 @@ impl Drop for McpServers {
 }
 
 /// Adds `tools` of `server` to the registry; a tool whose name is unusable or taken is left out
-/// with a warning.
+/// with a warning. Returns how many were added.
 fn register(
     registry: &mut ToolRegistry,
     server: &str,
     tools: &[rmcp::model::Tool],
     source: &ServerSource,
-) {
+) -> usize {
+    let mut registered = 0;
     for listed in tools {
         let name = match tool::tool_name(server, &listed.name) {
             Ok(name) => name,
@@ -225,5 +233,7 @@ fn register(
             source: source.clone(),
         };
         registry.register_dynamic(tool::spec(name, listed), Arc::new(adapter));
+        registered += 1;
     }
+    registered
 }

@@ -127,8 +127,8 @@ impl DynamicTool for McpTool {
                 Value::Null => JsonObject::new(),
                 _ => {
                     return Err(ToolError::InvalidArguments(format!(
-                        "{}__{} takes a JSON object of arguments",
-                        self.server, self.remote
+                        "tool {} of mcp server {} takes a JSON object of arguments",
+                        self.remote, self.server
                     )))
                 }
             };

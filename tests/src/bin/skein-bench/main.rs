@@ -11,6 +11,7 @@
 //! - `calls`: a step's checkpoint and no-op tool calls through the dispatcher.
 //! - `turns`: whole turns, then a burst of sessions.
 //! - `celery`: the Celery peer.
+//! - `soak`: `--soak`, tool tasks of every outcome and what the workers hold before and after.
 //! - `report`: the figures, the ratios and the printed tables.
 
 mod calls;
@@ -18,6 +19,7 @@ mod celery;
 mod floor;
 mod nodes;
 mod report;
+mod soak;
 mod turns;
 
 use std::path::PathBuf;
@@ -64,6 +66,16 @@ struct Args {
     /// then describe the profiler, not the lead.
     #[arg(long)]
     wrap_lead: Option<String>,
+    /// Run only the soak: tool tasks of every outcome against two workers, and what the
+    /// workers hold before and after.
+    #[arg(long)]
+    soak: bool,
+    /// Tasks of the soak.
+    #[arg(long, default_value_t = 20_000)]
+    soak_tasks: usize,
+    /// Soak tasks in flight at once.
+    #[arg(long, default_value_t = 64)]
+    soak_in_flight: usize,
 }
 
 fn main() -> ExitCode {
@@ -104,6 +116,25 @@ async fn run(args: Args) -> Result<(), Failed> {
     let redis = RedisServer::start();
     let dir = std::env::temp_dir().join(unique("skein-bench"));
     std::fs::create_dir_all(&dir)?;
+    if args.soak {
+        let nodes = Nodes {
+            nats: nats.url.clone(),
+            redis: redis.url.clone(),
+            dir: dir.clone(),
+            wrap_lead: None,
+        };
+        let bus = Bus::connect(
+            &NatsConfig::local(nats.url.clone()),
+            "bench",
+            skein_common::bus::DEFAULT_MAX_PAYLOAD,
+        )
+        .await?;
+        bus.ensure_streams().await?;
+        let store = SessionStore::connect(&RedisConfig::local(redis.url.clone())).await?;
+        soak::soak_run(&nodes, &bus, &store, args.soak_tasks, args.soak_in_flight).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
     let mut report = Report::default();
     eprintln!("floor");
     floor_request_reply(&nats.url, args.samples, args.calls, &mut report).await?;

@@ -195,12 +195,12 @@ mod tests {
     #[tokio::test]
     async fn reads_a_stream_to_its_end() {
         let mut capture = Capture::new(4);
-        capture
-            .read_from(&b"abcdefghij"[..])
-            .await
-            .expect("reads");
+        capture.read_from(&b"abcdefghij"[..]).await.expect("reads");
         assert_eq!(capture.total(), 10);
-        assert_eq!(capture.render(8), "abcd\n[... 2 bytes cut from the middle ...]\nghij");
+        assert_eq!(
+            capture.render(8),
+            "abcd\n[... 2 bytes cut from the middle ...]\nghij"
+        );
     }
 
     #[test]

@@ -43,8 +43,8 @@ pub struct ShellConfig {
     #[arg(id = "shell_cpu_seconds", long = "shell-cpu-seconds", env = ENV_SHELL_CPU_SECONDS, default_value_t = 60)]
     pub cpu_seconds: u64,
     /// Address space each process of a command may map (RLIMIT_AS): bytes, or with a suffix
-    /// (`512MiB`, `4GiB`, `2G`; K, M, G, T are powers of 1024).
-    #[arg(id = "shell_memory", long = "shell-memory", env = ENV_SHELL_MEMORY, default_value = "4GiB", value_parser = parse_bytes)]
+    /// (`512MiB`, `4GiB`, `2G`; K, M and G are powers of 1024).
+    #[arg(id = "shell_memory", long = "shell-memory", env = ENV_SHELL_MEMORY, default_value = "4GiB", value_parser = skein_common::workspace::parse_size)]
     pub memory_bytes: u64,
     /// Processes (and threads) a command may have at once (RLIMIT_NPROC; see the docs for
     /// what it counts).
@@ -134,31 +134,6 @@ fn is_env_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// A byte count: digits, then optionally `K`, `M`, `G` or `T` (powers of 1024), with or without
-/// `i` and `B` (`512MiB`, `4G`, `1024`).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (expected e.g. 1073741824, 512MiB, 4GiB)"))?;
-    let unit = unit.trim();
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use K, M, G or T)")),
-    };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -226,21 +201,11 @@ mod tests {
         .expect("parses");
         assert_eq!(cfg.max_timeout, Duration::from_secs(5));
         assert_eq!(cfg.memory_bytes, 512 * 1024 * 1024);
-        assert_eq!(cfg.env_names().collect::<Vec<_>>(), ["GOPATH", "CARGO_HOME"]);
+        assert_eq!(
+            cfg.env_names().collect::<Vec<_>>(),
+            ["GOPATH", "CARGO_HOME"]
+        );
         assert!(cfg.network);
         assert_eq!(cfg.validate(), Ok(()));
-    }
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_bytes("1024"), Ok(1024));
-        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
-        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
-        assert_eq!(parse_bytes("16 MB"), Ok(16 << 20));
-        assert_eq!(parse_bytes("3K"), Ok(3 << 10));
-        assert!(parse_bytes("").is_err());
-        assert!(parse_bytes("GiB").is_err());
-        assert!(parse_bytes("12 parsecs").is_err());
-        assert!(parse_bytes("99999999999T").is_err());
     }
 }

@@ -112,7 +112,8 @@ impl ShellSetup {
     /// The longest a command may run: the configured maximum, kept inside the tool timeout
     /// with a margin for checking in and answering.
     fn max_timeout(&self) -> Duration {
-        let margin = (self.tool_timeout / 5).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let margin =
+            (self.tool_timeout / 5).clamp(Duration::from_millis(100), Duration::from_secs(5));
         self.config
             .max_timeout
             .min(self.tool_timeout.saturating_sub(margin))
@@ -218,7 +219,7 @@ impl Tool for Shell {
              rather than passing long commands.",
             humantime::format_duration(self.setup.max_timeout()),
             limits.cpu_seconds,
-            describe_bytes(limits.memory_bytes),
+            skein_common::workspace::human_size(limits.memory_bytes),
             limits.max_processes,
             self.setup.isolation.describe_network(),
             self.setup.config.max_output,
@@ -243,11 +244,7 @@ impl Tool for Shell {
         let timeout = self.timeout(args.timeout_s)?;
         let workspace = &self.setup.workspace;
         let checked_out = workspace.check_out(ctx.origin, ctx.scope).await?;
-        let home = ctx
-            .scope
-            .scratch_dir()
-            .await
-            .map_err(|e| ToolError::Failed(format!("no scratch directory for the command: {e}")))?;
+        let home = home_dir(ctx.scope).await?;
         let env = sandbox::environment(&home, &self.setup.config.env);
         let command = sandbox::command(
             &self.setup.isolation,
@@ -265,6 +262,20 @@ impl Tool for Shell {
         let summary = checked_in.map_err(|e| not_saved(e, &status))?;
         Ok(render(&finished, &status, cap, &summary))
     }
+}
+
+/// HOME and TMPDIR of a command: a directory of its own in the call's scratch directory (apart
+/// from a checked-out workspace there), removed with the scope.
+async fn home_dir(scope: &mut crate::scope::TaskScope) -> Result<std::path::PathBuf, ToolError> {
+    let scratch = scope
+        .scratch_dir()
+        .await
+        .map_err(|e| ToolError::Failed(format!("no scratch directory for the command: {e}")))?;
+    let home = scratch.join("home");
+    tokio::fs::create_dir_all(&home)
+        .await
+        .map_err(|e| ToolError::Failed(format!("could not create the command's home: {e}")))?;
+    Ok(home)
 }
 
 /// The first line of the answer: how the command ended.
@@ -324,7 +335,10 @@ fn render(finished: &Finished, status: &str, cap: usize, summary: &str) -> Strin
     for (name, capture, budget) in [("stdout", out, out_budget), ("stderr", err, err_budget)] {
         if capture.total() > 0 {
             let body = capture.render(budget);
-            text.push_str(&format!("\n--- {name} ---\n{}", body.trim_end_matches('\n')));
+            text.push_str(&format!(
+                "\n--- {name} ---\n{}",
+                body.trim_end_matches('\n')
+            ));
         }
     }
     if !finished.drained {
@@ -333,9 +347,11 @@ fn render(finished: &Finished, status: &str, cap: usize, summary: &str) -> Strin
              its output open]",
         );
     }
+    // One line by the workspace's contract (`workspace: 2 written, 0 removed`), set apart like
+    // a section header so it is not read as the command's output.
     let summary = summary.trim();
     if !summary.is_empty() {
-        text.push_str(&format!("\n--- workspace ---\n{summary}"));
+        text.push_str(&format!("\n--- {summary} ---"));
     }
     text
 }
@@ -343,7 +359,9 @@ fn render(finished: &Finished, status: &str, cap: usize, summary: &str) -> Strin
 /// A failed check-in, keeping its kind, saying the command did run.
 fn not_saved(error: ToolError, status: &str) -> ToolError {
     let say = |message: String| {
-        format!("the command ran ({status}) but its workspace changes could not be saved: {message}")
+        format!(
+            "the command ran ({status}) but its workspace changes could not be saved: {message}"
+        )
     };
     match error {
         ToolError::Unavailable(m) => ToolError::Unavailable(say(m)),
@@ -354,17 +372,6 @@ fn not_saved(error: ToolError, status: &str) -> ToolError {
             ToolError::Failed(say(m))
         }
     }
-}
-
-/// `4 GiB`, `512 MiB`, `1000 bytes`.
-fn describe_bytes(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (size, unit) in UNITS {
-        if bytes >= size && bytes % size == 0 {
-            return format!("{} {unit}", bytes / size);
-        }
-    }
-    format!("{bytes} bytes")
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@
 //!    `bash -c` as its child and exits with its status. The model's command is never pid 1, so
 //!    it sees normal signal behaviour.
 //!
-//! Invariants: the environment of a command is built from nothing: PATH, HOME and TMPDIR (the
-//! call's scratch directory), LANG, LC_ALL, TZ and TERM when the worker has them, plus the
+//! Invariants: the environment of a command is built from nothing: PATH, HOME and TMPDIR (a
+//! directory in the call's scratch directory), LANG, LC_ALL, TZ and TERM when the worker has them, plus the
 //! configured names; nothing else of the worker's environment is passed (validation refuses
 //! `SKEIN_*` names). The model's command is passed as one argument, never spliced into a script.
 
@@ -192,7 +192,11 @@ pub fn environment(home: &Path, extra: &[String]) -> Vec<(String, OsString)> {
         ("HOME".to_owned(), home.as_os_str().to_owned()),
         ("TMPDIR".to_owned(), home.as_os_str().to_owned()),
     ];
-    for name in PASSED_ENV.iter().copied().chain(extra.iter().map(|s| s.as_str())) {
+    for name in PASSED_ENV
+        .iter()
+        .copied()
+        .chain(extra.iter().map(|s| s.as_str()))
+    {
         if env.iter().any(|(known, _)| known == name) {
             continue;
         }
@@ -272,9 +276,10 @@ mod tests {
         let env = environment(home, &["SHELL_TEST_NOT_SET_ANYWHERE".to_owned()]);
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(&names[..3], ["PATH", "HOME", "TMPDIR"]);
-        assert!(names[3..]
-            .iter()
-            .all(|n| PASSED_ENV.contains(n)), "{names:?}");
+        assert!(
+            names[3..].iter().all(|n| PASSED_ENV.contains(n)),
+            "{names:?}"
+        );
         assert_eq!(env[1].1, home.as_os_str());
     }
 

@@ -101,7 +101,12 @@ fn processes_with(marker: &str) -> Vec<String> {
     };
     entries
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
         .filter_map(|e| {
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
@@ -137,7 +142,11 @@ async fn runs_in_the_session_workspace_and_reports_the_exit_status() {
     for isolation in isolations().await {
         let shell = fixture.shell(config(), &isolation);
         let output = fixture
-            .call(&shell, "pwd; echo made > made.txt; echo oops >&2; exit 3", None)
+            .call(
+                &shell,
+                "pwd; echo made > made.txt; echo oops >&2; exit 3",
+                None,
+            )
             .await
             .expect("a failing command is output, not a tool failure");
         let dir = std::fs::canonicalize(fixture.session_dir()).expect("session dir");
@@ -172,7 +181,10 @@ async fn stdin_is_empty_and_silence_is_said() {
             .call(&shell, "no-such-command-here", None)
             .await
             .expect("runs");
-        assert!(output.starts_with("exit status: 127 (command not found)"), "{output}");
+        assert!(
+            output.starts_with("exit status: 127 (command not found)"),
+            "{output}"
+        );
     }
 }
 
@@ -218,15 +230,29 @@ async fn the_environment_is_reduced_to_the_allowlist() {
             &isolation,
         );
         let output = fixture
-            .call(&shell, "env | cut -d= -f1 | sort; echo \"home=$HOME\"", None)
+            .call(
+                &shell,
+                "env | cut -d= -f1 | sort; echo \"home=$HOME\"",
+                None,
+            )
             .await
             .expect("runs");
         let (_, body) = output.split_once("--- stdout ---\n").expect("stdout");
         let names: Vec<&str> = body.lines().filter(|l| !l.contains('=')).collect();
         let allowed = [
-            "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "TERM", "CARGO_PKG_NAME",
+            "PATH",
+            "HOME",
+            "TMPDIR",
+            "LANG",
+            "LC_ALL",
+            "TZ",
+            "TERM",
+            "CARGO_PKG_NAME",
             // Set by bash itself.
-            "PWD", "SHLVL", "_", "OLDPWD",
+            "PWD",
+            "SHLVL",
+            "_",
+            "OLDPWD",
         ];
         assert!(
             names.iter().all(|n| allowed.contains(n)),
@@ -237,8 +263,14 @@ async fn the_environment_is_reduced_to_the_allowlist() {
             .lines()
             .find_map(|l| l.strip_prefix("home="))
             .expect("home");
-        assert!(home.contains("scratch"), "HOME is the call's scratch directory: {home}");
-        assert!(!std::path::Path::new(home).exists(), "removed with the scope");
+        assert!(
+            home.contains("scratch"),
+            "HOME is the call's scratch directory: {home}"
+        );
+        assert!(
+            !std::path::Path::new(home).exists(),
+            "removed with the scope"
+        );
     }
 }
 
@@ -264,8 +296,7 @@ async fn limits_are_applied_to_the_command() {
             .await
             .expect("runs");
         assert_eq!(
-            output,
-            "exit status: 0\n--- stdout ---\n7\n8\n262144\n262144\n100",
+            output, "exit status: 0\n--- stdout ---\n7\n8\n262144\n262144\n100",
             "{isolation:?}"
         );
     }
@@ -347,7 +378,10 @@ async fn a_timeout_kills_the_group_and_returns_the_output_so_far() {
             ),
             "{output}"
         );
-        assert!(output.contains(&format!("sleeper {marker} up\nwaiting")), "{output}");
+        assert!(
+            output.contains(&format!("sleeper {marker} up\nwaiting")),
+            "{output}"
+        );
         assert_gone(&marker, &format!("{isolation:?}")).await;
     }
 }
@@ -501,7 +535,14 @@ fn the_spec_declares_a_destructive_tool_with_its_limits() {
         Duration::from_secs(60),
     ));
     let description = shell.description();
-    for needle in ["50s", "60 s of CPU", "4 GiB", "512 processes", "network access", "32768 bytes"] {
+    for needle in [
+        "50s",
+        "60 s of CPU",
+        "4.0 GiB",
+        "512 processes",
+        "network access",
+        "32768 bytes",
+    ] {
         assert!(description.contains(needle), "{needle}: {description}");
     }
     let mut registry = crate::tools::ToolRegistry::new();
@@ -517,7 +558,9 @@ async fn only_a_worker_listing_shell_sets_it_up() {
     use clap::Parser;
     let workspace: Arc<dyn CommandWorkspace> = Arc::new(VolumeWorkspace::new("/nonexistent"));
     let without = crate::config::Config::try_parse_from(["skein-worker"]).expect("flags");
-    assert!(ShellSetup::configured(&without, workspace.clone()).await.is_none());
+    assert!(ShellSetup::configured(&without, workspace.clone())
+        .await
+        .is_none());
     let with =
         crate::config::Config::try_parse_from(["skein-worker", "--tools", "shell,read_file"])
             .expect("flags");
@@ -555,15 +598,23 @@ fn the_answer_names_how_the_command_ended() {
         drained: false,
     };
     assert_eq!(
-        render(&finished, "exit status: 0", 100, "2 files saved\n"),
+        render(
+            &finished,
+            "exit status: 0",
+            100,
+            "workspace: 2 written, 0 removed\n"
+        ),
         "exit status: 0\n--- stdout ---\nout\n[output may be incomplete: a process outside the \
-         command's process group kept its output open]\n--- workspace ---\n2 files saved"
+         command's process group kept its output open]\n--- workspace: 2 written, 0 removed ---"
     );
 }
 
 #[test]
 fn a_failed_check_in_keeps_its_kind_and_says_the_command_ran() {
-    let error = not_saved(ToolError::Unavailable("store down".into()), "exit status: 0");
+    let error = not_saved(
+        ToolError::Unavailable("store down".into()),
+        "exit status: 0",
+    );
     assert_eq!(
         error,
         ToolError::Unavailable(
