@@ -252,6 +252,27 @@ def check_container(r, w, c, volumes, problems):
     for variable in ("SKEIN_WORKSPACE_ROOT", "SKEIN_SCRATCH_DIR"):
         if env.get(variable) and env[variable] not in mounts:
             problems.add(name, f"{variable}={env[variable]} is not a mounted volume (the root is read-only)")
+    check_workspace_mode(r, name, env, mounts, volumes, problems)
+
+
+def check_workspace_mode(r, name, env, mounts, volumes, problems):
+    """Object mode (the default) needs no volume; volume mode needs its root on a claim that every
+    worker of the pool can mount."""
+    mode = env.get("SKEIN_WORKSPACE")
+    if mode in (None, "object"):
+        return
+    if mode != "volume":
+        problems.add(name, f"SKEIN_WORKSPACE={mode} is neither object nor volume")
+        return
+    root = env.get("SKEIN_WORKSPACE_ROOT")
+    volume = volumes.get(mounts.get(root)) if root else None
+    claim = ((volume or {}).get("persistentVolumeClaim") or {}).get("claimName")
+    if not claim:
+        problems.add(name, "SKEIN_WORKSPACE=volume needs SKEIN_WORKSPACE_ROOT on a persistent volume claim")
+        return
+    modes = set((r.kind("PersistentVolumeClaim").get(claim) or {}).get("spec", {}).get("accessModes") or [])
+    if not modes & {"ReadWriteMany", "ReadWriteOnce"}:
+        problems.add(name, f"workspace claim {claim} cannot be mounted for writing ({sorted(modes)})")
 
 
 def check_services(r, problems):

@@ -214,6 +214,7 @@ fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
         "SKEIN_K8S_NAMESPACE",
         "SKEIN_GRACE",
         "SKEIN_ADMIN_ADDR",
+        "SKEIN_WORKSPACE",
         "SKEIN_WORKSPACE_ROOT",
         "SKEIN_SCRATCH_DIR",
     ] {

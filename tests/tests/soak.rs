@@ -98,8 +98,9 @@ async fn workers_hold_nothing_more_after_tasks_of_every_outcome() {
         .expect("dispatcher"),
     );
 
-    // Warm up (lazy pools, first MCP start), then take the baseline.
-    let warm = soak::run(&bus, dispatcher.clone(), 2 * soak::KINDS.len(), 8).await;
+    // Warm up at the same concurrency (lazy pools, allocator arenas of busy threads, first MCP
+    // start), then take the baseline.
+    let warm = soak::run(&bus, dispatcher.clone(), 10 * soak::KINDS.len(), 32).await;
     assert!(
         warm.unexpected().is_empty(),
         "warm-up: {:?}",
@@ -124,7 +125,7 @@ async fn workers_hold_nothing_more_after_tasks_of_every_outcome() {
         );
         // Memory is not returned to the system at once; it must not grow with the tasks run.
         assert!(
-            after.rss_kib < before.rss_kib * 2,
+            after.rss_kib < before.rss_kib + before.rss_kib / 2,
             "resident memory: {before:?} -> {after:?}"
         );
     }

@@ -892,3 +892,49 @@ async fn skein_workspace_seeds_lists_and_fetches_files() {
     assert!(other.status.success(), "{}", text(&other.stderr));
     assert!(text(&other.stdout).is_empty(), "{}", text(&other.stdout));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_whose_chunks_are_lost_is_reported_not_waited_for() {
+    let nats = NatsServer::start();
+    let objects = store_with(&nats.url, &WorkspaceStoreConfig::default(), 0).await;
+    let s = session("acme", &unique("s"));
+    let version = objects
+        .write(
+            &s,
+            &path("a.bin"),
+            Bytes::from(vec![7u8; 300_000]),
+            Expect::Any,
+        )
+        .await
+        .expect("writes");
+    // Someone purges the chunks behind the store's back.
+    let client = async_nats::connect(&nats.url).await.expect("connects");
+    let stream = async_nats::jetstream::new(client)
+        .get_stream("OBJ_skein-ws-acme")
+        .await
+        .expect("the bucket's stream");
+    stream
+        .purge()
+        .filter(format!("$O.skein-ws-acme.C.{}", version.nuid))
+        .await
+        .expect("purged");
+    let read = tokio::time::timeout(Duration::from_secs(30), objects.read(&s, &path("a.bin")))
+        .await
+        .expect("the read ends");
+    assert!(
+        matches!(&read, Err(WorkspaceError::Unavailable { message, .. }) if message.contains("a.bin is damaged")),
+        "{read:?}"
+    );
+    // Writing it again repairs it.
+    objects
+        .write(
+            &s,
+            &path("a.bin"),
+            Bytes::from_static(b"fresh"),
+            Expect::Any,
+        )
+        .await
+        .expect("writes again");
+    let (content, _) = objects.read(&s, &path("a.bin")).await.expect("reads");
+    assert_eq!(content, Bytes::from_static(b"fresh"));
+}

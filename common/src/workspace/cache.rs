@@ -122,7 +122,9 @@ impl ContentCache {
         inner.next_tick += 1;
         inner.bytes += content.len();
         inner.order.insert(tick, key.to_owned());
-        inner.entries.insert(key.to_owned(), Entry { id, content, tick });
+        inner
+            .entries
+            .insert(key.to_owned(), Entry { id, content, tick });
     }
 
     /// Forgets `key` (the object was deleted or its write failed half-way).

@@ -35,11 +35,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use async_nats::header::{HeaderMap, HeaderValue, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ROLLUP};
-use async_nats::jetstream::context::{PublishErrorKind, PublishAckFuture};
-use async_nats::jetstream::ErrorCode;
+use async_nats::header::{
+    HeaderMap, HeaderValue, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ROLLUP,
+};
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::object_store::{self, ObjectInfo, ObjectOptions};
 use async_nats::jetstream::stream::{RawMessageErrorKind, StorageType};
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::{self, context::GetStreamErrorKind};
 use base64::Engine;
 use bytes::Bytes;
@@ -185,7 +187,11 @@ impl std::fmt::Debug for ObjectWorkspaces {
 impl ObjectWorkspaces {
     /// Workspaces reached through `jetstream`, with `cfg`'s caps and replicas, caching at most
     /// `cache_bytes` of contents.
-    pub fn new(jetstream: jetstream::Context, cfg: &WorkspaceStoreConfig, cache_bytes: usize) -> Self {
+    pub fn new(
+        jetstream: jetstream::Context,
+        cfg: &WorkspaceStoreConfig,
+        cache_bytes: usize,
+    ) -> Self {
         Self {
             jetstream,
             limits: cfg.limits(),
@@ -259,9 +265,7 @@ impl ObjectWorkspaces {
         };
         let meta = self.meta(&bucket, &object_name(session, path)).await;
         let meta = self.forget_bucket_on_failure(session.tenant(), meta)?;
-        Ok(meta
-            .filter(|m| !m.info.deleted)
-            .map(|m| m.version()))
+        Ok(meta.filter(|m| !m.info.deleted).map(|m| m.version()))
     }
 
     /// A file's whole content and its version.
@@ -285,11 +289,22 @@ impl ObjectWorkspaces {
     ) -> Result<(Bytes, Version), WorkspaceError> {
         let name = object_name(session, path);
         let mut why_not = String::new();
+        let mut failed_seq = None;
         for _ in 0..READ_ATTEMPTS {
             let meta = match self.meta(bucket, &name).await? {
                 Some(meta) if !meta.info.deleted => meta,
                 _ => return Err(not_found(path)),
             };
+            if failed_seq == Some(meta.seq) {
+                // Still the version whose chunks did not add up: nothing replaced it, so its
+                // chunks are lost (purged by hand, or a write whose outcome was unknown).
+                return Err(WorkspaceError::Unavailable {
+                    message: format!(
+                        "{path} is damaged in the workspace store ({why_not}); write it again"
+                    ),
+                    source: None,
+                });
+            }
             let version = meta.version();
             if version.size > self.limits.max_file_bytes {
                 return Err(WorkspaceError::TooLarge(format!(
@@ -308,10 +323,14 @@ impl ObjectWorkspaces {
             }
             match self.fetch(bucket, &meta.info).await {
                 Ok(content) => {
-                    self.cache.put(&cache_key(bucket, &name), id, content.clone());
+                    self.cache
+                        .put(&cache_key(bucket, &name), id, content.clone());
                     return Ok((content, version));
                 }
-                Err(Fetch::Replaced(why)) => why_not = why,
+                Err(Fetch::Replaced(why)) => {
+                    why_not = why;
+                    failed_seq = Some(meta.seq);
+                }
                 Err(Fetch::Failed(error)) => return Err(error),
             }
         }
@@ -502,7 +521,18 @@ impl ObjectWorkspaces {
                     return Err(changed(path));
                 }
                 Err(MetaPublish::Failed(error)) => {
-                    self.purge_chunks(bucket, &nuid).await;
+                    // The publish may have landed with only its acknowledgement lost: the chunks
+                    // stay if the metadata names them.
+                    match self.meta(bucket, name).await {
+                        Ok(Some(now)) if now.info.nuid == nuid => {
+                            if let Some(replaced) = current.filter(|m| !m.info.deleted) {
+                                self.purge_chunks(bucket, &replaced.info.nuid).await;
+                            }
+                            return Ok(now.version());
+                        }
+                        Ok(_) => self.purge_chunks(bucket, &nuid).await,
+                        Err(_) => {}
+                    }
                     return Err(error);
                 }
             }
@@ -596,7 +626,10 @@ impl ObjectWorkspaces {
                 }
             }
         };
-        let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if buckets.len() >= MAX_KNOWN_BUCKETS {
             buckets.clear();
         }
@@ -730,7 +763,10 @@ impl ObjectWorkspaces {
         expected_seq: u64,
     ) -> Result<u64, MetaPublish> {
         let payload = serde_json::to_vec(info).map_err(|e| {
-            MetaPublish::Failed(WorkspaceError::unavailable("cannot encode object metadata", e))
+            MetaPublish::Failed(WorkspaceError::unavailable(
+                "cannot encode object metadata",
+                e,
+            ))
         })?;
         let mut headers = HeaderMap::new();
         headers.insert(NATS_ROLLUP, HeaderValue::from(ROLLUP_SUBJECT));
@@ -866,9 +902,15 @@ mod tests {
         assert!(check_namespace(&files, &path("dir/c.txt")).is_ok());
         assert!(check_namespace(&files, &path("dir2")).is_ok());
         let below_file = check_namespace(&files, &path("a/x")).expect_err("clash");
-        assert!(below_file.to_string().contains("a is a file"), "{below_file}");
+        assert!(
+            below_file.to_string().contains("a is a file"),
+            "{below_file}"
+        );
         let over_dir = check_namespace(&files, &path("dir")).expect_err("clash");
-        assert!(over_dir.to_string().contains("dir is a directory"), "{over_dir}");
+        assert!(
+            over_dir.to_string().contains("dir is a directory"),
+            "{over_dir}"
+        );
     }
 
     #[test]

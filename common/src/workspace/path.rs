@@ -136,7 +136,11 @@ mod tests {
             ("a..b/c", "a..b/c"),
             ("with space/é.md", "with space/é.md"),
         ] {
-            assert_eq!(clean_relative(given).ok().as_deref(), Some(normal), "{given:?}");
+            assert_eq!(
+                clean_relative(given).ok().as_deref(),
+                Some(normal),
+                "{given:?}"
+            );
         }
     }
 

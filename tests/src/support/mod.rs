@@ -8,6 +8,7 @@ pub mod effects_http;
 pub mod cluster;
 pub mod fake_openai;
 pub mod hostile;
+pub mod mcp_fixture;
 pub mod node;
 pub mod otlp;
 pub mod proxy;

@@ -209,7 +209,10 @@ mod tests {
                 json!({"path": "none.md", "old_string": "a", "new_string": "b"}),
             )
             .await;
-        assert!(matches!(nothing, Err(ToolError::NotFound(_))), "{nothing:?}");
+        assert!(
+            matches!(nothing, Err(ToolError::NotFound(_))),
+            "{nothing:?}"
+        );
         fx.call("write_file", json!({"path": "a.md", "content": "abc"}))
             .await
             .expect("written");

@@ -248,7 +248,13 @@ impl Tool for ListFiles {
         }
         let names: Vec<String> = entries
             .into_iter()
-            .map(|e| if e.is_dir { format!("{}/", e.name) } else { e.name })
+            .map(|e| {
+                if e.is_dir {
+                    format!("{}/", e.name)
+                } else {
+                    e.name
+                }
+            })
             .collect();
         Ok(names.join("\n"))
     }
@@ -437,15 +443,21 @@ mod tests {
             },
         );
         let big = fx
-            .call("write_file", json!({"path": "big", "content": "x".repeat(11)}))
+            .call(
+                "write_file",
+                json!({"path": "big", "content": "x".repeat(11)}),
+            )
             .await;
         assert!(
             matches!(big, Err(ToolError::TooLarge(ref m)) if m.contains("at most 10 B")),
             "{big:?}"
         );
-        fx.call("write_file", json!({"path": "a", "content": "x".repeat(10)}))
-            .await
-            .expect("fits");
+        fx.call(
+            "write_file",
+            json!({"path": "a", "content": "x".repeat(10)}),
+        )
+        .await
+        .expect("fits");
         let grown = fx
             .call(
                 "write_file",

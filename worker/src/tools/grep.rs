@@ -144,7 +144,9 @@ impl Tool for GrepFiles {
                 Err(ToolError::NotFound(_)) => continue,
                 Err(other) => return Err(other),
             };
-            let Some(text) = std::str::from_utf8(&bytes).ok().filter(|t| !t.contains('\0'))
+            let Some(text) = std::str::from_utf8(&bytes)
+                .ok()
+                .filter(|t| !t.contains('\0'))
             else {
                 skipped += 1;
                 continue;
@@ -232,8 +234,10 @@ mod tests {
         );
         assert_eq!(
             grep(json!({"pattern": "beta", "max_results": 1})).await,
-            Ok("a.md:3:beta.*\n[stopped at 1 matching lines; narrow the pattern, path or glob]"
-                .into())
+            Ok(
+                "a.md:3:beta.*\n[stopped at 1 matching lines; narrow the pattern, path or glob]"
+                    .into()
+            )
         );
     }
 
@@ -247,7 +251,10 @@ mod tests {
             "{invalid:?}"
         );
         let missing = grep(json!({"pattern": "a", "path": "nowhere"})).await;
-        assert!(matches!(missing, Err(ToolError::NotFound(_))), "{missing:?}");
+        assert!(
+            matches!(missing, Err(ToolError::NotFound(_))),
+            "{missing:?}"
+        );
         let escape = grep(json!({"pattern": "a", "path": "../s2"})).await;
         assert!(matches!(escape, Err(ToolError::Denied(_))), "{escape:?}");
         let empty = grep(json!({"pattern": ""})).await;

@@ -266,8 +266,7 @@ fn summarize(outcomes: &[Outcome], refused: &[String]) -> Result<String, ToolErr
             Outcome::Failed(why) => failed.push(why.clone()),
         }
     }
-    if written == 0 && removed == 0 && kept.is_empty() && failed.is_empty() && refused.is_empty()
-    {
+    if written == 0 && removed == 0 && kept.is_empty() && failed.is_empty() && refused.is_empty() {
         return Ok(String::new());
     }
     let mut summary = format!("workspace: {written} written, {removed} removed");
@@ -444,11 +443,16 @@ mod tests {
             Outcome::Kept("notes.md".into()),
         ];
         assert_eq!(
-            summarize(&outcomes, &["out (a link leading outside the workspace)".into()]),
-            Ok("workspace: 2 written, 1 removed; kept the newer version of notes.md (changed \
+            summarize(
+                &outcomes,
+                &["out (a link leading outside the workspace)".into()]
+            ),
+            Ok(
+                "workspace: 2 written, 1 removed; kept the newer version of notes.md (changed \
                 in the workspace during the command); not stored: out (a link leading outside \
                 the workspace)"
-                .into())
+                    .into()
+            )
         );
         let failed = summarize(&[Outcome::Written, Outcome::Failed("x: down".into())], &[]);
         assert!(

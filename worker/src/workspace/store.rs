@@ -73,8 +73,10 @@ pub trait WorkspaceStore: Send + Sync + std::fmt::Debug + 'static {
     ) -> BoxFuture<'a, Result<Vec<DirEntry>, WorkspaceError>>;
 
     /// Every file of the session, sorted by path.
-    fn files<'a>(&'a self, origin: &'a TaskOrigin)
-        -> BoxFuture<'a, Result<Vec<FileEntry>, WorkspaceError>>;
+    fn files<'a>(
+        &'a self,
+        origin: &'a TaskOrigin,
+    ) -> BoxFuture<'a, Result<Vec<FileEntry>, WorkspaceError>>;
 }
 
 /// The session a task's files belong to: its tenant and its `workspace` (the user's session, also

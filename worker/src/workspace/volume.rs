@@ -59,7 +59,11 @@ impl Workspace {
     }
 
     /// [`resolve`](Self::resolve) of a path already in normal form.
-    async fn resolve_clean(&self, relative: &str, cleaned: &str) -> Result<PathBuf, WorkspaceError> {
+    async fn resolve_clean(
+        &self,
+        relative: &str,
+        cleaned: &str,
+    ) -> Result<PathBuf, WorkspaceError> {
         tokio::fs::create_dir_all(&self.dir)
             .await
             .map_err(|e| io_failure("could not create the workspace", e))?;
@@ -164,7 +168,9 @@ impl VolumeFiles {
         let target = workspace.resolve_clean(&relative, path.as_str()).await?;
         let current = tokio::fs::symlink_metadata(&target).await.ok();
         if current.as_ref().is_some_and(|m| m.is_dir()) {
-            return Err(WorkspaceError::Invalid(format!("{relative} is a directory")));
+            return Err(WorkspaceError::Invalid(format!(
+                "{relative} is a directory"
+            )));
         }
         let root = tokio::fs::canonicalize(workspace.dir())
             .await
@@ -186,10 +192,7 @@ impl VolumeFiles {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let temporary = parent.join(format!(
-            ".{name}.{}.partial",
-            uuid::Uuid::new_v4().simple()
-        ));
+        let temporary = parent.join(format!(".{name}.{}.partial", uuid::Uuid::new_v4().simple()));
         let written = async {
             tokio::fs::write(&temporary, &content)
                 .await

@@ -87,6 +87,9 @@ fn main() -> ExitCode {
             return skein_tests::support::node::main_from(rest.collect());
         }
         Some("responder") => return responder(args.get(2).cloned().unwrap_or_default()),
+        Some("mcp-fixture") => {
+            return skein_tests::support::mcp_fixture::main_from(args[2..].to_vec())
+        }
         _ => {}
     }
     let args = Args::parse();

@@ -1,7 +1,6 @@
 //! `--soak`: tool tasks of every outcome against two worker processes (see
 //! `skein_tests::support::soak`), and a table of what each worker held before and after.
-//! The MCP server the task-scoped calls start is `skein-mcp-fixture`, built beside this binary
-//! (`cargo build --release -p skein-tests --bins`).
+//! The MCP server the task-scoped calls start is this binary re-run as `mcp-fixture`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,16 +25,8 @@ pub(crate) async fn soak_run(
     in_flight: usize,
 ) -> Result<(), Failed> {
     let exe = std::env::current_exe()?;
-    let fixture = exe.with_file_name("skein-mcp-fixture");
-    if !fixture.exists() {
-        return Err(format!(
-            "{} is missing: build it with `cargo build --release -p skein-tests --bins`",
-            fixture.display()
-        )
-        .into());
-    }
     let mcp = nodes.dir.join("mcp.json");
-    std::fs::write(&mcp, soak::mcp_config(&fixture, &[]).to_string())?;
+    std::fs::write(&mcp, soak::mcp_config(&exe, &["mcp-fixture"]).to_string())?;
     let mut processes = Vec::new();
     let mut workers = Vec::new();
     for n in 1..=2 {
@@ -75,7 +66,7 @@ pub(crate) async fn soak_run(
         .await?,
     );
     eprintln!("soak: warming up");
-    let warm = soak::run(bus, dispatcher.clone(), 4 * soak::KINDS.len(), 8).await;
+    let warm = soak::run(bus, dispatcher.clone(), 20 * soak::KINDS.len(), in_flight).await;
     if !warm.unexpected().is_empty() {
         return Err(format!("warm-up tasks ended wrongly: {:?}", warm.unexpected()).into());
     }

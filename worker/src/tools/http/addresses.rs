@@ -23,8 +23,7 @@ use std::sync::Arc;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use skein_common::config::ENV_HTTP_ALLOW;
 
-/// The worker setting that lets the HTTP tools reach every address.
-pub const ENV_HTTP_ALLOW_PRIVATE: &str = "SKEIN_HTTP_ALLOW_PRIVATE";
+pub use skein_common::config::ENV_HTTP_ALLOW_PRIVATE;
 
 /// Why an address is not publicly routable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

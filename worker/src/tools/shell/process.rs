@@ -108,16 +108,18 @@ pub(super) async fn run(
     let mut child = command
         .spawn()
         .map_err(|e| ToolError::Unavailable(format!("could not start bash: {e}")))?;
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(ToolError::Failed(
-            "the command's output pipes are missing".into(),
-        ));
-    };
+    let pipes = (child.stdout.take(), child.stderr.take());
     let pgid = child.id();
     let mut group = RunningGroup {
         child: Some(child),
         pgid,
         scope,
+    };
+    let (Some(stdout), Some(stderr)) = pipes else {
+        // Dropping the group kills it.
+        return Err(ToolError::Failed(
+            "the command's output pipes are missing".into(),
+        ));
     };
     let mut out = Capture::new(keep);
     let mut err = Capture::new(keep);

@@ -10,14 +10,16 @@
 //!    command starts dies when it ends (setsid and double forks included) and `/proc` shows only
 //!    the command's own processes;
 //! 3. `bash -c WRAPPER`: lowers RLIMIT_CPU, RLIMIT_AS and RLIMIT_NPROC (hard and soft, never
-//!    raising a lower limit the worker already has), then runs the model's command with
+//!    raising a lower limit the worker already has; the CPU hard limit is one second above the
+//!    soft one, so SIGXCPU says why before SIGKILL), then runs the model's command with
 //!    `bash -c` as its child and exits with its status. The model's command is never pid 1, so
 //!    it sees normal signal behaviour.
 //!
 //! Invariants: the environment of a command is built from nothing: PATH, HOME and TMPDIR (a
-//! directory in the call's scratch directory), LANG, LC_ALL, TZ and TERM when the worker has them, plus the
-//! configured names; nothing else of the worker's environment is passed (validation refuses
-//! `SKEIN_*` names). The model's command is passed as one argument, never spliced into a script.
+//! directory in the call's scratch directory), LANG, LC_ALL, TZ and TERM when the worker has
+//! them, plus the configured names; nothing else of the worker's environment is passed
+//! (validation refuses `SKEIN_*` names). The model's command is passed as one argument, never
+//! spliced into a script.
 
 use std::ffi::OsString;
 use std::path::Path;

@@ -1,0 +1,388 @@
+//! A tenant's workspace bucket: its names in the object store's layout, finding or creating it
+//! ([`Buckets`]), and the stream requests a file is made of ([`Bucket`]): a metadata message by
+//! object name, chunks by version.
+//!
+//! Invariants:
+//! - every read is a `STREAM.MSG.GET`, answered by the stream's leader (never a possibly lagging
+//!   replica), and every request has the JetStream context's timeout;
+//! - a metadata publish carries `Nats-Rollup: sub` (one message per object) and
+//!   `Nats-Expected-Last-Subject-Sequence` (it lands only on the version it expects);
+//! - bucket handles are cached per tenant, bounded, and created only on request (a write), never
+//!   by a read.
+
+use std::collections::{HashMap, VecDeque};
+
+use async_nats::header::{
+    HeaderMap, HeaderValue, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ROLLUP,
+};
+use async_nats::jetstream::context::{GetStreamErrorKind, PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::object_store::{self, ObjectInfo};
+use async_nats::jetstream::stream::{RawMessageErrorKind, StorageType};
+use async_nats::jetstream::{self, ErrorCode};
+use base64::Engine;
+use bytes::Bytes;
+
+use super::Version;
+use crate::workspace::{digest, WorkspaceError};
+
+/// Bucket names are this and the tenant.
+pub const BUCKET_PREFIX: &str = "skein-ws-";
+
+/// Size of the chunks of a new object (the object store's default). A chunk must fit in one
+/// message, and in a `STREAM.MSG.GET` answer once base64-encoded.
+pub(super) const CHUNK_BYTES: usize = 128 * 1024;
+
+/// Chunks published before the oldest one's acknowledgement is awaited.
+const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// Buckets whose handles a process keeps; beyond, the map is emptied and refilled on demand.
+const MAX_KNOWN_BUCKETS: usize = 1024;
+
+/// The `Nats-Rollup` value that keeps one metadata message per object.
+const ROLLUP_SUBJECT: &str = "sub";
+
+/// The bucket of `tenant`'s workspaces (a valid bucket name for any tenant token).
+pub fn bucket_name(tenant: &str) -> String {
+    format!("{BUCKET_PREFIX}{tenant}")
+}
+
+fn stream_name(bucket: &str) -> String {
+    format!("OBJ_{bucket}")
+}
+
+fn meta_subject(bucket: &str, object: &str) -> String {
+    format!(
+        "$O.{bucket}.M.{}",
+        base64::engine::general_purpose::URL_SAFE.encode(object)
+    )
+}
+
+fn chunk_subject(bucket: &str, nuid: &str) -> String {
+    format!("$O.{bucket}.C.{nuid}")
+}
+
+/// The current metadata of an object, live or deleted, and its stream sequence.
+pub(super) struct Meta {
+    pub info: ObjectInfo,
+    pub seq: u64,
+}
+
+impl Meta {
+    pub fn version(&self) -> Version {
+        Version {
+            seq: self.seq,
+            nuid: self.info.nuid.clone(),
+            digest: self.info.digest.clone(),
+            size: self.info.size as u64,
+        }
+    }
+}
+
+/// Why assembling one version failed.
+pub(super) enum Fetch {
+    /// The version's chunks are gone or do not add up: a newer write replaced it.
+    Replaced(String),
+    Failed(WorkspaceError),
+}
+
+/// Why a metadata publish failed.
+pub(super) enum MetaPublish {
+    /// The object's last metadata is not the expected one.
+    Conflict,
+    Failed(WorkspaceError),
+}
+
+/// A tenant's bucket: its stream for reads, writes and purges, and the object store for listing.
+#[derive(Clone)]
+pub(super) struct Bucket {
+    pub name: String,
+    jetstream: jetstream::Context,
+    stream: jetstream::stream::Stream<()>,
+    pub objects: object_store::ObjectStore,
+}
+
+impl Bucket {
+    /// The cache key of `object` in this bucket.
+    pub fn cache_key(&self, object: &str) -> String {
+        format!("{}/{object}", self.name)
+    }
+
+    /// The latest metadata message of `object` (live or deleted).
+    pub async fn meta(&self, object: &str) -> Result<Option<Meta>, WorkspaceError> {
+        let message = self
+            .stream
+            .raw_message_builder()
+            .last_by_subject(meta_subject(&self.name, object))
+            .send()
+            .await;
+        let message = match message {
+            Ok(message) => message,
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(e) => {
+                return Err(WorkspaceError::unavailable(
+                    format!("cannot read the metadata of {object}"),
+                    e,
+                ))
+            }
+        };
+        let info: ObjectInfo = serde_json::from_slice(&message.payload).map_err(|e| {
+            WorkspaceError::unavailable(format!("the metadata of {object} is not readable"), e)
+        })?;
+        Ok(Some(Meta {
+            info,
+            seq: message.sequence,
+        }))
+    }
+
+    /// Assembles the chunks of the version `info` describes, checking size and digest.
+    pub async fn fetch(&self, info: &ObjectInfo) -> Result<Bytes, Fetch> {
+        let subject = chunk_subject(&self.name, &info.nuid);
+        let mut content = bytes::BytesMut::with_capacity(info.size);
+        let mut next_seq = 1;
+        for index in 0..info.chunks {
+            let message = self
+                .stream
+                .raw_message_builder()
+                .sequence(next_seq)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            let message = match message {
+                Ok(message) => message,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => {
+                    return Err(Fetch::Replaced(format!(
+                        "chunk {} of {} is gone",
+                        index + 1,
+                        info.chunks
+                    )))
+                }
+                Err(e) => {
+                    return Err(Fetch::Failed(WorkspaceError::unavailable(
+                        format!("cannot read {}", info.name),
+                        e,
+                    )))
+                }
+            };
+            content.extend_from_slice(&message.payload);
+            if content.len() > info.size {
+                return Err(Fetch::Replaced("more bytes than its size".into()));
+            }
+            next_seq = message.sequence + 1;
+        }
+        if content.len() != info.size {
+            return Err(Fetch::Replaced(format!(
+                "{} bytes where {} were expected",
+                content.len(),
+                info.size
+            )));
+        }
+        if let Some(expected) = &info.digest {
+            if digest(&content) != *expected {
+                return Err(Fetch::Replaced("its digest does not match".into()));
+            }
+        }
+        Ok(content.freeze())
+    }
+
+    /// Publishes `content` as chunks under `nuid`; returns how many.
+    pub async fn publish_chunks(&self, nuid: &str, content: &Bytes) -> Result<usize, WorkspaceError> {
+        let subject = chunk_subject(&self.name, nuid);
+        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
+        let mut chunks = 0;
+        let publish_error = |e: Box<dyn std::error::Error + Send + Sync>| {
+            WorkspaceError::unavailable(format!("cannot store a chunk in {}", self.name), e)
+        };
+        for chunk in content.chunks(CHUNK_BYTES) {
+            if pending.len() >= CHUNKS_IN_FLIGHT {
+                if let Some(ack) = pending.pop_front() {
+                    ack.await.map_err(|e| publish_error(Box::new(e)))?;
+                }
+            }
+            let ack = self
+                .jetstream
+                .publish(subject.clone(), content.slice_ref(chunk))
+                .await
+                .map_err(|e| publish_error(Box::new(e)))?;
+            pending.push_back(ack);
+            chunks += 1;
+        }
+        while let Some(ack) = pending.pop_front() {
+            ack.await.map_err(|e| publish_error(Box::new(e)))?;
+        }
+        Ok(chunks)
+    }
+
+    /// Publishes `info` as the object's metadata if the last one has sequence `expected_seq`
+    /// (0: none); returns the new metadata's sequence.
+    pub async fn publish_meta(&self, info: &ObjectInfo, expected_seq: u64) -> Result<u64, MetaPublish> {
+        let payload = serde_json::to_vec(info).map_err(|e| {
+            MetaPublish::Failed(WorkspaceError::unavailable(
+                "cannot encode object metadata",
+                e,
+            ))
+        })?;
+        let mut headers = HeaderMap::new();
+        headers.insert(NATS_ROLLUP, HeaderValue::from(ROLLUP_SUBJECT));
+        headers.insert(
+            NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            HeaderValue::from(expected_seq.to_string().as_str()),
+        );
+        let failed = |e: async_nats::jetstream::context::PublishError| {
+            if e.kind() == PublishErrorKind::WrongLastSequence {
+                MetaPublish::Conflict
+            } else {
+                MetaPublish::Failed(WorkspaceError::unavailable(
+                    format!("cannot store the metadata of {}", info.name),
+                    e,
+                ))
+            }
+        };
+        let ack = self
+            .jetstream
+            .publish_with_headers(meta_subject(&self.name, &info.name), headers, payload.into())
+            .await
+            .map_err(failed)?
+            .await
+            .map_err(failed)?;
+        Ok(ack.sequence)
+    }
+
+    /// Removes the chunks of version `nuid`; a failure only leaves unreachable data behind, so
+    /// it is logged, not returned.
+    pub async fn purge_chunks(&self, nuid: &str) {
+        if nuid.is_empty() {
+            return;
+        }
+        if let Err(e) = self
+            .stream
+            .purge()
+            .filter(chunk_subject(&self.name, nuid))
+            .await
+        {
+            tracing::warn!(bucket = %self.name, nuid, error = %e, "could not purge replaced chunks");
+        }
+    }
+}
+
+/// Handles of the tenants' buckets, found or created on demand.
+pub(super) struct Buckets {
+    jetstream: jetstream::Context,
+    replicas: usize,
+    known: std::sync::Mutex<HashMap<String, Bucket>>,
+}
+
+impl Buckets {
+    pub fn new(jetstream: jetstream::Context, replicas: usize) -> Self {
+        Self {
+            jetstream,
+            replicas,
+            known: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    /// The bucket of `tenant`, created if `create` and missing; `None` if missing otherwise.
+    pub async fn get(&self, tenant: &str, create: bool) -> Result<Option<Bucket>, WorkspaceError> {
+        if let Some(bucket) = self.lock().get(tenant).cloned() {
+            return Ok(Some(bucket));
+        }
+        let name = bucket_name(tenant);
+        let found = match self.open(&name).await? {
+            Some(bucket) => bucket,
+            None if !create => return Ok(None),
+            None => {
+                let config = object_store::Config {
+                    bucket: name.clone(),
+                    description: Some(format!("Skein session workspaces of tenant {tenant}")),
+                    num_replicas: self.replicas,
+                    storage: StorageType::File,
+                    ..Default::default()
+                };
+                // Another process may create it at the same time: whoever wins, open it.
+                let created = self.jetstream.create_object_store(config).await;
+                match (created, self.open(&name).await) {
+                    (_, Ok(Some(bucket))) => bucket,
+                    (Err(e), _) => {
+                        return Err(WorkspaceError::unavailable(
+                            format!("cannot create the workspace bucket {name}"),
+                            e,
+                        ))
+                    }
+                    (Ok(_), Ok(None)) => {
+                        return Err(WorkspaceError::Unavailable {
+                            message: format!("the workspace bucket {name} vanished after creation"),
+                            source: None,
+                        })
+                    }
+                    (Ok(_), Err(e)) => return Err(e),
+                }
+            }
+        };
+        let mut known = self.lock();
+        if known.len() >= MAX_KNOWN_BUCKETS {
+            known.clear();
+        }
+        known.insert(tenant.to_owned(), found.clone());
+        Ok(Some(found))
+    }
+
+    /// Drops the handle of `tenant`'s bucket, so the next call looks it up again.
+    pub fn forget(&self, tenant: &str) {
+        self.lock().remove(tenant);
+    }
+
+    async fn open(&self, name: &str) -> Result<Option<Bucket>, WorkspaceError> {
+        let stream = stream_name(name);
+        if let Err(e) = self.jetstream.get_stream(&stream).await {
+            if let GetStreamErrorKind::JetStream(js) = e.kind() {
+                if js.error_code() == ErrorCode::STREAM_NOT_FOUND {
+                    return Ok(None);
+                }
+            }
+            return Err(WorkspaceError::unavailable(
+                format!("cannot look up the workspace bucket {name}"),
+                e,
+            ));
+        }
+        let objects = self.jetstream.get_object_store(name).await.map_err(|e| {
+            WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
+        })?;
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&stream)
+            .await
+            .map_err(|e| {
+                WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
+            })?;
+        Ok(Some(Bucket {
+            name: name.to_owned(),
+            jetstream: self.jetstream.clone(),
+            stream,
+            objects,
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Bucket>> {
+        // Every update is one map operation, so a poisoned map is still consistent.
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_object_store_layout() {
+        assert_eq!(bucket_name("acme"), "skein-ws-acme");
+        assert_eq!(stream_name("skein-ws-acme"), "OBJ_skein-ws-acme");
+        // URL-safe base64 with padding, as the object store encodes names.
+        assert_eq!(meta_subject("b", "s/a"), "$O.b.M.cy9h");
+        assert_eq!(chunk_subject("b", "n1"), "$O.b.C.n1");
+    }
+}
