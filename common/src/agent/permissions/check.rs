@@ -15,8 +15,8 @@ pub const WORKSPACE_FILE_TOOLS: [&str; 6] = [
     "write_file",
     "edit_file",
     "list_files",
-    "glob",
-    "grep",
+    "glob_files",
+    "grep_files",
 ];
 
 /// Tools the agent runtime answers itself (loading a skill, spawning a subagent); what they may

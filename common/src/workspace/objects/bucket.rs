@@ -185,7 +185,11 @@ impl Bucket {
     }
 
     /// Publishes `content` as chunks under `nuid`; returns how many.
-    pub async fn publish_chunks(&self, nuid: &str, content: &Bytes) -> Result<usize, WorkspaceError> {
+    pub async fn publish_chunks(
+        &self,
+        nuid: &str,
+        content: &Bytes,
+    ) -> Result<usize, WorkspaceError> {
         let subject = chunk_subject(&self.name, nuid);
         let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
         let mut chunks = 0;
@@ -214,7 +218,11 @@ impl Bucket {
 
     /// Publishes `info` as the object's metadata if the last one has sequence `expected_seq`
     /// (0: none); returns the new metadata's sequence.
-    pub async fn publish_meta(&self, info: &ObjectInfo, expected_seq: u64) -> Result<u64, MetaPublish> {
+    pub async fn publish_meta(
+        &self,
+        info: &ObjectInfo,
+        expected_seq: u64,
+    ) -> Result<u64, MetaPublish> {
         let payload = serde_json::to_vec(info).map_err(|e| {
             MetaPublish::Failed(WorkspaceError::unavailable(
                 "cannot encode object metadata",
@@ -239,7 +247,11 @@ impl Bucket {
         };
         let ack = self
             .jetstream
-            .publish_with_headers(meta_subject(&self.name, &info.name), headers, payload.into())
+            .publish_with_headers(
+                meta_subject(&self.name, &info.name),
+                headers,
+                payload.into(),
+            )
             .await
             .map_err(failed)?
             .await

@@ -31,35 +31,25 @@
 //! write of a tenant, never by a read. Listing a session reads the metadata of every object of the
 //! tenant's bucket (names are base64 in subjects, so a session cannot be filtered by subject): its
 //! cost grows with the tenant's file count.
+//!
+//! Layout: this module is the files' view (list, read, write, remove, the checks); `bucket` is the
+//! tenant's bucket and the stream requests a file is made of.
 
-use std::collections::{HashMap, VecDeque};
+mod bucket;
+
+use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::header::{
-    HeaderMap, HeaderValue, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ROLLUP,
-};
-use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
-use async_nats::jetstream::object_store::{self, ObjectInfo, ObjectOptions};
-use async_nats::jetstream::stream::{RawMessageErrorKind, StorageType};
-use async_nats::jetstream::ErrorCode;
-use async_nats::jetstream::{self, context::GetStreamErrorKind};
-use base64::Engine;
+use async_nats::jetstream::{self, object_store::ObjectInfo, object_store::ObjectOptions};
 use bytes::Bytes;
 use futures::StreamExt;
 
+use self::bucket::{Bucket, Buckets, Fetch, Meta, MetaPublish, CHUNK_BYTES};
 use super::cache::{ContentCache, ContentId};
 use super::path::{clean_relative, WorkspacePath};
 use super::{digest, human_size, Limits, SessionRef, WorkspaceError, WorkspaceStoreConfig};
 
-/// Bucket names are this and the tenant.
-pub const BUCKET_PREFIX: &str = "skein-ws-";
-
-/// Size of the chunks of a new object (the object store's default). A chunk must fit in one
-/// message, and in a `STREAM.MSG.GET` answer once base64-encoded.
-const CHUNK_BYTES: usize = 128 * 1024;
-
-/// Chunks published before the oldest one's acknowledgement is awaited.
-const CHUNKS_IN_FLIGHT: usize = 8;
+pub use self::bucket::{bucket_name, BUCKET_PREFIX};
 
 /// How many versions a read follows when the one it started on is replaced under it (a file
 /// rewritten continuously can replace a few in a row while its chunks are being read).
@@ -70,32 +60,6 @@ const WRITE_ATTEMPTS: usize = 5;
 
 /// Longest a listing of one session may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Buckets whose handles a process keeps; beyond, the map is emptied and refilled on demand.
-const MAX_KNOWN_BUCKETS: usize = 1024;
-
-/// The `Nats-Rollup` value that keeps one metadata message per object.
-const ROLLUP_SUBJECT: &str = "sub";
-
-/// The bucket of `tenant`'s workspaces (a valid bucket name for any tenant token).
-pub fn bucket_name(tenant: &str) -> String {
-    format!("{BUCKET_PREFIX}{tenant}")
-}
-
-fn stream_name(bucket: &str) -> String {
-    format!("OBJ_{bucket}")
-}
-
-fn meta_subject(bucket: &str, object: &str) -> String {
-    format!(
-        "$O.{bucket}.M.{}",
-        base64::engine::general_purpose::URL_SAFE.encode(object)
-    )
-}
-
-fn chunk_subject(bucket: &str, nuid: &str) -> String {
-    format!("$O.{bucket}.C.{nuid}")
-}
 
 fn object_name(session: &SessionRef, path: &WorkspacePath) -> String {
     format!("{}/{}", session.session(), path.as_str())
@@ -133,44 +97,10 @@ pub enum Expect {
     Seq(u64),
 }
 
-/// The current metadata of an object, live or deleted.
-struct Meta {
-    info: ObjectInfo,
-    seq: u64,
-}
-
-impl Meta {
-    fn version(&self) -> Version {
-        Version {
-            seq: self.seq,
-            nuid: self.info.nuid.clone(),
-            digest: self.info.digest.clone(),
-            size: self.info.size as u64,
-        }
-    }
-}
-
-/// A tenant's bucket: its stream for direct reads and writes, and the object store for listing.
-#[derive(Clone)]
-struct Bucket {
-    name: String,
-    stream: jetstream::stream::Stream<()>,
-    objects: object_store::ObjectStore,
-}
-
-/// Why assembling one version failed.
-enum Fetch {
-    /// The version's chunks are gone or do not add up: a newer write replaced it.
-    Replaced(String),
-    Failed(WorkspaceError),
-}
-
 /// Session workspaces in the object store. See the module documentation.
 pub struct ObjectWorkspaces {
-    jetstream: jetstream::Context,
     limits: Limits,
-    replicas: usize,
-    buckets: std::sync::Mutex<HashMap<String, Bucket>>,
+    buckets: Buckets,
     cache: ContentCache,
 }
 
@@ -178,7 +108,7 @@ impl std::fmt::Debug for ObjectWorkspaces {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectWorkspaces")
             .field("limits", &self.limits)
-            .field("replicas", &self.replicas)
+            .field("replicas", &self.buckets.replicas())
             .field("cache", &self.cache)
             .finish()
     }
@@ -193,10 +123,8 @@ impl ObjectWorkspaces {
         cache_bytes: usize,
     ) -> Self {
         Self {
-            jetstream,
             limits: cfg.limits(),
-            replicas: cfg.replicas,
-            buckets: std::sync::Mutex::new(HashMap::new()),
+            buckets: Buckets::new(jetstream, cfg.replicas),
             cache: ContentCache::new(cache_bytes),
         }
     }
@@ -213,7 +141,7 @@ impl ObjectWorkspaces {
     /// Every file of `session`, sorted by path. Objects whose names are not normal workspace
     /// paths (written by other tools) are left out: no tool could name them.
     pub async fn list(&self, session: &SessionRef) -> Result<Vec<StoredFile>, WorkspaceError> {
-        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+        let Some(bucket) = self.buckets.get(session.tenant(), false).await? else {
             return Ok(Vec::new());
         };
         let prefix = format!("{}/", session.session());
@@ -260,10 +188,10 @@ impl ObjectWorkspaces {
         session: &SessionRef,
         path: &WorkspacePath,
     ) -> Result<Option<Version>, WorkspaceError> {
-        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+        let Some(bucket) = self.buckets.get(session.tenant(), false).await? else {
             return Ok(None);
         };
-        let meta = self.meta(&bucket, &object_name(session, path)).await;
+        let meta = bucket.meta(&object_name(session, path)).await;
         let meta = self.forget_bucket_on_failure(session.tenant(), meta)?;
         Ok(meta.filter(|m| !m.info.deleted).map(|m| m.version()))
     }
@@ -274,7 +202,7 @@ impl ObjectWorkspaces {
         session: &SessionRef,
         path: &WorkspacePath,
     ) -> Result<(Bytes, Version), WorkspaceError> {
-        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+        let Some(bucket) = self.buckets.get(session.tenant(), false).await? else {
             return Err(not_found(path));
         };
         let read = self.read_in(&bucket, session, path).await;
@@ -291,7 +219,7 @@ impl ObjectWorkspaces {
         let mut why_not = String::new();
         let mut failed_seq = None;
         for _ in 0..READ_ATTEMPTS {
-            let meta = match self.meta(bucket, &name).await? {
+            let meta = match bucket.meta(&name).await? {
                 Some(meta) if !meta.info.deleted => meta,
                 _ => return Err(not_found(path)),
             };
@@ -318,13 +246,13 @@ impl ObjectWorkspaces {
                 nuid: version.nuid.clone(),
                 digest: version.digest.clone().unwrap_or_default(),
             };
-            if let Some(content) = self.cache.get(&cache_key(bucket, &name), &id) {
+            if let Some(content) = self.cache.get(&bucket.cache_key(&name), &id) {
                 return Ok((content, version));
             }
-            match self.fetch(bucket, &meta.info).await {
+            match bucket.fetch(&meta.info).await {
                 Ok(content) => {
                     self.cache
-                        .put(&cache_key(bucket, &name), id, content.clone());
+                        .put(&bucket.cache_key(&name), id, content.clone());
                     return Ok((content, version));
                 }
                 Err(Fetch::Replaced(why)) => {
@@ -343,56 +271,6 @@ impl ObjectWorkspaces {
         })
     }
 
-    /// Assembles the chunks of the version `info` describes, checking size and digest.
-    async fn fetch(&self, bucket: &Bucket, info: &ObjectInfo) -> Result<Bytes, Fetch> {
-        let subject = chunk_subject(&bucket.name, &info.nuid);
-        let mut content = bytes::BytesMut::with_capacity(info.size);
-        let mut next_seq = 1;
-        for index in 0..info.chunks {
-            let message = bucket
-                .stream
-                .raw_message_builder()
-                .sequence(next_seq)
-                .next_by_subject(subject.clone())
-                .send()
-                .await;
-            let message = match message {
-                Ok(message) => message,
-                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => {
-                    return Err(Fetch::Replaced(format!(
-                        "chunk {} of {} is gone",
-                        index + 1,
-                        info.chunks
-                    )))
-                }
-                Err(e) => {
-                    return Err(Fetch::Failed(WorkspaceError::unavailable(
-                        format!("cannot read {}", info.name),
-                        e,
-                    )))
-                }
-            };
-            content.extend_from_slice(&message.payload);
-            if content.len() > info.size {
-                return Err(Fetch::Replaced("more bytes than its size".into()));
-            }
-            next_seq = message.sequence + 1;
-        }
-        if content.len() != info.size {
-            return Err(Fetch::Replaced(format!(
-                "{} bytes where {} were expected",
-                content.len(),
-                info.size
-            )));
-        }
-        if let Some(expected) = &info.digest {
-            if digest(&content) != *expected {
-                return Err(Fetch::Replaced("its digest does not match".into()));
-            }
-        }
-        Ok(content.freeze())
-    }
-
     /// Writes a whole file (see the module documentation for the checks and guarantees).
     pub async fn write(
         &self,
@@ -407,7 +285,7 @@ impl ObjectWorkspaces {
             ));
         }
         self.limits.check_file(path, content.len() as u64)?;
-        let Some(bucket) = self.bucket(session.tenant(), true).await? else {
+        let Some(bucket) = self.buckets.get(session.tenant(), true).await? else {
             return Err(WorkspaceError::Unavailable {
                 message: "the workspace bucket could not be created".into(),
                 source: None,
@@ -443,7 +321,7 @@ impl ObjectWorkspaces {
             ));
         }
         self.limits.check_file(path, content.len() as u64)?;
-        let Some(bucket) = self.bucket(session.tenant(), true).await? else {
+        let Some(bucket) = self.buckets.get(session.tenant(), true).await? else {
             return Err(WorkspaceError::Unavailable {
                 message: "the workspace bucket could not be created".into(),
                 source: None,
@@ -463,15 +341,15 @@ impl ObjectWorkspaces {
         content: Bytes,
         expect: Expect,
     ) -> Result<Version, WorkspaceError> {
-        let mut current = self.meta(bucket, name).await?;
+        let mut current = bucket.meta(name).await?;
         check_expectation(path, current.as_ref(), expect)?;
 
         let nuid = uuid::Uuid::new_v4().simple().to_string();
-        let chunks = self.publish_chunks(bucket, &nuid, &content).await;
+        let chunks = bucket.publish_chunks(&nuid, &content).await;
         let chunks = match chunks {
             Ok(chunks) => chunks,
             Err(error) => {
-                self.purge_chunks(bucket, &nuid).await;
+                bucket.purge_chunks(&nuid).await;
                 return Err(error);
             }
         };
@@ -495,16 +373,16 @@ impl ObjectWorkspaces {
         };
         for _ in 0..WRITE_ATTEMPTS {
             let expected_seq = current.as_ref().map_or(0, |m| m.seq);
-            match self.publish_meta(bucket, &info, expected_seq).await {
+            match bucket.publish_meta(&info, expected_seq).await {
                 Ok(seq) => {
                     if let Some(replaced) = current.filter(|m| !m.info.deleted) {
-                        self.purge_chunks(bucket, &replaced.info.nuid).await;
+                        bucket.purge_chunks(&replaced.info.nuid).await;
                     }
                     let id = ContentId {
                         nuid: nuid.clone(),
                         digest: digest.clone(),
                     };
-                    self.cache.put(&cache_key(bucket, name), id, content);
+                    self.cache.put(&bucket.cache_key(name), id, content);
                     return Ok(Version {
                         seq,
                         nuid,
@@ -514,30 +392,30 @@ impl ObjectWorkspaces {
                 }
                 Err(MetaPublish::Conflict) if expect == Expect::Any => {
                     // Another write landed first; this one replaces it.
-                    current = self.meta(bucket, name).await?;
+                    current = bucket.meta(name).await?;
                 }
                 Err(MetaPublish::Conflict) => {
-                    self.purge_chunks(bucket, &nuid).await;
+                    bucket.purge_chunks(&nuid).await;
                     return Err(changed(path));
                 }
                 Err(MetaPublish::Failed(error)) => {
                     // The publish may have landed with only its acknowledgement lost: the chunks
                     // stay if the metadata names them.
-                    match self.meta(bucket, name).await {
+                    match bucket.meta(name).await {
                         Ok(Some(now)) if now.info.nuid == nuid => {
                             if let Some(replaced) = current.filter(|m| !m.info.deleted) {
-                                self.purge_chunks(bucket, &replaced.info.nuid).await;
+                                bucket.purge_chunks(&replaced.info.nuid).await;
                             }
                             return Ok(now.version());
                         }
-                        Ok(_) => self.purge_chunks(bucket, &nuid).await,
+                        Ok(_) => bucket.purge_chunks(&nuid).await,
                         Err(_) => {}
                     }
                     return Err(error);
                 }
             }
         }
-        self.purge_chunks(bucket, &nuid).await;
+        bucket.purge_chunks(&nuid).await;
         Err(WorkspaceError::Unavailable {
             message: format!(
                 "{path} was written by others {WRITE_ATTEMPTS} times while this write ran; try again"
@@ -553,7 +431,7 @@ impl ObjectWorkspaces {
         path: &WorkspacePath,
         expect: Expect,
     ) -> Result<bool, WorkspaceError> {
-        let Some(bucket) = self.bucket(session.tenant(), false).await? else {
+        let Some(bucket) = self.buckets.get(session.tenant(), false).await? else {
             return Ok(false);
         };
         let removed = self.remove_in(&bucket, session, path, expect).await;
@@ -568,7 +446,7 @@ impl ObjectWorkspaces {
         expect: Expect,
     ) -> Result<bool, WorkspaceError> {
         let name = object_name(session, path);
-        let current = match self.meta(bucket, &name).await? {
+        let current = match bucket.meta(&name).await? {
             Some(meta) if !meta.info.deleted => meta,
             _ if matches!(expect, Expect::Seq(_)) => return Err(changed(path)),
             _ => return Ok(false),
@@ -580,69 +458,14 @@ impl ObjectWorkspaces {
         info.size = 0;
         info.digest = None;
         info.modified = now();
-        match self.publish_meta(bucket, &info, current.seq).await {
+        match bucket.publish_meta(&info, current.seq).await {
             Ok(_) => {}
             Err(MetaPublish::Conflict) => return Err(changed(path)),
             Err(MetaPublish::Failed(error)) => return Err(error),
         }
-        self.cache.forget(&cache_key(bucket, &name));
-        self.purge_chunks(bucket, &current.info.nuid).await;
+        self.cache.forget(&bucket.cache_key(&name));
+        bucket.purge_chunks(&current.info.nuid).await;
         Ok(true)
-    }
-
-    /// The bucket of `tenant`, created if `create` and missing; `None` if missing otherwise.
-    async fn bucket(&self, tenant: &str, create: bool) -> Result<Option<Bucket>, WorkspaceError> {
-        if let Some(bucket) = self.known_bucket(tenant) {
-            return Ok(Some(bucket));
-        }
-        let name = bucket_name(tenant);
-        let found = match self.open_bucket(&name).await? {
-            Some(bucket) => bucket,
-            None if !create => return Ok(None),
-            None => {
-                let config = object_store::Config {
-                    bucket: name.clone(),
-                    description: Some(format!("Skein session workspaces of tenant {tenant}")),
-                    num_replicas: self.replicas,
-                    storage: StorageType::File,
-                    ..Default::default()
-                };
-                let created = self.jetstream.create_object_store(config).await;
-                match (created, self.open_bucket(&name).await) {
-                    (_, Ok(Some(bucket))) => bucket,
-                    (Err(e), _) => {
-                        return Err(WorkspaceError::unavailable(
-                            format!("cannot create the workspace bucket {name}"),
-                            e,
-                        ))
-                    }
-                    (Ok(_), Ok(None)) => {
-                        return Err(WorkspaceError::Unavailable {
-                            message: format!("the workspace bucket {name} vanished after creation"),
-                            source: None,
-                        })
-                    }
-                    (Ok(_), Err(e)) => return Err(e),
-                }
-            }
-        };
-        let mut buckets = self
-            .buckets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if buckets.len() >= MAX_KNOWN_BUCKETS {
-            buckets.clear();
-        }
-        buckets.insert(tenant.to_owned(), found.clone());
-        Ok(Some(found))
-    }
-
-    fn known_bucket(&self, tenant: &str) -> Option<Bucket> {
-        self.buckets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(tenant)
-            .cloned()
     }
 
     /// Drops the handle of `tenant`'s bucket when `result` says the store failed (the bucket
@@ -653,177 +476,10 @@ impl ObjectWorkspaces {
         result: Result<T, WorkspaceError>,
     ) -> Result<T, WorkspaceError> {
         if matches!(result, Err(WorkspaceError::Unavailable { .. })) {
-            self.buckets
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(tenant);
+            self.buckets.forget(tenant);
         }
         result
     }
-
-    async fn open_bucket(&self, name: &str) -> Result<Option<Bucket>, WorkspaceError> {
-        let stream = stream_name(name);
-        match self.jetstream.get_stream(&stream).await {
-            Ok(_) => {}
-            Err(e) => {
-                if let GetStreamErrorKind::JetStream(js) = e.kind() {
-                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND {
-                        return Ok(None);
-                    }
-                }
-                return Err(WorkspaceError::unavailable(
-                    format!("cannot look up the workspace bucket {name}"),
-                    e,
-                ));
-            }
-        }
-        let objects = self.jetstream.get_object_store(name).await.map_err(|e| {
-            WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
-        })?;
-        let stream = self
-            .jetstream
-            .get_stream_no_info(&stream)
-            .await
-            .map_err(|e| {
-                WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
-            })?;
-        Ok(Some(Bucket {
-            name: name.to_owned(),
-            stream,
-            objects,
-        }))
-    }
-
-    /// The latest metadata message of `object` (live or deleted), read from the stream leader.
-    async fn meta(&self, bucket: &Bucket, object: &str) -> Result<Option<Meta>, WorkspaceError> {
-        let message = bucket
-            .stream
-            .raw_message_builder()
-            .last_by_subject(meta_subject(&bucket.name, object))
-            .send()
-            .await;
-        let message = match message {
-            Ok(message) => message,
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
-            Err(e) => {
-                return Err(WorkspaceError::unavailable(
-                    format!("cannot read the metadata of {object}"),
-                    e,
-                ))
-            }
-        };
-        let info: ObjectInfo = serde_json::from_slice(&message.payload).map_err(|e| {
-            WorkspaceError::unavailable(format!("the metadata of {object} is not readable"), e)
-        })?;
-        Ok(Some(Meta {
-            info,
-            seq: message.sequence,
-        }))
-    }
-
-    /// Publishes `content` as chunks under `nuid`; returns how many.
-    async fn publish_chunks(
-        &self,
-        bucket: &Bucket,
-        nuid: &str,
-        content: &Bytes,
-    ) -> Result<usize, WorkspaceError> {
-        let subject = chunk_subject(&bucket.name, nuid);
-        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
-        let mut chunks = 0;
-        let publish_error = |e: Box<dyn std::error::Error + Send + Sync>| {
-            WorkspaceError::unavailable(format!("cannot store a chunk in {}", bucket.name), e)
-        };
-        for chunk in content.chunks(CHUNK_BYTES) {
-            if pending.len() >= CHUNKS_IN_FLIGHT {
-                if let Some(ack) = pending.pop_front() {
-                    ack.await.map_err(|e| publish_error(Box::new(e)))?;
-                }
-            }
-            let ack = self
-                .jetstream
-                .publish(subject.clone(), content.slice_ref(chunk))
-                .await
-                .map_err(|e| publish_error(Box::new(e)))?;
-            pending.push_back(ack);
-            chunks += 1;
-        }
-        while let Some(ack) = pending.pop_front() {
-            ack.await.map_err(|e| publish_error(Box::new(e)))?;
-        }
-        Ok(chunks)
-    }
-
-    /// Publishes `info` as the object's metadata if the last one has sequence `expected_seq`
-    /// (0: none); returns the new metadata's sequence.
-    async fn publish_meta(
-        &self,
-        bucket: &Bucket,
-        info: &ObjectInfo,
-        expected_seq: u64,
-    ) -> Result<u64, MetaPublish> {
-        let payload = serde_json::to_vec(info).map_err(|e| {
-            MetaPublish::Failed(WorkspaceError::unavailable(
-                "cannot encode object metadata",
-                e,
-            ))
-        })?;
-        let mut headers = HeaderMap::new();
-        headers.insert(NATS_ROLLUP, HeaderValue::from(ROLLUP_SUBJECT));
-        headers.insert(
-            NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
-            HeaderValue::from(expected_seq.to_string().as_str()),
-        );
-        let failed = |e: async_nats::jetstream::context::PublishError| {
-            if e.kind() == PublishErrorKind::WrongLastSequence {
-                MetaPublish::Conflict
-            } else {
-                MetaPublish::Failed(WorkspaceError::unavailable(
-                    format!("cannot store the metadata of {}", info.name),
-                    e,
-                ))
-            }
-        };
-        let ack = self
-            .jetstream
-            .publish_with_headers(
-                meta_subject(&bucket.name, &info.name),
-                headers,
-                payload.into(),
-            )
-            .await
-            .map_err(failed)?
-            .await
-            .map_err(failed)?;
-        Ok(ack.sequence)
-    }
-
-    /// Removes the chunks of version `nuid`; a failure only leaves unreachable data behind, so
-    /// it is logged, not returned.
-    async fn purge_chunks(&self, bucket: &Bucket, nuid: &str) {
-        if nuid.is_empty() {
-            return;
-        }
-        if let Err(e) = bucket
-            .stream
-            .purge()
-            .filter(chunk_subject(&bucket.name, nuid))
-            .await
-        {
-            tracing::warn!(bucket = %bucket.name, nuid, error = %e, "could not purge replaced chunks");
-        }
-    }
-}
-
-/// Why a metadata publish failed.
-enum MetaPublish {
-    /// The object's last metadata is not the expected one.
-    Conflict,
-    Failed(WorkspaceError),
-}
-
-fn cache_key(bucket: &Bucket, object: &str) -> String {
-    format!("{}/{object}", bucket.name)
 }
 
 fn not_found(path: &WorkspacePath) -> WorkspaceError {
@@ -911,14 +567,5 @@ mod tests {
             over_dir.to_string().contains("dir is a directory"),
             "{over_dir}"
         );
-    }
-
-    #[test]
-    fn names_follow_the_object_store_layout() {
-        assert_eq!(bucket_name("acme"), "skein-ws-acme");
-        assert_eq!(stream_name("skein-ws-acme"), "OBJ_skein-ws-acme");
-        // URL-safe base64 with padding, as the object store encodes names.
-        assert_eq!(meta_subject("b", "s/a"), "$O.b.M.cy9h");
-        assert_eq!(chunk_subject("b", "n1"), "$O.b.C.n1");
     }
 }
