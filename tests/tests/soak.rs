@@ -106,6 +106,7 @@ async fn workers_hold_nothing_more_after_tasks_of_every_outcome() {
         "warm-up: {:?}",
         warm.unexpected()
     );
+    println!("warm-up: {} tasks in {:?}", warm.total(), warm.elapsed);
     let before = [settled(&first).await, settled(&second).await];
 
     let run = soak::run(&bus, dispatcher.clone(), TASKS, 32).await;

@@ -38,7 +38,7 @@ pub(super) async fn conclude(
             // Tried again by a redelivery, which must not wait for this run's marker.
             run.release(ctx, call).await;
             let delay = retry_backoff(attempt);
-            tracing::info!(attempt, ?delay, "transient failure; trying again");
+            tracing::info!(attempt, ?delay, failure = %outcome.observation(), "transient failure; trying again");
             Disposition::Retry(Some(delay))
         }
         Work::Done(outcome) => {

@@ -98,10 +98,90 @@ pub(super) struct Bucket {
     pub name: String,
     jetstream: jetstream::Context,
     stream: jetstream::stream::Stream<()>,
-    pub objects: object_store::ObjectStore,
 }
 
+/// Metadata messages fetched per request of a listing.
+const LIST_BATCH: usize = 256;
+
+/// Longest wait for the answer to one fetch of a listing, and how many fetches may go unanswered.
+const LIST_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+const LIST_FETCH_ATTEMPTS: u32 = 5;
+
 impl Bucket {
+    /// Every object's current metadata (deleted objects included), read through an ephemeral
+    /// pull consumer that ends when the server has nothing more to deliver. The library's
+    /// `list` ends on a delivered message with nothing pending after it, which never comes when a
+    /// concurrent write rolls up the message it was waiting for: under concurrent writes such a
+    /// listing hangs.
+    pub async fn list_metadata(&self) -> Result<Vec<ObjectInfo>, WorkspaceError> {
+        use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+        use futures::StreamExt;
+        let failed = |e: &dyn std::fmt::Display| WorkspaceError::Unavailable {
+            message: format!("cannot list {}: {e}", self.name),
+            source: None,
+        };
+        let consumer = self
+            .stream
+            .create_consumer(pull::Config {
+                filter_subject: format!("$O.{}.M.>", self.name),
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ack_policy: AckPolicy::None,
+                inactive_threshold: std::time::Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut infos = Vec::new();
+        let listed = async {
+            let mut unanswered = 0;
+            loop {
+                let batch = async {
+                    let mut batch = consumer
+                        .fetch()
+                        .max_messages(LIST_BATCH)
+                        .messages()
+                        .await
+                        .map_err(|e| failed(&e))?;
+                    let mut received = Vec::new();
+                    while let Some(message) = batch.next().await {
+                        let message = message.map_err(|e| failed(&e))?;
+                        let info: ObjectInfo =
+                            serde_json::from_slice(&message.payload).map_err(|e| failed(&e))?;
+                        received.push(info);
+                    }
+                    Ok::<_, WorkspaceError>(received)
+                };
+                // A pull request whose answer never comes (seen on 2.9 under concurrent
+                // rollups) is asked again; the consumer keeps its place.
+                match tokio::time::timeout(LIST_FETCH_TIMEOUT, batch).await {
+                    Ok(received) => {
+                        let received = received?;
+                        if received.is_empty() {
+                            return Ok(());
+                        }
+                        infos.extend(received);
+                    }
+                    Err(_) if unanswered < LIST_FETCH_ATTEMPTS => unanswered += 1,
+                    Err(_) => {
+                        return Err(failed(&format!(
+                            "{LIST_FETCH_ATTEMPTS} fetches went unanswered"
+                        )))
+                    }
+                }
+            }
+        }
+        .await;
+        // Ephemeral: it also goes by itself once inactive.
+        if let Err(e) = self
+            .stream
+            .delete_consumer(&consumer.cached_info().name)
+            .await
+        {
+            tracing::debug!(error = %e, "listing consumer not deleted; it expires");
+        }
+        listed.map(|()| infos)
+    }
+
     /// The cache key of `object` in this bucket.
     pub fn cache_key(&self, object: &str) -> String {
         format!("{}/{object}", self.name)
@@ -359,9 +439,6 @@ impl Buckets {
                 e,
             ));
         }
-        let objects = self.jetstream.get_object_store(name).await.map_err(|e| {
-            WorkspaceError::unavailable(format!("cannot open the workspace bucket {name}"), e)
-        })?;
         let stream = self
             .jetstream
             .get_stream_no_info(&stream)
@@ -373,7 +450,6 @@ impl Buckets {
             name: name.to_owned(),
             jetstream: self.jetstream.clone(),
             stream,
-            objects,
         }))
     }
 

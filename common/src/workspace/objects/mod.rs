@@ -42,7 +42,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, object_store::ObjectInfo, object_store::ObjectOptions};
 use bytes::Bytes;
-use futures::StreamExt;
 
 use self::bucket::{Bucket, Buckets, Fetch, Meta, MetaPublish, CHUNK_BYTES};
 use super::cache::{ContentCache, ContentId};
@@ -147,13 +146,10 @@ impl ObjectWorkspaces {
         let prefix = format!("{}/", session.session());
         let listing = async {
             let mut files = Vec::new();
-            let mut list = bucket.objects.list().await.map_err(|e| {
-                WorkspaceError::unavailable(format!("cannot list {}", bucket.name), e)
-            })?;
-            while let Some(info) = list.next().await {
-                let info = info.map_err(|e| {
-                    WorkspaceError::unavailable(format!("cannot list {}", bucket.name), e)
-                })?;
+            for info in bucket.list_metadata().await? {
+                if info.deleted {
+                    continue;
+                }
                 let Some(path) = info.name.strip_prefix(&prefix) else {
                     continue;
                 };
