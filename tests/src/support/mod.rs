@@ -4,8 +4,8 @@
 //! ([`ChildProcess`]).
 
 pub mod chaos;
-pub mod effects_http;
 pub mod cluster;
+pub mod effects_http;
 pub mod fake_openai;
 pub mod hostile;
 pub mod mcp_fixture;

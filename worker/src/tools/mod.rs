@@ -342,7 +342,8 @@ pub fn idempotency_key(origin: &TaskOrigin, call_key: &str) -> String {
 }
 
 /// The namespace of [`idempotency_key`]s (fixed: changing it changes every key).
-const IDEMPOTENCY_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5d1c_a0e4_3b7f_4c1e_9a62_0f4d_8e21_b7c3);
+const IDEMPOTENCY_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x5d1c_a0e4_3b7f_4c1e_9a62_0f4d_8e21_b7c3);
 
 /// Cuts `output` to at most `max_bytes` (at a char boundary) and notes the original size.
 fn truncate_output(mut output: String, max_bytes: usize) -> String {
@@ -406,10 +407,7 @@ pub const BUILTIN_TOOLS: [&str; 9] = [
 /// `cfg.shell` is set.
 pub fn builtin_registry(cfg: &BuiltinConfig, http: reqwest::Client) -> ToolRegistry {
     let mut registry = ToolRegistry::new();
-    registry.register(fs::ReadFile::new(
-        cfg.workspace.clone(),
-        cfg.max_read_bytes,
-    ));
+    registry.register(fs::ReadFile::new(cfg.workspace.clone(), cfg.max_read_bytes));
     registry.register(fs::WriteFile::new(cfg.workspace.clone()));
     registry.register(edit::EditFile::new(cfg.workspace.clone()));
     registry.register(fs::ListFiles::new(cfg.workspace.clone()));
