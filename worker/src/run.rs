@@ -48,6 +48,15 @@ pub enum WorkerError {
     Mcp(#[from] crate::mcp::McpError),
 }
 
+/// Marks the process not dumpable: its /proc files (environment, memory) become unreadable to
+/// other processes of the same user, and they cannot attach to it. Root still can.
+fn hide_from_same_user_processes() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!(error = %e, "could not hide the worker's /proc files from its commands");
+    }
+}
+
 /// Runs a worker until `shutdown` is cancelled, then drains.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), WorkerError> {
     run_with_stats(cfg, shutdown, Arc::default()).await
@@ -84,6 +93,11 @@ pub async fn run_custom(
     middleware: Middleware,
 ) -> Result<(), WorkerError> {
     cfg.validate().map_err(WorkerError::Config)?;
+    if cfg.tools().any(|t| t == "shell") || cfg.mcp.mcp_config.is_some() {
+        // Commands and MCP servers run as this process's user: without this, one of them could
+        // read the worker's environment (its credentials) from /proc/<worker>/environ.
+        hide_from_same_user_processes();
+    }
     let instance = cfg.process.instance_id("worker");
     let bus = Bus::connect(
         &cfg.nats,

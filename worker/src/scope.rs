@@ -409,6 +409,21 @@ impl OwnedResource for ChildProcess {
     }
 }
 
+/// Sends SIGKILL to process group `pgid`. A group that is already gone is fine.
+pub(crate) fn kill_group(pgid: u32) {
+    let Ok(raw) = i32::try_from(pgid) else {
+        return;
+    };
+    if raw <= 1 {
+        // Never signal "every process" or init's group by accident.
+        return;
+    }
+    match nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), nix::sys::signal::SIGKILL) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => tracing::warn!(pgid, error = %e, "could not kill a process group"),
+    }
+}
+
 /// Kills the process group led by `pid`, if `pid` leads one. Returns whether the group was
 /// signalled. `unsafe` is forbidden in this workspace, so the signal goes through `kill(1)`.
 #[cfg(unix)]

@@ -232,7 +232,7 @@ impl SessionStore {
     }
 
     /// Forgets a call's recorded result and attempts, so it can run again (replay of a dead
-    /// letter).
+    /// letter). A run still in progress keeps its marker: the replayed copy waits for it.
     pub async fn forget_call(
         &self,
         tenant: &str,
@@ -245,8 +245,6 @@ impl SessionStore {
             .hdel(keys::results(tenant, session, call_key), call_key)
             .ignore()
             .hdel(keys::attempts(tenant, session, call_key), call_key)
-            .ignore()
-            .del(keys::running_call(tenant, session, call_key))
             .ignore()
             .query_async(&mut conn)
             .await?;

@@ -103,15 +103,15 @@ const LONGEST_LOOK_AFTER: Duration = Duration::from_secs(1);
 /// it gave up on is still going: its progress acks were lost, or it outlived the ack wait), this
 /// copy waits, keeping its own delivery alive, until that run records its result (re-sent) or its
 /// marker goes (it was handed back, or its worker died and stopped renewing it): effects are not
-/// applied by two runs side by side. The wait ends early for shutdown (handed back), a passed
-/// deadline or a cancel request (answered as such).
+/// applied by two runs side by side. The wait ends early only for shutdown (handed back): a
+/// passed deadline or a cancel request must not record "not started" over a run that may have
+/// applied its effects.
 async fn admit_counted(
     ctx: &WorkerContext,
     call: CallRef<'_>,
     run: &RunOwner,
     abort: &CancellationToken,
 ) -> Result<u64, Disposition> {
-    let origin = call.origin;
     let marker = run.marker(ctx);
     let waiting = async {
         let mut look_after = FIRST_LOOK_AFTER;
@@ -131,10 +131,9 @@ async fn admit_counted(
             if abort.is_cancelled() {
                 return Err(Disposition::Retry(Some(REDELIVERY_DELAY)));
             }
-            if let Some(failure) = not_startable(ctx, origin, true).await {
-                let outcome = CallOutcome::Failed { failure };
-                return Err(finish(ctx, call, outcome, Instant::now()).await);
-            }
+            // No deadline or cancel check here: the run in progress may have applied its effects,
+            // so only its own result may be recorded. It ends by itself (a cancel request stops
+            // it too, its time limit bounds it), or its marker expires with its worker.
             if !waited {
                 tracing::info!(%owner, "another run of this call is in progress; waiting for its result");
                 ctx.metrics.waited_for_running_call(call.label);

@@ -47,7 +47,7 @@ impl RunOwner {
         }
     }
 
-    /// Runs `work` holding the marker: taken now unless admission took it, renewed every progress
+    /// Runs `work` holding the marker: taken (or renewed) now, then renewed every progress
     /// interval until `work` ends.
     pub(super) async fn hold<O>(
         &self,
@@ -62,17 +62,12 @@ impl RunOwner {
         }
     }
 
-    /// Takes (unless admission did) and renews the marker every progress interval, for ever.
+    /// Takes (or, when admission took it, renews at once: admission may have been a while ago)
+    /// and renews the marker every progress interval, for ever.
     async fn renew(&self, ctx: &WorkerContext, call: CallRef<'_>) -> Infallible {
         let origin = call.origin;
         let marker = self.marker(ctx);
-        let now = tokio::time::Instant::now();
-        let first = if self.claimed {
-            now + ctx.progress_every
-        } else {
-            now
-        };
-        let mut ticks = tokio::time::interval_at(first, ctx.progress_every);
+        let mut ticks = tokio::time::interval(ctx.progress_every);
         loop {
             ticks.tick().await;
             match ctx

@@ -128,6 +128,7 @@ async fn tool_task(
             origin: &task.origin,
             call_id: &task.call_id,
             idempotency_key: &idempotency_key,
+            time_limit: timeout,
             scope: &mut scope,
         };
         let span = tracing::info_span!(
@@ -162,6 +163,8 @@ async fn tool_task(
         }
     };
     let work = tokio::select! {
+        // A stop that came before the work started wins: the tool is not polled at all.
+        biased;
         _ = stop.cancelled() => stopped(&abort),
         outcome = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => Work::Done(outcome),
     };

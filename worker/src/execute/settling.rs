@@ -48,6 +48,7 @@ pub(super) async fn conclude(
                     outcome.observation()
                 );
                 if !dead_letter(ctx, call.envelope, &reason, attempt).await {
+                    run.release(ctx, call).await;
                     return Disposition::Retry(Some(REDELIVERY_DELAY));
                 }
             }

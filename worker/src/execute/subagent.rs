@@ -221,6 +221,8 @@ pub(super) async fn subagent_task(
         })
     };
     let work = tokio::select! {
+        // A stop that came before the work started wins: the tool is not polled at all.
+        biased;
         _ = stop.cancelled() => stopped(&abort),
         work = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => work,
     };

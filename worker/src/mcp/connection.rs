@@ -295,18 +295,9 @@ impl Drop for ServerProcess {
             return;
         };
         // The leader is not reaped yet (its `Child` is still held), so its id still names the
-        // group. `unsafe` is forbidden here, so the signal goes through kill(1); this runs only
-        // when a server was not closed, and kill(1) returns at once.
+        // group; the signal is one system call, fine on an async thread.
         if let Some(pid) = child.id() {
-            let killed = std::process::Command::new("kill")
-                .args(["-s", "KILL", "--", &format!("-{pid}")])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-            if let Err(e) = killed {
-                tracing::warn!(pid, error = %e, "could not signal a dropped MCP server's process group");
-            }
+            crate::scope::kill_group(pid);
         }
         drop(child);
     }

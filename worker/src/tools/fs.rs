@@ -314,6 +314,7 @@ pub(crate) mod test_support {
                 origin: &origin,
                 call_id: "c1",
                 idempotency_key: "key-1",
+                time_limit: std::time::Duration::from_secs(60),
                 scope: &mut scope,
             };
             let result = self.registry.call(tool, arguments, ctx).await;

@@ -71,6 +71,9 @@ pub struct ToolContext<'a> {
     /// other call: tools that change the outside world send it along (`Idempotency-Key` on HTTP,
     /// `_meta` on MCP) so a call run twice is applied once. See [`idempotency_key`].
     pub idempotency_key: &'a str,
+    /// How long the call may run in all (its own limit, the task's deadline and the worker's
+    /// tool timeout): a tool that can answer with partial work does so before it.
+    pub time_limit: Duration,
     /// Owns whatever the call opens for itself.
     pub scope: &'a mut TaskScope,
 }
@@ -533,6 +536,7 @@ mod tests {
             origin: &origin,
             call_id: "c1",
             idempotency_key: "key-1",
+            time_limit: std::time::Duration::from_secs(60),
             scope: &mut scope,
         };
         let result = registry.call(name, arguments, ctx).await;
@@ -698,6 +702,7 @@ mod tests {
             origin: &origin,
             call_id: "c1",
             idempotency_key: "key-1",
+            time_limit: std::time::Duration::from_secs(60),
             scope: &mut scope,
         };
         assert_send(&registry.call("echo", json!({"text": "x"}), ctx));

@@ -40,6 +40,10 @@ const PARALLEL_TRANSFERS: usize = 4;
 /// Most names listed in one part of a check-in summary.
 const NAMES_SHOWN: usize = 5;
 
+/// Most entries (files and directories) a check-in reads back: a command that makes more gets
+/// nothing written back, rather than a scan, a write and later listings without bound.
+const MAX_CHECKIN_ENTRIES: usize = 10_000;
+
 /// Checks object-store workspaces out for commands. See the module documentation.
 #[derive(Debug, Clone)]
 pub struct ObjectCheckout {
@@ -327,9 +331,16 @@ fn scan(dir: &Path, limits: Limits) -> std::io::Result<Scan> {
     let root = std::fs::canonicalize(dir)?;
     let mut scan = Scan::default();
     let mut pending = vec![(root.clone(), String::new())];
+    let mut seen = 0usize;
     while let Some((path, prefix)) = pending.pop() {
         for entry in std::fs::read_dir(&path)? {
             let entry = entry?;
+            seen += 1;
+            if seen > MAX_CHECKIN_ENTRIES {
+                return Err(std::io::Error::other(format!(
+                    "more than {MAX_CHECKIN_ENTRIES} files and directories; nothing written back"
+                )));
+            }
             let name = entry.file_name().to_string_lossy().into_owned();
             let relative = if prefix.is_empty() {
                 name
@@ -402,6 +413,28 @@ mod tests {
             max_file_bytes: 8,
             max_session_bytes: 64,
         }
+    }
+
+    #[test]
+    fn a_directory_with_too_many_entries_is_not_read_back() {
+        let dir = crate::tools::test_support::TestDir::new();
+        let inside = dir.path().join("ws");
+        std::fs::create_dir_all(inside.join("many")).expect("dirs");
+        for i in 0..MAX_CHECKIN_ENTRIES {
+            std::fs::write(inside.join("many").join(i.to_string()), "").expect("file");
+        }
+        match scan(&inside, limits()) {
+            Err(error) => assert!(
+                error.to_string().contains("nothing written back"),
+                "{error}"
+            ),
+            Ok(scan) => panic!("read back {} files", scan.files.len()),
+        }
+        std::fs::remove_file(inside.join("many").join("0")).expect("one fewer");
+        assert_eq!(
+            scan(&inside, limits()).expect("scans").files.len(),
+            MAX_CHECKIN_ENTRIES - 1
+        );
     }
 
     #[cfg(unix)]

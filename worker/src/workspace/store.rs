@@ -88,7 +88,7 @@ pub fn session_of(origin: &TaskOrigin) -> Result<SessionRef, WorkspaceError> {
 /// The directory entries below `dir` in a sorted list of every file: names of files directly in
 /// it, and of the directories on the way to deeper ones (once each, ending in `/` when shown).
 pub fn entries_below(files: &[FileEntry], dir: &WorkspacePath) -> Vec<DirEntry> {
-    let mut entries: Vec<DirEntry> = Vec::new();
+    let mut entries = std::collections::BTreeSet::new();
     for file in files.iter().filter(|f| dir.contains(&f.path)) {
         let rest = if dir.is_root() {
             file.path.as_str()
@@ -105,12 +105,9 @@ pub fn entries_below(files: &[FileEntry], dir: &WorkspacePath) -> Vec<DirEntry> 
                 is_dir: false,
             },
         };
-        if !entries.contains(&entry) {
-            entries.push(entry);
-        }
+        entries.insert(entry);
     }
-    entries.sort();
-    entries
+    entries.into_iter().collect()
 }
 
 impl From<WorkspaceError> for ToolError {

@@ -188,6 +188,7 @@ async fn call_with_key(
         origin: &origin,
         call_id: "c1",
         idempotency_key: key,
+        time_limit: std::time::Duration::from_secs(60),
         scope: &mut scope,
     };
     let result = registry.call(tool, arguments, ctx).await;

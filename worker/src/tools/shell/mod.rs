@@ -112,13 +112,15 @@ impl ShellSetup {
     /// The longest a command may run: the configured maximum, kept inside the tool timeout
     /// with a margin for checking in and answering.
     fn max_timeout(&self) -> Duration {
-        let margin =
-            (self.tool_timeout / 5).clamp(Duration::from_millis(100), Duration::from_secs(5));
-        self.config
-            .max_timeout
-            .min(self.tool_timeout.saturating_sub(margin))
-            .max(Duration::from_millis(100))
+        self.config.max_timeout.min(with_margin(self.tool_timeout))
     }
+}
+
+/// The part of a call's time `limit` a command may use: the rest is kept for checking in and
+/// answering.
+fn with_margin(limit: Duration) -> Duration {
+    let margin = (limit / 5).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    limit.saturating_sub(margin).max(Duration::from_millis(100))
 }
 
 fn log_isolation(config: &ShellConfig, isolation: &Isolation) {
@@ -241,9 +243,17 @@ impl Tool for Shell {
 
     async fn call(&self, args: ShellArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
         check_command(&args.command)?;
-        let timeout = self.timeout(args.timeout_s)?;
+        let started = std::time::Instant::now();
+        // The call's own limit (its deadline, the worker's tool timeout) bounds the command too,
+        // so its output and changes come back instead of being cut off with the call.
+        let budget = with_margin(ctx.time_limit);
+        let timeout = self.timeout(args.timeout_s)?.min(budget);
         let workspace = &self.setup.workspace;
         let checked_out = workspace.check_out(ctx.origin, ctx.scope).await?;
+        let left = budget.saturating_sub(started.elapsed());
+        // In tenths of a second, so the answer names a readable limit.
+        let timeout = Duration::from_millis(timeout.min(left).as_millis() as u64 / 100 * 100)
+            .max(Duration::from_millis(100));
         let home = home_dir(ctx.scope).await?;
         let env = sandbox::environment(&home, &self.setup.config.env);
         let command = sandbox::command(

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 
 use super::capture::Capture;
+pub(super) use crate::scope::kill_group;
 use crate::scope::TaskScope;
 use crate::tools::ToolError;
 
@@ -79,21 +80,6 @@ impl Drop for RunningGroup<'_> {
             // Not reaped: the scope reaps it (and kills its group once more) when it closes.
             self.scope.own_child(child);
         }
-    }
-}
-
-/// Sends SIGKILL to process group `pgid`. A group that is already gone is fine.
-pub(super) fn kill_group(pgid: u32) {
-    let Ok(raw) = i32::try_from(pgid) else {
-        return;
-    };
-    if raw <= 1 {
-        // Never signal "every process" or init's group by accident.
-        return;
-    }
-    match nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), nix::sys::signal::SIGKILL) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(e) => tracing::warn!(pgid, error = %e, "could not kill a command's process group"),
     }
 }
 

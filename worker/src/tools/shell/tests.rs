@@ -52,6 +52,18 @@ impl Fixture {
         command: &str,
         timeout_s: Option<u64>,
     ) -> Result<String, ToolError> {
+        self.call_within(shell, command, timeout_s, Duration::from_secs(60))
+            .await
+    }
+
+    /// [`call`](Self::call) for a call that may run `time_limit` in all.
+    async fn call_within(
+        &self,
+        shell: &Shell,
+        command: &str,
+        timeout_s: Option<u64>,
+        time_limit: Duration,
+    ) -> Result<String, ToolError> {
         let mut scope = self.scope();
         let origin = origin("acme", "s1");
         let args = ShellArgs {
@@ -62,6 +74,7 @@ impl Fixture {
             origin: &origin,
             call_id: "c1",
             idempotency_key: "key-1",
+            time_limit,
             scope: &mut scope,
         };
         let result = shell.call(args, ctx).await;
@@ -423,6 +436,7 @@ async fn cancelling_the_call_kills_the_group() {
                 origin: &origin,
                 call_id: "c1",
                 idempotency_key: "key-1",
+                time_limit: std::time::Duration::from_secs(60),
                 scope: &mut scope,
             };
             let call = shell.call(
@@ -627,4 +641,26 @@ fn a_failed_check_in_keeps_its_kind_and_says_the_command_ran() {
         not_saved(ToolError::NotFound("x".into()), "s"),
         ToolError::Failed(_)
     ));
+}
+
+/// A call with less time left than the shell's own limits stops its command within that time
+/// and still answers, with the output so far.
+#[tokio::test]
+async fn a_command_is_stopped_within_the_calls_own_time_limit() {
+    let fixture = Fixture::new();
+    let shell = fixture.shell(config(), &Isolation::none());
+    let output = fixture
+        .call_within(
+            &shell,
+            "echo before; sleep 100; echo after",
+            None,
+            Duration::from_secs(2),
+        )
+        .await
+        .expect("a timeout is output, not a failure");
+    assert!(output.starts_with("timed out after"), "{output}");
+    assert!(
+        output.contains("\nbefore") && !output.contains("\nafter"),
+        "{output}"
+    );
 }
