@@ -1,6 +1,6 @@
 //! The marker of a call's run in progress: taken at admission (or, for a first dispatch's first
-//! delivery, which skips the store, beside the run's start), renewed while the run goes on at the
-//! cadence of its progress acks, deleted when its result is recorded (`store::record_result`) or
+//! delivery, which skips the store, half a progress interval into the run: no copy can be
+//! delivered sooner), renewed while the run goes on at the cadence of its progress acks, deleted when its result is recorded (`store::record_result`) or
 //! when the run is handed back. A redelivered copy of the call that finds the marker held waits
 //! for the run's result (`admission`) instead of applying its effects a second time beside it.
 //!
@@ -47,8 +47,7 @@ impl RunOwner {
         }
     }
 
-    /// Runs `work` holding the marker: taken (or renewed) now, then renewed every progress
-    /// interval until `work` ends.
+    /// Runs `work` holding the marker (see [`renew`](Self::renew)) until `work` ends.
     pub(super) async fn hold<O>(
         &self,
         ctx: &WorkerContext,
@@ -62,12 +61,22 @@ impl RunOwner {
         }
     }
 
-    /// Takes (or, when admission took it, renews at once: admission may have been a while ago)
-    /// and renews the marker every progress interval, for ever.
+    /// Renews the marker at once when admission took it (admission may have been a while ago),
+    /// or takes it half an interval in; then renews it every progress interval, for ever.
     async fn renew(&self, ctx: &WorkerContext, call: CallRef<'_>) -> Infallible {
         let origin = call.origin;
         let marker = self.marker(ctx);
-        let mut ticks = tokio::time::interval(ctx.progress_every);
+        // A run that admission did not mark (a first dispatch's first delivery) takes its marker
+        // half a progress interval in: no copy of it can be delivered before the ack wait (three
+        // intervals, pushed on by progress acks), and the many calls that end sooner never touch
+        // Redis for it.
+        let now = tokio::time::Instant::now();
+        let first = if self.claimed {
+            now
+        } else {
+            now + ctx.progress_every / 2
+        };
+        let mut ticks = tokio::time::interval_at(first, ctx.progress_every);
         loop {
             ticks.tick().await;
             match ctx
