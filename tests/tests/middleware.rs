@@ -8,34 +8,6 @@ use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::unique;
 use tokio_util::sync::CancellationToken;
 
-/// The content of a file of `session`'s workspace in the cluster's object store, if it exists.
-async fn workspace_file(
-    cluster: &TestCluster,
-    tenant: &str,
-    session: &str,
-    path: &str,
-) -> Option<String> {
-    let bus = skein_common::bus::Bus::connect(
-        &skein_common::config::NatsConfig::local(cluster.nats.url.clone()),
-        "test",
-        skein_common::bus::DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connects to the test NATS");
-    let objects = skein_common::workspace::ObjectWorkspaces::new(
-        bus.jetstream().clone(),
-        &skein_common::workspace::WorkspaceStoreConfig::default(),
-        0,
-    );
-    let session = skein_common::workspace::SessionRef::new(tenant, session).expect("tokens");
-    let path = skein_common::workspace::WorkspacePath::parse(path).expect("a workspace path");
-    match objects.read(&session, &path).await {
-        Ok((content, _)) => Some(String::from_utf8_lossy(&content).into_owned()),
-        Err(skein_common::workspace::WorkspaceError::NotFound(_)) => None,
-        Err(e) => panic!("reading {path} from the object store: {e}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guarded_lead_blocks_calls_that_mention_its_word() {
     let cluster = TestCluster::start();
@@ -100,13 +72,15 @@ async fn the_guarded_lead_blocks_calls_that_mention_its_word() {
         "the blocked call reached no worker"
     );
     assert!(
-        workspace_file(&cluster, "acme", &task.session, "notes.txt")
+        cluster
+            .workspace_file("acme", &task.session, "notes.txt")
             .await
             .is_some(),
         "the other call ran"
     );
     assert!(
-        workspace_file(&cluster, "acme", &task.session, "deploy.txt")
+        cluster
+            .workspace_file("acme", &task.session, "deploy.txt")
             .await
             .is_none(),
         "the blocked call did not"

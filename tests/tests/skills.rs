@@ -8,34 +8,6 @@ use skein_common::protocol::{child_session_id, TurnStatus};
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::unique;
 
-/// The content of a file of `session`'s workspace in the cluster's object store, if it exists.
-async fn workspace_file(
-    cluster: &TestCluster,
-    tenant: &str,
-    session: &str,
-    path: &str,
-) -> Option<String> {
-    let bus = skein_common::bus::Bus::connect(
-        &skein_common::config::NatsConfig::local(cluster.nats.url.clone()),
-        "test",
-        skein_common::bus::DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connects to the test NATS");
-    let objects = skein_common::workspace::ObjectWorkspaces::new(
-        bus.jetstream().clone(),
-        &skein_common::workspace::WorkspaceStoreConfig::default(),
-        0,
-    );
-    let session = skein_common::workspace::SessionRef::new(tenant, session).expect("tokens");
-    let path = skein_common::workspace::WorkspacePath::parse(path).expect("a workspace path");
-    match objects.read(&session, &path).await {
-        Ok((content, _)) => Some(String::from_utf8_lossy(&content).into_owned()),
-        Err(skein_common::workspace::WorkspaceError::NotFound(_)) => None,
-        Err(e) => panic!("reading {path} from the object store: {e}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skills_load_on_demand_stay_loaded_and_reach_subagents_as_allowed() {
     let cluster = TestCluster::start();
@@ -114,7 +86,8 @@ async fn skills_load_on_demand_stay_loaded_and_reach_subagents_as_allowed() {
 
     // The resource file is in the session's workspace, where the workspace tools read it.
     assert_eq!(
-        workspace_file(&cluster, "acme", &session, "skills/notes/template.md")
+        cluster
+            .workspace_file("acme", &session, "skills/notes/template.md")
             .await
             .as_deref(),
         Some("# Notes\n")

@@ -275,18 +275,7 @@ impl ObjectWorkspaces {
         content: Bytes,
         expect: Expect,
     ) -> Result<Version, WorkspaceError> {
-        if path.is_root() {
-            return Err(WorkspaceError::Invalid(
-                "the workspace itself is a directory: give a file path".into(),
-            ));
-        }
-        self.limits.check_file(path, content.len() as u64)?;
-        let Some(bucket) = self.buckets.get(session.tenant(), true).await? else {
-            return Err(WorkspaceError::Unavailable {
-                message: "the workspace bucket could not be created".into(),
-                source: None,
-            });
-        };
+        let bucket = self.bucket_to_write(session, path, content.len()).await?;
         let files = self.list(session).await?;
         check_namespace(&files, path)?;
         let others: u64 = files
@@ -311,22 +300,34 @@ impl ObjectWorkspaces {
         content: Bytes,
         expect: Expect,
     ) -> Result<Version, WorkspaceError> {
+        let bucket = self.bucket_to_write(session, path, content.len()).await?;
+        let written = self
+            .write_in(&bucket, &object_name(session, path), path, content, expect)
+            .await;
+        self.forget_bucket_on_failure(session.tenant(), written)
+    }
+
+    /// The bucket a write of `len` bytes at `path` goes to (created if missing), once the path
+    /// names a file and the per-file cap holds.
+    async fn bucket_to_write(
+        &self,
+        session: &SessionRef,
+        path: &WorkspacePath,
+        len: usize,
+    ) -> Result<Bucket, WorkspaceError> {
         if path.is_root() {
             return Err(WorkspaceError::Invalid(
                 "the workspace itself is a directory: give a file path".into(),
             ));
         }
-        self.limits.check_file(path, content.len() as u64)?;
-        let Some(bucket) = self.buckets.get(session.tenant(), true).await? else {
-            return Err(WorkspaceError::Unavailable {
+        self.limits.check_file(path, len as u64)?;
+        self.buckets
+            .get(session.tenant(), true)
+            .await?
+            .ok_or_else(|| WorkspaceError::Unavailable {
                 message: "the workspace bucket could not be created".into(),
                 source: None,
-            });
-        };
-        let written = self
-            .write_in(&bucket, &object_name(session, path), path, content, expect)
-            .await;
-        self.forget_bucket_on_failure(session.tenant(), written)
+            })
     }
 
     async fn write_in(
