@@ -12,6 +12,16 @@ pub fn floor_char_boundary(text: &str, index: usize) -> usize {
         .unwrap_or(0)
 }
 
+/// The smallest char boundary of `text` at or above `index`.
+pub fn ceil_char_boundary(text: &str, index: usize) -> usize {
+    if index >= text.len() {
+        return text.len();
+    }
+    (index..=text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len())
+}
+
 /// `text` cut to at most `max_bytes` bytes on a character boundary, ending in `…` when cut.
 pub fn cut(text: &str, max_bytes: usize) -> String {
     const MARK: &str = "…";
@@ -36,5 +46,8 @@ mod tests {
         assert_eq!(floor_char_boundary("aé", 2), 1);
         assert_eq!(floor_char_boundary("aé", 9), 3);
         assert_eq!(cut("abc", 0), "…");
+        assert_eq!(ceil_char_boundary("aé", 2), 3);
+        assert_eq!(ceil_char_boundary("aé", 1), 1);
+        assert_eq!(ceil_char_boundary("aé", 9), 3);
     }
 }

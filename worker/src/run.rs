@@ -116,7 +116,7 @@ pub async fn run_custom(
     let (workspace_files, workspace_commands) =
         crate::workspace::open(&cfg.workspace, &cfg.workspace_root(), &bus);
     let builtins = BuiltinConfig {
-        workspace: workspace_files,
+        workspace: workspace_files.clone(),
         http_allow: cfg.http_allow.clone(),
         http_allow_private: cfg.http_allow_private,
         http_max_bytes: cfg.http_max_bytes,
@@ -198,6 +198,7 @@ pub async fn run_custom(
         bus: bus.clone(),
         store: store.clone(),
         registry,
+        workspace: workspace_files,
         runtime,
         stats,
         instance: instance.clone(),

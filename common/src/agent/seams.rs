@@ -73,6 +73,9 @@ pub struct ModelCall {
     /// Receives text deltas as they stream (the turn forwards them as events); `None` asks for a
     /// whole answer.
     pub deltas: Option<Arc<dyn DeltaSink>>,
+    /// The task the call serves (its tenant shares the model fairly, its deadline bounds waits);
+    /// `None` outside a task.
+    pub origin: Option<Arc<TaskOrigin>>,
 }
 
 impl std::fmt::Debug for ModelCall {

@@ -27,6 +27,11 @@ pub struct Message {
     /// The call this message answers (tool messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The model's visible reasoning before this answer (assistant messages of thinking models,
+    /// e.g. DeepSeek's `reasoning_content`); sent back with the message, since some servers
+    /// refuse a follow-up without it. Absent in sessions written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl Message {
@@ -48,6 +53,7 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
+            reasoning: None,
         }
     }
 
@@ -57,6 +63,7 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning: None,
         }
     }
 }
@@ -90,7 +97,17 @@ impl Usage {
 
 #[cfg(test)]
 mod tests {
-    use super::Usage;
+    use super::{Message, Role, Usage};
+
+    #[test]
+    fn messages_stored_before_reasoning_existed_still_decode() {
+        let old = r#"{"role": "assistant", "content": "hi"}"#;
+        let message: Message = serde_json::from_str(old).expect("an old message decodes");
+        assert_eq!(message.role, Role::Assistant);
+        assert_eq!(message.reasoning, None);
+        let written = serde_json::to_value(&message).expect("encodes");
+        assert!(written.get("reasoning").is_none(), "{written}");
+    }
 
     #[test]
     fn usage_reported_by_a_server_saturates_instead_of_overflowing() {

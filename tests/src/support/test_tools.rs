@@ -23,6 +23,40 @@ pub fn register(registry: &mut ToolRegistry, effects: PathBuf) {
     registry.register(Noop);
     registry.register(FailAlways);
     registry.register(PanicAlways);
+    registry.register(BigOutput);
+}
+
+/// Answers with `bytes` bytes: `HEAD`, filler lines, `TAIL` (test tool).
+pub struct BigOutput;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BigOutputArgs {
+    /// Size of the answer in bytes (at least 8).
+    pub bytes: usize,
+}
+
+impl Tool for BigOutput {
+    const NAME: &'static str = "big_output";
+    type Args = BigOutputArgs;
+
+    fn description(&self) -> String {
+        "Answers with a large text (test tool).".into()
+    }
+
+    async fn call(&self, args: BigOutputArgs, _ctx: ToolContext<'_>) -> Result<String, ToolError> {
+        let filler = args.bytes.saturating_sub(8);
+        let line =
+            "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456\n";
+        let mut output = String::with_capacity(args.bytes);
+        output.push_str("HEAD");
+        while output.len() < 4 + filler {
+            let left = 4 + filler - output.len();
+            output.push_str(&line[..left.min(line.len())]);
+        }
+        output.push_str("TAIL");
+        Ok(output)
+    }
 }
 
 /// Fails with its message (test tool).

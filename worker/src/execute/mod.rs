@@ -47,6 +47,7 @@ use tracing::Instrument;
 mod admission;
 mod marker;
 mod settling;
+mod spill;
 mod subagent;
 
 use admission::{admit, check_task, refuse, Admitted};
@@ -65,6 +66,8 @@ pub(crate) struct WorkerContext {
     pub bus: Bus,
     pub store: SessionStore,
     pub registry: ToolRegistry,
+    /// Where output over the cap is kept whole (`spill`).
+    pub workspace: Arc<dyn crate::workspace::WorkspaceStore>,
     pub runtime: Option<Runtime>,
     pub stats: Arc<ScopeStats>,
     pub instance: String,
@@ -141,10 +144,23 @@ async fn tool_task(
             "otel.status_code" = tracing::field::Empty,
             "error.type" = tracing::field::Empty,
         );
-        let running = ctx
-            .registry
-            .call(&task.tool, task.arguments.clone(), context)
-            .instrument(span.clone());
+        let running = async {
+            let output = ctx
+                .registry
+                .call_whole(&task.tool, task.arguments.clone(), context)
+                .await?;
+            let cap = ctx.registry.max_output_bytes();
+            let fitted = spill::fit_output(
+                ctx.workspace.as_ref(),
+                &task.origin,
+                &task.tool,
+                &idempotency_key,
+                output,
+                cap,
+            );
+            Ok::<_, crate::tools::ToolError>(fitted.await)
+        }
+        .instrument(span.clone());
         match tokio::time::timeout(timeout, contain_panic(running)).await {
             Ok(Ok(Ok(output))) => CallOutcome::Ok { output },
             Ok(Ok(Err(e))) => {

@@ -318,14 +318,25 @@ impl ToolRegistry {
         arguments: Value,
         ctx: ToolContext<'_>,
     ) -> Result<String, ToolError> {
+        let output = self.call_whole(name, arguments, ctx).await?;
+        Ok(truncate_output(output, self.max_output_bytes))
+    }
+
+    /// [`call`](Self::call) with the output whole, however long (the worker keeps what is over
+    /// the cap in the session's workspace).
+    pub async fn call_whole(
+        &self,
+        name: &str,
+        arguments: Value,
+        ctx: ToolContext<'_>,
+    ) -> Result<String, ToolError> {
         let Some(entry) = self.tools.get(name) else {
             return Err(ToolError::NotFound(format!(
                 "no tool named {name:?} on this worker (available: {})",
                 self.names().join(", ")
             )));
         };
-        let output = entry.tool.call(arguments, ctx).await?;
-        Ok(truncate_output(output, self.max_output_bytes))
+        entry.tool.call(arguments, ctx).await
     }
 }
 
@@ -349,7 +360,7 @@ const IDEMPOTENCY_NAMESPACE: uuid::Uuid =
     uuid::Uuid::from_u128(0x5d1c_a0e4_3b7f_4c1e_9a62_0f4d_8e21_b7c3);
 
 /// Cuts `output` to at most `max_bytes` (at a char boundary) and notes the original size.
-fn truncate_output(mut output: String, max_bytes: usize) -> String {
+pub(crate) fn truncate_output(mut output: String, max_bytes: usize) -> String {
     if output.len() <= max_bytes {
         return output;
     }

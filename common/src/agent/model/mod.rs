@@ -58,10 +58,22 @@ pub enum ModelError {
     Unreachable(#[source] reqwest::Error),
     #[error("model call timed out after {0:?}")]
     TimedOut(std::time::Duration),
-    #[error("model server answered {status}: {body}")]
-    Status { status: u16, body: String },
+    #[error("model server answered {status}{}: {body}", retry_after_note(*.retry_after))]
+    Status {
+        status: u16,
+        body: String,
+        /// How long the server asked to wait (its `Retry-After`), with a 429 or 503.
+        retry_after: Option<std::time::Duration>,
+    },
     #[error("model answer could not be understood: {0}")]
     BadResponse(String),
+    /// The server reported an error in place of an answer (a 200 body holding only `error`, or an
+    /// `error` chunk mid-stream).
+    #[error("model server reported an error: {message}")]
+    ServerError { message: String, retryable: bool },
+    /// The streamed answer stopped before its end (no finish reason, no `[DONE]`).
+    #[error("model stream cut short: {0}")]
+    Interrupted(String),
     #[error("scenario: {0}")]
     Scenario(String),
     #[error("model configuration: {0}")]
@@ -77,6 +89,8 @@ impl ModelError {
             ModelError::Status { status, .. } => {
                 (FailureKind::ModelFailed, *status == 429 || *status >= 500)
             }
+            ModelError::ServerError { retryable, .. } => (FailureKind::ModelFailed, *retryable),
+            ModelError::Interrupted(_) => (FailureKind::ModelFailed, true),
             ModelError::BadResponse(_) | ModelError::Scenario(_) | ModelError::Misconfigured(_) => {
                 (FailureKind::ModelFailed, false)
             }
@@ -87,6 +101,29 @@ impl ModelError {
             retryable,
         }
     }
+}
+
+/// Where the server's `Retry-After` travels in a failure's message; [`retry_after`] reads it back.
+const RETRY_AFTER_NOTE: &str = " (retry after ";
+
+fn retry_after_note(retry_after: Option<std::time::Duration>) -> String {
+    retry_after
+        .map(|wait| format!("{RETRY_AFTER_NOTE}{} ms)", wait.as_millis()))
+        .unwrap_or_default()
+}
+
+/// How long a failed model call was asked to wait before it is tried again (the server's
+/// `Retry-After`, as [`ModelError::Status`] carries it into the failure's message).
+pub fn retry_after(failure: &Failure) -> Option<std::time::Duration> {
+    if failure.kind != FailureKind::ModelFailed {
+        return None;
+    }
+    let (_, rest) = failure.message.split_once(RETRY_AFTER_NOTE)?;
+    let (millis, _) = rest.split_once(" ms)")?;
+    millis
+        .parse()
+        .ok()
+        .map(std::time::Duration::from_millis)
 }
 
 /// A chat model.

@@ -645,6 +645,9 @@ async fn error_for_status(
     if status.is_success() {
         return Ok(response);
     }
+    let retry_after = matches!(status.as_u16(), 429 | 503)
+        .then(|| retry_after_seconds(response.headers()))
+        .flatten();
     let body = match tokio::time::timeout(timeout, response.text()).await {
         Ok(Ok(body)) => crate::text::cut(&body, MAX_ERROR_BODY_BYTES),
         Ok(Err(error)) => format!("<body unreadable: {error}>"),
@@ -654,7 +657,14 @@ async fn error_for_status(
     Err(ModelError::Status {
         status: status.as_u16(),
         body,
+        retry_after,
     })
+}
+
+/// A `Retry-After` given in seconds (the form rate limiters use); an HTTP date is not read.
+fn retry_after_seconds(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 fn answers_with_json(response: &reqwest::Response) -> bool {

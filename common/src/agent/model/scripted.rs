@@ -223,6 +223,7 @@ impl ScriptedModel {
                     content: String::new(),
                     tool_calls,
                     tool_call_id: None,
+                    reasoning: None,
                 };
                 (message, "tool_calls", words)
             }

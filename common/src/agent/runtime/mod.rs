@@ -573,6 +573,7 @@ impl Runtime {
         let call = ModelCall {
             request,
             deltas: Some(Arc::new(EventDeltas(turn.events.clone()))),
+            origin: Some(Arc::new(turn.origin.clone())),
         };
         let answered = self.model.clone().oneshot(call);
         let response = tokio::select! {
