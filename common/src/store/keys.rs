@@ -6,7 +6,8 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `skein:{t:s}:session` | hash `version`, `state` | the session (history), versioned for compare-and-set |
+//! | `skein:{t:s}:session` | hash `version`, `state` | the session (turns, skills; sessions saved before history lists hold their history here too), versioned for compare-and-set |
+//! | `skein:{t:s}:history` | list of `Message` JSON | the session's history, appended to by each turn (a turn writes only its new messages) |
 //! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
 //! | `skein:{t:s}:results:{task}` | hash `task_id:step:call_id` → `ToolResult` | the task's call results, first write wins (expire 7 days after the task's last call, so an active session does not keep them forever) |
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
@@ -19,6 +20,9 @@
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
+//! | `skein:model:{m}:slots` | sorted set `tenant\|holder` → lease expiry (ms) | the model calls in flight on model `m`, across every process (see `store::traffic`); a holder that stops renewing is dropped once its lease expires |
+//! | `skein:model:{m}:waiting` | sorted set tenant → expiry (ms) | tenants with a call waiting for a slot of model `m`, refreshed while they wait |
+//! | `skein:model:{m}:tokens:{minute}` | counter | tokens used on model `m` in one minute since the Unix epoch (expires) |
 
 fn tag(tenant: &str, session: &str) -> String {
     format!("skein:{{{tenant}:{session}}}")
@@ -26,6 +30,11 @@ fn tag(tenant: &str, session: &str) -> String {
 
 pub fn session(tenant: &str, session: &str) -> String {
     format!("{}:session", tag(tenant, session))
+}
+
+/// The session's history, one message per element.
+pub fn history(tenant: &str, session: &str) -> String {
+    format!("{}:history", tag(tenant, session))
 }
 
 pub fn lease(tenant: &str, session: &str) -> String {
@@ -90,6 +99,31 @@ pub fn answers(tenant: &str, task_id: &str) -> String {
 
 pub const WORKERS: &str = "skein:workers";
 
+/// The hash tag of a model's traffic keys; braces in a model name (which would move the tag) are
+/// replaced, so every key of one model stays in one cluster slot.
+fn model_tag(model: &str) -> String {
+    let model: String = model
+        .chars()
+        .map(|c| if matches!(c, '{' | '}') { '_' } else { c })
+        .collect();
+    format!("skein:model:{{{model}}}")
+}
+
+/// The model calls in flight on `model`, by holder.
+pub fn model_slots(model: &str) -> String {
+    format!("{}:slots", model_tag(model))
+}
+
+/// The tenants waiting for a slot of `model`.
+pub fn model_waiting(model: &str) -> String {
+    format!("{}:waiting", model_tag(model))
+}
+
+/// The tokens used on `model` in `minute` (minutes since the Unix epoch).
+pub fn model_tokens(model: &str, minute: u64) -> String {
+    format!("{}:tokens:{minute}", model_tag(model))
+}
+
 /// The field of the attempts hash that counts attempts at task `task_id`'s turn.
 pub fn turn_attempts_field(task_id: &str) -> String {
     format!("turn:{task_id}")
@@ -112,6 +146,18 @@ mod tests {
             super::results("acme", "s1", "t1:0:c"),
             "skein:{acme:s1}:results:t1"
         );
+    }
+
+    #[test]
+    fn a_models_traffic_keys_share_one_hash_tag() {
+        for key in [
+            super::model_slots("gpt-4o"),
+            super::model_waiting("gpt-4o"),
+            super::model_tokens("gpt-4o", 7),
+        ] {
+            assert!(key.starts_with("skein:model:{gpt-4o}:"), "{key}");
+        }
+        assert_eq!(super::model_slots("a{b}"), "skein:model:{a_b_}:slots");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod approvals;
 mod calls;
 pub mod keys;
+pub mod traffic;
 mod turn;
 mod workers;
 
@@ -130,6 +131,69 @@ pub struct SessionState {
     /// Skills loaded so far; their bodies stay in the system prompt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<String>,
+    /// How many of `history`'s first messages the store already holds (set when loaded): a save
+    /// appends only the rest. Bookkeeping, not part of the session's value.
+    #[serde(skip)]
+    pub stored: StoredMessages,
+}
+
+/// How many messages of a loaded session's history the store already holds; 0 for a session
+/// built by hand, which a save then writes whole. Equal to every other (it is bookkeeping).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoredMessages(usize);
+
+impl PartialEq for StoredMessages {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+/// What a session save writes: the session without its history, and the messages to add to the
+/// history list (after emptying it, when `replace`).
+struct HistoryWrite {
+    meta: String,
+    replace: bool,
+    messages: Vec<String>,
+}
+
+impl HistoryWrite {
+    fn of(state: &SessionState) -> Result<Self, StoreError> {
+        let meta = serde_json::to_string(&serde_json::json!({
+            "history": [],
+            "turns": state.turns,
+            "skills": state.skills,
+        }))
+        .map_err(StoreError::Corrupt)?;
+        let stored = state.stored.0;
+        let replace = stored == 0 || stored > state.history.len();
+        let from = if replace { 0 } else { stored };
+        let messages = state.history[from..]
+            .iter()
+            .map(|m| serde_json::to_string(m).map_err(StoreError::Corrupt))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            meta,
+            replace,
+            messages,
+        })
+    }
+}
+
+/// A session read back: its state (without history when it has a history list) and the list.
+fn session_from(state: &str, listed: Vec<String>) -> Result<SessionState, StoreError> {
+    let mut session: SessionState = match state {
+        "" => SessionState::default(),
+        json => decode(json)?,
+    };
+    if listed.is_empty() {
+        // A session saved before history lists (or empty): its history is inline; the next save
+        // moves it into the list.
+        session.stored = StoredMessages(0);
+        return Ok(session);
+    }
+    session.history = listed.iter().map(|m| decode(m)).collect::<Result<_, _>>()?;
+    session.stored = StoredMessages(session.history.len());
+    Ok(session)
 }
 
 /// What a worker may do with a call it was handed.
@@ -189,11 +253,14 @@ pub struct LoadedSession {
     pub state: SessionState,
 }
 
-/// Compare-and-set save: KEYS[1] session hash; ARGV expected version, new version, state.
+/// Compare-and-set save: KEYS[1] session hash, KEYS[2] history list; ARGV expected version, new
+/// version, state (without history), 'replace' or 'append', then the messages to add.
 const SAVE_SCRIPT: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '0') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3])
+if ARGV[4] == 'replace' then redis.call('DEL', KEYS[2]) end
+for i = 5, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 "#;
 
@@ -209,8 +276,9 @@ return 1
 /// unless ARGV[4] is empty), stores the final result, drops the checkpoint and releases the lease.
 /// A final result stored earlier (the task ended on another path meanwhile) stands: nothing is
 /// saved, the lease is released and the stored final returned.
-/// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint.
-/// ARGV token, expected version, new version, state, final, final ttl seconds.
+/// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint, KEYS[5] history list.
+/// ARGV token, expected version, new version, state (without history), final, final ttl seconds,
+/// 'replace' or 'append', then the messages to add to the history.
 /// Returns {1} done, {0} version conflict, {-1} lease lost, {2, final} an earlier final stands.
 const COMPLETE_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1} end
@@ -224,6 +292,8 @@ if ARGV[4] ~= '' then
   local current = redis.call('HGET', KEYS[1], 'version')
   if (current or '0') ~= ARGV[2] then return {0} end
   redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4])
+  if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
+  for i = 8, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
 end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])
@@ -256,7 +326,8 @@ if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 local session = redis.call('HMGET', KEYS[4], 'version', 'state')
 local checkpoint = redis.call('GET', KEYS[5])
-return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or ''}
+local history = redis.call('LRANGE', KEYS[6], 0, -1)
+return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', history}
 "#;
 
 /// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).
@@ -265,6 +336,28 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if ARGV[2] == '0' then return redis.call('DEL', KEYS[1]) end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#;
+
+/// The turn-start script's reply as its strings and, when it carries one (last), the history list.
+fn split_history(reply: Vec<redis::Value>) -> Result<(Vec<String>, Vec<String>), StoreError> {
+    let mut strings = Vec::with_capacity(reply.len());
+    let mut listed = Vec::new();
+    for value in reply {
+        match value {
+            redis::Value::Array(items) => {
+                listed = items
+                    .into_iter()
+                    .map(redis::from_redis_value)
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| StoreError::UnexpectedReply("the turn-start script"))?
+            }
+            other => strings.push(
+                redis::from_redis_value(other)
+                    .map_err(|_| StoreError::UnexpectedReply("the turn-start script"))?,
+            ),
+        }
+    }
+    Ok((strings, listed))
+}
 
 fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
     serde_json::from_str(json).map_err(StoreError::Corrupt)
@@ -311,19 +404,19 @@ impl SessionStore {
     /// Loads a session; a session never saved is empty at version 0.
     pub async fn load(&self, tenant: &str, session: &str) -> Result<LoadedSession, StoreError> {
         let mut conn = self.connection.clone();
-        let (version, state): (Option<u64>, Option<String>) = redis::cmd("HMGET")
-            .arg(keys::session(tenant, session))
-            .arg("version")
-            .arg("state")
-            .query_async(&mut conn)
-            .await?;
-        let state = match state {
-            Some(json) => serde_json::from_str(&json).map_err(StoreError::Corrupt)?,
-            None => SessionState::default(),
-        };
+        let ((version, state), listed): ((Option<u64>, Option<String>), Vec<String>) =
+            redis::pipe()
+                .atomic()
+                .cmd("HMGET")
+                .arg(keys::session(tenant, session))
+                .arg("version")
+                .arg("state")
+                .lrange(keys::history(tenant, session), 0, -1)
+                .query_async(&mut conn)
+                .await?;
         Ok(LoadedSession {
             version: version.unwrap_or(0),
-            state,
+            state: session_from(state.as_deref().unwrap_or(""), listed)?,
         })
     }
 
@@ -336,13 +429,16 @@ impl SessionStore {
         state: &SessionState,
     ) -> Result<u64, StoreError> {
         let mut conn = self.connection.clone();
-        let json = serde_json::to_string(state).map_err(StoreError::Corrupt)?;
+        let write = HistoryWrite::of(state)?;
         let next = next_version(expected_version)?;
         let saved: i64 = Script::new(SAVE_SCRIPT)
             .key(keys::session(tenant, session))
+            .key(keys::history(tenant, session))
             .arg(expected_version)
             .arg(next)
-            .arg(json)
+            .arg(write.meta)
+            .arg(if write.replace { "replace" } else { "append" })
+            .arg(write.messages)
             .invoke_async(&mut conn)
             .await?;
         if saved == 1 {
@@ -385,23 +481,26 @@ impl SessionStore {
             ..
         } = claim;
         let mut conn = self.connection.clone();
-        let reply: Vec<String> = Script::new(BEGIN_SCRIPT)
-            .key(keys::final_result(tenant, session, task_id))
-            .key(keys::lease(tenant, session))
-            .key(keys::attempts(
-                tenant,
-                session,
-                &keys::turn_attempts_field(task_id),
-            ))
-            .key(keys::session(tenant, session))
-            .key(keys::checkpoint(tenant, session, task_id))
-            .arg(claim.lease_token)
-            .arg(claim.lease_ttl.as_millis().max(1) as u64)
-            .arg(keys::turn_attempts_field(task_id))
-            .arg(ATTEMPTS_TTL_SECS)
-            .arg(claim.max_attempts)
-            .invoke_async(&mut conn)
-            .await?;
+        let (reply, listed): (Vec<String>, Vec<String>) = split_history(
+            Script::new(BEGIN_SCRIPT)
+                .key(keys::final_result(tenant, session, task_id))
+                .key(keys::lease(tenant, session))
+                .key(keys::attempts(
+                    tenant,
+                    session,
+                    &keys::turn_attempts_field(task_id),
+                ))
+                .key(keys::session(tenant, session))
+                .key(keys::checkpoint(tenant, session, task_id))
+                .key(keys::history(tenant, session))
+                .arg(claim.lease_token)
+                .arg(claim.lease_ttl.as_millis().max(1) as u64)
+                .arg(keys::turn_attempts_field(task_id))
+                .arg(ATTEMPTS_TTL_SECS)
+                .arg(claim.max_attempts)
+                .invoke_async(&mut conn)
+                .await?,
+        )?;
         let number =
             |what, text: Option<&String>| parse_number(what, text.map_or("", String::as_str));
         match reply.first().map(String::as_str) {
@@ -411,10 +510,7 @@ impl SessionStore {
             Some("busy") => Ok(TurnStart::Busy),
             Some("exhausted") => Ok(TurnStart::Exhausted(number("attempt count", reply.get(1))?)),
             Some("started") if reply.len() == 5 => {
-                let state = match reply[3].as_str() {
-                    "" => SessionState::default(),
-                    json => decode(json)?,
-                };
+                let state = session_from(&reply[3], listed)?;
                 let checkpoint = match reply[4].as_str() {
                     "" => None,
                     json => Some(decode(json)?),
@@ -530,24 +626,30 @@ impl SessionStore {
     ) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
         let (tenant, session) = (result.tenant.as_str(), result.session.as_str());
-        let state = match state {
-            Some(state) => serde_json::to_string(state).map_err(StoreError::Corrupt)?,
-            None => String::new(),
-        };
+        let write = state.map(HistoryWrite::of).transpose()?;
         let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let reply: Vec<redis::Value> = Script::new(COMPLETE_SCRIPT)
+        let script = Script::new(COMPLETE_SCRIPT);
+        let mut invocation = script.prepare_invoke();
+        invocation
             .key(keys::session(tenant, session))
             .key(keys::lease(tenant, session))
             .key(keys::final_result(tenant, session, &result.task_id))
             .key(keys::checkpoint(tenant, session, &result.task_id))
+            .key(keys::history(tenant, session))
             .arg(lease_token)
             .arg(expected_version)
             .arg(next_version(expected_version)?)
-            .arg(state)
+            .arg(write.as_ref().map_or("", |w| w.meta.as_str()))
             .arg(final_json)
             .arg(FINAL_RESULT_TTL_SECS)
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(match &write {
+                Some(w) if w.replace => "replace",
+                _ => "append",
+            });
+        if let Some(write) = &write {
+            invocation.arg(&write.messages);
+        }
+        let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn).await?;
         let code: Option<i64> = reply
             .first()
             .and_then(|v| redis::from_redis_value(v.clone()).ok());

@@ -1,0 +1,216 @@
+//! Model traffic shared by every lead and worker: a semaphore of leased slots per model, a fair
+//! share of it between tenants, and a count of the tokens each model used per minute.
+//!
+//! Invariants:
+//! - a model's slots are the members `tenant|holder` of `skein:model:{m}:slots`, scored by the
+//!   expiry of their lease (Redis time, ms); a slot whose holder stops renewing is free once its
+//!   lease expires, so a process that dies frees its slots without help;
+//! - a call is admitted only while fewer than `limit` leases are live, and, while another tenant
+//!   is waiting, only if its tenant holds fewer than its fair share `ceil(limit / tenants)`
+//!   (`tenants`: those holding or waiting, the caller included);
+//! - a tenant whose call is refused is noted in `skein:model:{m}:waiting` for a short time, which
+//!   the waiting call refreshes each time it asks again;
+//! - with a token budget, no call is admitted while the model's tokens of the current minute have
+//!   reached it; the tokens a call used are counted once it answered (a budget can be overrun by
+//!   the calls already running, never by calls admitted after it was spent).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::Script;
+
+use super::{keys, SessionStore, StoreError};
+
+/// How long a minute's token count is kept: long enough to be read through the minute.
+const TOKENS_TTL_SECS: i64 = 120;
+
+/// Admits a call (1), refuses it for want of a slot (0) or of tokens (-1); see the invariants.
+/// KEYS: slots, waiting, tokens of this minute. ARGV: tenant, member, limit, lease ms, waiting
+/// note ms, tokens per minute.
+const ACQUIRE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tenant, member = ARGV[1], ARGV[2]
+local limit, lease, note = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local budget = tonumber(ARGV[6])
+if budget > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') >= budget then
+  return -1
+end
+if limit <= 0 then
+  return 1
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local admit = redis.call('ZSCORE', KEYS[1], member) ~= false
+if not admit then
+  local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
+  if #holders < limit then
+    admit = true
+    local seen, tenants, mine = {}, 0, 0
+    for _, holder in ipairs(holders) do
+      local owner = string.match(holder, '^([^|]*)|') or ''
+      if owner == tenant then mine = mine + 1 end
+      if not seen[owner] then seen[owner] = true; tenants = tenants + 1 end
+    end
+    local others_wait = false
+    for _, waiter in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+      if waiter ~= tenant then
+        others_wait = true
+        if not seen[waiter] then seen[waiter] = true; tenants = tenants + 1 end
+      end
+    end
+    if not seen[tenant] then tenants = tenants + 1 end
+    if others_wait and mine >= math.ceil(limit / tenants) then admit = false end
+  end
+end
+if admit then
+  redis.call('ZADD', KEYS[1], now + lease, member)
+  redis.call('PEXPIRE', KEYS[1], lease * 2)
+  return 1
+end
+redis.call('ZADD', KEYS[2], now + note, tenant)
+redis.call('PEXPIRE', KEYS[2], note * 2)
+return 0
+";
+
+/// Extends a live lease (1), or reports it gone (0). KEYS: slots. ARGV: member, lease ms.
+const RENEW_SCRIPT: &str = r"
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
+  return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], lease * 2)
+return 1
+";
+
+/// Adds tokens to a minute's count. KEYS: tokens of the minute. ARGV: tokens, ttl seconds.
+const COUNT_TOKENS_SCRIPT: &str = r"
+local total = redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return total
+";
+
+/// One process's ask for a slot of a model.
+#[derive(Debug, Clone)]
+pub struct SlotRequest<'a> {
+    pub model: &'a str,
+    pub tenant: &'a str,
+    /// Unique per call (a random id): the lease's name.
+    pub holder: &'a str,
+    /// Most calls in flight on the model at once; 0 for no limit.
+    pub limit: u32,
+    /// Most tokens the model may use per minute; 0 for no budget.
+    pub tokens_per_minute: u64,
+    /// How long the slot is held unless renewed.
+    pub lease: Duration,
+    /// How long a refused call counts its tenant as waiting unless it asks again.
+    pub waiting_note: Duration,
+}
+
+/// The answer to a [`SlotRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The call holds a slot until it releases it or its lease expires.
+    Admitted,
+    /// Every slot is taken, or the caller's tenant holds its fair share while others wait.
+    SlotsTaken,
+    /// The model's tokens of this minute are spent.
+    TokensSpent,
+}
+
+/// The current minute since the Unix epoch, by this process's clock.
+pub fn current_minute() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_secs() / 60)
+        .unwrap_or_default()
+}
+
+fn member(tenant: &str, holder: &str) -> String {
+    format!("{tenant}|{holder}")
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+impl SessionStore {
+    /// Asks for a slot of a model; see the module's invariants.
+    pub async fn try_take_model_slot(
+        &self,
+        request: &SlotRequest<'_>,
+    ) -> Result<Admission, StoreError> {
+        let mut conn = self.connection.clone();
+        let answer: i64 = Script::new(ACQUIRE_SCRIPT)
+            .key(keys::model_slots(request.model))
+            .key(keys::model_waiting(request.model))
+            .key(keys::model_tokens(request.model, current_minute()))
+            .arg(request.tenant)
+            .arg(member(request.tenant, request.holder))
+            .arg(request.limit)
+            .arg(millis(request.lease))
+            .arg(millis(request.waiting_note))
+            .arg(request.tokens_per_minute)
+            .invoke_async(&mut conn)
+            .await?;
+        match answer {
+            1 => Ok(Admission::Admitted),
+            0 => Ok(Admission::SlotsTaken),
+            -1 => Ok(Admission::TokensSpent),
+            _ => Err(StoreError::UnexpectedReply("the model slot script")),
+        }
+    }
+
+    /// Extends a slot's lease; `false` when the lease had already expired (the slot is gone).
+    pub async fn renew_model_slot(
+        &self,
+        model: &str,
+        tenant: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let renewed: i64 = Script::new(RENEW_SCRIPT)
+            .key(keys::model_slots(model))
+            .arg(member(tenant, holder))
+            .arg(millis(lease))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    /// Frees a slot; freeing one that is gone does nothing.
+    pub async fn release_model_slot(
+        &self,
+        model: &str,
+        tenant: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = redis::cmd("ZREM")
+            .arg(keys::model_slots(model))
+            .arg(member(tenant, holder))
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Counts tokens a call used on a model against the current minute.
+    pub async fn count_model_tokens(&self, model: &str, tokens: u64) -> Result<(), StoreError> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        let mut conn = self.connection.clone();
+        let _: i64 = Script::new(COUNT_TOKENS_SCRIPT)
+            .key(keys::model_tokens(model, current_minute()))
+            .arg(tokens)
+            .arg(TOKENS_TTL_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Session history stored incrementally: a turn appends its messages to the session's history
+//! list instead of rewriting the session, so what a save sends to Redis does not grow with the
+//! session; sessions saved before history lists are read as they were and moved on their next
+//! save.
+
+use skein_common::config::RedisConfig;
+use skein_common::protocol::message::Message;
+use skein_common::store::{keys, SessionStore};
+use skein_tests::support::servers::RedisServer;
+use skein_tests::support::unique;
+
+/// Bytes Redis has received so far.
+async fn bytes_received(redis: &redis::Client) -> u64 {
+    let mut conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis reachable");
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_input_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO stats has total_net_input_bytes")
+}
+
+#[tokio::test]
+async fn a_save_sends_only_the_new_messages_however_long_the_session() {
+    let server = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig::local(server.url.clone()))
+        .await
+        .expect("redis reachable");
+    let client = redis::Client::open(server.url.as_str()).expect("url");
+    let session = unique("s");
+    let mut sent = Vec::new();
+    for turn in 1..=300u64 {
+        let loaded = store.load("acme", &session).await.expect("load");
+        assert_eq!(loaded.state.history.len() as u64, 2 * (turn - 1));
+        let mut state = loaded.state;
+        state
+            .history
+            .push(Message::user(format!("question {turn}")));
+        state.history.push(Message::assistant(format!(
+            "answer {turn} {}",
+            "x".repeat(500)
+        )));
+        state.turns += 1;
+        let before = bytes_received(&client).await;
+        store
+            .save("acme", &session, loaded.version, &state)
+            .await
+            .expect("saved");
+        sent.push(bytes_received(&client).await - before);
+    }
+    let loaded = store.load("acme", &session).await.expect("load");
+    assert_eq!(loaded.state.turns, 300);
+    assert_eq!(loaded.state.history.len(), 600);
+    assert!(loaded.state.history[599].content.starts_with("answer 300"));
+    // Turn 1 writes the session whole (and may send the script itself); from turn 2 on a save
+    // sends two messages and the session's small state, at turn 300 as at turn 2.
+    let (second, last) = (sent[1], sent[299]);
+    println!("bytes sent by a save: turn 2 {second}, turn 300 {last}");
+    assert!(
+        last < second + 200,
+        "a save grows with the session: {second} bytes at turn 2, {last} at turn 300"
+    );
+}
+
+#[tokio::test]
+async fn a_session_saved_with_its_history_inline_is_read_and_moved_to_the_list() {
+    let server = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig::local(server.url.clone()))
+        .await
+        .expect("redis reachable");
+    let client = redis::Client::open(server.url.as_str()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis reachable");
+    let session = unique("s");
+    let old = serde_json::json!({
+        "history": [Message::user("old question"), Message::assistant("old answer")],
+        "turns": 1
+    });
+    let () = redis::cmd("HSET")
+        .arg(keys::session("acme", &session))
+        .arg("version")
+        .arg(1)
+        .arg("state")
+        .arg(old.to_string())
+        .query_async(&mut conn)
+        .await
+        .expect("planted");
+
+    let loaded = store.load("acme", &session).await.expect("load");
+    assert_eq!(loaded.state.history.len(), 2);
+    let mut state = loaded.state;
+    state.history.push(Message::user("new question"));
+    state.turns += 1;
+    store
+        .save("acme", &session, loaded.version, &state)
+        .await
+        .expect("saved");
+
+    let listed: Vec<String> = redis::cmd("LRANGE")
+        .arg(keys::history("acme", &session))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 3, "the whole history moved to the list");
+    let inline: String = redis::cmd("HGET")
+        .arg(keys::session("acme", &session))
+        .arg("state")
+        .query_async(&mut conn)
+        .await
+        .expect("state");
+    assert!(!inline.contains("old question"), "{inline}");
+    let loaded = store.load("acme", &session).await.expect("load");
+    assert_eq!(loaded.state.history.len(), 3);
+    assert_eq!(loaded.state.turns, 2);
+}
