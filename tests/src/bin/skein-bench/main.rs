@@ -39,7 +39,7 @@ use celery::celery_peer;
 use floor::{floor_jetstream, floor_redis_set, floor_request_reply, responder, session_blob};
 use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
 use report::{print_table, ratios, Report};
-use turns::{burst, whole_turns};
+use turns::{burst, long_session, whole_turns};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,6 +66,9 @@ struct Args {
     /// then describe the profiler, not the lead.
     #[arg(long)]
     wrap_lead: Option<String>,
+    /// Turns of the long session (time and Redis bytes at its first and last turn); 0 skips it.
+    #[arg(long, default_value_t = 1000)]
+    long_session: usize,
     /// Run only the soak: tool tasks of every outcome against two workers, and what the
     /// workers hold before and after.
     #[arg(long)]
@@ -191,6 +194,9 @@ async fn run(args: Args) -> Result<(), Failed> {
         "MiB",
     );
     whole_turns(&nats.url, args.samples.min(500), &mut report).await?;
+    if args.long_session > 0 {
+        long_session(&nats.url, &redis.url, args.long_session, &mut report).await?;
+    }
     burst(
         &nats.url,
         &store,

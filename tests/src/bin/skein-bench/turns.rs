@@ -54,6 +54,77 @@ pub(crate) async fn whole_turns(
     Ok(())
 }
 
+/// Bytes Redis has received so far.
+async fn redis_bytes_received(redis: &redis::Client) -> Result<u64, Failed> {
+    let mut conn = redis.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_input_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "INFO stats has no total_net_input_bytes".into())
+}
+
+/// One session of `turns` turns, one after another: the time of a turn and the bytes Redis
+/// received during it (the session's writes, plus the cluster's background traffic), at the first
+/// turn and at the last.
+pub(crate) async fn long_session(
+    url: &str,
+    redis_url: &str,
+    turns: usize,
+    report: &mut Report,
+) -> Result<(), Failed> {
+    let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
+    let redis = redis::Client::open(redis_url)?;
+    let session = unique("long");
+    let mut first = None;
+    let mut last = None;
+    for i in 1..=turns {
+        let mut submission = task(i);
+        submission.session = session.clone();
+        let bytes = redis_bytes_received(&redis).await?;
+        let started = Instant::now();
+        let result = client
+            .run(&submission, Duration::from_secs(60), |_| {})
+            .await?;
+        let taken = started.elapsed();
+        let bytes = redis_bytes_received(&redis).await? - bytes;
+        if result.answer.as_deref() != Some("done") {
+            return Err(
+                format!("turn {i} of the long session did not complete: {result:?}").into(),
+            );
+        }
+        if i == 1 {
+            first = Some((taken, bytes));
+        }
+        if i == turns {
+            last = Some((taken, bytes));
+        }
+    }
+    let (Some((t1, b1)), Some((tn, bn))) = (first, last) else {
+        return Ok(());
+    };
+    report.add(
+        "skein: long session, turn 1 time",
+        t1.as_secs_f64() * 1e3,
+        "ms",
+    );
+    report.add(
+        &format!("skein: long session, turn {turns} time"),
+        tn.as_secs_f64() * 1e3,
+        "ms",
+    );
+    report.add("skein: long session, turn 1 bytes to Redis", b1 as f64, "B");
+    report.add(
+        &format!("skein: long session, turn {turns} bytes to Redis"),
+        bn as f64,
+        "B",
+    );
+    Ok(())
+}
+
 /// Many sessions at once: every turn submitted, then finals counted from the events.
 pub(crate) async fn burst(
     url: &str,
