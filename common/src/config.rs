@@ -17,6 +17,7 @@ pub const ENV_NATS_INBOX_PREFIX: &str = "SKEIN_NATS_INBOX_PREFIX";
 pub const ENV_REDIS_URL: &str = "SKEIN_REDIS_URL";
 pub const ENV_REDIS_PASSWORD: &str = "SKEIN_REDIS_PASSWORD";
 pub const ENV_REDIS_TLS_CA: &str = "SKEIN_REDIS_TLS_CA";
+pub const ENV_SESSION_TTL: &str = "SKEIN_SESSION_TTL";
 pub const ENV_LOG: &str = "SKEIN_LOG";
 pub const ENV_LOG_FORMAT: &str = "SKEIN_LOG_FORMAT";
 pub const ENV_MODEL_PROVIDER: &str = "SKEIN_MODEL_PROVIDER";
@@ -24,6 +25,8 @@ pub const ENV_MODEL_BASE_URL: &str = "SKEIN_MODEL_BASE_URL";
 pub const ENV_MODEL_API_KEY: &str = "SKEIN_MODEL_API_KEY";
 pub const ENV_MODEL: &str = "SKEIN_MODEL";
 pub const ENV_MODEL_TIMEOUT: &str = "SKEIN_MODEL_TIMEOUT";
+pub const ENV_MODEL_MAX_CONCURRENCY: &str = "SKEIN_MODEL_MAX_CONCURRENCY";
+pub const ENV_MODEL_TOKENS_PER_MINUTE: &str = "SKEIN_MODEL_TOKENS_PER_MINUTE";
 pub const ENV_SCENARIO: &str = "SKEIN_SCENARIO";
 pub const ENV_AGENTS_DIR: &str = "SKEIN_AGENTS_DIR";
 pub const ENV_INSTANCE_ID: &str = "SKEIN_INSTANCE_ID";
@@ -169,6 +172,10 @@ pub struct RedisConfig {
     /// CA certificate (PEM) to trust for a `rediss://` server instead of the system's.
     #[arg(id = "redis_tls_ca", long = "redis-tls-ca", env = ENV_REDIS_TLS_CA)]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// How long an idle session (its history and state) is kept after its last turn; unset: for
+    /// ever.
+    #[arg(id = "session_ttl", long = "session-ttl", env = ENV_SESSION_TTL, value_parser = humantime::parse_duration)]
+    pub session_ttl: Option<Duration>,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -177,6 +184,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("url", &redact_url(&self.url))
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls_ca", &self.tls_ca)
+            .field("session_ttl", &self.session_ttl)
             .finish()
     }
 }
@@ -187,6 +195,7 @@ impl RedisConfig {
             url: url.into(),
             password: None,
             tls_ca: None,
+            session_ttl: None,
         }
     }
 
@@ -226,6 +235,14 @@ pub struct ModelConfig {
     /// Scenario file for the scripted provider; the bundled example when unset.
     #[arg(id = "model_scenario", long = "scenario", env = ENV_SCENARIO)]
     pub scenario: Option<std::path::PathBuf>,
+    /// Most calls in flight on each model at once, across every lead and worker sharing the
+    /// Redis, shared fairly between tenants; 0 for no limit.
+    #[arg(id = "model_max_concurrency", long = "model-max-concurrency", env = ENV_MODEL_MAX_CONCURRENCY, default_value_t = 0)]
+    pub max_concurrency: u32,
+    /// Most tokens (prompt and completion) each model may use per minute, across every lead and
+    /// worker sharing the Redis; 0 for no budget.
+    #[arg(id = "model_tokens_per_minute", long = "model-tokens-per-minute", env = ENV_MODEL_TOKENS_PER_MINUTE, default_value_t = 0)]
+    pub tokens_per_minute: u64,
 }
 
 impl ModelConfig {
@@ -244,6 +261,8 @@ impl std::fmt::Debug for ModelConfig {
             .field("model", &self.model)
             .field("timeout", &self.timeout)
             .field("scenario", &self.scenario)
+            .field("max_concurrency", &self.max_concurrency)
+            .field("tokens_per_minute", &self.tokens_per_minute)
             .finish()
     }
 }

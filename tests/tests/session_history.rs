@@ -123,3 +123,104 @@ async fn a_session_saved_with_its_history_inline_is_read_and_moved_to_the_list()
     assert_eq!(loaded.state.history.len(), 3);
     assert_eq!(loaded.state.turns, 2);
 }
+
+#[tokio::test]
+async fn an_idle_session_expires_after_the_configured_time() {
+    let server = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig {
+        session_ttl: Some(std::time::Duration::from_secs(3600)),
+        ..RedisConfig::local(server.url.clone())
+    })
+    .await
+    .expect("redis reachable");
+    let client = redis::Client::open(server.url.as_str()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis reachable");
+    let session = unique("s");
+    let loaded = store.load("acme", &session).await.expect("load");
+    let mut state = loaded.state;
+    state.history.push(Message::user("hello"));
+    store
+        .save("acme", &session, loaded.version, &state)
+        .await
+        .expect("saved");
+    for key in [
+        keys::session("acme", &session),
+        keys::history("acme", &session),
+    ] {
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("TTL");
+        assert!((3500..=3600).contains(&ttl), "{key}: ttl {ttl}");
+    }
+}
+
+/// `skein sessions` as an operator runs it.
+fn skein(redis: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_skein-node"))
+        .arg("sessions")
+        .args(["--redis-url", redis, "--tenant", "acme"])
+        .args(args)
+        .output()
+        .expect("skein runs")
+}
+
+#[tokio::test]
+async fn an_operator_lists_shows_and_removes_sessions() {
+    let server = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig::local(server.url.clone()))
+        .await
+        .expect("redis reachable");
+    let (kept, removed) = (unique("kept"), unique("gone"));
+    for session in [&kept, &removed] {
+        let loaded = store.load("acme", session).await.expect("load");
+        let mut state = loaded.state;
+        state
+            .history
+            .push(Message::user(format!("hello from {session}")));
+        state.turns = 1;
+        store
+            .save("acme", session, loaded.version, &state)
+            .await
+            .expect("saved");
+    }
+    let listed = skein(&server.url, &["ls"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(text.contains(&kept) && text.contains(&removed), "{text}");
+    assert!(text.contains("1 turns\t1 messages\tkept"), "{text}");
+
+    let shown = skein(&server.url, &["show", &kept]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains(&format!("hello from {kept}")), "{text}");
+
+    // A turn holds the lease: refused.
+    assert!(store
+        .try_lease(
+            "acme",
+            &removed,
+            "lead-a",
+            std::time::Duration::from_secs(60)
+        )
+        .await
+        .expect("lease"));
+    let refused = skein(&server.url, &["rm", &removed]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("a turn is running"));
+    store
+        .release_lease("acme", &removed, "lead-a")
+        .await
+        .expect("released");
+
+    let gone = skein(&server.url, &["rm", &removed]);
+    assert!(gone.status.success(), "{gone:?}");
+    let listed = skein(&server.url, &["ls"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains(&kept) && !text.contains(&removed), "{text}");
+    let again = skein(&server.url, &["rm", &removed]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no session"));
+}

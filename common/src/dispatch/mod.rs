@@ -174,6 +174,11 @@ impl Dispatcher {
         &self.catalog
     }
 
+    /// The store this dispatcher records calls in (shared with the model traffic limits).
+    pub fn store(&self) -> &SessionStore {
+        &self.store
+    }
+
     /// Runs one call of the runtime on a worker pool that provides its tool (or runs subagents).
     pub async fn run(&self, request: ToolCallRequest) -> ToolResult {
         let ToolCallRequest {

@@ -2,7 +2,8 @@
 //! compare-and-set saves, the per-session lease, call results by call id, final results, and the
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
 //! [`TurnLease`] (`turn`); call results, attempts and child-turn checkpoints live in `calls`, the
-//! worker registry in `workers`.
+//! worker registry in `workers`, the cluster's model traffic (slots, fair share, tokens per
+//! minute) in [`traffic`].
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
@@ -14,11 +15,13 @@
 pub mod approvals;
 mod calls;
 pub mod keys;
+mod sessions;
 pub mod traffic;
 mod turn;
 mod workers;
 
 pub use calls::RunMarker;
+pub use sessions::{Removal, SessionSummary};
 pub use turn::TurnLease;
 
 use std::time::Duration;
@@ -254,13 +257,18 @@ pub struct LoadedSession {
 }
 
 /// Compare-and-set save: KEYS[1] session hash, KEYS[2] history list; ARGV expected version, new
-/// version, state (without history), 'replace' or 'append', then the messages to add.
+/// version, state (without history), 'replace' or 'append', idle ttl seconds (0: none), then the
+/// messages to add.
 const SAVE_SCRIPT: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '0') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3])
 if ARGV[4] == 'replace' then redis.call('DEL', KEYS[2]) end
-for i = 5, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[5] ~= '0' then
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
+end
 return 1
 "#;
 
@@ -278,7 +286,8 @@ return 1
 /// saved, the lease is released and the stored final returned.
 /// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint, KEYS[5] history list.
 /// ARGV token, expected version, new version, state (without history), final, final ttl seconds,
-/// 'replace' or 'append', then the messages to add to the history.
+/// 'replace' or 'append', idle session ttl seconds (0: none), then the messages to add to the
+/// history.
 /// Returns {1} done, {0} version conflict, {-1} lease lost, {2, final} an earlier final stands.
 const COMPLETE_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1} end
@@ -293,7 +302,11 @@ if ARGV[4] ~= '' then
   if (current or '0') ~= ARGV[2] then return {0} end
   redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4])
   if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
-  for i = 8, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  for i = 9, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  if ARGV[8] ~= '0' then
+    redis.call('EXPIRE', KEYS[1], ARGV[8])
+    redis.call('EXPIRE', KEYS[5], ARGV[8])
+  end
 end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])
@@ -367,6 +380,8 @@ fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
 #[derive(Clone)]
 pub struct SessionStore {
     connection: ConnectionManager,
+    /// Seconds an idle session is kept after its last save; 0: for ever.
+    session_ttl_secs: u64,
 }
 
 impl SessionStore {
@@ -398,7 +413,10 @@ impl SessionStore {
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(3);
         let connection = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self { connection })
+        Ok(Self {
+            connection,
+            session_ttl_secs: cfg.session_ttl.map_or(0, |ttl| ttl.as_secs().max(1)),
+        })
     }
 
     /// Loads a session; a session never saved is empty at version 0.
@@ -438,6 +456,7 @@ impl SessionStore {
             .arg(next)
             .arg(write.meta)
             .arg(if write.replace { "replace" } else { "append" })
+            .arg(self.session_ttl_secs)
             .arg(write.messages)
             .invoke_async(&mut conn)
             .await?;
@@ -645,7 +664,8 @@ impl SessionStore {
             .arg(match &write {
                 Some(w) if w.replace => "replace",
                 _ => "append",
-            });
+            })
+            .arg(self.session_ttl_secs);
         if let Some(write) = &write {
             invocation.arg(&write.messages);
         }

@@ -5,7 +5,8 @@
 //! - [`checkpoints`]: `LeaseCheckpoints`, the checkpoint sink over Redis, fenced by the lease.
 //! - [`approvals`]: `StoredApprovals`, the approval gate over the answers stored in Redis.
 //! - [`assemble`]: a cluster runtime from configuration: the model provider, the NATS dispatcher as
-//!   tool service, the live worker registry as tool directory, the embedder's middleware.
+//!   tool service, the live worker registry as tool directory, the embedder's middleware, and
+//!   the model traffic limits shared through Redis right around the provider.
 
 pub mod approvals;
 pub mod checkpoints;
@@ -14,9 +15,9 @@ pub mod events;
 use std::sync::Arc;
 
 use tower::util::BoxCloneSyncService;
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
 
-use crate::agent::middleware::Middleware;
+use crate::agent::middleware::{Middleware, ModelTrafficLayer, TrafficLimits};
 use crate::agent::model::Provider;
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::seams::ProviderService;
@@ -39,7 +40,13 @@ pub fn assemble(
     // provider already.
     let middleware = middleware.with_secrets(model.api_key().ok().flatten());
     let directory = Arc::new(dispatcher.catalog().clone());
+    let store = dispatcher.store().clone();
     let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));
-    let model = BoxCloneSyncService::new(ProviderService::new(provider).map_err(Into::into));
+    let provider = ProviderService::new(provider);
+    let limits = TrafficLimits::from_config(model);
+    let model = match ModelTrafficLayer::new(store, limits) {
+        Some(traffic) => BoxCloneSyncService::new(traffic.layer(provider)),
+        None => BoxCloneSyncService::new(provider.map_err(Into::into)),
+    };
     Runtime::new(model, tools, directory, skills, middleware, settings).with_metrics(metrics)
 }

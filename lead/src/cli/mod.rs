@@ -5,6 +5,7 @@
 mod approvals;
 mod dev;
 mod ops;
+mod sessions;
 mod submit;
 mod workspace;
 
@@ -41,6 +42,8 @@ pub enum Command {
     Trace(Box<ops::TraceArgs>),
     /// List, fetch or seed the files of a session's workspace (NATS object store).
     Workspace(Box<workspace::WorkspaceArgs>),
+    /// List a tenant's sessions, show one, or remove one.
+    Sessions(Box<sessions::SessionsArgs>),
     /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
     Dev(Box<dev::DevArgs>),
     /// Run a lead in the foreground.
@@ -78,6 +81,7 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Dlq(args) => ops::dlq(*args).await,
             Command::Trace(args) => ops::trace(*args).await,
             Command::Workspace(args) => workspace::workspace(*args).await,
+            Command::Sessions(args) => sessions::sessions(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,

@@ -58,6 +58,16 @@ struct State {
     gate: Option<Arc<tokio::sync::Semaphore>>,
     /// Requests received, answered or still held.
     arrived: usize,
+    /// Requests received whose answer has not started.
+    in_flight: usize,
+    /// The most requests ever in flight at once.
+    most_in_flight: usize,
+    /// Requests still to refuse with 429 and `Retry-After`, before the script is read.
+    refusals_left: usize,
+    /// The `Retry-After` (seconds) of those refusals.
+    refusal_retry_after: u64,
+    /// Requests refused so far.
+    refused: usize,
 }
 
 impl State {
@@ -132,6 +142,25 @@ impl FakeOpenAi {
     /// How many requests have arrived, answered or held.
     pub fn arrived(&self) -> usize {
         self.lock().arrived
+    }
+
+    /// The most requests the server ever had in flight at once: received, and not yet being
+    /// answered (held ones included).
+    pub fn most_in_flight(&self) -> usize {
+        self.lock().most_in_flight
+    }
+
+    /// Refuses the next `times` requests with `429 Too Many Requests` and
+    /// `Retry-After: {retry_after_secs}`, before answering from the script again.
+    pub fn refuse(&self, times: usize, retry_after_secs: u64) {
+        let mut state = self.lock();
+        state.refusals_left = times;
+        state.refusal_retry_after = retry_after_secs;
+    }
+
+    /// How many requests were refused with 429 so far.
+    pub fn refused(&self) -> usize {
+        self.lock().refused
     }
 
     /// How many scripted replies are still unused.
@@ -213,6 +242,28 @@ enum Answer {
         body: String,
     },
     Events(Vec<Value>),
+    /// `429 Too Many Requests` with this `Retry-After` (seconds).
+    Refused {
+        retry_after: u64,
+    },
+}
+
+/// Counts a request in flight until it is dropped (its answer starts, or the connection ends).
+struct InFlight(Arc<Mutex<State>>);
+
+impl InFlight {
+    fn enter(state: &Arc<Mutex<State>>) -> Self {
+        let mut locked = lock(state);
+        locked.in_flight += 1;
+        locked.most_in_flight = locked.most_in_flight.max(locked.in_flight);
+        Self(Arc::clone(state))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.0).in_flight -= 1;
+    }
 }
 
 async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<()> {
@@ -225,12 +276,15 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<(
         state.arrived += 1;
         state.gate.clone()
     };
+    let in_flight = InFlight::enter(&state);
     if let Some(gate) = gate {
         if let Ok(permit) = gate.acquire().await {
             permit.forget();
         }
     }
     let answer = answer(&request, &state);
+    // The answer starts now: a client sees its end only after this.
+    drop(in_flight);
     let mut stream = reader.into_inner();
     match answer {
         Answer::Whole {
@@ -241,6 +295,16 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<(
             let head = format!(
                 "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                 reason(status),
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+        }
+        Answer::Refused { retry_after } => {
+            let body = r#"{"error":{"message":"rate limited","type":"rate_limit_error"}}"#;
+            let head = format!(
+                "HTTP/1.1 429 {}\r\ncontent-type: application/json\r\nretry-after: {retry_after}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                reason(429),
                 body.len()
             );
             stream.write_all(head.as_bytes()).await?;
@@ -405,6 +469,13 @@ fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
         }
     };
     state.requests.push(body.clone());
+    if state.refusals_left > 0 {
+        state.refusals_left -= 1;
+        state.refused += 1;
+        return Answer::Refused {
+            retry_after: state.refusal_retry_after,
+        };
+    }
     let reply = state
         .script
         .pop_front()

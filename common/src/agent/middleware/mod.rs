@@ -12,6 +12,10 @@
 //! tools: user layers (first added outermost) → log → redact → retry → concurrency limit → inner
 //! ```
 //!
+//! A cluster runtime's inner model service is itself the provider behind the cluster-wide
+//! traffic limits ([`limits`], placed by `crate::wiring::assemble`): each attempt takes a slot of
+//! the model shared through Redis, so waiting out a backoff or a `Retry-After` holds none.
+//!
 //! Invariants:
 //! - of the layers added with [`Middleware::model_layer`] / [`Middleware::tool_layer`], the first
 //!   added is the outermost: it sees a call first and its response last;
@@ -33,6 +37,7 @@
 
 pub mod config;
 pub mod hooks;
+pub mod limits;
 pub mod logging;
 pub mod prompt;
 pub mod redact;
@@ -55,6 +60,7 @@ use crate::protocol::ToolResult;
 
 pub use config::{BuiltinConfig, MiddlewareError, RetryConfig};
 pub use hooks::{HookChain, Stop, TurnContext, TurnHook, TurnSummary};
+pub use limits::{ModelTraffic, ModelTrafficLayer, TrafficLimits};
 pub use logging::{Log, LogLayer};
 pub use prompt::{PromptChain, PromptTransformer};
 pub use redact::{Redact, RedactLayer, Redactor, REDACTED};

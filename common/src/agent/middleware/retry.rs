@@ -9,11 +9,18 @@
 //!   reached a tool); a `timed_out` call is never tried again, it may still run. The next attempt
 //!   is marked `may_have_run`, so the tool service looks for a recorded result before running it;
 //! - `attempts` counts every attempt, the first included; the delays grow exponentially from the
-//!   configured base (see [`RetryConfig`]), on `tokio::time`.
+//!   configured base (see [`RetryConfig`]), on `tokio::time`;
+//! - a model failure that carries the server's `Retry-After` (a 429 or 503) waits that long
+//!   instead, at most [`LONGEST_RETRY_AFTER`], and such waits do not use up `attempts` (at most
+//!   [`RETRY_AFTER_WAITS`] of them per call): being asked to wait costs a call time, not its
+//!   answer;
+//! - no model retry waits past the deadline of the task the call serves: the failure is returned
+//!   instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
@@ -28,6 +35,12 @@ use crate::protocol::{CallOutcome, Failure, FailureKind, ToolResult};
 
 /// Part of each delay added at random, so callers that failed together do not retry together.
 const JITTER: f64 = 0.5;
+
+/// The longest `Retry-After` a model call waits out; a longer one is cut to this.
+pub const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The most `Retry-After` waits one model call makes, on top of its attempts.
+pub const RETRY_AFTER_WAITS: u32 = 10;
 
 fn backoff_maker(
     service: &'static str,
@@ -110,8 +123,14 @@ where
         }
         let policy = ModelRetryPolicy {
             retries_left: self.attempts.saturating_sub(1),
+            waits_left: RETRY_AFTER_WAITS,
             backoff: self.backoff.make_backoff(),
             streamed,
+            deadline: call
+                .origin
+                .as_ref()
+                .and_then(|origin| origin.deadline_ms)
+                .map(deadline_instant),
         };
         // The service made ready takes the first attempt; a clone stays for the next call.
         let ready = {
@@ -136,11 +155,28 @@ impl DeltaSink for WatchedDeltas {
     }
 }
 
+/// A task deadline (ms since the Unix epoch) on `tokio::time`'s clock.
+fn deadline_instant(deadline_ms: u64) -> tokio::time::Instant {
+    let left = deadline_ms.saturating_sub(crate::protocol::now_ms());
+    tokio::time::Instant::now() + Duration::from_millis(left)
+}
+
 #[derive(Clone)]
 struct ModelRetryPolicy {
     retries_left: u32,
+    /// `Retry-After` waits left.
+    waits_left: u32,
     backoff: ExponentialBackoff,
     streamed: Arc<AtomicBool>,
+    /// The task's deadline: no retry waits past it.
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl ModelRetryPolicy {
+    /// Whether a wait ending at `wake` leaves time before the deadline.
+    fn ends_in_time(&self, wake: tokio::time::Instant) -> bool {
+        self.deadline.is_none_or(|deadline| wake < deadline)
+    }
 }
 
 impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
@@ -152,10 +188,31 @@ impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
         result: &mut Result<ModelResponse, BoxError>,
     ) -> Option<Self::Future> {
         let Err(error) = result else { return None };
-        if self.retries_left == 0
-            || self.streamed.load(Ordering::Acquire)
-            || !is_transient_model_error(error)
-        {
+        if self.streamed.load(Ordering::Acquire) || !is_transient_model_error(error) {
+            return None;
+        }
+        let asked_to_wait = error
+            .downcast_ref::<Failure>()
+            .and_then(crate::agent::model::retry_after);
+        if let Some(wait) = asked_to_wait.filter(|_| self.waits_left > 0) {
+            let wait = wait.min(LONGEST_RETRY_AFTER);
+            let wake = tokio::time::Instant::now() + wait;
+            if !self.ends_in_time(wake) {
+                return None;
+            }
+            self.waits_left -= 1;
+            tracing::debug!(
+                wait_ms = wait.as_millis() as u64,
+                waits_left = self.waits_left,
+                "model server asked to wait, trying again after it"
+            );
+            return Some(tokio::time::sleep_until(wake));
+        }
+        if self.retries_left == 0 {
+            return None;
+        }
+        let backoff = self.backoff.next_backoff();
+        if !self.ends_in_time(backoff.deadline()) {
             return None;
         }
         self.retries_left -= 1;
@@ -164,11 +221,11 @@ impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
             error.kind = error_kind(error),
             "model call failed, trying again"
         );
-        Some(self.backoff.next_backoff())
+        Some(backoff)
     }
 
     fn clone_request(&mut self, call: &ModelCall) -> Option<ModelCall> {
-        (self.retries_left > 0).then(|| call.clone())
+        (self.retries_left > 0 || self.waits_left > 0).then(|| call.clone())
     }
 }
 
@@ -263,6 +320,7 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::agent::seams::failure_from_error;
+    use crate::protocol::TaskOrigin;
 
     fn retry_config(attempts: u32) -> RetryConfig {
         RetryConfig {
@@ -352,6 +410,77 @@ mod tests {
 
         assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_is_waited_out_without_using_up_the_attempts() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let wait = Duration::from_secs(1);
+        let inner = failing_model(vec![rate_limited_for(wait); 3], calls.clone());
+        let started = tokio::time::Instant::now();
+
+        let response = model_layer(2)
+            .layer(inner)
+            .oneshot(model_call(None))
+            .await
+            .expect("the call answers once the server stops refusing");
+
+        assert_eq!(response.message.content, "answer");
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        // Paused time advances exactly by the waits the server asked for.
+        assert_eq!(started.elapsed(), 3 * wait);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_retry_after_is_cut_to_the_longest_wait() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = failing_model(
+            vec![rate_limited_for(Duration::from_secs(3600))],
+            calls.clone(),
+        );
+        let started = tokio::time::Instant::now();
+
+        model_layer(2)
+            .layer(inner)
+            .oneshot(model_call(None))
+            .await
+            .expect("the second attempt answers");
+
+        assert_eq!(started.elapsed(), LONGEST_RETRY_AFTER);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_retry_waits_past_the_tasks_deadline() {
+        for failure in [rate_limited_for(Duration::from_secs(30)), unavailable()] {
+            let calls = Arc::new(AtomicUsize::new(0));
+            let inner = failing_model(vec![failure.clone()], calls.clone());
+            let mut call = model_call(None);
+            call.origin = Some(Arc::new(TaskOrigin {
+                deadline_ms: Some(crate::protocol::now_ms() + 100),
+                ..origin()
+            }));
+
+            let error = model_layer(3)
+                .layer(inner)
+                .oneshot(call)
+                .await
+                .expect_err("no time is left for another attempt");
+
+            assert_eq!(failure_from_error(error), failure);
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "{failure}");
+        }
+    }
+
+    #[test]
+    fn the_wait_a_server_asked_for_survives_into_the_failure() {
+        let wait = Duration::from_millis(2500);
+        assert_eq!(
+            crate::agent::model::retry_after(&rate_limited_for(wait)),
+            Some(wait)
+        );
+        assert_eq!(crate::agent::model::retry_after(&rate_limited()), None);
+        assert_eq!(crate::agent::model::retry_after(&unavailable()), None);
     }
 
     #[tokio::test(start_paused = true)]

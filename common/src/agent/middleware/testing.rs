@@ -90,6 +90,7 @@ pub(super) fn model_call(deltas: Option<Arc<dyn DeltaSink>>) -> ModelCall {
             tools: Arc::from(Vec::new()),
         },
         deltas,
+        origin: None,
     }
 }
 
@@ -113,6 +114,16 @@ pub(super) fn rate_limited() -> Failure {
         message: "model server answered 429".into(),
         retryable: true,
     }
+}
+
+/// A 429 whose server asked to wait `wait` (its `Retry-After`), as the provider reports it.
+pub(super) fn rate_limited_for(wait: Duration) -> Failure {
+    crate::agent::model::ModelError::Status {
+        status: 429,
+        body: "slow down".into(),
+        retry_after: Some(wait),
+    }
+    .to_failure()
 }
 
 /// Keeps every delta it receives.

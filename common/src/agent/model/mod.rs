@@ -120,10 +120,7 @@ pub fn retry_after(failure: &Failure) -> Option<std::time::Duration> {
     }
     let (_, rest) = failure.message.split_once(RETRY_AFTER_NOTE)?;
     let (millis, _) = rest.split_once(" ms)")?;
-    millis
-        .parse()
-        .ok()
-        .map(std::time::Duration::from_millis)
+    millis.parse().ok().map(std::time::Duration::from_millis)
 }
 
 /// A chat model.

@@ -6,17 +6,31 @@
 //!
 //! Timeouts: connecting is bounded by the smaller of the configured timeout and
 //! [`MAX_CONNECT_TIMEOUT`]; a whole call, streamed or not, is bounded by the configured timeout
-//! (a server that trickles tokens cannot hold a turn longer), and so is every gap between two
-//! events of a stream.
+//! (a server that trickles tokens or keep-alives cannot hold a turn longer), and so is every gap
+//! in a stream. A gap ends with any bytes from the server, SSE comments included: keep-alives such
+//! as OpenRouter's `: OPENROUTER PROCESSING` prove the connection alive.
+//!
+//! Failures in place of answers: a 200 body holding only `error` surfaces the server's message
+//! (retryable when its `code` is 429 or 5xx); an `error` chunk mid-stream and a stream that stops
+//! before a finish reason or `[DONE]` are transient (retryable). Every failure is logged at warn.
+//!
+//! Servers' quirks handled here: tool-call deltas that reuse one `index` for parallel calls
+//! (Ollama) are told apart by `id` — a new id at a known index starts a new call; reasoning text
+//! (`reasoning_content`, DeepSeek thinking mode) is kept on the assistant message and sent back
+//! with it; `null` usage counts are zero; reasoning tokens reported outside `completion_tokens`
+//! (xAI) are added to the output count (see [`output_tokens`] for the rule).
 //!
 //! Caps: a response body, whole or streamed, is read up to [`MAX_RESPONSE_BYTES`]; a response
 //! carries at most [`MAX_TOOL_CALLS`] tool calls. Past either the call fails as a bad response.
 //!
 //! Tool-call arguments arrive as JSON encoded in a string. They are decoded here; an empty string
 //! becomes `{}`, and text that is not JSON is kept as a [`Value::String`] so that the caller (not
-//! the model call) rejects it as invalid arguments.
+//! the model call) rejects it as invalid arguments. Arguments that are not a JSON object are sent
+//! back to the server as `{}`: strict servers refuse a whole conversation over one bad call, and
+//! the model learns of its mistake from the call's observation.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eventsource_stream::{Event, EventStreamError, Eventsource};
@@ -108,6 +122,50 @@ impl OpenAiClient {
 
 impl ModelClient for OpenAiClient {
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
+        let secret = self.api_key.as_deref();
+        self.complete_once(request)
+            .await
+            .inspect_err(|e| log_failure(e, secret))
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
+        let secret = self.api_key.clone();
+        let stream = self
+            .open_stream(request)
+            .await
+            .inspect_err(|e| log_failure(e, secret.as_deref()))?;
+        // Failures inside the stream (it ends after its first) are logged as they are read.
+        Ok(stream
+            .inspect(move |item| {
+                if let Err(e) = item {
+                    log_failure(e, secret.as_deref());
+                }
+            })
+            .boxed())
+    }
+}
+
+/// Logs a failed model call at warn, on the process that saw it: the failure's kind and message,
+/// with the API key taken out (a server may echo it back in an error).
+fn log_failure(error: &ModelError, secret: Option<&str>) {
+    let failure = error.to_failure();
+    let message = match secret {
+        Some(secret) if !secret.is_empty() => failure.message.replace(secret, "<redacted>"),
+        _ => failure.message,
+    };
+    tracing::warn!(
+        kind = failure.kind.as_str(),
+        retryable = failure.retryable,
+        error = %message,
+        "model call failed"
+    );
+}
+
+impl OpenAiClient {
+    async fn complete_once(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
         self.log_call(&request, false);
         let body = request_body(&request, false);
         let timeout = self.timeout;
@@ -118,7 +176,7 @@ impl ModelClient for OpenAiClient {
         parse_completion(&bytes)
     }
 
-    async fn stream(
+    async fn open_stream(
         &self,
         request: ModelRequest,
     ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
@@ -144,7 +202,7 @@ impl ModelClient for OpenAiClient {
             }
             Ok(chunk)
         });
-        Ok(sse_answer(capped.eventsource().boxed(), timeout, deadline))
+        Ok(sse_answer(capped.boxed(), timeout, deadline))
     }
 }
 
@@ -184,14 +242,20 @@ fn wire_message(message: &Message) -> Value {
     if let Some(call_id) = &message.tool_call_id {
         wire["tool_call_id"] = Value::String(call_id.clone());
     }
+    if let Some(reasoning) = message.reasoning.as_ref().filter(|r| !r.is_empty()) {
+        if message.role == Role::Assistant {
+            wire["reasoning_content"] = Value::String(reasoning.clone());
+        }
+    }
     wire
 }
 
 fn wire_tool_call(call: &ToolCall) -> Value {
     let arguments = match &call.arguments {
-        // Arguments the model sent as text that is not JSON: send them back as it wrote them.
-        Value::String(raw) => raw.clone(),
-        other => other.to_string(),
+        object @ Value::Object(_) => object.to_string(),
+        // Text that is not JSON, or JSON that is not an object: strict servers (Ollama) refuse
+        // the whole conversation over it, so the history carries an empty object instead.
+        _ => "{}".to_owned(),
     };
     json!({
         "id": call.id,
@@ -219,6 +283,8 @@ struct ChatCompletion {
     #[serde(default)]
     choices: Vec<CompletionChoice>,
     usage: Option<WireUsage>,
+    /// Some servers and gateways answer 200 with only an error.
+    error: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -230,6 +296,7 @@ struct CompletionChoice {
 #[derive(Debug, Deserialize)]
 struct CompletionMessage {
     content: Option<String>,
+    reasoning_content: Option<String>,
     tool_calls: Option<Vec<CompletionToolCall>>,
 }
 
@@ -246,19 +313,73 @@ struct CompletionFunction {
     arguments: Option<Value>,
 }
 
+/// Token counts as servers report them; any of them may be absent or `null` (gateways).
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(default)]
 struct WireUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    total_tokens: Option<u64>,
+    completion_tokens_details: Option<WireCompletionDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default)]
+struct WireCompletionDetails {
+    reasoning_tokens: Option<u64>,
 }
 
 impl From<WireUsage> for Usage {
     fn from(usage: WireUsage) -> Self {
         Usage {
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
+            prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+            completion_tokens: output_tokens(&usage),
         }
+    }
+}
+
+/// The output tokens of a call, reasoning included.
+///
+/// OpenAI counts `completion_tokens_details.reasoning_tokens` inside `completion_tokens`; xAI
+/// (and some gateways) report them beside it. Whether they are included cannot be known in
+/// general, so the rule is: reasoning tokens are added to `completion_tokens` when they exceed
+/// it (they cannot be part of it then); otherwise, when `total_tokens` is reported, whatever it
+/// holds beyond `prompt_tokens + completion_tokens` is added, up to `reasoning_tokens`. A server
+/// that counts reasoning inside the completion is never counted twice; one that leaves it out is
+/// undercounted only when its reasoning is shorter than its answer and it reports no total that
+/// shows it.
+fn output_tokens(usage: &WireUsage) -> u64 {
+    let completion = usage.completion_tokens.unwrap_or(0);
+    let reasoning = usage
+        .completion_tokens_details
+        .and_then(|details| details.reasoning_tokens)
+        .unwrap_or(0);
+    let outside = if reasoning > completion {
+        reasoning
+    } else {
+        let counted = usage.prompt_tokens.unwrap_or(0).saturating_add(completion);
+        usage
+            .total_tokens
+            .map_or(0, |total| total.saturating_sub(counted).min(reasoning))
+    };
+    completion.saturating_add(outside)
+}
+
+/// The failure a server reported in an `error` object: its message, and whether trying again may
+/// help (`code` 429 or 5xx; `always_retryable` for errors that cut a stream short).
+fn reported_error(error: &Value, always_retryable: bool) -> ModelError {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .map_or_else(|| error.to_string(), str::to_owned);
+    let code = error.get("code").and_then(|code| {
+        code.as_u64()
+            .or_else(|| code.as_str().and_then(|c| c.parse().ok()))
+    });
+    let retryable = always_retryable || code.is_some_and(|code| code == 429 || code >= 500);
+    ModelError::ServerError {
+        message: crate::text::cut(&message, MAX_ERROR_BODY_BYTES),
+        retryable,
     }
 }
 
@@ -267,6 +388,9 @@ fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
         let start = crate::text::cut(&String::from_utf8_lossy(body), 200);
         ModelError::BadResponse(format!("{error}; the body starts with: {start}"))
     })?;
+    if let (Some(error), true) = (&completion.error, completion.choices.is_empty()) {
+        return Err(reported_error(error, false));
+    }
     let choice = completion
         .choices
         .into_iter()
@@ -293,6 +417,7 @@ fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
             content: choice.message.content.unwrap_or_default(),
             tool_calls,
             tool_call_id: None,
+            reasoning: choice.message.reasoning_content.filter(|r| !r.is_empty()),
         },
         finish_reason: choice.finish_reason,
         usage: completion.usage.unwrap_or_default().into(),
@@ -347,6 +472,8 @@ struct StreamChoice {
 #[derive(Debug, Deserialize)]
 struct StreamDelta {
     content: Option<String>,
+    /// Reasoning text of thinking models (DeepSeek), streamed before the answer.
+    reasoning_content: Option<String>,
     tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
@@ -375,7 +502,11 @@ struct PartialToolCall {
 #[derive(Debug, Default)]
 struct StreamAccumulator {
     content: String,
-    tool_calls: BTreeMap<usize, PartialToolCall>,
+    reasoning: String,
+    /// Calls in the order they started.
+    tool_calls: Vec<PartialToolCall>,
+    /// The call each wire `index` currently continues (a position in `tool_calls`).
+    by_index: BTreeMap<usize, usize>,
     finish_reason: Option<String>,
     usage: Usage,
 }
@@ -384,13 +515,9 @@ impl StreamAccumulator {
     /// Takes in one chunk; returns its text, if it carried any.
     fn absorb(&mut self, chunk: StreamChunk) -> Result<Option<String>, ModelError> {
         if let Some(error) = chunk.error {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| error.to_string(), str::to_owned);
-            return Err(ModelError::BadResponse(format!(
-                "the server reported an error mid-stream: {message}"
-            )));
+            // Mid-stream errors are the server's trouble (overload, upstream failure), not an
+            // answer: trying again may help.
+            return Err(reported_error(&error, true));
         }
         if let Some(usage) = chunk.usage {
             self.usage = usage.into();
@@ -404,6 +531,9 @@ impl StreamAccumulator {
             if let Some(piece) = delta.content {
                 text.push_str(&piece);
             }
+            if let Some(piece) = delta.reasoning_content {
+                self.reasoning.push_str(&piece);
+            }
             for call_delta in delta.tool_calls.unwrap_or_default() {
                 self.absorb_tool_call(call_delta)?;
             }
@@ -413,24 +543,34 @@ impl StreamAccumulator {
     }
 
     fn absorb_tool_call(&mut self, delta: ToolCallDelta) -> Result<(), ModelError> {
-        // Servers that omit `index` start a new call with a new id and continue the last one
-        // otherwise.
-        let index = delta.index.unwrap_or_else(|| {
-            let last = self.tool_calls.iter().next_back();
-            match (last, delta.id.as_deref()) {
-                (None, _) => 0,
-                (Some((&last, call)), Some(id)) if !id.is_empty() && id != call.id => {
-                    last.saturating_add(1)
-                }
-                (Some((&last, _)), _) => last,
-            }
+        // The call this delta continues: the one at its `index` (the last call when the server
+        // omits it), unless the delta brings a new id — servers that reuse one index for
+        // parallel calls (Ollama) or omit it start a new call that way.
+        let new_id = delta.id.as_deref().filter(|id| !id.is_empty());
+        let current = match delta.index {
+            Some(index) => self.by_index.get(&index).copied(),
+            None => self.tool_calls.len().checked_sub(1),
+        };
+        let continues = current.filter(|&position| {
+            let known = &self.tool_calls[position].id;
+            new_id.is_none_or(|id| known.is_empty() || known == id)
         });
-        if !self.tool_calls.contains_key(&index) && self.tool_calls.len() >= MAX_TOOL_CALLS {
-            return Err(ModelError::BadResponse(format!(
-                "the response carries more than {MAX_TOOL_CALLS} tool calls"
-            )));
+        let position = match continues {
+            Some(position) => position,
+            None => {
+                if self.tool_calls.len() >= MAX_TOOL_CALLS {
+                    return Err(ModelError::BadResponse(format!(
+                        "the response carries more than {MAX_TOOL_CALLS} tool calls"
+                    )));
+                }
+                self.tool_calls.push(PartialToolCall::default());
+                self.tool_calls.len() - 1
+            }
+        };
+        if let Some(index) = delta.index {
+            self.by_index.insert(index, position);
         }
-        let call = self.tool_calls.entry(index).or_default();
+        let call = &mut self.tool_calls[position];
         if let Some(id) = delta.id.filter(|id| !id.is_empty()) {
             call.id = id;
         }
@@ -455,9 +595,10 @@ impl StreamAccumulator {
         let tool_calls = self
             .tool_calls
             .into_iter()
-            .map(|(index, call)| ToolCall {
+            .enumerate()
+            .map(|(position, call)| ToolCall {
                 id: if call.id.is_empty() {
-                    fallback_call_id(index)
+                    fallback_call_id(position)
                 } else {
                     call.id
                 },
@@ -471,6 +612,7 @@ impl StreamAccumulator {
                 content: self.content,
                 tool_calls,
                 tool_call_id: None,
+                reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
             },
             finish_reason: self.finish_reason,
             usage: self.usage,
@@ -502,23 +644,48 @@ enum SseProgress {
     Finished,
 }
 
+/// When the server last sent any bytes; shared between the body stream and its reader.
+type LastActivity = Arc<Mutex<tokio::time::Instant>>;
+
 struct SseReader {
     events: SseEvents,
     accumulator: StreamAccumulator,
     idle_timeout: Duration,
+    /// When bytes last arrived: comments (keep-alives) count, though they make no event.
+    last_activity: LastActivity,
     /// When the whole call must have ended.
     deadline: tokio::time::Instant,
 }
 
 impl SseReader {
+    fn last_activity(&self) -> tokio::time::Instant {
+        *self
+            .last_activity
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The next event, waiting while the server sends anything (keep-alives included) within
+    /// the idle timeout, and never past the whole call's deadline.
+    async fn next_event(
+        &mut self,
+    ) -> Result<Option<Result<Event, EventStreamError<BodyError>>>, ModelError> {
+        loop {
+            let until = self.deadline.min(self.last_activity() + self.idle_timeout);
+            if let Ok(next) = tokio::time::timeout_at(until, self.events.next()).await {
+                return Ok(next);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= self.deadline || self.last_activity() + self.idle_timeout <= now {
+                return Err(ModelError::TimedOut(self.idle_timeout));
+            }
+            // Bytes arrived that made no event yet (a keep-alive comment): wait on.
+        }
+    }
+
     async fn next_progress(&mut self) -> Result<SseProgress, ModelError> {
         loop {
-            let until = self
-                .deadline
-                .min(tokio::time::Instant::now() + self.idle_timeout);
-            let next = tokio::time::timeout_at(until, self.events.next())
-                .await
-                .map_err(|_| ModelError::TimedOut(self.idle_timeout))?;
+            let next = self.next_event().await?;
             let event = match next {
                 Some(Ok(event)) => event,
                 Some(Err(EventStreamError::Transport(BodyError::Transport(error)))) => {
@@ -534,7 +701,7 @@ impl SseReader {
                 }
                 None if self.accumulator.has_finished() => return Ok(SseProgress::Finished),
                 None => {
-                    return Err(ModelError::BadResponse(
+                    return Err(ModelError::Interrupted(
                         "the stream ended before [DONE] and without a finish reason".to_owned(),
                     ))
                 }
@@ -559,17 +726,35 @@ impl SseReader {
     }
 }
 
-/// Turns server-sent events into text deltas followed by the assembled response. The stream ends
-/// after its first error.
-fn sse_answer(
-    events: SseEvents,
+/// Turns a server-sent-events body into text deltas followed by the assembled response. The
+/// stream ends after its first error.
+fn sse_answer<B>(
+    body: BoxStream<'static, Result<B, BodyError>>,
     idle_timeout: Duration,
     deadline: tokio::time::Instant,
-) -> BoxStream<'static, Result<ModelChunk, ModelError>> {
+) -> BoxStream<'static, Result<ModelChunk, ModelError>>
+where
+    B: AsRef<[u8]> + Send + 'static,
+{
+    let last_activity: LastActivity = Arc::new(Mutex::new(tokio::time::Instant::now()));
+    let seen = last_activity.clone();
+    let events = body
+        .map(move |chunk| {
+            if chunk.is_ok() {
+                *seen
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    tokio::time::Instant::now();
+            }
+            chunk
+        })
+        .eventsource()
+        .boxed();
     let reader = SseReader {
         events,
         accumulator: StreamAccumulator::default(),
         idle_timeout,
+        last_activity,
         deadline,
     };
     futures::stream::unfold(Some(reader), |reader| async move {
@@ -711,10 +896,10 @@ mod tests {
         (texts, accumulator.finish())
     }
 
-    fn events_from(raw: &'static str) -> SseEvents {
-        futures::stream::iter(vec![Ok::<_, BodyError>(raw.as_bytes().to_vec())])
-            .eventsource()
-            .boxed()
+    type SseBody = BoxStream<'static, Result<Vec<u8>, BodyError>>;
+
+    fn events_from(raw: &str) -> SseBody {
+        futures::stream::iter(vec![Ok::<_, BodyError>(raw.as_bytes().to_vec())]).boxed()
     }
 
     #[test]
@@ -728,6 +913,7 @@ mod tests {
                 arguments: json!({"path": "a.txt"}),
             }],
             tool_call_id: None,
+            reasoning: None,
         };
         let req = request(
             vec![
@@ -774,16 +960,15 @@ mod tests {
     }
 
     #[test]
-    fn unparsable_arguments_are_sent_back_verbatim() {
-        let call = ToolCall {
-            id: "c".to_owned(),
-            name: "t".to_owned(),
-            arguments: Value::String("{broken".to_owned()),
-        };
-        assert_eq!(
-            wire_tool_call(&call)["function"]["arguments"],
-            json!("{broken")
-        );
+    fn arguments_that_are_not_an_object_are_sent_back_as_an_empty_object() {
+        for arguments in [Value::String("{broken".to_owned()), json!([1]), json!(3)] {
+            let call = ToolCall {
+                id: "c".to_owned(),
+                name: "t".to_owned(),
+                arguments,
+            };
+            assert_eq!(wire_tool_call(&call)["function"]["arguments"], json!("{}"));
+        }
     }
 
     #[test]
@@ -869,6 +1054,7 @@ mod tests {
             .absorb(chunk)
             .expect_err("error chunk");
         assert!(error.to_string().contains("overloaded"));
+        assert!(error.to_failure().retryable, "{error:?}");
     }
 
     #[test]
@@ -923,15 +1109,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sse_stream_cut_short_is_a_bad_response() {
+    async fn sse_stream_cut_short_is_a_retryable_interruption() {
         let raw = "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
         let items: Vec<_> = sse_answer(events_from(raw), Duration::from_secs(5), far())
             .collect()
             .await;
-        assert!(matches!(
-            items.last(),
-            Some(Err(ModelError::BadResponse(_)))
-        ));
+        let Some(Err(error)) = items.last() else {
+            panic!("expected an error, got {items:?}");
+        };
+        assert!(matches!(error, ModelError::Interrupted(_)), "{error:?}");
+        assert!(error.to_failure().retryable);
     }
 
     #[tokio::test]
@@ -946,7 +1133,7 @@ mod tests {
 
     #[tokio::test]
     async fn silent_stream_times_out() {
-        let silent: SseEvents = futures::stream::pending().boxed();
+        let silent: SseBody = futures::stream::pending().boxed();
         let items: Vec<_> = sse_answer(silent, Duration::from_millis(20), far())
             .collect()
             .await;
@@ -961,11 +1148,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_server_that_trickles_tokens_is_cut_off_at_the_whole_call_deadline() {
         let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\".\"}}]}\n\n";
-        let trickle: SseEvents = futures::stream::unfold((), move |()| async move {
+        let trickle: SseBody = futures::stream::unfold((), move |()| async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
             Some((Ok::<_, BodyError>(chunk.as_bytes().to_vec()), ()))
         })
-        .eventsource()
         .boxed();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         let items: Vec<_> = sse_answer(trickle, Duration::from_secs(1), deadline)
@@ -985,9 +1171,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_over_the_body_cap_is_a_bad_response() {
-        let over: SseEvents = futures::stream::iter(vec![Err::<Vec<u8>, _>(BodyError::TooLarge)])
-            .eventsource()
-            .boxed();
+        let over: SseBody =
+            futures::stream::iter(vec![Err::<Vec<u8>, _>(BodyError::TooLarge)]).boxed();
         let items: Vec<_> = sse_answer(over, Duration::from_secs(5), far())
             .collect()
             .await;
@@ -1045,9 +1230,8 @@ mod tests {
                 .enable_time()
                 .build()
                 .expect("a runtime");
-            let events: SseEvents = futures::stream::iter(pieces.into_iter().map(Ok::<_, BodyError>))
-                .eventsource()
-                .boxed();
+            let events: SseBody =
+                futures::stream::iter(pieces.into_iter().map(Ok::<_, BodyError>)).boxed();
             let items: Vec<_> = runtime
                 .block_on(sse_answer(events, Duration::from_secs(5), far()).collect());
             let ended = matches!(items.last(), Some(Ok(ModelChunk::Done(_))) | Some(Err(_)));
@@ -1055,6 +1239,210 @@ mod tests {
             let errors = items.iter().filter(|item| item.is_err()).count();
             proptest::prop_assert!(errors <= 1);
         }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Recorded answers of real servers (fixtures/)
+
+    /// The SSE body of a fixture, cut into its events, each a separate read.
+    fn fixture_pieces(raw: &str) -> Vec<Vec<u8>> {
+        raw.split_inclusive("\n\n")
+            .map(|piece| piece.as_bytes().to_vec())
+            .collect()
+    }
+
+    async fn stream_fixture(raw: &str) -> Vec<Result<ModelChunk, ModelError>> {
+        let body: SseBody =
+            futures::stream::iter(fixture_pieces(raw).into_iter().map(Ok::<_, BodyError>)).boxed();
+        sse_answer(body, Duration::from_secs(5), far())
+            .collect()
+            .await
+    }
+
+    fn done_of(items: &[Result<ModelChunk, ModelError>]) -> &ModelResponse {
+        match items.last() {
+            Some(Ok(ModelChunk::Done(response))) => response,
+            other => panic!("expected Done, got {other:?}"),
+        }
+    }
+
+    // Ollama 0.20.x, shape as shown in github.com/ollama/ollama/issues/15457 (every call at index 0).
+    const OLLAMA_PARALLEL_CALLS: &str = include_str!("fixtures/ollama_parallel_tool_calls.sse");
+
+    #[tokio::test]
+    async fn ollama_parallel_calls_sharing_index_zero_are_told_apart_by_id() {
+        let items = stream_fixture(OLLAMA_PARALLEL_CALLS).await;
+        let calls = &done_of(&items).message.tool_calls;
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0].id, "call_9x2kq1ma");
+        assert_eq!(
+            calls[0].arguments,
+            json!({"content": "print(\"hello\")", "filePath": "hello.py"})
+        );
+        assert_eq!(calls[1].id, "call_k3v8d0wz");
+        assert_eq!(calls[1].arguments["filePath"], json!("world.py"));
+    }
+
+    // DeepSeek thinking mode, delta shape per api-docs.deepseek.com/guides/thinking_mode
+    // (`reasoning_content` beside `content`, to be sent back after tool calls).
+    const DEEPSEEK_THINKING: &str = include_str!("fixtures/deepseek_thinking_stream.sse");
+
+    #[tokio::test]
+    async fn deepseek_reasoning_is_kept_on_the_message_and_sent_back() {
+        let items = stream_fixture(DEEPSEEK_THINKING).await;
+        let texts: Vec<_> = items
+            .iter()
+            .filter_map(|item| match item {
+                Ok(ModelChunk::Delta(text)) => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            texts,
+            vec!["9.8 is greater."],
+            "reasoning is not answer text"
+        );
+        let response = done_of(&items);
+        assert_eq!(
+            response.message.reasoning.as_deref(),
+            Some("Compare 9.11 and 9.8: 0.8 > 0.11.")
+        );
+        // DeepSeek counts reasoning inside completion_tokens (34 of 40): not counted twice.
+        assert_eq!(response.usage.completion_tokens, 40);
+        let req = request(
+            vec![Message::user("which is greater?"), response.message.clone()],
+            Vec::new(),
+        );
+        let body = request_body(&req, true);
+        assert_eq!(
+            body["messages"][1]["reasoning_content"],
+            json!("Compare 9.11 and 9.8: 0.8 > 0.11.")
+        );
+        assert!(body["messages"][0].get("reasoning_content").is_none());
+    }
+
+    // OpenRouter keep-alive comments, documented at openrouter.ai/docs/api-reference/streaming.
+    const OPENROUTER_KEEPALIVE: &str = include_str!("fixtures/openrouter_keepalive.sse");
+
+    /// The fixture's events, `gap` apart, forever when `repeat_first` (a server that only ever
+    /// sends its first piece).
+    fn paced(raw: &str, gap: Duration, repeat_first: bool) -> SseBody {
+        let pieces = fixture_pieces(raw);
+        futures::stream::unfold(0usize, move |at| {
+            let piece = if repeat_first {
+                pieces.first().cloned()
+            } else {
+                pieces.get(at).cloned()
+            };
+            async move {
+                tokio::time::sleep(gap).await;
+                piece.map(|piece| (Ok::<_, BodyError>(piece), at + 1))
+            }
+        })
+        .boxed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keep_alive_comments_count_as_activity_for_the_idle_timeout() {
+        // Five comments 400 ms apart: 2 s without an event, with an idle timeout of 1 s.
+        let body = paced(OPENROUTER_KEEPALIVE, Duration::from_millis(400), false);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let items: Vec<_> = sse_answer(body, Duration::from_secs(1), deadline)
+            .collect()
+            .await;
+        assert_eq!(done_of(&items).message.content, "Done.");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keep_alives_alone_do_not_outlast_the_whole_call_deadline() {
+        let body = paced(OPENROUTER_KEEPALIVE, Duration::from_millis(400), true);
+        let started = tokio::time::Instant::now();
+        let deadline = started + Duration::from_secs(5);
+        let items: Vec<_> = sse_answer(body, Duration::from_secs(1), deadline)
+            .collect()
+            .await;
+        assert!(
+            matches!(items.as_slice(), [Err(ModelError::TimedOut(_))]),
+            "{items:?}"
+        );
+        assert!(tokio::time::Instant::now() >= deadline);
+    }
+
+    // OpenRouter mid-stream error, shape per openrouter.ai/docs/api-reference/streaming
+    // ("Handling Errors During Streaming").
+    const OPENROUTER_MIDSTREAM_ERROR: &str =
+        include_str!("fixtures/openrouter_midstream_error.sse");
+
+    #[tokio::test]
+    async fn a_mid_stream_error_chunk_is_a_retryable_failure_not_an_answer() {
+        let items = stream_fixture(OPENROUTER_MIDSTREAM_ERROR).await;
+        let Some(Err(error)) = items.last() else {
+            panic!("expected an error, got {items:?}");
+        };
+        assert!(
+            error
+                .to_string()
+                .contains("Provider disconnected unexpectedly"),
+            "{error}"
+        );
+        assert!(error.to_failure().retryable);
+    }
+
+    // OpenRouter error body (`{"error": {"code", "message", "metadata"}}`), sent with status 200
+    // once the model started, per openrouter.ai/docs/api-reference/errors-and-debugging.
+    const OPENROUTER_ERROR_200: &str = include_str!("fixtures/openrouter_error_200.json");
+
+    #[test]
+    fn a_200_body_holding_only_an_error_surfaces_the_servers_message() {
+        let error = parse_completion(OPENROUTER_ERROR_200.as_bytes()).expect_err("no answer");
+        assert!(
+            matches!(&error, ModelError::ServerError { message, retryable: true }
+                if message == "Provider returned error"),
+            "{error:?}"
+        );
+        let client_error = parse_completion(br#"{"error": {"code": 400, "message": "bad"}}"#)
+            .expect_err("no answer");
+        assert!(!client_error.to_failure().retryable);
+    }
+
+    // xAI grok-4.1-fast-reasoning usage, from the example response in
+    // docs.cloud.google.com/vertex-ai/generative-ai/docs/partner-models/grok/capabilities/reasoning.
+    const XAI_ANSWER: &str = include_str!("fixtures/xai_usage.json");
+    // vLLM usage with null detail fields, as logged in github.com/BerriAI/litellm/issues/22984.
+    const VLLM_NULL_USAGE: &str = include_str!("fixtures/vllm_null_usage_details.json");
+    // Gemini 2.5 Flash via LiteLLM 1.70.1, as logged in github.com/BerriAI/litellm/issues/10667.
+    const GEMINI_LITELLM_USAGE: &str = include_str!("fixtures/gemini_litellm_usage.json");
+
+    fn usage_of(raw: &str) -> Usage {
+        serde_json::from_str::<WireUsage>(raw)
+            .expect("usage shape")
+            .into()
+    }
+
+    #[test]
+    fn reasoning_tokens_reported_outside_the_completion_are_counted() {
+        let response = parse_completion(XAI_ANSWER.as_bytes()).expect("parses");
+        assert_eq!(response.usage.completion_tokens, 50 + 124);
+        assert_eq!(usage_of(GEMINI_LITELLM_USAGE).completion_tokens, 774 + 1175);
+        // A total beyond prompt + completion shows reasoning left out, even when it is short.
+        let xai_with_total = r#"{"prompt_tokens": 10, "completion_tokens": 50, "total_tokens": 90,
+            "completion_tokens_details": {"reasoning_tokens": 30}}"#;
+        assert_eq!(usage_of(xai_with_total).completion_tokens, 80);
+    }
+
+    #[test]
+    fn reasoning_tokens_inside_the_completion_and_null_counts_are_not_counted_twice() {
+        let usage = usage_of(VLLM_NULL_USAGE);
+        assert_eq!(
+            usage,
+            Usage {
+                prompt_tokens: 150_383,
+                completion_tokens: 304
+            }
+        );
+        let nulls = r#"{"prompt_tokens": null, "completion_tokens": null, "total_tokens": null,
+            "completion_tokens_details": null}"#;
+        assert_eq!(usage_of(nulls), Usage::default());
     }
 
     #[test]

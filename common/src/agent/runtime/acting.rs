@@ -355,6 +355,9 @@ impl Acting<'_, '_> {
                 None,
             );
         }
+        if let Some(failure) = undecodable_arguments(call) {
+            return (CallOutcome::Failed { failure }, String::new(), None);
+        }
         if call.name == LOAD_SKILL_TOOL {
             return match self.load_skill(step, call).await {
                 Ok((name, body)) => (CallOutcome::Ok { output: body }, String::new(), Some(name)),
@@ -603,6 +606,24 @@ pub(super) fn load_skill_spec(skills: &[String]) -> ToolSpec {
     }
 }
 
+/// A call whose arguments the model wrote as text that is not a JSON object (the provider keeps
+/// such text as a JSON string): nothing runs it, and the model is told what it wrote. The
+/// provider sends such a call back to the server with `{}` as its arguments.
+fn undecodable_arguments(call: &ToolCall) -> Option<Failure> {
+    let Value::String(raw) = &call.arguments else {
+        return None;
+    };
+    Some(Failure::new(
+        FailureKind::InvalidArguments,
+        format!(
+            "{}: the arguments are not a valid JSON object (got {:?}); the call was not run; \
+             send the arguments as one JSON object",
+            call.name,
+            crate::text::cut(raw, PREVIEW_CHARS)
+        ),
+    ))
+}
+
 fn parse_spawn_arguments(arguments: &Value) -> Result<(String, String), Failure> {
     let invalid = |message: &str| {
         Failure::new(
@@ -676,6 +697,30 @@ mod tests {
             duplicate_call_id(&[call("1", "a"), call("2", "b"), call("1", "c")]),
             Some("1")
         );
+    }
+
+    #[test]
+    fn arguments_that_are_not_json_become_an_invalid_arguments_observation() {
+        let mut broken = call("c1", "read_file");
+        broken.arguments = Value::String("{\"path\": \"a.txt\"".to_owned());
+        let failure = undecodable_arguments(&broken).expect("rejected");
+        assert_eq!(failure.kind, FailureKind::InvalidArguments);
+        assert!(
+            failure.message.contains("not a valid JSON object"),
+            "{}",
+            failure.message
+        );
+        assert!(
+            failure.message.contains("a.txt"),
+            "shows what the model wrote"
+        );
+        let outcome = CallOutcome::Failed { failure };
+        assert!(outcome
+            .observation()
+            .starts_with("error (invalid_arguments)"));
+        let mut fine = call("c2", "read_file");
+        fine.arguments = json!({"path": "a.txt"});
+        assert!(undecodable_arguments(&fine).is_none());
     }
 
     #[test]

@@ -1,0 +1,132 @@
+//! Sessions as an operator sees them: the sessions of a tenant with their size and time left, and
+//! removing one whole (every key of its tag) when no turn runs in it.
+
+use redis::AsyncCommands;
+
+use super::{keys, SessionState, SessionStore, StoreError};
+
+/// Keys asked for per `SCAN` step.
+const SCAN_COUNT: usize = 1000;
+
+/// One session of a tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub session: String,
+    pub turns: u64,
+    /// Messages in its history.
+    pub messages: u64,
+    /// Seconds until it expires if left idle; `None` when it is kept.
+    pub expires_in_secs: Option<u64>,
+}
+
+/// How removing a session went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Every key of the session is gone (this many).
+    Removed(usize),
+    /// A turn holds the session's lease: nothing removed.
+    Busy,
+}
+
+impl SessionStore {
+    /// The tenant's sessions, sorted by name.
+    pub async fn sessions(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
+        let pattern = keys::session(tenant, "*");
+        let mut found = Vec::new();
+        for key in self.scan(&pattern).await? {
+            let Some(session) = session_of_key(tenant, &key) else {
+                continue;
+            };
+            found.push(session.to_owned());
+        }
+        found.sort();
+        found.dedup();
+        let mut summaries = Vec::with_capacity(found.len());
+        for session in found {
+            let mut conn = self.connection.clone();
+            let (state, messages, ttl): (Option<String>, u64, i64) = redis::pipe()
+                .hget(keys::session(tenant, &session), "state")
+                .llen(keys::history(tenant, &session))
+                .ttl(keys::session(tenant, &session))
+                .query_async(&mut conn)
+                .await?;
+            let state: SessionState = match state.as_deref() {
+                None | Some("") => SessionState::default(),
+                Some(json) => serde_json::from_str(json).map_err(StoreError::Corrupt)?,
+            };
+            summaries.push(SessionSummary {
+                messages: messages.max(state.history.len() as u64),
+                turns: state.turns,
+                expires_in_secs: u64::try_from(ttl).ok(),
+                session,
+            });
+        }
+        Ok(summaries)
+    }
+
+    /// Removes every key of a session (history, state, results, checkpoints, approvals it
+    /// granted), unless a turn holds its lease.
+    pub async fn remove_session(&self, tenant: &str, session: &str) -> Result<Removal, StoreError> {
+        let mut conn = self.connection.clone();
+        let leased: bool = conn.exists(keys::lease(tenant, session)).await?;
+        if leased {
+            return Ok(Removal::Busy);
+        }
+        let pattern = format!(
+            "{}*",
+            keys::session(tenant, session).trim_end_matches("session")
+        );
+        let found = self.scan(&pattern).await?;
+        for batch in found.chunks(SCAN_COUNT) {
+            let _: i64 = conn.del(batch).await?;
+        }
+        Ok(Removal::Removed(found.len()))
+    }
+
+    /// Every key matching `pattern` (SCAN, so Redis is never blocked).
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.connection.clone();
+        let mut cursor: u64 = 0;
+        let mut found = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(&mut conn)
+                .await?;
+            found.extend(keys);
+            if next == 0 {
+                return Ok(found);
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// The session a session key names (`skein:{tenant:session}:session`).
+fn session_of_key<'a>(tenant: &str, key: &'a str) -> Option<&'a str> {
+    key.strip_prefix(&format!("skein:{{{tenant}:"))?
+        .strip_suffix("}:session")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn session_keys_name_their_session() {
+        assert_eq!(
+            super::session_of_key("acme", "skein:{acme:s-1}:session"),
+            Some("s-1")
+        );
+        assert_eq!(
+            super::session_of_key("acme", "skein:{other:s-1}:session"),
+            None
+        );
+        assert_eq!(
+            super::session_of_key("acme", "skein:{acme:s-1}:history"),
+            None
+        );
+    }
+}
