@@ -109,6 +109,10 @@ pub struct CallRoute<'a> {
     pub may_have_run: bool,
 }
 
+/// First pause before a task that could not be published is published again, and the longest.
+const FIRST_PUBLISH_RETRY: Duration = Duration::from_millis(100);
+const LONGEST_PUBLISH_RETRY: Duration = Duration::from_secs(2);
+
 impl Dispatcher {
     /// Subscribes to this process's reply subject and starts routing results to waiting calls.
     pub async fn start(
@@ -324,6 +328,33 @@ impl Dispatcher {
         (n, subjects::reply(&self.instance, n))
     }
 
+    /// Publishes a task, trying again while the broker is out of reach (a restart, a lost ack)
+    /// for as long as the call may take: the task's `Nats-Msg-Id` makes a publish that was stored
+    /// but not acknowledged count once. A failure that another try cannot cure (too large, not
+    /// encodable) is returned at once.
+    async fn publish_patiently<T: serde::Serialize>(
+        &self,
+        subject: String,
+        task: &T,
+        dedup_id: &str,
+        timeout: Duration,
+    ) -> Result<(), Failure> {
+        let started = tokio::time::Instant::now();
+        let mut pause = FIRST_PUBLISH_RETRY;
+        loop {
+            let failure = match self.bus.publish_work(subject.clone(), task, dedup_id).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e.to_failure(),
+            };
+            if failure.kind != FailureKind::Unavailable || started.elapsed() + pause >= timeout {
+                return Err(failure);
+            }
+            tracing::warn!(%failure, ?pause, "task not published; trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LONGEST_PUBLISH_RETRY);
+        }
+    }
+
     async fn dispatch<T: serde::Serialize>(
         &self,
         call: Dispatch<'_>,
@@ -359,8 +390,11 @@ impl Dispatcher {
             n,
         };
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
-        if let Err(e) = self.bus.publish_work(subject, task, &dedup_id).await {
-            return failed(call_id, e.to_failure());
+        if let Err(failure) = self
+            .publish_patiently(subject, task, &dedup_id, timeout)
+            .await
+        {
+            return failed(call_id, failure);
         }
         let result = self
             .wait_for_result(rx, origin, call_key, timeout + DISPATCH_SLACK)
