@@ -390,12 +390,15 @@ impl Dispatcher {
             n,
         };
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
+        let publishing = tokio::time::Instant::now();
         if let Err(failure) = self
             .publish_patiently(subject, task, &dedup_id, timeout)
             .await
         {
             return failed(call_id, failure);
         }
+        // Time spent publishing comes out of the call's time.
+        let timeout = timeout.saturating_sub(publishing.elapsed());
         let result = self
             .wait_for_result(rx, origin, call_key, timeout + DISPATCH_SLACK)
             .await;

@@ -268,6 +268,9 @@ for i = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 if ARGV[5] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   redis.call('EXPIRE', KEYS[2], ARGV[5])
+else
+  redis.call('PERSIST', KEYS[1])
+  redis.call('PERSIST', KEYS[2])
 end
 return 1
 "#;
@@ -303,10 +306,10 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4])
   if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
   for i = 9, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
-  if ARGV[8] ~= '0' then
-    redis.call('EXPIRE', KEYS[1], ARGV[8])
-    redis.call('EXPIRE', KEYS[5], ARGV[8])
-  end
+end
+if ARGV[8] ~= '0' then
+  redis.call('EXPIRE', KEYS[1], ARGV[8])
+  redis.call('EXPIRE', KEYS[5], ARGV[8])
 end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])
@@ -324,7 +327,8 @@ return false
 "#;
 
 /// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
-/// session, KEYS[5] checkpoint; ARGV token, lease ttl ms, attempts field, attempts ttl seconds,
+/// session, KEYS[5] checkpoint, KEYS[6] history (both kept while the turn runs: an idle-session
+/// expiry must not strike mid-turn; the turn's end sets it again); ARGV token, lease ttl ms, attempts field, attempts ttl seconds,
 /// most attempts. Returns {'finished', final}; {'busy'} (another holds the lease; nothing
 /// counted; also when the lease is this caller's own, held by an earlier run of the task);
 /// {'exhausted', n} (attempt n counted, over the limit, lease not taken); or
@@ -338,6 +342,8 @@ redis.call('EXPIRE', KEYS[3], ARGV[4])
 if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 local session = redis.call('HMGET', KEYS[4], 'version', 'state')
+redis.call('PERSIST', KEYS[4])
+redis.call('PERSIST', KEYS[6])
 local checkpoint = redis.call('GET', KEYS[5])
 local history = redis.call('LRANGE', KEYS[6], 0, -1)
 return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', history}

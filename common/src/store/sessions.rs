@@ -8,6 +8,9 @@ use super::{keys, SessionState, SessionStore, StoreError};
 /// Keys asked for per `SCAN` step.
 const SCAN_COUNT: usize = 1000;
 
+/// How long a removal holds the session's lease (it releases it when done).
+const REMOVAL_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// One session of a tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionSummary {
@@ -65,21 +68,32 @@ impl SessionStore {
     }
 
     /// Removes every key of a session (history, state, results, checkpoints, approvals it
-    /// granted), unless a turn holds its lease.
+    /// granted), unless a turn holds its lease. The removal holds the lease itself while it
+    /// deletes, so no turn can start in the session half-way through.
     pub async fn remove_session(&self, tenant: &str, session: &str) -> Result<Removal, StoreError> {
-        let mut conn = self.connection.clone();
-        let leased: bool = conn.exists(keys::lease(tenant, session)).await?;
-        if leased {
+        let token = format!("remove-session-{}", uuid::Uuid::new_v4().simple());
+        if !self
+            .try_lease(tenant, session, &token, REMOVAL_LEASE)
+            .await?
+        {
             return Ok(Removal::Busy);
         }
+        let lease = keys::lease(tenant, session);
         let pattern = format!(
             "{}*",
             keys::session(tenant, session).trim_end_matches("session")
         );
-        let found = self.scan(&pattern).await?;
+        let found: Vec<String> = self
+            .scan(&pattern)
+            .await?
+            .into_iter()
+            .filter(|key| *key != lease)
+            .collect();
+        let mut conn = self.connection.clone();
         for batch in found.chunks(SCAN_COUNT) {
             let _: i64 = conn.del(batch).await?;
         }
+        self.release_lease(tenant, session, &token).await?;
         Ok(Removal::Removed(found.len()))
     }
 

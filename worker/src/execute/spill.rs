@@ -47,8 +47,7 @@ pub(super) async fn fit_output(
         })
         .take(64)
         .collect();
-    let key: String = idempotency_key.chars().take(8).collect();
-    let relative = format!("{RESULTS_DIR}/{name}-{key}.txt");
+    let relative = format!("{RESULTS_DIR}/{name}-{idempotency_key}.txt");
     let Ok(path) = WorkspacePath::parse(&relative) else {
         return truncate_output(output, cap);
     };

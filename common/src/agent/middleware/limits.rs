@@ -154,7 +154,10 @@ where
             }
             let response = result?;
             if limits.tokens_per_minute > 0 {
-                let used = response.usage.prompt_tokens + response.usage.completion_tokens;
+                let used = response
+                    .usage
+                    .prompt_tokens
+                    .saturating_add(response.usage.completion_tokens);
                 if let Err(error) = store.count_model_tokens(&model, used).await {
                     tracing::warn!(%model, %error, "model tokens could not be counted");
                 }
