@@ -145,21 +145,18 @@ impl TestCluster {
 
     /// The content of a file of `session`'s workspace in the cluster's object store, if it exists.
     pub async fn workspace_file(&self, tenant: &str, session: &str, path: &str) -> Option<String> {
-        let bus = skein_common::bus::Bus::connect(
-            &skein_common::config::NatsConfig::local(self.nats.url.clone()),
-            "test",
-            skein_common::bus::DEFAULT_MAX_PAYLOAD,
-        )
-        .await
-        .expect("connects to the test NATS");
-        let objects = skein_common::workspace::ObjectWorkspaces::new(
-            bus.jetstream().clone(),
+        use super::workspaces;
+        let objects = workspaces::object_store(
+            &self.nats.url,
             &skein_common::workspace::WorkspaceStoreConfig::default(),
             0,
-        );
-        let session = skein_common::workspace::SessionRef::new(tenant, session).expect("tokens");
-        let path = skein_common::workspace::WorkspacePath::parse(path).expect("a workspace path");
-        match objects.read(&session, &path).await {
+        )
+        .await;
+        let path = workspaces::path(path);
+        match objects
+            .read(&workspaces::session(tenant, session), &path)
+            .await
+        {
             Ok((content, _)) => Some(String::from_utf8_lossy(&content).into_owned()),
             Err(skein_common::workspace::WorkspaceError::NotFound(_)) => None,
             Err(e) => panic!("reading {path} from the object store: {e}"),

@@ -638,6 +638,20 @@ fn split_text(text: &str, parts: usize) -> Vec<String> {
         .collect()
 }
 
+/// The tool results the model saw in `request`, in order.
+pub fn tool_messages(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

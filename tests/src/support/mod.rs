@@ -17,6 +17,7 @@ pub mod slow_http;
 pub mod soak;
 pub mod test_tools;
 pub mod tls;
+pub mod workspaces;
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;

@@ -1,8 +1,8 @@
 //! [`OpenAiClient`]: a client for any OpenAI-compatible chat-completions server (OpenAI, vLLM,
 //! Ollama, ...). This file owns the wire mapping between Skein's conversation model
-//! ([`Message`], [`ToolCall`], [`ToolSpec`]) and the `/chat/completions` JSON, for whole answers
-//! and for streamed (server-sent events) answers, plus the mapping of transport failures onto
-//! [`ModelError`].
+//! ([`Message`], [`ToolCall`], [`ToolSpec`]) and the `/chat/completions` JSON for whole answers,
+//! plus the mapping of transport failures onto [`ModelError`]; `stream` reads streamed
+//! (server-sent events) answers.
 //!
 //! Timeouts: connecting is bounded by the smaller of the configured timeout and
 //! [`MAX_CONNECT_TIMEOUT`]; a whole call, streamed or not, is bounded by the configured timeout
@@ -29,11 +29,8 @@
 //! back to the server as `{}`: strict servers refuse a whole conversation over one bad call, and
 //! the model learns of its mistake from the call's observation.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Deserialize;
@@ -42,6 +39,10 @@ use serde_json::{json, Value};
 use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
 use crate::protocol::ToolSpec;
+
+mod stream;
+
+use stream::{sse_answer, BodyError};
 
 /// Longest wait for a TCP/TLS connection, whatever the call timeout.
 pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -450,328 +451,6 @@ fn decode_arguments(raw: &str) -> Value {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Streamed answers
-
-#[derive(Debug, Deserialize)]
-struct StreamChunk {
-    #[serde(default)]
-    choices: Vec<StreamChoice>,
-    usage: Option<WireUsage>,
-    /// Some servers report a failure inside the stream.
-    error: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamChoice {
-    #[serde(default)]
-    index: usize,
-    delta: Option<StreamDelta>,
-    finish_reason: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamDelta {
-    content: Option<String>,
-    /// Reasoning text of thinking models (DeepSeek), streamed before the answer.
-    reasoning_content: Option<String>,
-    tool_calls: Option<Vec<ToolCallDelta>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ToolCallDelta {
-    index: Option<usize>,
-    id: Option<String>,
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Debug, Deserialize)]
-struct FunctionDelta {
-    name: Option<String>,
-    arguments: Option<String>,
-}
-
-/// A tool call being assembled from deltas.
-#[derive(Debug, Default)]
-struct PartialToolCall {
-    id: String,
-    name: String,
-    arguments: String,
-}
-
-/// Assembles a streamed answer from its chunks; pure, so it is tested without a server.
-#[derive(Debug, Default)]
-struct StreamAccumulator {
-    content: String,
-    reasoning: String,
-    /// Calls in the order they started.
-    tool_calls: Vec<PartialToolCall>,
-    /// The call each wire `index` currently continues (a position in `tool_calls`).
-    by_index: BTreeMap<usize, usize>,
-    finish_reason: Option<String>,
-    usage: Usage,
-}
-
-impl StreamAccumulator {
-    /// Takes in one chunk; returns its text, if it carried any.
-    fn absorb(&mut self, chunk: StreamChunk) -> Result<Option<String>, ModelError> {
-        if let Some(error) = chunk.error {
-            // Mid-stream errors are the server's trouble (overload, upstream failure), not an
-            // answer: trying again may help.
-            return Err(reported_error(&error, true));
-        }
-        if let Some(usage) = chunk.usage {
-            self.usage = usage.into();
-        }
-        let mut text = String::new();
-        for choice in chunk.choices.into_iter().filter(|choice| choice.index == 0) {
-            if let Some(reason) = choice.finish_reason {
-                self.finish_reason = Some(reason);
-            }
-            let Some(delta) = choice.delta else { continue };
-            if let Some(piece) = delta.content {
-                text.push_str(&piece);
-            }
-            if let Some(piece) = delta.reasoning_content {
-                self.reasoning.push_str(&piece);
-            }
-            for call_delta in delta.tool_calls.unwrap_or_default() {
-                self.absorb_tool_call(call_delta)?;
-            }
-        }
-        self.content.push_str(&text);
-        Ok((!text.is_empty()).then_some(text))
-    }
-
-    fn absorb_tool_call(&mut self, delta: ToolCallDelta) -> Result<(), ModelError> {
-        // The call this delta continues: the one at its `index` (the last call when the server
-        // omits it), unless the delta brings a new id — servers that reuse one index for
-        // parallel calls (Ollama) or omit it start a new call that way.
-        let new_id = delta.id.as_deref().filter(|id| !id.is_empty());
-        let current = match delta.index {
-            Some(index) => self.by_index.get(&index).copied(),
-            None => self.tool_calls.len().checked_sub(1),
-        };
-        let continues = current.filter(|&position| {
-            let known = &self.tool_calls[position].id;
-            new_id.is_none_or(|id| known.is_empty() || known == id)
-        });
-        let position = match continues {
-            Some(position) => position,
-            None => {
-                if self.tool_calls.len() >= MAX_TOOL_CALLS {
-                    return Err(ModelError::BadResponse(format!(
-                        "the response carries more than {MAX_TOOL_CALLS} tool calls"
-                    )));
-                }
-                self.tool_calls.push(PartialToolCall::default());
-                self.tool_calls.len() - 1
-            }
-        };
-        if let Some(index) = delta.index {
-            self.by_index.insert(index, position);
-        }
-        let call = &mut self.tool_calls[position];
-        if let Some(id) = delta.id.filter(|id| !id.is_empty()) {
-            call.id = id;
-        }
-        if let Some(function) = delta.function {
-            if let Some(name) = function.name.filter(|name| !name.is_empty()) {
-                if call.name.is_empty() {
-                    call.name = name;
-                }
-            }
-            if let Some(piece) = function.arguments {
-                call.arguments.push_str(&piece);
-            }
-        }
-        Ok(())
-    }
-
-    fn has_finished(&self) -> bool {
-        self.finish_reason.is_some()
-    }
-
-    fn finish(self) -> ModelResponse {
-        let tool_calls = self
-            .tool_calls
-            .into_iter()
-            .enumerate()
-            .map(|(position, call)| ToolCall {
-                id: if call.id.is_empty() {
-                    fallback_call_id(position)
-                } else {
-                    call.id
-                },
-                name: call.name,
-                arguments: decode_arguments(&call.arguments),
-            })
-            .collect();
-        ModelResponse {
-            message: Message {
-                role: Role::Assistant,
-                content: self.content,
-                tool_calls,
-                tool_call_id: None,
-                reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
-            },
-            finish_reason: self.finish_reason,
-            usage: self.usage,
-        }
-    }
-}
-
-type SseEvents = BoxStream<'static, Result<Event, EventStreamError<BodyError>>>;
-
-/// Why reading a streamed body stopped.
-#[derive(Debug)]
-enum BodyError {
-    Transport(reqwest::Error),
-    TooLarge,
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Transport(error) => error.fmt(f),
-            BodyError::TooLarge => write!(f, "response body over {MAX_RESPONSE_BYTES} bytes"),
-        }
-    }
-}
-
-/// What the next event of a stream brought.
-enum SseProgress {
-    Text(String),
-    Finished,
-}
-
-/// When the server last sent any bytes; shared between the body stream and its reader.
-type LastActivity = Arc<Mutex<tokio::time::Instant>>;
-
-struct SseReader {
-    events: SseEvents,
-    accumulator: StreamAccumulator,
-    idle_timeout: Duration,
-    /// When bytes last arrived: comments (keep-alives) count, though they make no event.
-    last_activity: LastActivity,
-    /// When the whole call must have ended.
-    deadline: tokio::time::Instant,
-}
-
-impl SseReader {
-    fn last_activity(&self) -> tokio::time::Instant {
-        *self
-            .last_activity
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The next event, waiting while the server sends anything (keep-alives included) within
-    /// the idle timeout, and never past the whole call's deadline.
-    async fn next_event(
-        &mut self,
-    ) -> Result<Option<Result<Event, EventStreamError<BodyError>>>, ModelError> {
-        loop {
-            let until = self.deadline.min(self.last_activity() + self.idle_timeout);
-            if let Ok(next) = tokio::time::timeout_at(until, self.events.next()).await {
-                return Ok(next);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= self.deadline || self.last_activity() + self.idle_timeout <= now {
-                return Err(ModelError::TimedOut(self.idle_timeout));
-            }
-            // Bytes arrived that made no event yet (a keep-alive comment): wait on.
-        }
-    }
-
-    async fn next_progress(&mut self) -> Result<SseProgress, ModelError> {
-        loop {
-            let next = self.next_event().await?;
-            let event = match next {
-                Some(Ok(event)) => event,
-                Some(Err(EventStreamError::Transport(BodyError::Transport(error)))) => {
-                    return Err(transport_error(error, self.idle_timeout))
-                }
-                Some(Err(EventStreamError::Transport(BodyError::TooLarge))) => {
-                    return Err(ModelError::BadResponse(BodyError::TooLarge.to_string()))
-                }
-                Some(Err(error)) => {
-                    return Err(ModelError::BadResponse(format!(
-                        "malformed event stream: {error}"
-                    )))
-                }
-                None if self.accumulator.has_finished() => return Ok(SseProgress::Finished),
-                None => {
-                    return Err(ModelError::Interrupted(
-                        "the stream ended before [DONE] and without a finish reason".to_owned(),
-                    ))
-                }
-            };
-            let data = event.data.trim();
-            if data.is_empty() {
-                continue;
-            }
-            if data == "[DONE]" {
-                return Ok(SseProgress::Finished);
-            }
-            let chunk: StreamChunk = serde_json::from_str(data).map_err(|error| {
-                ModelError::BadResponse(format!(
-                    "undecodable stream chunk ({error}): {}",
-                    crate::text::cut(data, 200)
-                ))
-            })?;
-            if let Some(text) = self.accumulator.absorb(chunk)? {
-                return Ok(SseProgress::Text(text));
-            }
-        }
-    }
-}
-
-/// Turns a server-sent-events body into text deltas followed by the assembled response. The
-/// stream ends after its first error.
-fn sse_answer<B>(
-    body: BoxStream<'static, Result<B, BodyError>>,
-    idle_timeout: Duration,
-    deadline: tokio::time::Instant,
-) -> BoxStream<'static, Result<ModelChunk, ModelError>>
-where
-    B: AsRef<[u8]> + Send + 'static,
-{
-    let last_activity: LastActivity = Arc::new(Mutex::new(tokio::time::Instant::now()));
-    let seen = last_activity.clone();
-    let events = body
-        .map(move |chunk| {
-            if chunk.is_ok() {
-                *seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    tokio::time::Instant::now();
-            }
-            chunk
-        })
-        .eventsource()
-        .boxed();
-    let reader = SseReader {
-        events,
-        accumulator: StreamAccumulator::default(),
-        idle_timeout,
-        last_activity,
-        deadline,
-    };
-    futures::stream::unfold(Some(reader), |reader| async move {
-        let mut reader = reader?;
-        match reader.next_progress().await {
-            Ok(SseProgress::Text(text)) => Some((Ok(ModelChunk::Delta(text)), Some(reader))),
-            Ok(SseProgress::Finished) => {
-                let response = std::mem::take(&mut reader.accumulator).finish();
-                Some((Ok(ModelChunk::Done(response)), None))
-            }
-            Err(error) => Some((Err(error), None)),
-        }
-    })
-    .boxed()
-}
-
-// ---------------------------------------------------------------------------------------------
 // Transport helpers
 
 /// Reads a whole response body within `timeout`, up to [`MAX_RESPONSE_BYTES`].
@@ -862,6 +541,7 @@ fn answers_with_json(response: &reqwest::Response) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::stream::*;
     use super::*;
     use serde_json::json;
 
