@@ -91,6 +91,27 @@ pub struct ToolEffects {
     pub edits_workspace: bool,
 }
 
+impl ToolEffects {
+    /// A tool that only reads.
+    pub const READ_ONLY: Self = Self {
+        read_only: true,
+        destructive: false,
+        edits_workspace: false,
+    };
+    /// A tool that may change or destroy things outside its answer.
+    pub const DESTRUCTIVE: Self = Self {
+        read_only: false,
+        destructive: true,
+        edits_workspace: false,
+    };
+    /// A tool that edits files of the session's workspace (destructive too).
+    pub const EDITS_WORKSPACE: Self = Self {
+        read_only: false,
+        destructive: true,
+        edits_workspace: true,
+    };
+}
+
 /// A person's (or a program's) answer to an approval request, published on
 /// `skein.approval.{tenant}.{task_id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -34,10 +34,7 @@ impl Tool for WordCount {
     }
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            read_only: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::READ_ONLY
     }
 
     async fn call(&self, args: WordCountArgs, _ctx: ToolContext<'_>) -> Result<String, ToolError> {
@@ -98,10 +95,7 @@ impl Tool for Ledger {
     }
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            destructive: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::DESTRUCTIVE
     }
 
     fn concurrency_safe(&self) -> bool {

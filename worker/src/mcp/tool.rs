@@ -296,13 +296,7 @@ mod tests {
     fn annotations_become_effects() {
         assert_eq!(effects(None), ToolEffects::default());
         let read_only = ToolAnnotations::new().read_only(true).destructive(true);
-        assert_eq!(
-            effects(Some(&read_only)),
-            ToolEffects {
-                read_only: true,
-                ..ToolEffects::default()
-            }
-        );
+        assert_eq!(effects(Some(&read_only)), ToolEffects::READ_ONLY);
         let destructive = ToolAnnotations::new().destructive(true);
         assert!(effects(Some(&destructive)).destructive);
         let additive = ToolAnnotations::new().read_only(false).destructive(false);

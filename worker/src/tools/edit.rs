@@ -63,11 +63,7 @@ impl Tool for EditFile {
     }
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            destructive: true,
-            edits_workspace: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::EDITS_WORKSPACE
     }
 
     async fn call(&self, args: EditFileArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {

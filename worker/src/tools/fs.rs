@@ -63,10 +63,7 @@ impl Tool for ReadFile {
     type Args = ReadFileArgs;
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            read_only: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::READ_ONLY
     }
 
     fn description(&self) -> String {
@@ -155,11 +152,7 @@ impl Tool for WriteFile {
 
     /// Replacing a file loses what it held.
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            destructive: true,
-            edits_workspace: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::EDITS_WORKSPACE
     }
 
     async fn call(&self, args: WriteFileArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
@@ -227,10 +220,7 @@ impl Tool for ListFiles {
     type Args = ListFilesArgs;
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            read_only: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::READ_ONLY
     }
 
     fn description(&self) -> String {

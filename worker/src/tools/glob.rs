@@ -42,10 +42,7 @@ impl Tool for GlobFiles {
     type Args = GlobFilesArgs;
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            read_only: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::READ_ONLY
     }
 
     fn description(&self) -> String {

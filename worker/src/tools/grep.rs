@@ -75,10 +75,7 @@ impl Tool for GrepFiles {
     type Args = GrepFilesArgs;
 
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            read_only: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::READ_ONLY
     }
 
     fn description(&self) -> String {

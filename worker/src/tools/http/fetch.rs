@@ -41,10 +41,7 @@ impl Tool for HttpFetch {
 
     /// GET only: it reads what the allowed hosts serve.
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            read_only: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::READ_ONLY
     }
 
     fn description(&self) -> String {

@@ -149,10 +149,7 @@ impl Tool for HttpRequest {
 
     /// It may change whatever the allowed hosts hold.
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            destructive: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::DESTRUCTIVE
     }
 
     fn description(&self) -> String {

@@ -235,10 +235,7 @@ impl Tool for Shell {
 
     /// A command can change or destroy anything the worker's user can reach.
     fn effects(&self) -> ToolEffects {
-        ToolEffects {
-            destructive: true,
-            ..ToolEffects::default()
-        }
+        ToolEffects::DESTRUCTIVE
     }
 
     async fn call(&self, args: ShellArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
