@@ -2,6 +2,16 @@
 //! other languages do the same with a plain NATS client: publish a `TaskSubmission` JSON to
 //! `skein.submit.{tenant}.{session}` with header `Nats-Msg-Id: <task_id>`, then read
 //! `skein.events.{tenant}.{task_id}` from the `SKEIN_EVENTS` stream.)
+//!
+//! A final answer too large for one message arrives as a preview with `answer_ref`: [`run`] and
+//! [`stored_final`] fetch the whole answer from the object store and return it whole (with
+//! `answer_ref` unset), also to `run`'s event callback; a client reading [`watch`] does it with
+//! [`SkeinClient::whole_answer`], and reads other references (the arguments of a
+//! `tool_started` event) with [`SkeinClient::fetch_payload`].
+//!
+//! [`run`]: SkeinClient::run
+//! [`stored_final`]: SkeinClient::stored_final
+//! [`watch`]: SkeinClient::watch
 
 use std::time::Duration;
 
@@ -10,8 +20,10 @@ use futures::{Stream, StreamExt};
 
 use crate::bus::{Bus, BusError, Stored};
 use crate::config::NatsConfig;
-use crate::protocol::{EventKind, FinalResult, StoredFinal, TaskSubmission, TurnEvent};
+use crate::payloads::PayloadStore;
+use crate::protocol::{EventKind, FinalResult, PayloadRef, StoredFinal, TaskSubmission, TurnEvent};
 use crate::subjects;
+use crate::workspace::WorkspaceError;
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,12 +39,18 @@ pub enum ClientError {
     StreamEnded,
     #[error("the final result could not be looked up: {0}")]
     Lookup(crate::protocol::Failure),
+    /// A value stored by reference could not be read (gone after its retention, not readable
+    /// with these credentials, the store away).
+    #[error("a stored value could not be read: {}", .0.describe())]
+    Payload(#[source] WorkspaceError),
 }
 
 /// A connection for submitting and watching tasks.
 #[derive(Clone)]
 pub struct SkeinClient {
     bus: Bus,
+    /// Where values too large for a message are read.
+    payloads: PayloadStore,
 }
 
 impl SkeinClient {
@@ -43,11 +61,59 @@ impl SkeinClient {
         if let Err(e) = bus.ensure_streams().await {
             tracing::debug!(error = %e, "streams not checked; the cluster's processes create them");
         }
-        Ok(Self { bus })
+        Ok(Self::from_bus(bus))
     }
 
     pub fn from_bus(bus: Bus) -> Self {
-        Self { bus }
+        Self {
+            payloads: PayloadStore::new(&bus),
+            bus,
+        }
+    }
+
+    /// The value a reference of `tenant`'s events or results names (any of its sessions).
+    pub async fn fetch_payload(
+        &self,
+        tenant: &str,
+        reference: &PayloadRef,
+    ) -> Result<Bytes, ClientError> {
+        self.payloads
+            .load(tenant, None, reference)
+            .await
+            .map_err(ClientError::Payload)
+    }
+
+    /// `result` with its whole answer: fetched when only a preview of it traveled
+    /// (`answer_ref`), which is then unset; unchanged otherwise.
+    pub async fn whole_answer(&self, mut result: FinalResult) -> Result<FinalResult, ClientError> {
+        let Some(reference) = result.answer_ref.clone() else {
+            return Ok(result);
+        };
+        let bytes = self.fetch_payload(&result.tenant, &reference).await?;
+        let answer = String::from_utf8(bytes.to_vec()).map_err(|_| {
+            ClientError::Payload(WorkspaceError::Invalid(format!(
+                "{} is not UTF-8 text",
+                reference.name
+            )))
+        })?;
+        result.answer = Some(answer);
+        result.answer_ref = None;
+        Ok(result)
+    }
+
+    /// [`Self::whole_answer`], keeping the preview (and `answer_ref`) when the whole cannot be
+    /// read: the caller still gets the result, and where the answer is.
+    async fn completed(&self, result: FinalResult) -> FinalResult {
+        if result.answer_ref.is_none() {
+            return result;
+        }
+        match self.whole_answer(result.clone()).await {
+            Ok(whole) => whole,
+            Err(e) => {
+                tracing::warn!(task_id = %result.task_id, error = %e, "the whole answer could not be read; keeping its preview");
+                result
+            }
+        }
     }
 
     /// Checks and publishes a task; resubmitting the same task id is deduplicated.
@@ -117,9 +183,22 @@ impl SkeinClient {
         Ok(events)
     }
 
-    /// Asks any lead for a task's stored final result: `None` while the task has not ended (or
-    /// no lead answered within `LOOKUP_TIMEOUT`).
+    /// Asks any lead for a task's stored final result, with its whole answer: `None` while the
+    /// task has not ended (or no lead answered within `LOOKUP_TIMEOUT`).
     pub async fn stored_final(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+    ) -> Result<Option<FinalResult>, ClientError> {
+        match self.look_up_final(tenant, session, task_id).await? {
+            Some(result) => Ok(Some(self.completed(result).await)),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Self::stored_final`] as the lead answered it (a large answer by reference).
+    async fn look_up_final(
         &self,
         tenant: &str,
         session: &str,
@@ -180,29 +259,55 @@ impl SkeinClient {
         let mut passed_on = 0usize;
         let wait = async {
             if stored == Stored::New {
+                // A final result stored but never announced (the events stream lost its leader
+                // as the turn ended) is looked up now and then rather than at the timeout.
+                let mut look_up = tokio::time::interval_at(
+                    tokio::time::Instant::now() + FINAL_LOOKUP_EVERY,
+                    FINAL_LOOKUP_EVERY,
+                );
                 loop {
                     let message = tokio::select! {
                         biased;
                         // A gap: what was published meanwhile is only in the stream.
                         _ = disconnects.changed() => break,
                         message = live.next() => message,
+                        _ = look_up.tick() => {
+                            if let Ok(Some(result)) =
+                                self.look_up_final(tenant, session, task_id).await
+                            {
+                                return Ok(self.announce_stored(&mut on_event, result).await);
+                            }
+                            continue;
+                        }
                     };
                     let Some(message) = message else { break };
                     let event: TurnEvent = self.bus.decode(&message.payload)?;
                     passed_on += 1;
-                    if let Some(result) = pass_on(&mut on_event, event) {
+                    if let Some(result) = self.pass_on(&mut on_event, event).await {
                         return Ok(result);
                     }
                 }
             }
             drop(live);
-            self.catch_up(submission, &subject, &mut passed_on, &mut on_event)
-                .await
+            loop {
+                // A stream's leader being elected again (a NATS node lost) or a reconnect makes
+                // reading the stream fail for a moment: read it again, past what was passed on.
+                match self
+                    .catch_up(submission, &subject, &mut passed_on, &mut on_event)
+                    .await
+                {
+                    Err(ClientError::Bus(e)) if e.is_transient() => {
+                        tracing::debug!(task_id, error = %e, "reading the task's events failed; reading them again");
+                        tokio::time::sleep(CATCH_UP_RETRY).await;
+                    }
+                    outcome => break outcome,
+                }
+            }
         };
         match tokio::time::timeout(timeout, wait).await {
             Ok(outcome) => outcome,
-            Err(_) => match self.stored_final(tenant, session, task_id).await {
-                Ok(Some(result)) => Ok(announce_stored(&mut on_event, result)),
+            Err(_) => match self.look_up_final(tenant, session, task_id).await {
+                Ok(Some(result)) => Ok(self.announce_stored(&mut on_event, result).await),
                 _ => Err(ClientError::TimedOut(timeout)),
             },
         }
@@ -226,7 +331,7 @@ impl SkeinClient {
         // Known before reading: whether the task has ended, and the last event it has in the
         // stream. Past that event nothing more can come but a re-announced final result.
         let ended = self
-            .stored_final(tenant, session, task_id)
+            .look_up_final(tenant, session, task_id)
             .await
             .ok()
             .flatten();
@@ -239,7 +344,7 @@ impl SkeinClient {
             None => None,
         };
         if let (Some(result), None) = (&ended, last) {
-            return Ok(announce_stored(on_event, result.clone()));
+            return Ok(self.announce_stored(on_event, result.clone()).await);
         }
         let messages = self.bus.replay(subject.to_owned()).await?;
         futures::pin_mut!(messages);
@@ -251,43 +356,65 @@ impl SkeinClient {
             if seen > *passed_on {
                 *passed_on += 1;
                 let event: TurnEvent = self.bus.decode(&message.payload)?;
-                if let Some(result) = pass_on(on_event, event) {
+                if let Some(result) = self.pass_on(on_event, event).await {
                     return Ok(result);
                 }
             }
             if let (Some(result), Some(last)) = (&ended, last) {
                 if sequence >= last {
-                    return Ok(announce_stored(on_event, result.clone()));
+                    return Ok(self.announce_stored(on_event, result.clone()).await);
                 }
             }
         }
         Err(ClientError::StreamEnded)
     }
-}
 
-/// How long a result lookup waits for a lead's answer.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Passes an event on (a final result with its whole answer); a final result ends the wait.
+    async fn pass_on(
+        &self,
+        on_event: &mut (impl FnMut(&TurnEvent) + Send),
+        mut event: TurnEvent,
+    ) -> Option<FinalResult> {
+        if let EventKind::Final { result } = event.event {
+            event.event = EventKind::Final {
+                result: self.completed(result).await,
+            };
+        }
+        on_event(&event);
+        match event.event {
+            EventKind::Final { result } => Some(result),
+            _ => None,
+        }
+    }
 
-/// Passes an event on; a final result ends the wait.
-fn pass_on(on_event: &mut impl FnMut(&TurnEvent), event: TurnEvent) -> Option<FinalResult> {
-    on_event(&event);
-    match event.event {
-        EventKind::Final { result } => Some(result),
-        _ => None,
+    /// Passes a stored final result on (with its whole answer) as the final event the stream did
+    /// not deliver.
+    async fn announce_stored(
+        &self,
+        on_event: &mut (impl FnMut(&TurnEvent) + Send),
+        result: FinalResult,
+    ) -> FinalResult {
+        let result = self.completed(result).await;
+        on_event(&TurnEvent {
+            v: crate::protocol::PROTOCOL_VERSION,
+            task_id: result.task_id.clone(),
+            source: "lead".into(),
+            seq: 0,
+            at_ms: crate::protocol::now_ms(),
+            event: EventKind::Final {
+                result: result.clone(),
+            },
+        });
+        result
     }
 }
 
-/// Passes a stored final result on as the final event the stream did not deliver.
-fn announce_stored(on_event: &mut impl FnMut(&TurnEvent), result: FinalResult) -> FinalResult {
-    on_event(&TurnEvent {
-        v: crate::protocol::PROTOCOL_VERSION,
-        task_id: result.task_id.clone(),
-        source: "lead".into(),
-        seq: 0,
-        at_ms: crate::protocol::now_ms(),
-        event: EventKind::Final {
-            result: result.clone(),
-        },
-    });
-    result
-}
+/// Pause before the events of a task are read again after a transient failure.
+const CATCH_UP_RETRY: Duration = Duration::from_millis(500);
+
+/// How often a client waiting for a task's final event asks whether a final result was stored
+/// without being announced.
+const FINAL_LOOKUP_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a result lookup waits for a lead's answer.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);

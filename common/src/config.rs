@@ -14,10 +14,16 @@ pub const ENV_NATS_TLS_CA: &str = "SKEIN_NATS_TLS_CA";
 pub const ENV_NATS_TLS_CERT: &str = "SKEIN_NATS_TLS_CERT";
 pub const ENV_NATS_TLS_KEY: &str = "SKEIN_NATS_TLS_KEY";
 pub const ENV_NATS_INBOX_PREFIX: &str = "SKEIN_NATS_INBOX_PREFIX";
+pub const ENV_STREAM_REPLICAS: &str = "SKEIN_STREAM_REPLICAS";
 pub const ENV_REDIS_URL: &str = "SKEIN_REDIS_URL";
 pub const ENV_REDIS_PASSWORD: &str = "SKEIN_REDIS_PASSWORD";
 pub const ENV_REDIS_TLS_CA: &str = "SKEIN_REDIS_TLS_CA";
+pub const ENV_REDIS_CLUSTER: &str = "SKEIN_REDIS_CLUSTER";
+pub const ENV_REDIS_SENTINEL_PASSWORD: &str = "SKEIN_REDIS_SENTINEL_PASSWORD";
 pub const ENV_SESSION_TTL: &str = "SKEIN_SESSION_TTL";
+pub const ENV_SESSION_MAX_MESSAGES: &str = "SKEIN_SESSION_MAX_MESSAGES";
+pub const ENV_CONTEXT_TOKENS: &str = "SKEIN_CONTEXT_TOKENS";
+pub const ENV_MODEL_LIMITS: &str = "SKEIN_MODEL_LIMITS";
 pub const ENV_LOG: &str = "SKEIN_LOG";
 pub const ENV_LOG_FORMAT: &str = "SKEIN_LOG_FORMAT";
 pub const ENV_MODEL_PROVIDER: &str = "SKEIN_MODEL_PROVIDER";
@@ -27,6 +33,11 @@ pub const ENV_MODEL: &str = "SKEIN_MODEL";
 pub const ENV_MODEL_TIMEOUT: &str = "SKEIN_MODEL_TIMEOUT";
 pub const ENV_MODEL_MAX_CONCURRENCY: &str = "SKEIN_MODEL_MAX_CONCURRENCY";
 pub const ENV_MODEL_TOKENS_PER_MINUTE: &str = "SKEIN_MODEL_TOKENS_PER_MINUTE";
+pub const ENV_MODEL_PRICES: &str = "SKEIN_MODEL_PRICES";
+pub const ENV_MODEL_MAX_OUTPUT_TOKENS: &str = "SKEIN_MODEL_MAX_OUTPUT_TOKENS";
+pub const ENV_TENANT_DAILY_TOKENS: &str = "SKEIN_TENANT_DAILY_TOKENS";
+pub const ENV_TENANT_DAILY_COST_USD: &str = "SKEIN_TENANT_DAILY_COST_USD";
+pub const ENV_TENANT_BUDGETS: &str = "SKEIN_TENANT_BUDGETS";
 pub const ENV_SCENARIO: &str = "SKEIN_SCENARIO";
 pub const ENV_AGENTS_DIR: &str = "SKEIN_AGENTS_DIR";
 pub const ENV_INSTANCE_ID: &str = "SKEIN_INSTANCE_ID";
@@ -34,6 +45,7 @@ pub const ENV_CONCURRENCY: &str = "SKEIN_CONCURRENCY";
 pub const ENV_MAX_PAYLOAD: &str = "SKEIN_MAX_PAYLOAD";
 pub const ENV_TOOL_TIMEOUT: &str = "SKEIN_TOOL_TIMEOUT";
 pub const ENV_GRACE: &str = "SKEIN_GRACE";
+pub const ENV_STARTUP_TIMEOUT: &str = "SKEIN_STARTUP_TIMEOUT";
 pub const ENV_ACK_WAIT: &str = "SKEIN_ACK_WAIT";
 pub const ENV_MAX_ATTEMPTS: &str = "SKEIN_MAX_ATTEMPTS";
 pub const ENV_LEASE_TTL: &str = "SKEIN_LEASE_TTL";
@@ -89,9 +101,14 @@ pub struct NatsConfig {
     /// server permissions allow it only its own inbox (`_INBOX_<tenant>.>`) sets it to match.
     #[arg(id = "nats_inbox_prefix", long = "nats-inbox-prefix", env = ENV_NATS_INBOX_PREFIX)]
     pub inbox_prefix: Option<String>,
-    /// How long to try to reach NATS at start-up.
+    /// How long one connection attempt waits for a server to answer (a lead or worker makes
+    /// attempts for up to `SKEIN_STARTUP_TIMEOUT`).
     #[arg(id = "nats_connect_timeout", long = "nats-connect-timeout", default_value = "5s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+    /// Replicas of every stream Skein creates (1 to 5, at most the NATS cluster's size); an
+    /// existing stream with fewer is raised to it.
+    #[arg(id = "stream_replicas", long = "stream-replicas", env = ENV_STREAM_REPLICAS, default_value_t = 1)]
+    pub stream_replicas: usize,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -104,6 +121,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("creds", &self.creds)
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
+            .field("stream_replicas", &self.stream_replicas)
             .finish()
     }
 }
@@ -121,7 +139,20 @@ impl NatsConfig {
             tls_key: None,
             inbox_prefix: None,
             connect_timeout: Duration::from_secs(5),
+            stream_replicas: 1,
         }
+    }
+
+    /// Checks values clap cannot: every server address of the list, and the replicas.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::bus::server_addrs(&self.url).map_err(|e| e.to_string())?;
+        if !(1..=MAX_REPLICAS).contains(&self.stream_replicas) {
+            return Err(format!(
+                "stream replicas must be 1 to {MAX_REPLICAS}, got {}",
+                self.stream_replicas
+            ));
+        }
+        Ok(())
     }
 
     /// The password: `--nats-password`, or the file `SKEIN_NATS_PASSWORD_FILE` names.
@@ -134,6 +165,9 @@ impl NatsConfig {
         secret(self.token.as_deref(), ENV_NATS_TOKEN)
     }
 }
+
+/// Most replicas a JetStream stream may have.
+pub const MAX_REPLICAS: usize = 5;
 
 /// A secret from its setting, or else from the file named by `{env}_FILE` (as container
 /// platforms mount secrets), without its trailing newline. An unreadable file is an error that
@@ -164,8 +198,18 @@ fn secret_from(
 #[derive(Clone, Args)]
 pub struct RedisConfig {
     /// `redis://` or, over TLS, `rediss://`; may name an ACL user (`rediss://user:pw@host/`).
+    /// `redis+sentinel://[user:pw@]host:port[,host:port]/master-name[/db]` follows the primary
+    /// that Sentinel names; `redis+cluster://[user:pw@]host:port[,host:port]` speaks to a Redis
+    /// Cluster (`rediss+...` over TLS). See `store::connection`.
     #[arg(id = "redis_url", long = "redis-url", env = ENV_REDIS_URL, default_value = "redis://127.0.0.1:6379/", hide_env_values = true)]
     pub url: String,
+    /// The URL's hosts are seed nodes of a Redis Cluster (as with `redis+cluster://`).
+    #[arg(id = "redis_cluster", long = "redis-cluster", env = ENV_REDIS_CLUSTER, default_value_t = false, action = clap::ArgAction::Set)]
+    pub cluster: bool,
+    /// Password of the Sentinels (`redis+sentinel://`), when they ask for one (also from
+    /// `SKEIN_REDIS_SENTINEL_PASSWORD_FILE`); the URL's credentials are the data nodes'.
+    #[arg(id = "redis_sentinel_password", long = "redis-sentinel-password", env = ENV_REDIS_SENTINEL_PASSWORD, hide_env_values = true)]
+    pub sentinel_password: Option<String>,
     /// Password, when the URL carries none (also from `SKEIN_REDIS_PASSWORD_FILE`).
     #[arg(id = "redis_password", long = "redis-password", env = ENV_REDIS_PASSWORD, hide_env_values = true)]
     pub password: Option<String>,
@@ -176,6 +220,10 @@ pub struct RedisConfig {
     /// ever.
     #[arg(id = "session_ttl", long = "session-ttl", env = ENV_SESSION_TTL, value_parser = humantime::parse_duration)]
     pub session_ttl: Option<Duration>,
+    /// Most messages a session's stored history keeps: past it, the oldest messages a summary
+    /// already stands for are dropped (the context never needs them again); 0 keeps every one.
+    #[arg(id = "session_max_messages", long = "session-max-messages", env = ENV_SESSION_MAX_MESSAGES, default_value_t = 10_000)]
+    pub session_max_messages: u64,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -183,8 +231,14 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("url", &redact_url(&self.url))
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("cluster", &self.cluster)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
             .field("tls_ca", &self.tls_ca)
             .field("session_ttl", &self.session_ttl)
+            .field("session_max_messages", &self.session_max_messages)
             .finish()
     }
 }
@@ -194,14 +248,31 @@ impl RedisConfig {
         Self {
             url: url.into(),
             password: None,
+            cluster: false,
+            sentinel_password: None,
             tls_ca: None,
             session_ttl: None,
+            session_max_messages: 10_000,
         }
     }
 
     /// The password: `--redis-password`, or the file `SKEIN_REDIS_PASSWORD_FILE` names.
     pub fn password(&self) -> Result<Option<String>, String> {
         secret(self.password.as_deref(), ENV_REDIS_PASSWORD)
+    }
+
+    /// Checks what clap cannot: the URL fits one of the forms `store::topology` reads.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::store::topology::Topology::parse(&self.url, self.cluster).map(|_| ())
+    }
+
+    /// The Sentinels' password: `--redis-sentinel-password`, or the file
+    /// `SKEIN_REDIS_SENTINEL_PASSWORD_FILE` names.
+    pub fn sentinel_password(&self) -> Result<Option<String>, String> {
+        secret(
+            self.sentinel_password.as_deref(),
+            ENV_REDIS_SENTINEL_PASSWORD,
+        )
     }
 }
 
@@ -243,9 +314,46 @@ pub struct ModelConfig {
     /// worker sharing the Redis; 0 for no budget.
     #[arg(id = "model_tokens_per_minute", long = "model-tokens-per-minute", env = ENV_MODEL_TOKENS_PER_MINUTE, default_value_t = 0)]
     pub tokens_per_minute: u64,
+    /// Prices of the models, for cost budgets and the spending metric: JSON
+    /// `{"model": {"input_per_million": 2.5, "output_per_million": 10}}` (US dollars per million
+    /// tokens; a `"*"` entry prices every other model), inline or as a file path.
+    #[arg(id = "model_prices", long = "model-prices", env = ENV_MODEL_PRICES)]
+    pub prices: Option<String>,
+    /// The most completion tokens a model call is assumed to use: with its estimated prompt,
+    /// the worst case it reserves on its budgets before it starts.
+    #[arg(id = "model_max_output_tokens", long = "model-max-output-tokens", env = ENV_MODEL_MAX_OUTPUT_TOKENS, default_value_t = 4096)]
+    pub max_output_tokens: u64,
+    /// Most model tokens each tenant may use per UTC day, across every lead and worker sharing
+    /// the Redis; 0 for no limit.
+    #[arg(id = "tenant_daily_tokens", long = "tenant-daily-tokens", env = ENV_TENANT_DAILY_TOKENS, default_value_t = 0)]
+    pub tenant_daily_tokens: u64,
+    /// Most each tenant's model calls may cost per UTC day, in US dollars (at the model prices);
+    /// 0 for no limit.
+    #[arg(id = "tenant_daily_cost_usd", long = "tenant-daily-cost-usd", env = ENV_TENANT_DAILY_COST_USD, default_value_t = 0.0)]
+    pub tenant_daily_cost_usd: f64,
+    /// Daily budgets of particular tenants, over the two defaults above: JSON
+    /// `{"tenant": {"daily_tokens": 1000000, "daily_cost_usd": 20}}` (an absent limit is the
+    /// default, 0 turns it off), inline or as a file path.
+    #[arg(id = "tenant_budgets", long = "tenant-budgets", env = ENV_TENANT_BUDGETS)]
+    pub tenant_budgets: Option<String>,
+    /// Context size (tokens) of models no agent sets `context_tokens` for and the tokenizer does
+    /// not know (OpenAI models' sizes are known); the history is compacted to fit it.
+    #[arg(id = "model_context_tokens", long = "context-tokens", env = ENV_CONTEXT_TOKENS, default_value_t = crate::agent::tokens::DEFAULT_CONTEXT_TOKENS, value_parser = clap::value_parser!(u64).range(1024..))]
+    pub context_tokens: u64,
+    /// TOML file of traffic limits per model (`[models."name"]`) and per tenant
+    /// (`[tenants.name]`), each with `max_concurrency` and `tokens_per_minute`.
+    #[arg(id = "model_limits", long = "model-limits", env = ENV_MODEL_LIMITS)]
+    pub limits_file: Option<std::path::PathBuf>,
 }
 
 impl ModelConfig {
+    /// Checks values clap cannot: the prices, the tenant budgets and the traffic limits file
+    /// must read.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::agent::middleware::BudgetSettings::from_config(self).map(|_| ())?;
+        crate::agent::middleware::TrafficPolicy::from_config(self).map(|_| ())
+    }
+
     /// The API key: `--model-api-key`, or the file `SKEIN_MODEL_API_KEY_FILE` names.
     pub fn api_key(&self) -> Result<Option<String>, String> {
         secret(self.api_key.as_deref(), ENV_MODEL_API_KEY)
@@ -263,6 +371,13 @@ impl std::fmt::Debug for ModelConfig {
             .field("scenario", &self.scenario)
             .field("max_concurrency", &self.max_concurrency)
             .field("tokens_per_minute", &self.tokens_per_minute)
+            .field("prices", &self.prices)
+            .field("max_output_tokens", &self.max_output_tokens)
+            .field("tenant_daily_tokens", &self.tenant_daily_tokens)
+            .field("tenant_daily_cost_usd", &self.tenant_daily_cost_usd)
+            .field("tenant_budgets", &self.tenant_budgets)
+            .field("context_tokens", &self.context_tokens)
+            .field("limits_file", &self.limits_file)
             .finish()
     }
 }
@@ -289,6 +404,10 @@ pub struct ProcessConfig {
     /// not) before it is dead-lettered and ends as a failure.
     #[arg(long, env = ENV_MAX_ATTEMPTS, default_value_t = 5)]
     pub max_attempts: u64,
+    /// How long start-up waits for NATS and Redis to answer (retrying with backoff) before the
+    /// process gives up; 0 tries once.
+    #[arg(long, env = ENV_STARTUP_TIMEOUT, default_value = "3m", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
 }
 
 impl ProcessConfig {
@@ -353,5 +472,20 @@ mod tests {
             "redis://<redacted>@h:6379/"
         );
         assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
+    }
+
+    #[test]
+    fn nats_settings_take_a_server_list_and_bounded_replicas() {
+        let list = NatsConfig::local("nats://a:4222,nats://b:4222, nats://c:4222");
+        assert_eq!(list.validate(), Ok(()));
+        let bad = NatsConfig::local("nats://a:4222,nats://b:x").validate();
+        assert!(bad.is_err_and(|e| e.contains("nats://b:x")));
+        for (replicas, valid) in [(0, false), (1, true), (3, true), (5, true), (6, false)] {
+            let cfg = NatsConfig {
+                stream_replicas: replicas,
+                ..NatsConfig::local("nats://a:4222")
+            };
+            assert_eq!(cfg.validate().is_ok(), valid, "{replicas} replicas");
+        }
     }
 }

@@ -16,7 +16,10 @@
 //!   assembly of a cluster runtime.
 //! - [`workspace`]: session workspaces in the NATS object store (one bucket per tenant), their
 //!   path rules and size caps, for the workers' file tools and `skein workspace`.
+//! - [`payloads`]: values too large for one broker message (arguments, inputs, answers) stored
+//!   in the object store, and the references and previews that travel in their place.
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
+//! - [`startup`]: waiting for NATS and Redis at start-up, with backoff, bounded, stoppable.
 
 pub mod admin;
 pub mod agent;
@@ -26,8 +29,10 @@ pub mod client;
 pub mod config;
 pub mod dispatch;
 pub mod metrics;
+pub mod payloads;
 pub mod protocol;
 pub mod shutdown;
+pub mod startup;
 pub mod store;
 pub mod subjects;
 pub mod telemetry;

@@ -5,6 +5,7 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 /// Prefix of every metric name.
 const PREFIX: &str = "skein";
@@ -43,6 +44,7 @@ label_sets! {
     TokenLabels { provider, direction }
     KindLabels { kind }
     ConsumerLabels { consumer }
+    SpendLabels { tenant, model }
 }
 
 type DurationFamily<S> = Family<S, Histogram, fn() -> Histogram>;
@@ -67,7 +69,12 @@ fn kind(value: &str) -> KindLabels {
 trait Labels: EncodeLabelSet + Clone + Hash + Eq + Debug + Send + Sync + 'static {}
 impl<S: EncodeLabelSet + Clone + Hash + Eq + Debug + Send + Sync + 'static> Labels for S {}
 
-fn counter<S: Labels>(registry: &mut Registry, name: &str, help: &str) -> Family<S, Counter> {
+/// A counter family (of whole counts, or of `f64` amounts); its name gets the `_total` suffix.
+fn counter<S: Labels, C>(registry: &mut Registry, name: &str, help: &str) -> Family<S, C>
+where
+    C: Default,
+    Family<S, C>: Metric + Clone,
+{
     let family = Family::default();
     registry.register(name, help, family.clone());
     family
@@ -95,10 +102,13 @@ struct Families {
     model_calls: Family<ProviderOutcomeLabels, Counter>,
     model_call_duration: DurationFamily<ProviderLabels>,
     model_tokens: Family<TokenLabels, Counter>,
+    model_spend_tokens: Family<SpendLabels, Counter>,
+    model_spend_usd: Family<SpendLabels, Counter<f64, AtomicU64>>,
     in_flight: Family<KindLabels, Gauge>,
     redeliveries: Family<KindLabels, Counter>,
     waits_for_running_calls: Family<ToolLabels, Counter>,
     dead_letters: Family<KindLabels, Counter>,
+    lease_conflicts: Family<KindLabels, Counter>,
     open_resources: Family<KindLabels, Gauge>,
     queue_pending: Family<ConsumerLabels, Gauge>,
     queue_ack_pending: Family<ConsumerLabels, Gauge>,
@@ -123,6 +133,16 @@ impl Families {
                 "model_tokens",
                 "Model tokens used, by provider and direction (input or output)",
             ),
+            model_spend_tokens: counter(
+                r,
+                "model_spend_tokens",
+                "Model tokens spent (prompt and completion), by tenant and model",
+            ),
+            model_spend_usd: counter(
+                r,
+                "model_spend_usd",
+                "Cost of model calls in US dollars at the configured prices, by tenant and model",
+            ),
             in_flight: gauge(r, "in_flight", "Work running in this process, by kind"),
             redeliveries: counter(r, "redeliveries", "Deliveries beyond the first, by kind"),
             waits_for_running_calls: counter(
@@ -131,6 +151,12 @@ impl Families {
                 "Deliveries of a call that waited for another run of it in progress, by tool",
             ),
             dead_letters: counter(r, "dead_letters", "Messages dead-lettered, by kind"),
+            lease_conflicts: counter(
+                r,
+                "lease_conflicts",
+                "Session leases found held by another lead (busy: a turn handed back) or lost \
+                 mid-turn (lost), by kind",
+            ),
             open_resources: gauge(r, "open_resources", "Resources held open, by kind"),
             queue_pending: gauge(
                 r,
@@ -254,6 +280,17 @@ impl Metrics {
         }
     }
 
+    /// A model call of `tenant` on `model` spent `tokens` costing `cost_usd`.
+    pub fn model_spend(&self, tenant: &str, model: &str, tokens: u64, cost_usd: f64) {
+        let labels = SpendLabels {
+            tenant: label(tenant),
+            model: label(model),
+        };
+        let f = self.families();
+        f.model_spend_tokens.get_or_create(&labels).inc_by(tokens);
+        f.model_spend_usd.get_or_create(&labels).inc_by(cost_usd);
+    }
+
     /// One more unit of work (`turn`, `tool`, `subagent`) running until the guard drops.
     pub fn in_flight(&self, kind_name: &str) -> InFlight {
         let gauge = self
@@ -284,6 +321,15 @@ impl Metrics {
     pub fn dead_lettered(&self, kind_name: &str) {
         self.families()
             .dead_letters
+            .get_or_create(&kind(kind_name))
+            .inc();
+    }
+
+    /// A session's lease was held by another lead (`busy`: the turn is handed back) or was lost
+    /// while a turn ran (`lost`).
+    pub fn lease_conflict(&self, kind_name: &str) {
+        self.families()
+            .lease_conflicts
             .get_or_create(&kind(kind_name))
             .inc();
     }
@@ -340,6 +386,8 @@ mod tests {
         metrics.tool_task_finished("shell", "timeout", Duration::from_secs(60));
         metrics.model_call("openai", "ok", Duration::from_secs(2), 120, 30);
         metrics.model_call("openai", "ok", Duration::from_secs(1), 10, 5);
+        metrics.model_spend("acme", "gpt-4o", 18, 0.25);
+        metrics.model_spend("acme", "gpt-4o", 2, 0.5);
         metrics.redelivered("tool");
         metrics.dead_lettered("submit");
         metrics.open_resources("scopes", 3);
@@ -357,6 +405,8 @@ mod tests {
             "skein_model_call_duration_seconds_count{provider=\"openai\"} 2\n",
             "skein_model_tokens_total{provider=\"openai\",direction=\"input\"} 130\n",
             "skein_model_tokens_total{provider=\"openai\",direction=\"output\"} 35\n",
+            "skein_model_spend_tokens_total{tenant=\"acme\",model=\"gpt-4o\"} 20\n",
+            "skein_model_spend_usd_total{tenant=\"acme\",model=\"gpt-4o\"} 0.75\n",
             "skein_redeliveries_total{kind=\"tool\"} 1\n",
             "skein_dead_letters_total{kind=\"submit\"} 1\n",
             "skein_open_resources{kind=\"scopes\"} 3\n",

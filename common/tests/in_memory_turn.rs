@@ -66,6 +66,8 @@ fn agent(name: &str, subagents: Vec<AgentSpec>, permissions: PermissionPolicy) -
         max_iterations: 8,
         permissions,
         skills: None,
+        context_tokens: None,
+        fallback_models: Vec::new(),
     }
 }
 
@@ -144,6 +146,7 @@ fn origin(task: &str) -> TaskOrigin {
         session: "s1".into(),
         workspace: "s1".into(),
         deadline_ms: None,
+        budget: None,
     }
 }
 
@@ -165,6 +168,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             origin: origin(run.task),
             agent: run.agent,
             history: &[],
+            summary: None,
             loaded_skills: &[],
             skills: None,
             input: "go".into(),
@@ -542,6 +546,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
                     origin: origin("t7"),
                     agent: &learner,
                     history: &history,
+                    summary: None,
                     loaded_skills: &loaded,
                     skills: None,
                     input,

@@ -1,19 +1,31 @@
 """Checks of deploy/validate that the generic tools do not make.
 
-  checks.py manifests RENDERED BUILTIN_OUT
+  checks.py manifests RENDERED BUILTIN_OUT [--prod]
       Reads a rendered overlay (kubectl kustomize output). Validates custom resources against the
       schemas in this folder (the Kubernetes schemas do not cover them), writes the built-in
       resources to BUILTIN_OUT for kubernetes-validate, and checks that the resources fit
       together: references resolve, selectors select, probes and the autoscalers point at what
-      exists, the grace period outlasts SKEIN_GRACE, every pod is locked down.
+      exists (triggers only for consumers the pool creates, scale-down one pod a minute), the
+      grace period outlasts SKEIN_GRACE, every pod is locked down, images are pinned, no secret
+      is on a command line, pods reading an external Secret carry its hash, DNS and egress
+      policies work with NodeLocal DNSCache, IPv6 and 100.64.0.0/10; NATS and Redis as
+      stateful.py says, alerts and dashboards as monitoring.py says. With --prod, also what
+      production promises: replicated NATS and Redis, autoscaled leads and workers, a collector in
+      front of the tracing backend, monitoring.
 
   checks.py compose COMPOSE DOCKERFILE RENDERED_DEV
       Checks that the compose file starts the same processes as the dev overlay: the same images
-      for NATS, Redis and Jaeger, the same binaries, the same settings, from files that exist.
+      for NATS, Redis and Jaeger, the same binaries, the same settings, from files that exist, and
+      no secret on a command line.
+
+  checks.py dockerfile DOCKERFILE
+      Checks the images as dockerfile.py says: distroless runtime, matching Debian releases,
+      versioned bases, OCI labels.
 
 Prints one line per problem and exits 1 if there is any.
 """
 
+import ipaddress
 import json
 import os
 import re
@@ -22,12 +34,21 @@ import sys
 import jsonschema
 import yaml
 
+import dockerfile as dockerfile_checks
+import monitoring
+import stateful
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Custom resources and the schema each is validated against.
 CUSTOM_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.schema.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.schema.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.schema.json",
 }
+
+# Kinds without a namespace.
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 
 # API groups whose schemas ship with Kubernetes (kubernetes-validate knows them).
 BUILTIN_GROUPS = {
@@ -39,7 +60,26 @@ BUILTIN_GROUPS = {
 EXTERNAL_SECRETS = {"skein-secrets"}
 
 # Variables Kubernetes sets per pod, which compose has no counterpart for.
-POD_ONLY_VARIABLES = {"SKEIN_INSTANCE_ID", "SKEIN_K8S_POD", "SKEIN_K8S_NAMESPACE", "REDIS_PASSWORD"}
+POD_ONLY_VARIABLES = {"SKEIN_INSTANCE_ID", "SKEIN_K8S_POD", "SKEIN_K8S_NAMESPACE"}
+
+# The annotation of a pod template that holds a hash of an external Secret it reads:
+# checksum/<secret name>. A new hash restarts the pods (deploy/README.md, rotation).
+SECRET_HASH_ANNOTATION = "checksum/{}"
+
+# Private and special-purpose ranges that egress "to the outside" must leave out.
+PRIVATE_RANGES = [ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16",
+    "fc00::/7", "fe80::/10")]
+
+# NodeLocal DNSCache's default link-local address.
+NODE_LOCAL_DNS = ipaddress.ip_network("169.254.20.10/32")
+
+# Images built here (any tag but latest); every other image is pinned to a full version.
+OWN_IMAGES = re.compile(r"^(.*/)?skein(-lead|-worker)?$")
+FULL_VERSION = re.compile(r"^v?\d+\.\d+\.\d+([-.+][0-9A-Za-z.-]+)?$")
+
+# What a scale-down may remove: one pod a minute.
+SCALE_DOWN_PODS, SCALE_DOWN_PERIOD = 1, 60
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 
@@ -118,17 +158,25 @@ class Rendered:
     def pod_labels(self):
         return [w["spec"]["template"]["metadata"].get("labels", {}) for w in self.workloads()]
 
+    @staticmethod
+    def selects(selector, labels):
+        return selector_matches(selector, labels)
+
     def container_env(self, container):
         """The container's environment as literal values where they are known: config map
-        values (envFrom and configMapKeyRef) and plain values; None for secrets and fields."""
+        values (envFrom and configMapKeyRef) and plain values; `<secret NAME/KEY>` for a
+        secret's key; None for fields."""
         env = {}
         for source in container.get("envFrom") or []:
             ref = source.get("configMapRef")
             if ref and ref["name"] in self.kind("ConfigMap"):
                 env.update(self.kind("ConfigMap")[ref["name"]].get("data") or {})
         for var in container.get("env") or []:
+            secret = (var.get("valueFrom") or {}).get("secretKeyRef")
             if "value" in var:
                 env[var["name"]] = var["value"]
+            elif secret:
+                env[var["name"]] = f"<secret {secret['name']}/{secret['key']}>"
             else:
                 ref = (var.get("valueFrom") or {}).get("configMapKeyRef")
                 cm = self.kind("ConfigMap").get(ref["name"]) if ref else None
@@ -147,7 +195,7 @@ def check_custom_resource(doc, problems):
 
 
 def check_namespaces(r, problems):
-    namespaces = {d["metadata"].get("namespace") for d in r.docs if d["kind"] != "Namespace"}
+    namespaces = {d["metadata"].get("namespace") for d in r.docs if d["kind"] not in CLUSTER_SCOPED}
     if len(namespaces) != 1 or None in namespaces or "default" in namespaces:
         problems.add("namespaces", f"expected one namespace other than default, found {namespaces}")
     declared = set(r.kind("Namespace"))
@@ -182,13 +230,18 @@ def check_workload(r, w, problems):
             problems.add(name, f"config map volume {cm} is not rendered")
     for c in pod_spec["containers"]:
         check_container(r, w, c, volumes, problems)
+    for c in pod_spec.get("initContainers") or []:
+        check_locked_down(f"{name} init container {c['name']}", c, problems)
+    for c in pod_spec["containers"] + (pod_spec.get("initContainers") or []):
+        check_image(name, c, problems)
+        check_command_line(name, c, problems)
+    priority = pod_spec.get("priorityClassName")
+    if priority and not priority.startswith("system-") and priority not in r.kind("PriorityClass"):
+        problems.add(name, f"priorityClassName {priority} is not rendered")
+    check_secret_hash(r, w, problems)
 
 
-def check_container(r, w, c, volumes, problems):
-    name = f"{where(w)} container {c['name']}"
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        if probe not in c:
-            problems.add(name, f"no {probe}")
+def check_locked_down(name, c, problems):
     resources = c.get("resources") or {}
     for part in ("requests", "limits"):
         for resource in ("cpu", "memory"):
@@ -203,6 +256,56 @@ def check_container(r, w, c, volumes, problems):
         problems.add(name, "capabilities must drop ALL")
     if sc.get("privileged"):
         problems.add(name, "must not be privileged")
+
+
+def check_image(name, c, problems):
+    """Pinned images: a digest, or a tag that is a full version (x.y.z) for images from elsewhere;
+    Skein's own images any tag but latest (dev runs locally built `dev` images)."""
+    image = c["image"]
+    if "@sha256:" in image:
+        return
+    repository, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "")
+    if not tag or tag == "latest":
+        problems.add(f"{name} container {c['name']}", f"image {image} is not pinned (no tag, or latest)")
+    elif not OWN_IMAGES.match(repository) and not FULL_VERSION.match(tag):
+        problems.add(f"{name} container {c['name']}", f"image {image}: pin a full version (x.y.z), "
+                     "not a moving tag")
+
+
+def check_command_line(name, c, problems):
+    """No secret on a command line, where every process of the node can read it (/proc)."""
+    secrets = {v["name"] for v in c.get("env") or [] if (v.get("valueFrom") or {}).get("secretKeyRef")}
+    for word in (c.get("command") or []) + (c.get("args") or []):
+        named = set(re.findall(r"\$\((\w+)\)", word)) & secrets
+        if named or re.search(r"requirepass|masterauth|passw(or)?d", word, re.IGNORECASE):
+            problems.add(f"{name} container {c['name']}", f"a secret on the command line: {word!r}")
+
+
+def check_secret_hash(r, w, problems):
+    """A pod reading a Secret that is not rendered here (created beforehand) carries a hash of it
+    in its template, so that rotating it restarts the pod; a rendered Secret's generated name
+    changes with its content, which does the same."""
+    pod = w["spec"]["template"]
+    read = set()
+    for c in pod["spec"]["containers"] + (pod["spec"].get("initContainers") or []):
+        for var in c.get("env") or []:
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                read.add(ref["name"])
+        read |= {s["secretRef"]["name"] for s in c.get("envFrom") or [] if "secretRef" in s}
+    annotations = pod["metadata"].get("annotations") or {}
+    for secret in sorted(read - set(r.kind("Secret"))):
+        if SECRET_HASH_ANNOTATION.format(secret) not in annotations:
+            problems.add(where(w), f"reads Secret {secret} but has no {SECRET_HASH_ANNOTATION.format(secret)} "
+                         "annotation: rotating it would not restart the pods")
+
+
+def check_container(r, w, c, volumes, problems):
+    name = f"{where(w)} container {c['name']}"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if probe not in c:
+            problems.add(name, f"no {probe}")
+    check_locked_down(name, c, problems)
 
     ports = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -316,47 +419,172 @@ def check_selectors(r, problems):
                     problems.add(where(np), f"peer {peer['podSelector']} selects no pod")
 
 
+def pool_consumers(env):
+    """The consumers a worker creates on SKEIN_WORK (worker/src/run.rs): `skein-tools-<pool>` when
+    it provides a tool (SKEIN_TOOLS, a default list when unset), `skein-agents-<pool>` when it
+    runs subagents (SKEIN_SUBAGENTS, true when unset)."""
+    pool = env.get("SKEIN_POOL") or "default"
+    consumers = set()
+    tools = env.get("SKEIN_TOOLS")
+    if tools is None or any(t.strip() for t in tools.split(",")):
+        consumers.add(f"skein-tools-{pool}")
+    if (env.get("SKEIN_SUBAGENTS") or "true").strip().lower() not in ("false", "0", "no", "off"):
+        consumers.add(f"skein-agents-{pool}")
+    return consumers
+
+
+def check_scale_down(name, behavior, problems):
+    """Scale-in removes at most one pod a minute: every policy is a Pods policy of at most
+    SCALE_DOWN_PODS per SCALE_DOWN_PERIOD seconds (the HPA's default allows 100 % at once)."""
+    rules = (behavior or {}).get("scaleDown") or {}
+    policies = rules.get("policies") or []
+    if not policies or rules.get("selectPolicy") == "Disabled":
+        problems.add(name, "no scale-down policy: the HPA default may remove every pod above the "
+                     f"minimum at once; allow {SCALE_DOWN_PODS} pod per {SCALE_DOWN_PERIOD} s")
+    for policy in policies:
+        if policy["type"] != "Pods" or policy["value"] / policy["periodSeconds"] > SCALE_DOWN_PODS / SCALE_DOWN_PERIOD:
+            problems.add(name, f"scale-down policy {policy} removes more than {SCALE_DOWN_PODS} pod "
+                         f"per {SCALE_DOWN_PERIOD} s")
+
+
 def check_autoscalers(r, problems):
     deployments = r.kind("Deployment")
+    scaled = {}
     for so in r.kind("ScaledObject").values():
         target = deployments.get(so["spec"]["scaleTargetRef"]["name"])
         if target is None:
             problems.add(where(so), "scaleTargetRef names no Deployment")
             continue
+        scaled.setdefault(target["metadata"]["name"], []).append(where(so))
         if "replicas" in target["spec"]:
             problems.add(where(so), f"{where(target)} sets replicas, which `kubectl apply` would reset")
-        env = r.container_env(target["spec"]["template"]["spec"]["containers"][0])
-        pool = env.get("SKEIN_POOL", "default")
-        consumers = {f"skein-tools-{pool}", f"skein-agents-{pool}"}
+        check_scale_down(where(so), ((so["spec"].get("advanced") or {}).get("horizontalPodAutoscalerConfig")
+                                     or {}).get("behavior"), problems)
+        c = target["spec"]["template"]["spec"]["containers"][0]
+        env = r.container_env(c)
+        binary = os.path.basename((c.get("command") or [""])[0])
+        if binary == "skein-worker":
+            stream, consumers = "SKEIN_WORK", pool_consumers(env)
+        elif binary == "skein-lead":
+            stream, consumers = "SKEIN_SUBMIT", {"skein-leads"}
+        else:
+            problems.add(where(so), f"scales {where(target)}, which runs neither skein-lead nor skein-worker")
+            continue
+        watched = set()
         for trigger in so["spec"]["triggers"]:
             if trigger["type"] != "nats-jetstream":
                 continue
             meta = trigger["metadata"]
+            watched.add(meta["consumer"])
+            if meta["stream"] != stream:
+                problems.add(where(so), f"stream {meta['stream']}: {binary} consumes {stream}")
             if meta["consumer"] not in consumers:
-                problems.add(where(so), f"consumer {meta['consumer']} is not one of pool {pool}'s {sorted(consumers)}")
-            host, port = meta["natsServerMonitoringEndpoint"].rsplit(":", 1)
-            parts = host.split(".")
-            svc = r.kind("Service").get(parts[0])
-            if svc is None:
-                problems.add(where(so), f"monitoring endpoint names no Service ({parts[0]})")
-                continue
-            if len(parts) < 2 or parts[1] != svc["metadata"].get("namespace"):
-                problems.add(where(so), f"monitoring endpoint {host} must name namespace "
-                             f"{svc['metadata'].get('namespace')} (KEDA resolves it from its own namespace)")
-            if int(port) not in {p["port"] for p in svc["spec"]["ports"]}:
-                problems.add(where(so), f"monitoring endpoint port {port} is not a port of Service {parts[0]}")
+                problems.add(where(so), f"consumer {meta['consumer']} is not created by {where(target)} "
+                             f"({sorted(consumers)}, from SKEIN_POOL, SKEIN_TOOLS, SKEIN_SUBAGENTS): KEDA "
+                             "would read the stream's last sequence as its backlog and keep "
+                             "maxReplicaCount for ever")
+            if env.get("SKEIN_CONCURRENCY") and meta.get("lagThreshold") != env["SKEIN_CONCURRENCY"]:
+                problems.add(where(so), f"lagThreshold {meta.get('lagThreshold')} is not one process's "
+                             f"SKEIN_CONCURRENCY {env['SKEIN_CONCURRENCY']}")
+            check_monitoring_endpoint(r, so, meta["natsServerMonitoringEndpoint"], problems)
+        for missing in sorted(consumers - watched):
+            problems.add(where(so), f"no trigger for consumer {missing}, which {where(target)} creates")
     for hpa in r.kind("HorizontalPodAutoscaler").values():
         ref = hpa["spec"]["scaleTargetRef"]
         target = r.kind(ref["kind"]).get(ref["name"])
         if target is None:
             problems.add(where(hpa), f"scaleTargetRef names no {ref['kind']} {ref['name']}")
-        elif "replicas" in target["spec"]:
+            continue
+        scaled.setdefault(ref["name"], []).append(where(hpa))
+        if "replicas" in target["spec"]:
             problems.add(where(hpa), f"{where(target)} sets replicas, which `kubectl apply` would reset")
-    if r.kind("ScaledObject") and r.kind("HorizontalPodAutoscaler"):
-        problems.add("autoscaling", "a ScaledObject and an HPA would both scale the workers")
+        check_scale_down(where(hpa), hpa["spec"].get("behavior"), problems)
+    for target, scalers in scaled.items():
+        if len(scalers) > 1:
+            problems.add("autoscaling", f"{' and '.join(scalers)} would all scale {target}")
+    return scaled
 
 
-def manifests(rendered_path, builtin_out):
+def check_monitoring_endpoint(r, so, endpoint, problems):
+    """`<service>.<namespace>.svc:<port>`: KEDA resolves it from its own namespace, so the
+    namespace is needed; the cluster domain is not (and differs between clusters)."""
+    host, port = endpoint.rsplit(":", 1)
+    parts = host.split(".")
+    svc = r.kind("Service").get(parts[0])
+    if svc is None:
+        problems.add(where(so), f"monitoring endpoint names no Service ({parts[0]})")
+        return
+    namespace = svc["metadata"].get("namespace")
+    if parts[1:] != [namespace, "svc"]:
+        problems.add(where(so), f"monitoring endpoint {host} must be {parts[0]}.{namespace}.svc: the "
+                     "namespace (KEDA resolves it from its own) and no cluster domain")
+    if int(port) not in {p["port"] for p in svc["spec"]["ports"]}:
+        problems.add(where(so), f"monitoring endpoint port {port} is not a port of Service {parts[0]}")
+
+
+def check_network(r, problems):
+    """DNS reachable with NodeLocal DNSCache too; egress to the outside leaves out the private
+    ranges, IPv4 and IPv6 alike."""
+    dns_ok = False
+    for np in r.kind("NetworkPolicy").values():
+        for rule in np["spec"].get("egress") or []:
+            ports = {(p.get("protocol", "TCP"), p.get("port")) for p in rule.get("ports") or []}
+            peers = rule.get("to") or []
+            blocks = [p["ipBlock"] for p in peers if "ipBlock" in p]
+            if np["spec"]["podSelector"] == {} and {("UDP", 53), ("TCP", 53)} <= ports:
+                kube_dns = any((p.get("podSelector") or {}).get("matchLabels", {}).get("k8s-app") == "kube-dns"
+                               for p in peers)
+                node_local = any(NODE_LOCAL_DNS.subnet_of(ipaddress.ip_network(b["cidr"]))
+                                 for b in blocks if ipaddress.ip_network(b["cidr"]).version == 4)
+                dns_ok = dns_ok or (kube_dns and node_local)
+            check_outside(np, blocks, problems)
+    if not dns_ok:
+        problems.add("network", "no policy lets every pod reach DNS on 53/UDP and 53/TCP at kube-dns "
+                     f"and at NodeLocal DNSCache ({NODE_LOCAL_DNS})")
+
+
+def check_outside(np, blocks, problems):
+    """An ipBlock for the whole IPv4 or IPv6 space comes with the other and leaves out every
+    private range of its family."""
+    wide = {ipaddress.ip_network(b["cidr"]).version: b for b in blocks
+            if ipaddress.ip_network(b["cidr"]).prefixlen == 0}
+    if not wide:
+        return
+    for version in (4, 6):
+        block = wide.get(version)
+        if block is None:
+            problems.add(where(np), f"opens IPv{6 if version == 4 else 4}'s whole space but not "
+                         f"IPv{version}'s: egress breaks on {'IPv4' if version == 4 else 'IPv6'} clusters")
+            continue
+        excepted = [ipaddress.ip_network(e) for e in block.get("except") or []]
+        for private in PRIVATE_RANGES:
+            if private.version == version and not any(private.subnet_of(e) for e in excepted if e.version == version):
+                problems.add(where(np), f"egress to {block['cidr']} does not leave out {private}")
+
+
+def check_prod(r, scaled, problems):
+    """What the prod overlay promises beyond consistency."""
+    for name in ("skein-lead", "skein-worker"):
+        if name not in scaled:
+            problems.add("prod", f"nothing autoscales {name}")
+    for w in r.kind("Deployment").values():
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            endpoint = r.container_env(c).get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            if not endpoint:
+                continue
+            host = re.sub(r"^\w+://", "", endpoint).split(":")[0].split(".")[0]
+            svc = r.kind("Service").get(host)
+            backends = [d for d in r.workloads() if svc and selector_matches(
+                {"matchLabels": svc["spec"].get("selector") or {}}, d["spec"]["template"]["metadata"].get("labels", {}))]
+            if not any("opentelemetry-collector" in x["image"] for d in backends
+                       for x in d["spec"]["template"]["spec"]["containers"]):
+                problems.add(where(w), f"OTEL_EXPORTER_OTLP_ENDPOINT {endpoint} is not an OpenTelemetry Collector")
+    for d in r.workloads():
+        if any("jaegertracing/" in c["image"] for c in d["spec"]["template"]["spec"]["containers"]):
+            problems.add(where(d), "Jaeger all-in-one keeps traces in memory: development only")
+
+
+def manifests(rendered_path, builtin_out, prod=False):
     label = os.path.basename(rendered_path)
     problems = Problems(label)
     docs = load_all(rendered_path)
@@ -378,24 +606,14 @@ def manifests(rendered_path, builtin_out):
         check_workload(r, w, problems)
     check_services(r, problems)
     check_selectors(r, problems)
-    check_autoscalers(r, problems)
+    scaled = check_autoscalers(r, problems)
+    check_network(r, problems)
+    stateful.check(r, problems, prod)
+    monitoring.check(r, problems, prod)
+    if prod:
+        check_prod(r, scaled, problems)
     print(f"{label}: {len(docs)} resources ({len(docs) - len(builtin)} custom) checked")
     return problems.finish()
-
-
-def dockerfile_stages(path):
-    """Stage name -> names of the binaries copied into /usr/local/bin in that stage."""
-    stages = {}
-    current = None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.IGNORECASE)
-            if m:
-                current = m.group(1)
-                stages[current] = set()
-            elif current and line.startswith("COPY --from=") and "/usr/local/bin" in line:
-                stages[current].update(os.path.basename(p) for p in line.split()[2:-1])
-    return stages
 
 
 def compose(compose_path, dockerfile_path, rendered_dev):
@@ -403,7 +621,7 @@ def compose(compose_path, dockerfile_path, rendered_dev):
     base = os.path.dirname(os.path.abspath(compose_path))
     with open(compose_path, encoding="utf-8") as f:
         spec = yaml.safe_load(f)
-    stages = dockerfile_stages(dockerfile_path)
+    stages = dockerfile_checks.stages_with_binaries(dockerfile_path)
     r = Rendered(load_all(rendered_dev))
     k8s = {}
     for w in r.workloads():
@@ -413,6 +631,13 @@ def compose(compose_path, dockerfile_path, rendered_dev):
 
     for name, svc in spec["services"].items():
         at = f"service {name}"
+        words = []
+        for key in ("command", "entrypoint"):
+            value = svc.get(key) or []
+            words += value if isinstance(value, list) else value.split()
+        for word in words:
+            if re.search(r"requirepass|masterauth|passw(or)?d|\$\{\w*(PASSWORD|SECRET|KEY)", word, re.IGNORECASE):
+                problems.add(at, f"a secret on the command line: {word!r}")
         for env_file in svc.get("env_file") or []:
             if not os.path.isfile(os.path.join(base, env_file)):
                 problems.add(at, f"env_file {env_file} does not exist")
@@ -456,10 +681,14 @@ def compose(compose_path, dockerfile_path, rendered_dev):
 
 
 def main(argv):
-    if len(argv) == 4 and argv[1] == "manifests":
-        return manifests(argv[2], argv[3])
+    if len(argv) in (4, 5) and argv[1] == "manifests" and argv[4:] in ([], ["--prod"]):
+        return manifests(argv[2], argv[3], prod=argv[4:] == ["--prod"])
     if len(argv) == 5 and argv[1] == "compose":
         return compose(argv[2], argv[3], argv[4])
+    if len(argv) == 3 and argv[1] == "dockerfile":
+        problems = Problems(os.path.basename(argv[2]))
+        dockerfile_checks.check(argv[2], problems)
+        return problems.finish()
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -40,6 +40,9 @@ impl Config {
     /// Checks values clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         self.process.validate()?;
+        self.nats.validate()?;
+        self.redis.validate()?;
+        self.model.validate()?;
         self.telemetry.validate()?;
         self.admin.validate()?;
         if self.concurrency == 0 {

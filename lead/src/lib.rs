@@ -14,6 +14,9 @@
 //! - [`cli`]: the `skein` command (submit, workers, cancel, approvals, approve, deny, dlq, trace,
 //!   dev, lead, worker).
 
+// The worker that `skein worker` runs in this crate is one deep future.
+#![recursion_limit = "256"]
+
 pub mod approvals;
 pub mod cli;
 pub mod config;

@@ -298,7 +298,8 @@ async fn unreachable_nats_or_redis_stop_start_up_with_a_clear_error() {
     let dead_nats = format!("nats://127.0.0.1:{}", free_port());
     let dead_redis = format!("redis://127.0.0.1:{}/", free_port());
 
-    let mut cfg = cluster.lead_config(&[]);
+    // Start-up waits for its servers as long as SKEIN_STARTUP_TIMEOUT allows, then says which.
+    let mut cfg = cluster.lead_config(&["--startup-timeout", "2s"]);
     cfg.nats = NatsConfig::local(dead_nats.clone());
     let err = tokio::time::timeout(
         Duration::from_secs(30),
@@ -309,7 +310,7 @@ async fn unreachable_nats_or_redis_stop_start_up_with_a_clear_error() {
     .expect_err("cannot run without NATS");
     assert!(err.to_string().contains(&dead_nats), "{err}");
 
-    let mut cfg = cluster.worker_config(&[]);
+    let mut cfg = cluster.worker_config(&["--startup-timeout", "2s"]);
     cfg.redis = RedisConfig::local(dead_redis);
     let err = tokio::time::timeout(
         Duration::from_secs(30),
@@ -347,6 +348,7 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 session: session.clone(),
                 workspace: session.clone(),
                 deadline_ms: None,
+                budget: None,
             },
             call_id: format!("c{n}"),
             call_key: format!("forged:{n}"),
@@ -361,8 +363,11 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 max_iterations,
                 permissions: Default::default(),
                 skills: None,
+                context_tokens: None,
+                fallback_models: Vec::new(),
             },
             input: "hello".into(),
+            input_ref: None,
             reply_to: format!("skein.reply.forger.{n}"),
             timeout_ms: 7 * 24 * 3600 * 1000,
             depth,

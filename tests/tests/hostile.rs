@@ -325,10 +325,11 @@ fn failure_messages_are_bounded() {
     );
 }
 
-/// An answer larger than one message can carry still reaches its client: the final event keeps
-/// the answer's head and says how long the whole is; the stored result keeps it whole.
+/// An answer larger than one message can carry still reaches its client whole: the final event
+/// carries its head and tail, how long the whole is and where it is stored (`answer_ref`), which
+/// the client reads; the stored result keeps it whole too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answer_over_the_payload_cap_is_announced_cut() {
+async fn an_answer_over_the_payload_cap_is_announced_by_reference() {
     let cluster = TestCluster::start();
     let long = "\"quoted\" ".repeat(6_000);
     let script = cluster.scenario(serde_json::json!([{ "steps": [ { "answer": long } ] }]));
@@ -336,16 +337,30 @@ async fn an_answer_over_the_payload_cap_is_announced_cut() {
         .start_nodes(0, &["--scenario", &script, "--max-payload", "16384"])
         .await;
     let task = submission("acme", &unique("s"), "say a lot");
-    let (result, _) = cluster.run(&task).await;
+    let (result, events) = cluster.run(&task).await;
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
-    let answer = result.answer.unwrap_or_default();
-    assert!(answer.len() < 16_384, "{}", answer.len());
-    assert!(long.starts_with(answer.lines().next().unwrap_or_default()));
+    assert_eq!(result.answer.as_deref(), Some(long.as_str()), "read whole");
+    assert!(events.last().is_some_and(|e| e.seq > 0), "announced");
+
+    let (_, last) = cluster
+        .client()
+        .await
+        .bus()
+        .last_event(&skein_common::subjects::events("acme", &task.task_id))
+        .await
+        .expect("read")
+        .expect("the final event");
+    let EventKind::Final { result: announced } = last.event else {
+        panic!("the last event is the final one: {last:?}");
+    };
+    let preview = announced.answer.unwrap_or_default();
+    assert!(preview.len() < 16_384, "{}", preview.len());
+    assert!(long.starts_with(preview.lines().next().unwrap_or_default()));
     assert!(
-        answer.contains(&format!("{} bytes in all", long.len())),
-        "{}",
-        &answer[answer.len().saturating_sub(200)..]
+        preview.contains(&format!("{} bytes in all", long.len())),
+        "{preview}"
     );
+    assert!(announced.answer_ref.is_some(), "where the whole is");
     let stored = cluster
         .store()
         .await

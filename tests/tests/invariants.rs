@@ -51,11 +51,13 @@ fn final_result(session: &str, task: &str, answer: &str) -> FinalResult {
         session: session.into(),
         status: TurnStatus::Completed,
         answer: Some(answer.into()),
+        answer_ref: None,
         failure: None,
         iterations: 1,
         limit_reached: false,
         usage: Default::default(),
         trace_id: None,
+        spent: None,
     }
 }
 
@@ -67,6 +69,7 @@ fn origin(session: &str, task: &str) -> TaskOrigin {
         session: session.into(),
         workspace: session.into(),
         deadline_ms: None,
+        budget: None,
     }
 }
 
@@ -103,6 +106,7 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
         iterations: step,
         usage: Default::default(),
         loaded_skills: Vec::new(),
+        compaction: None,
     };
     assert!(store
         .save_checkpoint("acme", &session, &task, "b", &progress(2))
@@ -252,6 +256,7 @@ async fn the_worker_answers_a_recorded_call_without_running_it() {
         call_key: key,
         tool: "slow_effect".into(),
         arguments: json!({ "key": "must-not-run", "ms": 1 }),
+        arguments_ref: None,
         reply_to: "skein.reply.tester.1".into(),
         timeout_ms: 10_000,
         first_dispatch: false,

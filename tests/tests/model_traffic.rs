@@ -73,6 +73,38 @@ async fn a_model_server_that_asks_to_wait_costs_a_turn_only_time() {
     assert_eq!(model.arrived(), 4);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_falls_back_to_its_next_model_when_its_model_fails() {
+    let cluster = TestCluster::start();
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(&agents).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\nmodel = \"primary-model\"\nfallback_models = [\"backup-model\", \"last-model\"]\n+++\nYou help.\n",
+    )
+    .expect("AGENTS.md written");
+    let model = FakeOpenAi::start(vec![
+        FakeReply::Status(404, r#"{"error": {"message": "model not found"}}"#.into()),
+        FakeReply::answer("answered by the backup"),
+    ])
+    .await;
+    let mut flags = model_flags(&model.base_url).to_vec();
+    flags.extend(["--agents-dir", agents.to_str().expect("utf-8 path")]);
+    cluster.start_nodes(0, &flags).await;
+
+    let (result, _) = cluster
+        .run(&submission("acme", &unique("s"), "hello"))
+        .await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("answered by the backup"));
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|r| r["model"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(asked, ["primary-model", "backup-model"]);
+}
+
 fn slot<'a>(model: &'a str, tenant: &'a str, holder: &'a str, lease: Duration) -> SlotRequest<'a> {
     SlotRequest {
         model,
@@ -80,6 +112,8 @@ fn slot<'a>(model: &'a str, tenant: &'a str, holder: &'a str, lease: Duration) -
         holder,
         limit: 2,
         tokens_per_minute: 0,
+        tenant_limit: 0,
+        tenant_tokens_per_minute: 0,
         lease,
         waiting_note: Duration::from_secs(30),
     }
@@ -173,7 +207,7 @@ async fn no_call_is_admitted_once_the_minutes_tokens_are_spent() {
         let minute = current_minute();
         let before = store.try_take_model_slot(&budget).await.expect("redis");
         store
-            .count_model_tokens(&model, 100)
+            .count_model_tokens(&model, "acme", 100)
             .await
             .expect("counted");
         let after = store.try_take_model_slot(&budget).await.expect("redis");
@@ -184,4 +218,135 @@ async fn no_call_is_admitted_once_the_minutes_tokens_are_spent() {
         assert_eq!(after, Admission::TokensSpent);
         break;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_goes_to_the_tenant_that_waited_not_the_one_asking_again_at_once() {
+    let cluster = TestCluster::start();
+    let store = cluster.store().await;
+    let model = unique("m");
+    let lease = Duration::from_secs(60);
+    let take = |tenant: &'static str, holder: &'static str| {
+        let (store, model) = (store.clone(), model.clone());
+        async move {
+            store
+                .try_take_model_slot(&slot(&model, tenant, holder, lease))
+                .await
+                .expect("redis answers")
+        }
+    };
+    // Three tenants, two slots: acme and globex hold one each, initech waits.
+    assert_eq!(take("acme", "a1").await, Admission::Admitted);
+    assert_eq!(take("globex", "g1").await, Admission::Admitted);
+    assert_eq!(take("initech", "i1").await, Admission::SlotsTaken);
+    for round in 0..3 {
+        // acme's call ends and acme asks again at once: the slot is initech's, who waited.
+        store
+            .release_model_slot(&model, "acme", if round == 0 { "a1" } else { "a2" })
+            .await
+            .expect("released");
+        assert_eq!(
+            take("acme", "a2").await,
+            Admission::SlotsTaken,
+            "round {round}"
+        );
+        assert_eq!(
+            take("initech", "i1").await,
+            Admission::Admitted,
+            "round {round}"
+        );
+        // initech's call ends; acme has waited since: the slot is acme's.
+        store
+            .release_model_slot(&model, "initech", "i1")
+            .await
+            .expect("released");
+        assert_eq!(
+            take("initech", "i1").await,
+            Admission::SlotsTaken,
+            "round {round}"
+        );
+        assert_eq!(
+            take("acme", "a2").await,
+            Admission::Admitted,
+            "round {round}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_held_to_its_own_limits_on_a_model_others_still_use() {
+    let cluster = TestCluster::start();
+    let store = cluster.store().await;
+    let model: &'static str = Box::leak(unique("m").into_boxed_str());
+    let capped = |tenant: &'static str, holder: &'static str| SlotRequest {
+        limit: 4,
+        tenant_limit: if tenant == "acme" { 1 } else { 0 },
+        tenant_tokens_per_minute: if tenant == "acme" { 100 } else { 0 },
+        ..slot(model, tenant, holder, Duration::from_secs(60))
+    };
+    let take = |request: SlotRequest<'static>| {
+        let store = store.clone();
+        async move { store.try_take_model_slot(&request).await.expect("redis") }
+    };
+    assert_eq!(take(capped("acme", "a1")).await, Admission::Admitted);
+    assert_eq!(take(capped("acme", "a2")).await, Admission::SlotsTaken);
+    // acme is not waiting for the model, only for itself: globex is not held back.
+    assert_eq!(take(capped("globex", "g1")).await, Admission::Admitted);
+    assert_eq!(take(capped("globex", "g2")).await, Admission::Admitted);
+    assert_eq!(take(capped("globex", "g3")).await, Admission::Admitted);
+    store
+        .release_model_slot(model, "acme", "a1")
+        .await
+        .expect("released");
+    loop {
+        let minute = current_minute();
+        store
+            .count_model_tokens(model, "acme", 100)
+            .await
+            .expect("counted");
+        let acme = take(capped("acme", "a2")).await;
+        let globex = take(capped("globex", "g4")).await;
+        if current_minute() != minute {
+            continue;
+        }
+        assert_eq!(acme, Admission::TokensSpent, "acme spent its minute");
+        assert_eq!(globex, Admission::Admitted, "globex has its own");
+        break;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_file_caps_a_tenant_across_two_leads() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![FakeReply::answer("done"); 6]).await;
+    let gate = model.hold();
+    let limits = cluster.dir.join("limits.toml");
+    std::fs::write(&limits, "[tenants.acme]\nmax_concurrency = 1\n").expect("limits written");
+    let mut flags = model_flags(&model.base_url).to_vec();
+    flags.extend(["--model-limits", limits.to_str().expect("utf-8 path")]);
+    cluster.spawn_lead(cluster.lead_config(&flags));
+    cluster.spawn_lead(cluster.lead_config(&flags));
+
+    let tasks: Vec<_> = (0..6)
+        .map(|i| submission("acme", &unique("s"), &format!("question {i}")))
+        .collect();
+    let runs = tokio::spawn(async move {
+        let results = run_all(&cluster, &tasks).await;
+        (cluster, results)
+    });
+    eventually("a model call in flight", Duration::from_secs(30), || {
+        let arrived = model.arrived();
+        async move { (arrived >= 1).then_some(()) }
+    })
+    .await;
+    // Time for the others to get in, were they let: they are not.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(model.arrived(), 1);
+    gate.add_permits(1000);
+    let (_cluster, results) = runs.await.expect("the runs finish");
+    for (result, _) in &results {
+        assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    }
+    assert_eq!(model.arrived(), 6);
+    assert_eq!(model.most_in_flight(), 1);
 }

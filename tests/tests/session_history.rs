@@ -224,3 +224,120 @@ async fn an_operator_lists_shows_and_removes_sessions() {
     let again = skein(&server.url, &["rm", &removed]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("no session"));
 }
+
+/// A history list's length, as stored.
+async fn stored_length(client: &redis::Client, session: &str) -> u64 {
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis reachable");
+    redis::cmd("LLEN")
+        .arg(keys::history("acme", session))
+        .query_async(&mut conn)
+        .await
+        .expect("LLEN")
+}
+
+#[tokio::test]
+async fn a_compacted_session_loads_only_what_its_summary_does_not_stand_for_and_stays_capped() {
+    use skein_common::agent::runtime::{Compaction, Summary};
+    let server = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig {
+        session_max_messages: 30,
+        ..RedisConfig::local(server.url.clone())
+    })
+    .await
+    .expect("redis reachable");
+    let client = redis::Client::open(server.url.as_str()).expect("url");
+    let session = unique("s");
+    let mut summarised = 0u64;
+    for turn in 1..=40u64 {
+        let loaded = store.load("acme", &session).await.expect("load");
+        let mut state = loaded.state;
+        // Every 10 turns, all but the last 4 messages are summarised (as a turn's compaction).
+        if turn % 10 == 0 {
+            let compacted = state.history.len() - 4;
+            summarised += compacted as u64;
+            state.compact(&Compaction {
+                summary: Summary {
+                    text: format!("summary at turn {turn}"),
+                    messages: summarised,
+                },
+                compacted,
+            });
+        }
+        state
+            .history
+            .push(Message::user(format!("question {turn}")));
+        state
+            .history
+            .push(Message::assistant(format!("answer {turn}")));
+        state.turns += 1;
+        store
+            .save("acme", &session, loaded.version, &state)
+            .await
+            .expect("saved");
+        assert!(
+            stored_length(&client, &session).await <= 30 || summarised == 0,
+            "turn {turn}: the list outgrew its cap with summarised messages to drop"
+        );
+    }
+    let loaded = store.load("acme", &session).await.expect("load");
+    let summary = loaded.state.summary.expect("a summary");
+    assert_eq!(summary.text, "summary at turn 40");
+    // Compacted at turn 40: 4 messages of turn 38 and 39 kept, then turn 40's two.
+    let history: Vec<&str> = loaded
+        .state
+        .history
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(
+        history,
+        [
+            "question 38",
+            "answer 38",
+            "question 39",
+            "answer 39",
+            "question 40",
+            "answer 40"
+        ]
+    );
+    assert_eq!(summary.messages + history.len() as u64, 80);
+    // The list keeps the most recent summarised messages up to the cap, the loaded ones after.
+    assert_eq!(stored_length(&client, &session).await, 30);
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis reachable");
+    let last: Vec<String> = redis::cmd("LRANGE")
+        .arg(keys::history("acme", &session))
+        .arg(-1)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("LRANGE");
+    assert!(last[0].contains("answer 40"), "{last:?}");
+    // Turn start loads the same window.
+    let started = store
+        .begin_turn(skein_common::store::TurnClaim {
+            tenant: "acme",
+            session: &session,
+            task_id: "t-next",
+            lease_token: "lead-a",
+            lease_ttl: std::time::Duration::from_secs(30),
+            max_attempts: 3,
+        })
+        .await
+        .expect("begin");
+    match started {
+        skein_common::store::TurnStart::Started { session, .. } => {
+            assert_eq!(session.state.history.len(), 6);
+            assert_eq!(
+                session.state.summary.map(|s| s.text).as_deref(),
+                Some("summary at turn 40")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,8 +1,9 @@
 //! Tenants fenced off by the broker: a real nats-server runs `deploy/nats/tenants.conf` (a service
 //! user, tenants `acme` and `globex`). A lead and a worker run as the service user; `acme`'s
-//! client runs a task and watches it end to end; a plain NATS client logged in as `acme` cannot
-//! submit as, cancel, watch or read the events of `globex`, reach a workspace through a forged
-//! tool task, forge a result, or read another tenant's inbox — each refused by the server.
+//! client runs a task and watches it end to end, and reads its own values stored by reference; a
+//! plain NATS client logged in as `acme` cannot submit as, cancel, watch or read the events or
+//! stored values of `globex`, reach a workspace through a forged tool task, forge a result, or
+//! read another tenant's inbox — each refused by the server.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -115,6 +116,10 @@ async fn a_tenant_reaches_only_its_own_tasks() {
             "$JS.API.DIRECT.GET.SKEIN_EVENTS.skein.events.globex.t1",
         ),
         ("a stream change", "$JS.API.STREAM.DELETE.SKEIN_SUBMIT"),
+        (
+            "a read of globex's stored values",
+            "$JS.API.STREAM.MSG.GET.OBJ_skein-payloads-globex",
+        ),
     ];
     for (what, subject) in attempts {
         intruder
@@ -148,4 +153,21 @@ async fn a_tenant_reaches_only_its_own_tasks() {
         .await
         .expect("looked");
     assert_eq!(waiting, None, "no submission of globex was stored");
+
+    // A value of acme's stored by reference (a large answer, say) is readable by acme.
+    let payloads = skein_common::payloads::PayloadStore::new(service_client.bus());
+    let reference = payloads
+        .store(
+            "acme",
+            &task.session,
+            &task.task_id,
+            "a large answer".into(),
+        )
+        .await
+        .expect("stored");
+    let read = acme
+        .fetch_payload("acme", &reference)
+        .await
+        .expect("acme reads its own stored value");
+    assert_eq!(&read[..], b"a large answer");
 }

@@ -38,11 +38,13 @@ fn answer(session: &str, task_id: &str) -> FinalResult {
         session: session.to_owned(),
         status: TurnStatus::Completed,
         answer: Some("done".to_owned()),
+        answer_ref: None,
         failure: None,
         iterations: 1,
         limit_reached: false,
         usage: Default::default(),
         trace_id: None,
+        spent: None,
     }
 }
 
@@ -309,7 +311,7 @@ async fn a_final_result_is_written_once() {
     refused.answer = None;
     assert_eq!(
         store.store_final(&refused).await.expect("store"),
-        Ended::Earlier(first.clone()),
+        Ended::Earlier(Box::new(first.clone())),
         "the first final stands"
     );
     assert_eq!(
@@ -340,7 +342,7 @@ async fn a_final_result_is_written_once() {
         .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task))
         .await
         .expect("complete");
-    assert_eq!(ended, Ended::Earlier(cancelled));
+    assert_eq!(ended, Ended::Earlier(Box::new(cancelled)));
     let loaded = store.load("acme", &session).await.expect("load");
     assert_eq!(loaded.version, 0, "the turn's history was not saved");
     let start = store

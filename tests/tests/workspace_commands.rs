@@ -28,6 +28,7 @@ fn origin(tenant: &str, session: &str) -> TaskOrigin {
         session: session.into(),
         workspace: session.into(),
         deadline_ms: None,
+        budget: None,
     }
 }
 

@@ -81,6 +81,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         validate_token("pool", &self.pool).map_err(|f| f.message)?;
         self.process.validate()?;
+        self.nats.validate()?;
+        self.redis.validate()?;
+        self.model.validate()?;
         self.telemetry.validate()?;
         self.admin.validate()?;
         self.workspace.validate()?;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use skein_common::admin::{self, Readiness};
+use skein_common::agent::context::ContextLimits;
 use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::RuntimeSettings;
@@ -17,7 +18,8 @@ use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
 use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
 use skein_common::shutdown::Workload;
-use skein_common::store::{SessionStore, StoreError};
+use skein_common::store::StoreError;
+use skein_common::workspace::ObjectWorkspaces;
 use skein_common::{subjects, VERSION};
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +57,25 @@ fn hide_from_same_user_processes() {
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         tracing::warn!(error = %e, "could not hide the worker's /proc files from its commands");
     }
+}
+
+/// In object mode with more than one replica, raises the tenants' existing workspace buckets
+/// that have fewer (in the background: start-up does not wait for it; refusals are logged).
+fn raise_bucket_replicas(cfg: &Config, bus: &Bus, work: &Workload) {
+    let replicas = cfg.workspace.store.bucket_replicas(bus.stream_replicas());
+    if cfg.workspace.mode != crate::workspace::WorkspaceMode::Object || replicas < 2 {
+        return;
+    }
+    let bus = bus.clone();
+    work.background.spawn(async move {
+        match ObjectWorkspaces::raise_bucket_replicas(&bus, replicas).await {
+            Ok(0) => {}
+            Ok(raised) => {
+                tracing::info!(raised, replicas, "raised the replicas of workspace buckets")
+            }
+            Err(e) => tracing::error!(error = %e, "workspace buckets' replicas not checked"),
+        }
+    });
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains.
@@ -99,14 +120,31 @@ pub async fn run_custom(
         hide_from_same_user_processes();
     }
     let instance = cfg.process.instance_id("worker");
-    let bus = Bus::connect(
+    // The admin server and the reply listener are background work: they outlive running tasks.
+    // Health answers (and readiness says no) while start-up waits for NATS and Redis.
+    let work = Workload::default();
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
+    // Boxed: the wait's nested retry futures would otherwise sit inline in this function's
+    // future, deepening every caller's type past the compiler's layout limit.
+    let connected = Box::pin(skein_common::startup::connect::<WorkerError>(
         &cfg.nats,
+        &cfg.redis,
         &format!("skein-worker {instance}"),
         cfg.process.max_payload,
-    )
-    .await?;
-    bus.ensure_streams().await?;
-    let store = SessionStore::connect(&cfg.redis).await?;
+        cfg.process.startup_timeout,
+        &shutdown,
+    ))
+    .await;
+    let (bus, store) = match connected {
+        Ok(Some(connected)) => connected,
+        // Stopped (`None`) or failed while waiting: nothing else has started.
+        ended => {
+            work.drain(cfg.process.grace).await;
+            return ended.map(|_| ());
+        }
+    };
 
     let http_policy =
         crate::tools::http::AddressPolicy::new(&cfg.http_allow, cfg.http_allow_private);
@@ -115,6 +153,7 @@ pub async fn run_custom(
     // Session files for the file tools and for commands: the object store or a volume.
     let (workspace_files, workspace_commands) =
         crate::workspace::open(&cfg.workspace, &cfg.workspace_root(), &bus);
+    raise_bucket_replicas(&cfg, &bus, &work);
     let builtins = BuiltinConfig {
         workspace: workspace_files.clone(),
         http_allow: cfg.http_allow.clone(),
@@ -137,11 +176,6 @@ pub async fn run_custom(
         ));
     }
 
-    // The reply listener and the admin server are background work: they outlive running tasks.
-    let work = Workload::default();
-    let metrics = Metrics::new();
-    let readiness = Readiness::default();
-    admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
     // The subagent consumer's slots: a subagent turn waiting for its own subagents lends its slot
     // to them (`lending`), so nested calls never wait on slots their callers hold.
     let agent_slots = Slots::new(cfg.concurrency);
@@ -160,6 +194,10 @@ pub async fn run_custom(
             provider: provider.label().into(),
             tool_timeout: cfg.process.tool_timeout,
             subagent_timeout: cfg.subagent_timeout,
+            context: ContextLimits {
+                default_context_tokens: cfg.model.context_tokens,
+                ..ContextLimits::default()
+            },
             ..RuntimeSettings::default()
         };
         Some(skein_common::wiring::assemble(
@@ -199,6 +237,7 @@ pub async fn run_custom(
         store: store.clone(),
         registry,
         workspace: workspace_files,
+        payloads: skein_common::payloads::PayloadStore::new(&bus),
         runtime,
         stats,
         instance: instance.clone(),

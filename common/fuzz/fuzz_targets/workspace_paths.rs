@@ -33,6 +33,7 @@ fn origin(tenant: &str, workspace: &str) -> TaskOrigin {
         session: workspace.into(),
         workspace: workspace.into(),
         deadline_ms: None,
+        budget: None,
     }
 }
 

@@ -9,7 +9,9 @@
 //!   of a `[permissions]` table at its top level.
 //!
 //! Each `.md` file is optional TOML front matter between `+++` lines (`name`, `description`,
-//! `model`, `tools`, `subagents`, `max_iterations`, `skills`, and a `[permissions]` table with
+//! `model`, `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
+//! a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
+//! the agent runs) and a `[permissions]` table with
 //! `mode`, `allow`, `ask`, `deny` and `approval_timeout_ms` or `approval_timeout = "10m"`)
 //! followed by the system prompt. Without a folder the bundled example workspace is used, so a
 //! fresh cluster answers offline.
@@ -17,7 +19,8 @@
 //! Invariants: a loaded catalog holds only agents whose permission rules all compile and whose
 //! `skills` all exist; an agent's permissions are the folder's merged with its own
 //! (`permissions::merge`); a task's overrides can only tighten them (`permissions::tighten`), and
-//! the tightening reaches the subagents the task may spawn.
+//! the tightening reaches the subagents the task may spawn; an agent's `[budget]` limits are
+//! positive, and a task's budget can only lower them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,7 +31,7 @@ use serde::Deserialize;
 use crate::agent::permissions::{merge, restrict, tighten, CompiledPolicy};
 use crate::agent::skills::SkillCatalog;
 use crate::protocol::{
-    validate_token, AgentOverrides, AgentSpec, Failure, FailureKind, PermissionMode,
+    validate_token, AgentOverrides, AgentSpec, Budget, Failure, FailureKind, PermissionMode,
     PermissionPolicy,
 };
 
@@ -36,6 +39,9 @@ use crate::protocol::{
 pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
 /// Highest iteration limit a definition or override may ask for.
 pub const MAX_ITERATIONS_CAP: u32 = 64;
+
+/// The smallest `context_tokens` an agent may declare: room for a prompt, a summary and an answer.
+pub const MIN_CONTEXT_TOKENS: u64 = 1_024;
 
 /// Checks an agent spec that arrived in a message (a subagent task) as its definition would have
 /// been checked when loaded: a valid name, `max_iterations` within 1..=`MAX_ITERATIONS_CAP`, tool
@@ -118,8 +124,15 @@ struct FrontMatter {
     max_iterations: Option<u32>,
     /// Skills the agent may load; absent allows all.
     skills: Option<Vec<String>>,
+    /// The model's context size in tokens.
+    context_tokens: Option<u64>,
+    /// Models tried in order when `model` keeps failing.
+    #[serde(default)]
+    fallback_models: Vec<String>,
     #[serde(default)]
     permissions: PermissionsTable,
+    /// The agent's default budget for a task (see [`AgentCatalog::budget`]).
+    budget: Option<Budget>,
 }
 
 /// A `[permissions]` table of a front matter, or the whole of `permissions.toml`: the keys of
@@ -181,6 +194,8 @@ pub struct AgentCatalog {
     /// Shared with every turn that runs an agent as defined (no overrides).
     agents: BTreeMap<String, Arc<AgentSpec>>,
     skills: SkillCatalog,
+    /// The `[budget]` of the agents that declare one.
+    budgets: BTreeMap<String, Budget>,
 }
 
 impl AgentCatalog {
@@ -250,15 +265,22 @@ impl AgentCatalog {
             folder_permissions,
         };
         let mut agents = BTreeMap::new();
+        let mut budgets = BTreeMap::new();
         let mut sub_names = Vec::new();
         let mut sub_lists = Vec::new();
         for (path, text) in &subagents {
             let (spec, subs) = parse(path, text, "", &shared)?;
+            if let Some(budget) = declared_budget(path, text)? {
+                budgets.insert(spec.name.clone(), budget);
+            }
             sub_names.push(spec.name.clone());
             sub_lists.push((spec.name.clone(), subs.unwrap_or_default()));
             agents.insert(spec.name.clone(), spec);
         }
         let (main_spec, main_subs) = parse(&main.0, &main.1, "assistant", &shared)?;
+        if let Some(budget) = declared_budget(&main.0, &main.1)? {
+            budgets.insert(main_spec.name.clone(), budget);
+        }
         sub_lists.push((main_spec.name.clone(), main_subs.unwrap_or(sub_names)));
         agents.insert(main_spec.name.clone(), main_spec);
         let sub_lists: BTreeMap<String, Vec<String>> = sub_lists.into_iter().collect();
@@ -279,7 +301,18 @@ impl AgentCatalog {
                 Some((name.clone(), Arc::new(spec)))
             })
             .collect();
-        Ok(Self { agents, skills })
+        Ok(Self {
+            agents,
+            skills,
+            budgets,
+        })
+    }
+
+    /// The default budget agent `name` declares (`[budget]`), if any: a task's own budget is
+    /// held to it (`TaskSubmission::budget_scope`). It applies when the agent runs a user's task;
+    /// a subagent's calls draw from the budget of the task that spawned it.
+    pub fn budget(&self, name: &str) -> Option<&Budget> {
+        self.budgets.get(name)
     }
 
     /// Names of every agent, in order.
@@ -411,6 +444,19 @@ fn parse(
             known.join(", ")
         )));
     }
+    if front
+        .context_tokens
+        .is_some_and(|tokens| tokens < MIN_CONTEXT_TOKENS)
+    {
+        return Err(invalid(format!(
+            "context_tokens must be at least {MIN_CONTEXT_TOKENS}"
+        )));
+    }
+    if let Some(bad) = front.fallback_models.iter().find(|m| m.trim().is_empty()) {
+        return Err(invalid(format!(
+            "fallback_models has an empty name: {bad:?}"
+        )));
+    }
     let own = front.permissions.into_policy(path)?;
     let spec = AgentSpec {
         name,
@@ -422,8 +468,30 @@ fn parse(
         max_iterations,
         permissions: merge(shared.folder_permissions, &own),
         skills: front.skills,
+        context_tokens: front.context_tokens,
+        fallback_models: front.fallback_models,
     };
     Ok((spec, front.subagents))
+}
+
+/// The `[budget]` table of a definition file's front matter (`max_total_tokens`,
+/// `max_cost_usd`), checked.
+fn declared_budget(path: &str, text: &str) -> Result<Option<Budget>, DefinitionError> {
+    let Some(front) = split_front_matter(text).0 else {
+        return Ok(None);
+    };
+    let front: FrontMatter = toml::from_str(front).map_err(|e| DefinitionError::FrontMatter {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let Some(budget) = front.budget.filter(|b| !b.is_empty()) else {
+        return Ok(None);
+    };
+    budget.check().map_err(|f| DefinitionError::Invalid {
+        path: path.to_owned(),
+        message: f.message,
+    })?;
+    Ok(Some(budget))
 }
 
 /// Splits `+++`-delimited front matter from the body.
@@ -761,6 +829,44 @@ mod tests {
             let err = catalog.resolve("lead", Some(&o)).expect_err(needle);
             assert_eq!(err.kind, FailureKind::InvalidInput);
             assert!(err.message.contains(needle), "{}", err.message);
+        }
+    }
+
+    #[test]
+    fn an_agent_may_declare_a_default_budget() {
+        let main = (
+            "AGENTS.md".to_string(),
+            "+++\n[budget]\nmax_total_tokens = 5000\nmax_cost_usd = 2\n+++\nHello".to_string(),
+        );
+        let sub = ("subagents/r.md".to_string(), "Research.".to_string());
+        let catalog =
+            AgentCatalog::assemble(main, vec![sub], no_skills(), &PermissionPolicy::default())
+                .expect("valid definitions");
+        assert_eq!(
+            catalog.budget("assistant"),
+            Some(&Budget {
+                max_total_tokens: Some(5000),
+                max_cost_usd: Some(2.0),
+            })
+        );
+        assert_eq!(catalog.budget("r"), None);
+
+        for (text, error) in [
+            (
+                "+++\n[budget]\nmax_total_tokens = 0\n+++\nHi",
+                "max_total_tokens",
+            ),
+            (
+                "+++\n[budget]\nmax_cost_usd = -1.5\n+++\nHi",
+                "max_cost_usd",
+            ),
+            ("+++\n[budget]\ntokens = 10\n+++\nHi", "tokens"),
+        ] {
+            let main = ("AGENTS.md".to_string(), text.to_string());
+            let refused =
+                AgentCatalog::assemble(main, Vec::new(), no_skills(), &PermissionPolicy::default())
+                    .expect_err(text);
+            assert!(refused.to_string().contains(error), "{refused}");
         }
     }
 }

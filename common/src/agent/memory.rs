@@ -153,6 +153,7 @@ impl InMemoryTools {
             origin: child,
             agent,
             history: &[],
+            summary: None,
             loaded_skills: &[],
             skills: Some(skills),
             input: task.to_owned(),

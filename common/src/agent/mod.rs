@@ -13,9 +13,14 @@
 //! - [`prompt`]: system-prompt sections with priorities.
 //! - [`skills`]: the skills catalog shown in the prompt and loaded on demand.
 //! - [`context`]: what of the history goes to the model; eviction of huge tool results.
+//! - [`tokens`]: counting a conversation's tokens (a tokenizer for OpenAI models, an estimate
+//!   otherwise) and each model's context size.
+//! - [`compaction`]: when a session's history is summarised, where it is cut, what the summary
+//!   request says.
 //! - [`hooks`]: listeners that observe every event of a turn.
 //! - [`memory`]: in-memory implementations of every seam, for embedding and tests.
 
+pub mod compaction;
 pub mod context;
 pub mod definition;
 pub mod hooks;
@@ -27,4 +32,5 @@ pub mod prompt;
 pub mod runtime;
 pub mod seams;
 pub mod skills;
+pub mod tokens;
 pub mod tools;

@@ -70,8 +70,8 @@ pub enum CallTarget {
 #[derive(Clone)]
 pub struct ModelCall {
     pub request: ModelRequest,
-    /// Receives text deltas as they stream (the turn forwards them as events); `None` asks for a
-    /// whole answer.
+    /// Receives text and reasoning deltas as they stream (the turn forwards them as events);
+    /// `None` asks for a whole answer.
     pub deltas: Option<Arc<dyn DeltaSink>>,
     /// The task the call serves (its tenant shares the model fairly, its deadline bounds waits);
     /// `None` outside a task.
@@ -87,9 +87,17 @@ impl std::fmt::Debug for ModelCall {
     }
 }
 
-/// Where streamed text deltas go.
+/// Where streamed deltas go: pieces of the answer's text, and pieces of the model's reasoning
+/// (thinking models), each in the order they streamed.
 pub trait DeltaSink: Send + Sync {
     fn delta(&self, text: String) -> BoxFuture<'_, ()>;
+
+    /// A piece of reasoning; dropped unless the sink takes it. A layer that wraps a sink forwards
+    /// it (and applies to it what it applies to text).
+    fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
+        let _ = text;
+        Box::pin(futures::future::ready(()))
+    }
 }
 
 /// Where a turn's events go.
@@ -138,6 +146,9 @@ pub struct TurnCheckpoint {
     /// Skills loaded during the turn so far.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loaded_skills: Vec<String>,
+    /// The history compacted during the turn so far (a resumed turn does not summarise again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<crate::agent::runtime::Compaction>,
 }
 
 /// The failure a service error stands for: a [`Failure`] it carries, a layer's timeout
@@ -196,6 +207,7 @@ where
             while let Some(chunk) = stream.next().await {
                 match chunk.map_err(|e| e.to_failure())? {
                     ModelChunk::Delta(text) => deltas.delta(text).await,
+                    ModelChunk::Reasoning(text) => deltas.reasoning(text).await,
                     ModelChunk::Done(response) => return Ok(response),
                 }
             }

@@ -39,11 +39,31 @@ pub use dead_letters::{
 pub use delivery::{Delivery, Disposition, Envelope, Received, Undecodable, SET_ASIDE_RETRY};
 pub use intake::{reconcile, ConsumerSettings, Intake, PULLERS};
 pub use slots::{Loan, Slots};
-pub use streams::{StreamLimits, STREAM_LIMITS};
+pub use streams::{raise_replicas, StreamLimits, STREAM_LIMITS};
 
 use crate::config::NatsConfig;
 use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
 use crate::subjects;
+
+/// The servers of a comma-separated list of NATS URLs (`nats://a:4222,nats://b:4222`, as
+/// `nats` tools take them); blanks around entries and empty entries are ignored.
+pub fn server_addrs(list: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
+    let servers = list
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            entry.parse().map_err(|source| BusError::Address {
+                address: entry.to_owned(),
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err(BusError::Config("no NATS server URL given".into()));
+    }
+    Ok(servers)
+}
 
 /// Default cap on one message's payload (NATS' own default `max_payload` is 1 MiB).
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
@@ -68,6 +88,12 @@ pub enum BusError {
     Credentials(#[source] std::io::Error),
     #[error("NATS settings: {0}")]
     Config(String),
+    #[error("NATS server address {address:?} is invalid: {source}")]
+    Address {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("JetStream stream {stream}: {message}")]
     Stream { stream: String, message: String },
     #[error("JetStream consumer {consumer}: {message}")]
@@ -85,6 +111,26 @@ pub enum BusError {
 }
 
 impl BusError {
+    /// Whether trying again later may succeed: the server is not reachable or JetStream not
+    /// ready yet (what a start-up waits out), as opposed to settings the server refuses.
+    pub fn is_transient(&self) -> bool {
+        use async_nats::ConnectErrorKind;
+        match self {
+            BusError::Connect { source, .. } => matches!(
+                source.kind(),
+                ConnectErrorKind::Dns
+                    | ConnectErrorKind::Io
+                    | ConnectErrorKind::TimedOut
+                    | ConnectErrorKind::MaxReconnects
+            ),
+            BusError::Stream { .. }
+            | BusError::Consumer { .. }
+            | BusError::Publish { .. }
+            | BusError::Pull(_) => true,
+            _ => false,
+        }
+    }
+
     /// The failure reported across the wire.
     pub fn to_failure(&self) -> Failure {
         match self {
@@ -104,15 +150,20 @@ pub struct Bus {
     max_payload: usize,
     /// How often the connection has dropped (core subscriptions miss what is published then).
     disconnects: tokio::sync::watch::Receiver<u64>,
+    /// Replicas of the streams this process creates (and raises existing ones to).
+    stream_replicas: usize,
 }
 
 impl Bus {
-    /// Connects, retrying for `cfg.connect_timeout`, and reconnecting forever afterwards.
+    /// Connects to a server of `cfg.url` (a comma-separated list, tried in random order) that
+    /// answers within `cfg.connect_timeout`, and reconnects forever afterwards, to any server of
+    /// the list or of the cluster the server tells of.
     pub async fn connect(
         cfg: &NatsConfig,
         name: &str,
         max_payload: usize,
     ) -> Result<Self, BusError> {
+        let servers = server_addrs(&cfg.url)?;
         let (disconnected, disconnects) = tokio::sync::watch::channel(0u64);
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
@@ -148,14 +199,13 @@ impl Bus {
                 .await
                 .map_err(BusError::Credentials)?;
         }
-        let client =
-            options
-                .connect(cfg.url.as_str())
-                .await
-                .map_err(|source| BusError::Connect {
-                    url: cfg.url.clone(),
-                    source,
-                })?;
+        let client = options
+            .connect(servers)
+            .await
+            .map_err(|source| BusError::Connect {
+                url: cfg.url.clone(),
+                source,
+            })?;
         let server_cap = client.server_info().max_payload;
         let jetstream = jetstream::new(client.clone());
         Ok(Self {
@@ -163,7 +213,13 @@ impl Bus {
             jetstream,
             max_payload: max_payload.min(server_cap.max(1)),
             disconnects,
+            stream_replicas: cfg.stream_replicas.max(1),
         })
+    }
+
+    /// Replicas of the streams this process creates (`SKEIN_STREAM_REPLICAS`).
+    pub fn stream_replicas(&self) -> usize {
+        self.stream_replicas
     }
 
     /// Changes each time the connection drops; what core subscriptions missed meanwhile must be
@@ -567,4 +623,30 @@ pub(super) fn message_id(message: &async_nats::Message) -> Option<String> {
         .as_ref()
         .and_then(|h| h.get(NATS_MESSAGE_ID))
         .map(|v| v.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_comma_separated_list_names_every_server() {
+        let servers = server_addrs("nats://a:4222, nats://b:4223,,nats://10.0.0.3:4224")
+            .expect("a valid list");
+        let named: Vec<_> = servers.iter().map(|s| (s.host(), s.port())).collect();
+        assert_eq!(named, [("a", 4222), ("b", 4223), ("10.0.0.3", 4224)]);
+        let one = server_addrs("nats://127.0.0.1:4222").expect("one server");
+        assert_eq!(one.len(), 1);
+    }
+
+    #[test]
+    fn a_bad_entry_or_an_empty_list_is_refused_with_the_entry_named() {
+        let bad = server_addrs("nats://a:4222,nats://b:notaport").expect_err("a bad port");
+        assert!(
+            matches!(&bad, BusError::Address { address, .. } if address == "nats://b:notaport"),
+            "{bad}"
+        );
+        assert!(!bad.is_transient(), "a bad address is not waited out");
+        assert!(matches!(server_addrs(" , "), Err(BusError::Config(_))));
+    }
 }

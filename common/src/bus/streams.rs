@@ -1,9 +1,21 @@
-//! Skein's JetStream streams: created at start-up by every process, and bounded (`STREAM_LIMITS`);
-//! a stream created before its limits gets them.
+//! Skein's JetStream streams: created at start-up by every process with the configured replicas
+//! (`SKEIN_STREAM_REPLICAS`), and bounded (`STREAM_LIMITS`); a stream created before its limits
+//! gets them.
+//!
+//! Invariants:
+//! - replicas only grow: an existing stream (or workspace bucket) with fewer replicas than this
+//!   process's setting is raised to it (NATS 2.9 scales a stream and its consumers up in place);
+//!   one with more keeps them, so a process with a smaller setting (a CLI, an older pod) never
+//!   shrinks what another raised. A raise that the servers refuse (fewer servers than replicas)
+//!   is reported at error level, naming the stream and both counts, and the stream keeps serving;
+//! - creation is safe from many processes at once: a process that loses the race to create a
+//!   stream (the server answers that the name is in use) reads the winner's stream and reconciles
+//!   it like any existing one.
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream;
+use async_nats::jetstream::{self, stream};
+use futures::TryStreamExt;
 
 use crate::subjects;
 
@@ -11,9 +23,11 @@ use super::intake::PULL_RETRY;
 use super::{Bus, BusError, JETSTREAM_READY_WAIT};
 
 impl Bus {
-    /// Creates Skein's streams if they do not exist, and gives streams created before their
-    /// limits (see [`STREAM_LIMITS`]) those limits (idempotent; safe from every process).
+    /// Creates Skein's streams if they do not exist, with [`Bus::stream_replicas`] replicas;
+    /// gives streams created before their limits (see [`STREAM_LIMITS`]) those limits, and
+    /// raises streams with fewer replicas (idempotent; safe from every process at once).
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
+        let replicas = self.stream_replicas;
         let queue = |name: &str, subjects: Vec<String>| stream::Config {
             name: name.into(),
             subjects,
@@ -24,6 +38,7 @@ impl Bus {
             max_messages: STREAM_LIMITS.queue_messages,
             max_bytes: STREAM_LIMITS.queue_bytes,
             max_age: STREAM_LIMITS.queue_age,
+            num_replicas: replicas,
             ..Default::default()
         };
         let streams = [
@@ -38,6 +53,7 @@ impl Bus {
                 retention: stream::RetentionPolicy::Limits,
                 max_age: Duration::from_secs(24 * 3600),
                 max_messages_per_subject: 1,
+                num_replicas: replicas,
                 ..Default::default()
             },
             stream::Config {
@@ -45,6 +61,7 @@ impl Bus {
                 subjects: vec![subjects::APPROVALS_ALL.into()],
                 retention: stream::RetentionPolicy::WorkQueue,
                 max_age: Duration::from_secs(14 * 24 * 3600),
+                num_replicas: replicas,
                 ..Default::default()
             },
             stream::Config {
@@ -53,6 +70,7 @@ impl Bus {
                 retention: stream::RetentionPolicy::Limits,
                 max_age: Duration::from_secs(14 * 24 * 3600),
                 max_bytes: STREAM_LIMITS.dlq_bytes,
+                num_replicas: replicas,
                 ..Default::default()
             },
             stream::Config {
@@ -63,21 +81,19 @@ impl Bus {
                 max_bytes: STREAM_LIMITS.events_bytes,
                 // Direct gets name the subject in their API subject (fenceable per tenant).
                 allow_direct: true,
+                num_replicas: replicas,
                 ..Default::default()
             },
         ];
-        // A server that just started (or restarted) may take a moment before JetStream answers.
+        // A server that just started (or restarted) may take a moment before JetStream answers,
+        // and a cluster before it has elected its leaders.
         let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
         for config in streams {
-            loop {
+            let current = loop {
+                // Found, or created by this process; a process that loses a race to create it
+                // (its create is refused: the name is in use) finds the winner's on the next try.
                 match self.jetstream.get_or_create_stream(config.clone()).await {
-                    Ok(mut existing) => {
-                        let current = existing.info().await.map(|i| i.config.clone());
-                        if let Ok(current) = current {
-                            self.bound_stream(&current, &config).await?;
-                        }
-                        break;
-                    }
+                    Ok(existing) => break existing.cached_info().config.clone(),
                     Err(e) if tokio::time::Instant::now() < deadline => {
                         tracing::debug!(stream = %config.name, error = %e, "JetStream not ready; retrying");
                         tokio::time::sleep(PULL_RETRY).await;
@@ -89,18 +105,47 @@ impl Bus {
                         })
                     }
                 }
+            };
+            let current = self.bound_stream(current, &config).await?;
+            if let Err(e) = raise_replicas(&self.jetstream, &current, replicas).await {
+                tracing::error!(stream = %config.name, error = %e, "stream keeps fewer replicas than configured");
             }
         }
         Ok(())
     }
 
+    /// Raises every stream whose name starts with `prefix` (the workspace buckets' streams, say)
+    /// to `wanted` replicas; returns how many were raised. A raise the servers refuse is
+    /// reported at error level and the others still run; listing the streams may fail.
+    pub async fn raise_replicas_of(&self, prefix: &str, wanted: usize) -> Result<usize, BusError> {
+        let list_error = |e: jetstream::context::StreamsError| BusError::Stream {
+            stream: format!("{prefix}*"),
+            message: format!("cannot list the streams: {e}"),
+        };
+        let mut listed = self.jetstream.streams();
+        let mut raised = 0;
+        while let Some(info) = listed.try_next().await.map_err(list_error)? {
+            if !info.config.name.starts_with(prefix) {
+                continue;
+            }
+            match raise_replicas(&self.jetstream, &info.config, wanted).await {
+                Ok(true) => raised += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(stream = %info.config.name, error = %e, "stream keeps fewer replicas than configured")
+                }
+            }
+        }
+        Ok(raised)
+    }
+
     /// Gives a stream created before Skein bounded it the limits it should have (and the events
-    /// stream its direct gets); other settings are kept.
+    /// stream its direct gets); other settings are kept. Returns the configuration in force.
     async fn bound_stream(
         &self,
-        current: &stream::Config,
+        current: stream::Config,
         wanted: &stream::Config,
-    ) -> Result<(), BusError> {
+    ) -> Result<stream::Config, BusError> {
         // The server reports "no limit" as -1 where a config says 0.
         let unlimited = |v: i64| if v <= 0 { -1 } else { v };
         let limits = |c: &stream::Config| {
@@ -112,8 +157,8 @@ impl Bus {
                 c.allow_direct,
             )
         };
-        if limits(current) == limits(wanted) {
-            return Ok(());
+        if limits(&current) == limits(wanted) {
+            return Ok(current);
         }
         tracing::warn!(stream = %current.name, "stream limits differ from this build's; updating them");
         let mut bounded = current.clone();
@@ -125,12 +170,41 @@ impl Bus {
         self.jetstream
             .update_stream(bounded)
             .await
-            .map(|_| ())
+            .map(|info| info.config)
             .map_err(|e| BusError::Stream {
                 stream: current.name.clone(),
                 message: format!("cannot set its limits: {e}"),
             })
     }
+}
+
+/// Raises `current` (an existing stream's configuration) to `wanted` replicas if it has fewer;
+/// tells whether it did. A stream with more replicas keeps them (said at info level). Other
+/// settings are kept.
+pub async fn raise_replicas(
+    jetstream: &jetstream::Context,
+    current: &stream::Config,
+    wanted: usize,
+) -> Result<bool, BusError> {
+    // The server reports a stream created without a count as having one replica.
+    let has = current.num_replicas.max(1);
+    if has >= wanted {
+        if has > wanted {
+            tracing::info!(stream = %current.name, replicas = has, configured = wanted, "stream has more replicas than configured; kept");
+        }
+        return Ok(false);
+    }
+    tracing::warn!(stream = %current.name, from = has, to = wanted, "raising the stream's replicas");
+    let mut raised = current.clone();
+    raised.num_replicas = wanted;
+    jetstream
+        .update_stream(&raised)
+        .await
+        .map_err(|e| BusError::Stream {
+            stream: current.name.clone(),
+            message: format!("cannot raise its replicas from {has} to {wanted}: {e}"),
+        })?;
+    Ok(true)
 }
 
 /// The bounds of Skein's streams.

@@ -11,7 +11,11 @@
 //!   waits for (a late duplicate) is dropped, so the model never sees two results for one call;
 //! - every wait is bounded: a call that returns nothing within its timeout (plus slack) ends as a
 //!   `timed_out` failure; meanwhile the recorded results are looked at every second, so a result
-//!   whose reply went elsewhere (the call was first dispatched by a lead that died) still arrives.
+//!   whose reply went elsewhere (the call was first dispatched by a lead that died) still arrives;
+//! - no task outgrows a broker message for its arguments or its input: over the inline limit
+//!   (`payloads::inline_limit`, 256 KiB on a 1 MiB bus) they are stored in the tenant's payload
+//!   bucket and the task carries a reference (`arguments_ref`, `input_ref`) the worker reads
+//!   before it runs the call.
 
 pub mod catalog;
 
@@ -34,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::{Bus, BusError};
+use crate::payloads::{inline_limit, PayloadStore};
 use crate::protocol::{
     call_key, AgentSpec, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
     ToolTask, PROTOCOL_VERSION,
@@ -62,6 +67,8 @@ pub struct Dispatcher {
     instance: Arc<str>,
     next_dispatch: Arc<AtomicU64>,
     pending: Pending,
+    /// Where arguments and inputs too large to travel inline are stored.
+    payloads: PayloadStore,
 }
 
 /// Removes a dispatch's waiter when dropped.
@@ -163,6 +170,7 @@ impl Dispatcher {
             }
         });
         Ok(Self {
+            payloads: PayloadStore::new(&bus),
             bus,
             catalog: LiveCatalog::new(store.clone(), catalog::CATALOG_MAX_AGE),
             store,
@@ -255,6 +263,15 @@ impl Dispatcher {
         let Some(timeout) = within_deadline(origin, route.timeout) else {
             return failed(call_id, deadline_passed());
         };
+        let limit = inline_limit(self.bus.max_payload());
+        let (arguments, arguments_ref) = match self
+            .payloads
+            .arguments_for_task(origin, arguments, limit)
+            .await
+        {
+            Ok(carried) => carried,
+            Err(failure) => return failed(call_id, failure),
+        };
         let (n, reply_to) = self.reply_route();
         let task = ToolTask {
             v: PROTOCOL_VERSION,
@@ -263,6 +280,7 @@ impl Dispatcher {
             call_key: call_key(&origin.task_id, step, call_id),
             tool: tool.to_owned(),
             arguments,
+            arguments_ref,
             reply_to,
             timeout_ms: timeout.as_millis() as u64,
             first_dispatch: !route.may_have_run,
@@ -296,6 +314,11 @@ impl Dispatcher {
         let Some(timeout) = within_deadline(origin, route.timeout) else {
             return failed(call_id, deadline_passed());
         };
+        let limit = inline_limit(self.bus.max_payload());
+        let (input, input_ref) = match self.payloads.text_for_task(origin, input, limit).await {
+            Ok(carried) => carried,
+            Err(failure) => return failed(call_id, failure),
+        };
         let (n, reply_to) = self.reply_route();
         let task = SubagentTask {
             v: PROTOCOL_VERSION,
@@ -305,6 +328,7 @@ impl Dispatcher {
             child_session: crate::protocol::child_session_id(&origin.session, call_id),
             agent,
             input,
+            input_ref,
             reply_to,
             timeout_ms: timeout.as_millis() as u64,
             depth,

@@ -13,10 +13,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod budget;
 pub mod message;
+pub mod payload;
 pub mod permissions;
 
+pub use budget::{Budget, BudgetScope, Spent};
 use message::Usage;
+pub use payload::PayloadRef;
 pub use permissions::{
     ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall, PermissionMode,
     PermissionPolicy, ToolEffects, Verdict,
@@ -50,6 +54,10 @@ pub struct TaskSubmission {
     /// running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// Spending limits of the task and its subagents; each limit is held to the agent's own
+    /// (the lower of the two applies). A turn that would go over ends `budget_exhausted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
 }
 
 /// Fields of an agent definition a single task may override.
@@ -98,6 +106,10 @@ pub struct TaskOrigin {
     /// no call runs past it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// The budget the work's model calls draw from (the user's task's, also for its
+    /// subagents); absent when the task has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetScope>,
 }
 
 impl TaskOrigin {
@@ -118,7 +130,11 @@ pub struct ToolTask {
     /// The key the result is recorded under (see [`call_key`]); recorded once per key.
     pub call_key: String,
     pub tool: String,
+    /// The call's arguments; `null` when they travel by reference (`arguments_ref`).
     pub arguments: Value,
+    /// Where the arguments are stored when they were too large to travel inline (JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_ref: Option<PayloadRef>,
     /// Core NATS subject the result is published to (under `skein.reply.`).
     pub reply_to: String,
     /// How long the worker may run the call, in milliseconds.
@@ -143,7 +159,11 @@ pub struct SubagentTask {
     pub child_session: String,
     /// The complete definition of the child agent, so any worker can run it.
     pub agent: AgentSpec,
+    /// The child's task; empty when it travels by reference (`input_ref`).
     pub input: String,
+    /// Where the input is stored when it was too large to travel inline (UTF-8 text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_ref: Option<PayloadRef>,
     pub reply_to: String,
     pub timeout_ms: u64,
     /// Nesting depth of the child (1 for a direct child of the user's agent).
@@ -202,6 +222,14 @@ pub struct AgentSpec {
     /// Skills it may load by name; absent allows every skill of the catalog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skills: Option<Vec<String>>,
+    /// The model's context size in tokens; absent uses what is known of the model (or the
+    /// process default). The history is compacted before a request would fill most of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u64>,
+    /// Models tried in order when `model` fails after its retries (unreachable, overloaded,
+    /// refusing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -301,6 +329,10 @@ pub enum FailureKind {
     ToolFailed,
     /// The model call failed or answered something unusable.
     ModelFailed,
+    /// A model call would go over the task's budget or its tenant's daily budget.
+    BudgetExhausted,
+    /// The model refused the request as longer than its context.
+    ContextOverflow,
     Cancelled,
     /// The work failed on every attempt and was set aside in the dead-letter stream.
     DeadLettered,
@@ -323,6 +355,8 @@ impl FailureKind {
             FailureKind::Unavailable => "unavailable",
             FailureKind::ToolFailed => "tool_failed",
             FailureKind::ModelFailed => "model_failed",
+            FailureKind::BudgetExhausted => "budget_exhausted",
+            FailureKind::ContextOverflow => "context_overflow",
             FailureKind::Cancelled => "cancelled",
             FailureKind::DeadLettered => "dead_lettered",
             FailureKind::Internal => "internal",
@@ -370,10 +404,30 @@ pub enum EventKind {
     ModelDelta {
         text: String,
     },
+    /// A piece of the model's streamed reasoning (thinking models: DeepSeek's
+    /// `reasoning_content`, the `reasoning` of OpenRouter and vLLM), sent before the answer's
+    /// `model_delta`s of the same model call. Not part of the answer.
+    ReasoningDelta {
+        text: String,
+    },
+    /// The session's older history was summarised so the turn's requests fit the model's
+    /// context: `messages` left the context (they stay stored), replaced by a summary.
+    Compacted {
+        messages: u64,
+        /// Why: `tokens` (the request would fill too much of the context), `messages` (too many
+        /// messages), `overflow` (the model refused a request as too long).
+        trigger: String,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
     ToolStarted {
         call_id: String,
         tool: String,
+        /// The call's arguments; when they are too large for an event, a string previewing their
+        /// JSON (head and tail), and `arguments_ref` says where they are whole.
         arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments_ref: Option<PayloadRef>,
         /// How the permission policy settled the call (`allowed` for a plain allow), so every
         /// decision is in the event stream; absent from producers that predate permissions.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -395,7 +449,10 @@ pub enum EventKind {
     ApprovalRequested {
         call_id: String,
         tool: String,
+        /// As in `tool_started`: a preview when too large, with `arguments_ref`.
         arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments_ref: Option<PayloadRef>,
         /// The rule (or mode) that asked.
         rule: String,
         /// When an unanswered request is denied (milliseconds since the Unix epoch).
@@ -445,8 +502,15 @@ pub struct FinalResult {
     pub tenant: String,
     pub session: String,
     pub status: TurnStatus,
+    /// The answer; only a preview of it (head and tail, with a note) when `answer_ref` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// Where the whole answer is stored, when it was too large to travel in the final event or
+    /// a lookup's reply (UTF-8 text). `SkeinClient::run` and `stored_final` fetch it and return
+    /// the whole answer with this unset.
+    // Boxed: rarely set, and every result held in memory would carry its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_ref: Option<Box<PayloadRef>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
     /// Model calls made in the turn.
@@ -459,6 +523,9 @@ pub struct FinalResult {
     /// The trace the turn is recorded in (32 hex digits), when tracing is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// What the task spent of its budget (its subagents included), when it ran under one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<Spent>,
 }
 
 impl FinalResult {
@@ -496,6 +563,9 @@ pub enum TurnStatus {
     Failed,
     /// Stopped by a cancel request (`skein cancel`); the session is left as it was.
     Cancelled,
+    /// Stopped because a model call would have gone over the task's budget or its tenant's
+    /// daily budget; the answer says what was spent, and the session keeps the turn's messages.
+    BudgetExhausted,
 }
 
 /// A worker's announcement of itself, refreshed by heartbeats.
@@ -665,7 +735,20 @@ impl TaskSubmission {
         if self.input.trim().is_empty() {
             return Err(Failure::new(FailureKind::InvalidInput, "input is empty"));
         }
+        if let Some(budget) = &self.budget {
+            budget.check()?;
+        }
         Ok(())
+    }
+
+    /// The budget the task runs under: its own, each limit held to `agent_default`'s (the
+    /// agent definition's `budget`); `None` when neither sets a limit.
+    pub fn budget_scope(&self, agent_default: Option<&Budget>) -> Option<BudgetScope> {
+        Budget::tightest(agent_default, self.budget.as_ref()).map(|limits| BudgetScope {
+            task_id: self.task_id.clone(),
+            session: self.session.clone(),
+            limits,
+        })
     }
 
     pub fn origin(&self) -> TaskOrigin {
@@ -676,6 +759,7 @@ impl TaskSubmission {
             session: self.session.clone(),
             workspace: self.session.clone(),
             deadline_ms: self.deadline_ms,
+            budget: self.budget_scope(None),
         }
     }
 }
@@ -788,6 +872,7 @@ mod tests {
             input: "hi".into(),
             overrides: None,
             deadline_ms: None,
+            budget: None,
         };
         assert!(s.validate(10).is_ok());
         s.input = "x".repeat(11);
@@ -797,6 +882,15 @@ mod tests {
         );
         s.input = "hi".into();
         s.v = 2;
+        assert_eq!(
+            s.validate(10).map_err(|f| f.kind),
+            Err(FailureKind::InvalidInput)
+        );
+        s.v = 1;
+        s.budget = Some(Budget {
+            max_total_tokens: Some(0),
+            max_cost_usd: None,
+        });
         assert_eq!(
             s.validate(10).map_err(|f| f.kind),
             Err(FailureKind::InvalidInput)

@@ -23,6 +23,12 @@
 //! | `skein:model:{m}:slots` | sorted set `tenant\|holder` → lease expiry (ms) | the model calls in flight on model `m`, across every process (see `store::traffic`); a holder that stops renewing is dropped once its lease expires |
 //! | `skein:model:{m}:waiting` | sorted set tenant → expiry (ms) | tenants with a call waiting for a slot of model `m`, refreshed while they wait |
 //! | `skein:model:{m}:tokens:{minute}` | counter | tokens used on model `m` in one minute since the Unix epoch (expires) |
+//! | `skein:model:{m}:waiting_since` | hash tenant → ms | when each waiting tenant started waiting (a freed slot goes to the one waiting longest among those holding fewest) |
+//! | `skein:model:{m}:tokens:{minute}:{t}` | counter | tokens tenant `t` used on model `m` in one minute (expires) |
+//! | `skein:{t:s}:budget:{task}` | hash `tokens`, `cost`, `held_tokens`, `held_cost` | what user task `task` of session `s` (its subagents included) spent on models and holds for calls in flight; cost in nano-dollars (see `store::budget`; expires 7 days after its last change) |
+//! | `skein:{t:s}:budget:{task}:held` | sorted set `id\|tokens\|cost` → lapse (ms) | the task's reservations of calls in flight |
+//! | `skein:budget:{t}:{day}` | hash, as a task's | what tenant `t` spent on models on a UTC day (`YYYY-MM-DD`) and holds for calls in flight (expires after 2 days) |
+//! | `skein:budget:{t}:{day}:held` | sorted set, as a task's | the tenant's reservations of that day |
 
 fn tag(tenant: &str, session: &str) -> String {
     format!("skein:{{{tenant}:{session}}}")
@@ -119,9 +125,39 @@ pub fn model_waiting(model: &str) -> String {
     format!("{}:waiting", model_tag(model))
 }
 
+/// When each tenant waiting for a slot of `model` started waiting (Redis time, ms).
+pub fn model_waiting_since(model: &str) -> String {
+    format!("{}:waiting_since", model_tag(model))
+}
+
+/// The tokens `tenant` used on `model` in `minute` (minutes since the Unix epoch).
+pub fn model_tenant_tokens(model: &str, tenant: &str, minute: u64) -> String {
+    format!("{}:tokens:{minute}:{tenant}", model_tag(model))
+}
+
 /// The tokens used on `model` in `minute` (minutes since the Unix epoch).
 pub fn model_tokens(model: &str, minute: u64) -> String {
     format!("{}:tokens:{minute}", model_tag(model))
+}
+
+/// The spending ledger of user task `task_id` (its subagents draw from it too), with its session.
+pub fn budget(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:budget:{task_id}", tag(tenant, session))
+}
+
+/// The reservations of calls in flight on [`budget`]'s ledger.
+pub fn budget_held(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:held", budget(tenant, session, task_id))
+}
+
+/// The spending ledger of `tenant` for one UTC `day` (`YYYY-MM-DD`); tagged `{tenant}`.
+pub fn tenant_budget(tenant: &str, day: &str) -> String {
+    format!("skein:budget:{{{tenant}}}:{day}")
+}
+
+/// The reservations of calls in flight on [`tenant_budget`]'s ledger.
+pub fn tenant_budget_held(tenant: &str, day: &str) -> String {
+    format!("{}:held", tenant_budget(tenant, day))
 }
 
 /// The field of the attempts hash that counts attempts at task `task_id`'s turn.
@@ -158,6 +194,92 @@ mod tests {
             assert!(key.starts_with("skein:model:{gpt-4o}:"), "{key}");
         }
         assert_eq!(super::model_slots("a{b}"), "skein:model:{a_b_}:slots");
+    }
+
+    /// The keys each multi-key step (script, transaction, pipeline) names together: on a Redis
+    /// Cluster they must hash to one slot, or the step fails with `CROSSSLOT`.
+    #[test]
+    fn every_multi_key_step_names_keys_of_one_cluster_slot() {
+        use redis::cluster_routing::Slot;
+        let (t, s, task, call) = ("acme", "s1", "t1", "t1:2:call_7");
+        let turn = super::turn_attempts_field(task);
+        let steps: Vec<(&str, Vec<String>)> = vec![
+            ("save", vec![super::session(t, s), super::history(t, s)]),
+            (
+                "begin turn",
+                vec![
+                    super::final_result(t, s, task),
+                    super::lease(t, s),
+                    super::attempts(t, s, &turn),
+                    super::session(t, s),
+                    super::checkpoint(t, s, task),
+                    super::history(t, s),
+                ],
+            ),
+            (
+                "complete turn",
+                vec![
+                    super::session(t, s),
+                    super::lease(t, s),
+                    super::final_result(t, s, task),
+                    super::checkpoint(t, s, task),
+                    super::history(t, s),
+                ],
+            ),
+            (
+                "checkpoint",
+                vec![super::lease(t, s), super::checkpoint(t, s, task)],
+            ),
+            (
+                "admit call",
+                vec![
+                    super::results(t, s, call),
+                    super::attempts(t, s, call),
+                    super::running_call(t, s, call),
+                ],
+            ),
+            (
+                "forget turn",
+                vec![
+                    super::final_result(t, s, task),
+                    super::attempts(t, s, &turn),
+                ],
+            ),
+            (
+                "approvals",
+                vec![super::approvals(t), super::answers(t, task)],
+            ),
+            (
+                "task budget",
+                vec![super::budget(t, s, task), super::budget_held(t, s, task)],
+            ),
+            (
+                "tenant budget",
+                vec![
+                    super::tenant_budget(t, "2025-01-31"),
+                    super::tenant_budget_held(t, "2025-01-31"),
+                ],
+            ),
+            (
+                "model slot",
+                vec![
+                    super::model_slots("gpt-4o"),
+                    super::model_waiting("gpt-4o"),
+                    super::model_tokens("gpt-4o", 7),
+                ],
+            ),
+        ];
+        for (step, keys) in steps {
+            let first = Slot::for_key(&keys[0]);
+            for key in &keys {
+                assert_eq!(Slot::for_key(key), first, "{step}: {key} vs {}", keys[0]);
+            }
+        }
+        // Different sessions spread over the slots.
+        assert_ne!(
+            Slot::for_key(super::session(t, "s1")),
+            Slot::for_key(super::session(t, "s2"))
+        );
     }
 
     #[test]

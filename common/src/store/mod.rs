@@ -3,7 +3,7 @@
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
 //! [`TurnLease`] (`turn`); call results, attempts and child-turn checkpoints live in `calls`, the
 //! worker registry in `workers`, the cluster's model traffic (slots, fair share, tokens per
-//! minute) in [`traffic`].
+//! minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`].
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
@@ -13,9 +13,12 @@
 //!   hang.
 
 pub mod approvals;
+pub mod budget;
 mod calls;
+mod connection;
 pub mod keys;
 mod sessions;
+pub(crate) mod topology;
 pub mod traffic;
 mod turn;
 mod workers;
@@ -26,14 +29,15 @@ pub use turn::TurnLease;
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
+use crate::agent::runtime::{Compaction, Summary};
 pub use crate::agent::seams::TurnCheckpoint;
 use crate::config::RedisConfig;
 use crate::protocol::message::Message;
 use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult};
+use connection::RedisConnection;
 
 /// How long a final result stays retrievable.
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
@@ -134,16 +138,42 @@ pub struct SessionState {
     /// Skills loaded so far; their bodies stay in the system prompt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<String>,
-    /// How many of `history`'s first messages the store already holds (set when loaded): a save
-    /// appends only the rest. Bookkeeping, not part of the session's value.
+    /// What the model made of the compacted history: it stands for the stored messages before
+    /// `history` (which holds only those after it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+    /// Where `history` sits in the stored list (set when loaded): a save appends only what the
+    /// store does not hold. Bookkeeping, not part of the session's value.
     #[serde(skip)]
     pub stored: StoredMessages,
 }
 
-/// How many messages of a loaded session's history the store already holds; 0 for a session
-/// built by hand, which a save then writes whole. Equal to every other (it is bookkeeping).
+impl SessionState {
+    /// Records a turn's compaction: its summary stands for the first `compacted` messages of
+    /// `history`, which leave it (they stay in the stored list, before the loaded part).
+    pub fn compact(&mut self, compaction: &Compaction) {
+        let compacted = compaction.compacted.min(self.history.len());
+        self.history.drain(..compacted);
+        self.summary = Some(compaction.summary.clone());
+        if self.stored.loaded && compacted <= self.stored.count {
+            self.stored.count -= compacted;
+            self.stored.offset += compacted as u64;
+        } else {
+            // Not all of them are stored: the list is written anew from what is left.
+            self.stored = StoredMessages::default();
+        }
+    }
+}
+
+/// Where a loaded session's history sits in its stored list: the list's first `offset` messages
+/// are summarised (not loaded), the next `count` are `history`'s first. A session built by hand
+/// (not `loaded`) is written whole by its next save. Equal to every other (it is bookkeeping).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct StoredMessages(usize);
+pub struct StoredMessages {
+    loaded: bool,
+    count: usize,
+    offset: u64,
+}
 
 impl PartialEq for StoredMessages {
     fn eq(&self, _other: &Self) -> bool {
@@ -151,51 +181,85 @@ impl PartialEq for StoredMessages {
     }
 }
 
-/// What a session save writes: the session without its history, and the messages to add to the
-/// history list (after emptying it, when `replace`).
+/// What a session save writes: the session without its history, the messages to add to the
+/// history list (after emptying it, when `replace`), where the loaded part starts in the list
+/// afterwards (`offset`), and how many of the oldest (summarised) messages to drop first (`trim`)
+/// to keep the list within the session cap.
 struct HistoryWrite {
     meta: String,
     replace: bool,
     messages: Vec<String>,
+    offset: u64,
+    trim: u64,
 }
 
 impl HistoryWrite {
-    fn of(state: &SessionState) -> Result<Self, StoreError> {
-        let meta = serde_json::to_string(&serde_json::json!({
-            "history": [],
-            "turns": state.turns,
-            "skills": state.skills,
-        }))
+    fn of(state: &SessionState, max_messages: u64) -> Result<Self, StoreError> {
+        let meta = serde_json::to_string(&SessionMeta {
+            history: [],
+            turns: state.turns,
+            skills: &state.skills,
+            summary: state.summary.as_ref(),
+        })
         .map_err(StoreError::Corrupt)?;
-        let stored = state.stored.0;
-        let replace = stored == 0 || stored > state.history.len();
-        let from = if replace { 0 } else { stored };
+        let stored = state.stored;
+        let replace = !stored.loaded || stored.count > state.history.len();
+        let (from, offset) = if replace {
+            (0, 0)
+        } else {
+            (stored.count, stored.offset)
+        };
         let messages = state.history[from..]
             .iter()
             .map(|m| serde_json::to_string(m).map_err(StoreError::Corrupt))
             .collect::<Result<_, _>>()?;
+        // Only summarised messages are dropped: the context may still need the others.
+        let length = offset + state.history.len() as u64;
+        let trim = if max_messages > 0 && length > max_messages {
+            offset.min(length - max_messages)
+        } else {
+            0
+        };
         Ok(Self {
             meta,
             replace,
             messages,
+            offset: offset - trim,
+            trim,
         })
     }
 }
 
-/// A session read back: its state (without history when it has a history list) and the list.
-fn session_from(state: &str, listed: Vec<String>) -> Result<SessionState, StoreError> {
+/// A session's state as stored beside its history list.
+#[derive(Serialize)]
+struct SessionMeta<'a> {
+    history: [Message; 0],
+    turns: u64,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    skills: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    summary: Option<&'a Summary>,
+}
+
+/// A session read back: its state (without history when it has a history list), where the
+/// loaded part of the list starts, and that part.
+fn session_from(state: &str, offset: u64, listed: Vec<String>) -> Result<SessionState, StoreError> {
     let mut session: SessionState = match state {
         "" => SessionState::default(),
         json => decode(json)?,
     };
-    if listed.is_empty() {
+    if listed.is_empty() && offset == 0 {
         // A session saved before history lists (or empty): its history is inline; the next save
         // moves it into the list.
-        session.stored = StoredMessages(0);
+        session.stored = StoredMessages::default();
         return Ok(session);
     }
     session.history = listed.iter().map(|m| decode(m)).collect::<Result<_, _>>()?;
-    session.stored = StoredMessages(session.history.len());
+    session.stored = StoredMessages {
+        loaded: true,
+        count: session.history.len(),
+        offset,
+    };
     Ok(session)
 }
 
@@ -235,7 +299,7 @@ pub enum Ended {
     /// This final result is stored now.
     Stored,
     /// The task had ended already: this is the final result that stands.
-    Earlier(FinalResult),
+    Earlier(Box<FinalResult>),
 }
 
 /// Who starts a turn and under which limits ([`SessionStore::begin_turn`]).
@@ -257,14 +321,16 @@ pub struct LoadedSession {
 }
 
 /// Compare-and-set save: KEYS[1] session hash, KEYS[2] history list; ARGV expected version, new
-/// version, state (without history), 'replace' or 'append', idle ttl seconds (0: none), then the
-/// messages to add.
+/// version, state (without history), 'replace' or 'append', idle ttl seconds (0: none), offset
+/// of the loaded history in the list afterwards, how many of the list's oldest messages to drop,
+/// then the messages to add.
 const SAVE_SCRIPT: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '0') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3])
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'offset', ARGV[6])
 if ARGV[4] == 'replace' then redis.call('DEL', KEYS[2]) end
-for i = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[7] ~= '0' then redis.call('LTRIM', KEYS[2], ARGV[7], -1) end
 if ARGV[5] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   redis.call('EXPIRE', KEYS[2], ARGV[5])
@@ -289,8 +355,9 @@ return 1
 /// saved, the lease is released and the stored final returned.
 /// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint, KEYS[5] history list.
 /// ARGV token, expected version, new version, state (without history), final, final ttl seconds,
-/// 'replace' or 'append', idle session ttl seconds (0: none), then the messages to add to the
-/// history.
+/// 'replace' or 'append', idle session ttl seconds (0: none), offset of the loaded history in the
+/// list afterwards, how many of the list's oldest messages to drop, then the messages to add to
+/// the history.
 /// Returns {1} done, {0} version conflict, {-1} lease lost, {2, final} an earlier final stands.
 const COMPLETE_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1} end
@@ -303,9 +370,10 @@ end
 if ARGV[4] ~= '' then
   local current = redis.call('HGET', KEYS[1], 'version')
   if (current or '0') ~= ARGV[2] then return {0} end
-  redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4])
+  redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4], 'offset', ARGV[9])
   if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
-  for i = 9, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  for i = 11, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  if ARGV[10] ~= '0' then redis.call('LTRIM', KEYS[5], ARGV[10], -1) end
 end
 if ARGV[8] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[8])
@@ -332,7 +400,8 @@ return false
 /// most attempts. Returns {'finished', final}; {'busy'} (another holds the lease; nothing
 /// counted; also when the lease is this caller's own, held by an earlier run of the task);
 /// {'exhausted', n} (attempt n counted, over the limit, lease not taken); or
-/// {'started', n, version, state, checkpoint} with the lease taken.
+/// {'started', n, version, state, checkpoint, offset, history} with the lease taken (the history
+/// from the offset on: what a summary stands for is not loaded).
 const BEGIN_SCRIPT: &str = r#"
 local done = redis.call('GET', KEYS[1])
 if done then return {'finished', done} end
@@ -341,12 +410,22 @@ local n = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-local session = redis.call('HMGET', KEYS[4], 'version', 'state')
+local session = redis.call('HMGET', KEYS[4], 'version', 'state', 'offset')
 redis.call('PERSIST', KEYS[4])
 redis.call('PERSIST', KEYS[6])
 local checkpoint = redis.call('GET', KEYS[5])
-local history = redis.call('LRANGE', KEYS[6], 0, -1)
-return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', history}
+local offset = session[3] or '0'
+local history = redis.call('LRANGE', KEYS[6], tonumber(offset), -1)
+return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', offset, history}
+"#;
+
+/// Loads a session: KEYS[1] session hash, KEYS[2] history list. Returns {version, state, offset,
+/// history from the offset on}.
+const LOAD_SCRIPT: &str = r#"
+local session = redis.call('HMGET', KEYS[1], 'version', 'state', 'offset')
+local offset = session[3] or '0'
+local history = redis.call('LRANGE', KEYS[2], tonumber(offset), -1)
+return {session[1] or '0', session[2] or '', offset, history}
 "#;
 
 /// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).
@@ -385,62 +464,40 @@ fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
 /// Redis-backed state shared by every lead and worker.
 #[derive(Clone)]
 pub struct SessionStore {
-    connection: ConnectionManager,
+    /// One node, the primary Sentinels name, or a Redis Cluster (`connection`).
+    connection: RedisConnection,
     /// Seconds an idle session is kept after its last save; 0: for ever.
     session_ttl_secs: u64,
+    session_max_messages: u64,
 }
 
 impl SessionStore {
     /// Connects; fails clearly if Redis cannot be reached within a few seconds.
     pub async fn connect(cfg: &RedisConfig) -> Result<Self, StoreError> {
-        use redis::IntoConnectionInfo;
-        let mut info = cfg.url.as_str().into_connection_info()?;
-        if let Some(password) = cfg.password().map_err(StoreError::Config)? {
-            if info.redis_settings().password().is_none() {
-                let settings = info.redis_settings().clone().set_password(password);
-                info = info.set_redis_settings(settings);
-            }
-        }
-        let client = match &cfg.tls_ca {
-            Some(ca) => {
-                let root_cert = std::fs::read(ca).map_err(|e| {
-                    StoreError::Config(format!("cannot read the CA file {}: {e}", ca.display()))
-                })?;
-                let certificates = redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                };
-                redis::Client::build_with_tls(info, certificates)?
-            }
-            None => redis::Client::open(info)?,
-        };
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(3);
-        let connection = ConnectionManager::new_with_config(client, config).await?;
+        let connection = RedisConnection::open(cfg).await?;
         Ok(Self {
             connection,
             session_ttl_secs: cfg.session_ttl.map_or(0, |ttl| ttl.as_secs().max(1)),
+            session_max_messages: cfg.session_max_messages,
         })
     }
 
     /// Loads a session; a session never saved is empty at version 0.
     pub async fn load(&self, tenant: &str, session: &str) -> Result<LoadedSession, StoreError> {
         let mut conn = self.connection.clone();
-        let ((version, state), listed): ((Option<u64>, Option<String>), Vec<String>) =
-            redis::pipe()
-                .atomic()
-                .cmd("HMGET")
-                .arg(keys::session(tenant, session))
-                .arg("version")
-                .arg("state")
-                .lrange(keys::history(tenant, session), 0, -1)
-                .query_async(&mut conn)
-                .await?;
+        let (reply, listed) = split_history(
+            Script::new(LOAD_SCRIPT)
+                .key(keys::session(tenant, session))
+                .key(keys::history(tenant, session))
+                .invoke_async(&mut conn)
+                .await?,
+        )?;
+        let [version, state, offset] = reply.as_slice() else {
+            return Err(StoreError::UnexpectedReply("the session-load script"));
+        };
         Ok(LoadedSession {
-            version: version.unwrap_or(0),
-            state: session_from(state.as_deref().unwrap_or(""), listed)?,
+            version: parse_number("session version", version)?,
+            state: session_from(state, parse_number("history offset", offset)?, listed)?,
         })
     }
 
@@ -453,7 +510,7 @@ impl SessionStore {
         state: &SessionState,
     ) -> Result<u64, StoreError> {
         let mut conn = self.connection.clone();
-        let write = HistoryWrite::of(state)?;
+        let write = HistoryWrite::of(state, self.session_max_messages)?;
         let next = next_version(expected_version)?;
         let saved: i64 = Script::new(SAVE_SCRIPT)
             .key(keys::session(tenant, session))
@@ -463,6 +520,8 @@ impl SessionStore {
             .arg(write.meta)
             .arg(if write.replace { "replace" } else { "append" })
             .arg(self.session_ttl_secs)
+            .arg(write.offset)
+            .arg(write.trim)
             .arg(write.messages)
             .invoke_async(&mut conn)
             .await?;
@@ -534,8 +593,9 @@ impl SessionStore {
             )?)),
             Some("busy") => Ok(TurnStart::Busy),
             Some("exhausted") => Ok(TurnStart::Exhausted(number("attempt count", reply.get(1))?)),
-            Some("started") if reply.len() == 5 => {
-                let state = session_from(&reply[3], listed)?;
+            Some("started") if reply.len() == 6 => {
+                let offset = number("history offset", reply.get(5))?;
+                let state = session_from(&reply[3], offset, listed)?;
                 let checkpoint = match reply[4].as_str() {
                     "" => None,
                     json => Some(decode(json)?),
@@ -651,7 +711,9 @@ impl SessionStore {
     ) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
         let (tenant, session) = (result.tenant.as_str(), result.session.as_str());
-        let write = state.map(HistoryWrite::of).transpose()?;
+        let write = state
+            .map(|state| HistoryWrite::of(state, self.session_max_messages))
+            .transpose()?;
         let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
         let script = Script::new(COMPLETE_SCRIPT);
         let mut invocation = script.prepare_invoke();
@@ -671,7 +733,9 @@ impl SessionStore {
                 Some(w) if w.replace => "replace",
                 _ => "append",
             })
-            .arg(self.session_ttl_secs);
+            .arg(self.session_ttl_secs)
+            .arg(write.as_ref().map_or(0, |w| w.offset))
+            .arg(write.as_ref().map_or(0, |w| w.trim));
         if let Some(write) = &write {
             invocation.arg(&write.messages);
         }
@@ -690,7 +754,7 @@ impl SessionStore {
                     .get(1)
                     .and_then(|v| redis::from_redis_value(v.clone()).ok())
                     .ok_or(StoreError::UnexpectedReply("the turn-end script"))?;
-                Ok(Ended::Earlier(decode(&earlier)?))
+                Ok(Ended::Earlier(Box::new(decode(&earlier)?)))
             }
             _ => Err(StoreError::UnexpectedReply("the turn-end script")),
         }
@@ -751,7 +815,7 @@ impl SessionStore {
             .await?;
         match earlier {
             None => Ok(Ended::Stored),
-            Some(json) => Ok(Ended::Earlier(decode(&json)?)),
+            Some(json) => Ok(Ended::Earlier(Box::new(decode(&json)?))),
         }
     }
 

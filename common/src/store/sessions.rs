@@ -97,26 +97,10 @@ impl SessionStore {
         Ok(Removal::Removed(found.len()))
     }
 
-    /// Every key matching `pattern` (SCAN, so Redis is never blocked).
+    /// Every key matching `pattern` (SCAN, so Redis is never blocked; every primary of a Redis
+    /// Cluster).
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.connection.clone();
-        let mut cursor: u64 = 0;
-        let mut found = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await?;
-            found.extend(keys);
-            if next == 0 {
-                return Ok(found);
-            }
-            cursor = next;
-        }
+        Ok(self.connection.scan(pattern, SCAN_COUNT).await?)
     }
 }
 

@@ -11,6 +11,15 @@
 //! [`BusEvents::flush`] awaits it. The final event is the exception: [`BusEvents::announce`]
 //! reports whether the stream stored it, and the lead settles a task only once it has (the final
 //! result is also stored in Redis, where any lead answers a client's lookup).
+//!
+//! No event outgrows a broker message. Before it is published, a value over the inline limit
+//! (`payloads::inline_limit`: 256 KiB on a 1 MiB bus) is fitted: a text delta (`model_delta`,
+//! `reasoning_delta`) is split into several events, in order; the arguments of `tool_started` and
+//! `approval_requested` are stored in the tenant's payload bucket and shown as a string
+//! previewing their JSON (head and tail) with `arguments_ref`; a final answer is stored the same
+//! way (`answer_ref`), and cut to fit if it cannot be stored. An event still too large for a
+//! message is replaced by a `warning` saying so, so the stream never misses a position.
+//! Listeners (in-process) get each event whole, once, before it is fitted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +29,10 @@ use futures::future::BoxFuture;
 use crate::agent::hooks::Listeners;
 use crate::agent::seams::EventSink;
 use crate::bus::{Bus, BusError, PendingAck};
-use crate::protocol::{now_ms, EventKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION};
+use crate::payloads::{inline_limit, PayloadStore};
+use crate::protocol::{
+    now_ms, EventKind, Failure, FailureKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION,
+};
 
 /// Emits the events of one agent loop.
 #[derive(Clone)]
@@ -33,6 +45,8 @@ pub struct BusEvents {
     seq: Arc<AtomicU64>,
     /// The confirmation of the latest event, until it is awaited.
     latest: Arc<Mutex<Option<PendingAck>>>,
+    /// Where values too large for an event are stored.
+    payloads: PayloadStore,
 }
 
 impl BusEvents {
@@ -43,6 +57,7 @@ impl BusEvents {
         source: impl Into<Arc<str>>,
     ) -> Self {
         Self {
+            payloads: PayloadStore::new(&bus),
             bus,
             listeners,
             origin,
@@ -69,8 +84,16 @@ impl BusEvents {
     }
 
     pub async fn emit(&self, event: EventKind) {
-        let event = self.next_event(event);
-        match self.bus.publish_event(&self.origin.tenant, &event).await {
+        self.listeners.notify(&self.origin, &self.source, &event);
+        for event in self.fit(event).await {
+            self.send(event).await;
+        }
+    }
+
+    /// Publishes one fitted event without waiting for its confirmation (a failure is logged).
+    async fn send(&self, event: EventKind) {
+        let event = self.number(event);
+        match self.publish(event).await {
             Ok(ack) => {
                 if let Ok(mut latest) = self.latest.lock() {
                     // The previous confirmation, if still held, goes to the background acker.
@@ -78,7 +101,7 @@ impl BusEvents {
                 }
             }
             Err(e) => {
-                tracing::warn!(task_id = %event.task_id, error = %e, "turn event not published")
+                tracing::warn!(task_id = %self.origin.task_id, error = %e, "turn event not published")
             }
         }
     }
@@ -86,22 +109,113 @@ impl BusEvents {
     /// Publishes an event and waits until the stream has stored it (and so every event before
     /// it on this connection was handled too).
     pub async fn announce(&self, event: EventKind) -> Result<(), BusError> {
-        // A final result always fits its event (its answer cut if need be), or the client would
-        // wait for ever for an answer that is stored but never announced.
-        let event = match event {
-            EventKind::Final { result } => EventKind::Final {
-                result: result.fitted(self.bus.max_payload().saturating_sub(EVENT_ROOM)),
-            },
-            other => other,
+        self.listeners.notify(&self.origin, &self.source, &event);
+        // A final result always fits its event (its answer by reference, or cut if it cannot be
+        // stored), or the client would wait for ever for an answer that is never announced.
+        let mut pieces = self.fit(event).await;
+        let Some(last) = pieces.pop() else {
+            return Ok(());
         };
-        let event = self.next_event(event);
-        let ack = self.bus.publish_event(&self.origin.tenant, &event).await?;
+        for piece in pieces {
+            self.send(piece).await;
+        }
+        let ack = self.publish(self.number(last)).await?;
         ack.confirmed().await.map(|_| ())
     }
 
-    /// Tells the listeners and numbers the event.
-    fn next_event(&self, event: EventKind) -> TurnEvent {
-        self.listeners.notify(&self.origin, &self.source, &event);
+    /// The events that carry `event` within a broker message (see the module header).
+    async fn fit(&self, event: EventKind) -> Vec<EventKind> {
+        let limit = inline_limit(self.bus.max_payload());
+        match event {
+            EventKind::ModelDelta { text } if text.len() > limit => split(&text, limit)
+                .map(|text| EventKind::ModelDelta { text })
+                .collect(),
+            EventKind::ReasoningDelta { text } if text.len() > limit => split(&text, limit)
+                .map(|text| EventKind::ReasoningDelta { text })
+                .collect(),
+            EventKind::ToolStarted {
+                call_id,
+                tool,
+                arguments,
+                arguments_ref: None,
+                permission,
+                rule,
+            } => {
+                let (arguments, arguments_ref) = self
+                    .payloads
+                    .arguments_for_event(&self.origin, arguments, limit)
+                    .await;
+                vec![EventKind::ToolStarted {
+                    call_id,
+                    tool,
+                    arguments,
+                    arguments_ref,
+                    permission,
+                    rule,
+                }]
+            }
+            EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                arguments,
+                arguments_ref: None,
+                rule,
+                expires_at_ms,
+            } => {
+                let (arguments, arguments_ref) = self
+                    .payloads
+                    .arguments_for_event(&self.origin, arguments, limit)
+                    .await;
+                vec![EventKind::ApprovalRequested {
+                    call_id,
+                    tool,
+                    arguments,
+                    arguments_ref,
+                    rule,
+                    expires_at_ms,
+                }]
+            }
+            EventKind::Final { result } => {
+                let message_limit = self.bus.max_payload().saturating_sub(EVENT_ROOM);
+                let result = self
+                    .payloads
+                    .final_for_message(result, limit, message_limit)
+                    .await;
+                vec![EventKind::Final { result }]
+            }
+            other => vec![other],
+        }
+    }
+
+    /// Publishes a numbered event; one still too large for a message goes out as a `warning`
+    /// saying so, in its place.
+    async fn publish(&self, event: TurnEvent) -> Result<PendingAck, BusError> {
+        match self.bus.publish_event(&self.origin.tenant, &event).await {
+            Err(BusError::TooLarge { size, limit }) => {
+                let kind = serde_json::to_value(&event.event)
+                    .ok()
+                    .and_then(|value| value["type"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                tracing::warn!(task_id = %event.task_id, kind, size, "turn event too large; a warning takes its place");
+                let failure = Failure::new(
+                    FailureKind::TooLarge,
+                    format!(
+                        "a {kind} event of {size} bytes was left out: over the {limit}-byte \
+                         message cap"
+                    ),
+                );
+                let warning = TurnEvent {
+                    event: EventKind::Warning { failure },
+                    ..event
+                };
+                self.bus.publish_event(&self.origin.tenant, &warning).await
+            }
+            other => other,
+        }
+    }
+
+    /// Numbers an event of this sink.
+    fn number(&self, event: EventKind) -> TurnEvent {
         TurnEvent {
             v: PROTOCOL_VERSION,
             task_id: self.origin.task_id.clone(),
@@ -126,8 +240,44 @@ impl BusEvents {
 /// Room kept in a message for a final event's envelope (its other fields and headers).
 const EVENT_ROOM: usize = 2048;
 
+/// `text` in pieces of at most `limit` bytes (at least one character each), cut at character
+/// boundaries.
+fn split(text: &str, limit: usize) -> impl Iterator<Item = String> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= text.len() {
+            return None;
+        }
+        let mut end = crate::text::floor_char_boundary(text, start.saturating_add(limit));
+        if end <= start {
+            end = crate::text::ceil_char_boundary(text, start + 1);
+        }
+        let piece = text[start..end].to_owned();
+        start = end;
+        Some(piece)
+    })
+}
+
 impl EventSink for BusEvents {
     fn emit(&self, event: EventKind) -> BoxFuture<'_, ()> {
         Box::pin(BusEvents::emit(self, event))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn split_pieces_keep_the_text_in_order_within_the_limit() {
+        let text = format!("a{}b", "é".repeat(1000));
+        let pieces: Vec<String> = split(&text, 101).collect();
+        assert_eq!(pieces.concat(), text);
+        assert!(pieces.iter().all(|p| p.len() <= 101 && !p.is_empty()));
+        // Full pieces but the last: a cut moves back at most to the character's start.
+        assert!(pieces.iter().rev().skip(1).all(|p| p.len() >= 100));
+        // A limit below one character still moves on, one character at a time.
+        assert_eq!(split("éé", 1).collect::<Vec<_>>(), ["é", "é"]);
+        assert_eq!(split("", 10).count(), 0);
     }
 }

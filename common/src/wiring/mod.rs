@@ -6,7 +6,7 @@
 //! - [`approvals`]: `StoredApprovals`, the approval gate over the answers stored in Redis.
 //! - [`assemble`]: a cluster runtime from configuration: the model provider, the NATS dispatcher as
 //!   tool service, the live worker registry as tool directory, the embedder's middleware, and
-//!   the model traffic limits shared through Redis right around the provider.
+//!   around the provider the spending budgets and the model traffic limits shared through Redis.
 
 pub mod approvals;
 pub mod checkpoints;
@@ -17,7 +17,9 @@ use std::sync::Arc;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
-use crate::agent::middleware::{Middleware, ModelTrafficLayer, TrafficLimits};
+use crate::agent::middleware::{
+    BudgetSettings, Middleware, ModelBudgetLayer, ModelTrafficLayer, TrafficLimits, TrafficPolicy,
+};
 use crate::agent::model::Provider;
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::seams::ProviderService;
@@ -43,10 +45,24 @@ pub fn assemble(
     let store = dispatcher.store().clone();
     let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));
     let provider = ProviderService::new(provider);
-    let limits = TrafficLimits::from_config(model);
+    // Checked by the process's configuration already, like the budget settings below.
+    let limits = TrafficPolicy::from_config(model).unwrap_or_else(|error| {
+        tracing::error!(%error, "model limits file unreadable; only the default limits apply");
+        TrafficPolicy {
+            defaults: TrafficLimits::from_config(model),
+            ..TrafficPolicy::default()
+        }
+    });
+    // Checked by the process's configuration already; read again here, and should the files have
+    // changed since, said loudly.
+    let budgets = BudgetSettings::from_config(model).unwrap_or_else(|error| {
+        tracing::error!(%error, "budget settings unreadable; model prices and tenant budgets are off");
+        BudgetSettings::default()
+    });
+    let budgets = ModelBudgetLayer::new(store.clone(), budgets, metrics.clone());
     let model = match ModelTrafficLayer::new(store, limits) {
-        Some(traffic) => BoxCloneSyncService::new(traffic.layer(provider)),
-        None => BoxCloneSyncService::new(provider.map_err(Into::into)),
+        Some(traffic) => BoxCloneSyncService::new(budgets.layer(traffic.layer(provider))),
+        None => BoxCloneSyncService::new(budgets.layer(provider)),
     };
     Runtime::new(model, tools, directory, skills, middleware, settings).with_metrics(metrics)
 }

@@ -23,6 +23,7 @@ use clap::Args;
 
 use crate::config::{
     ENV_WORKSPACE_MAX_FILE_BYTES, ENV_WORKSPACE_MAX_SESSION_BYTES, ENV_WORKSPACE_REPLICAS,
+    MAX_REPLICAS,
 };
 use crate::protocol::validate_token;
 
@@ -173,10 +174,11 @@ pub struct WorkspaceStoreConfig {
     /// Largest total of one session workspace's files (bytes, or with a KiB, MiB or GiB suffix).
     #[arg(long = "workspace-max-session", env = ENV_WORKSPACE_MAX_SESSION_BYTES, default_value = "256MiB", value_parser = parse_size)]
     pub max_session_bytes: u64,
-    /// Replicas of a tenant's workspace bucket when it is created (object mode; 1 to 5, at most
-    /// the NATS cluster's size).
-    #[arg(long = "workspace-replicas", env = ENV_WORKSPACE_REPLICAS, default_value_t = 1)]
-    pub replicas: usize,
+    /// Replicas of a tenant's workspace bucket (object mode; 1 to 5, at most the NATS cluster's
+    /// size); an existing bucket with fewer is raised to them. Unset: the stream replicas
+    /// (`SKEIN_STREAM_REPLICAS`).
+    #[arg(long = "workspace-replicas", env = ENV_WORKSPACE_REPLICAS)]
+    pub replicas: Option<usize>,
 }
 
 impl Default for WorkspaceStoreConfig {
@@ -184,7 +186,7 @@ impl Default for WorkspaceStoreConfig {
         Self {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
-            replicas: 1,
+            replicas: None,
         }
     }
 }
@@ -201,13 +203,19 @@ impl WorkspaceStoreConfig {
                 self.max_session_bytes, self.max_file_bytes
             ));
         }
-        if !(1..=5).contains(&self.replicas) {
-            return Err(format!(
-                "workspace replicas must be 1 to 5, got {}",
-                self.replicas
-            ));
+        if let Some(replicas) = self.replicas {
+            if !(1..=MAX_REPLICAS).contains(&replicas) {
+                return Err(format!(
+                    "workspace replicas must be 1 to {MAX_REPLICAS}, got {replicas}"
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// Replicas of the buckets: the setting, else `stream_replicas`.
+    pub fn bucket_replicas(&self, stream_replicas: usize) -> usize {
+        self.replicas.unwrap_or(stream_replicas)
     }
 
     pub fn limits(&self) -> Limits {

@@ -210,6 +210,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         input: args.input.clone(),
         overrides: None,
         deadline_ms: None,
+        budget: None,
     };
     let began = Instant::now();
     let code = super::submit::run_and_render(&client, &submission, args.timeout, false).await;

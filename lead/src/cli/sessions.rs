@@ -80,11 +80,17 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
             }
             let history = &loaded.state.history;
             println!(
-                "session {session}: {} turns, {} messages, version {}",
+                "session {session}: {} turns, {} messages in context, version {}",
                 loaded.state.turns,
                 history.len(),
                 loaded.version
             );
+            if let Some(summary) = &loaded.state.summary {
+                println!(
+                    "summary of {} earlier messages:\n{}",
+                    summary.messages, summary.text
+                );
+            }
             for message in &history[history.len().saturating_sub(last)..] {
                 let text: String = message.content.chars().take(PREVIEW_CHARS).collect();
                 let more = if text.len() < message.content.len() {

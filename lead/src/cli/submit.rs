@@ -8,7 +8,7 @@ use clap::Args;
 use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT, ENV_USER};
 use skein_common::protocol::{
-    EventKind, FinalResult, TaskSubmission, TurnEvent, TurnStatus, PROTOCOL_VERSION,
+    Budget, EventKind, FinalResult, TaskSubmission, TurnEvent, TurnStatus, PROTOCOL_VERSION,
 };
 use skein_common::store::SessionStore;
 
@@ -34,6 +34,12 @@ pub struct SubmitArgs {
     /// Deadline of the task, from now: it is not started after it and is stopped when it passes.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub deadline: Option<Duration>,
+    /// Most model tokens the task (its subagents included) may use; held to the agent's budget.
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    /// Most the task's model calls may cost, in US dollars; held to the agent's budget.
+    #[arg(long)]
+    pub max_cost_usd: Option<f64>,
     /// Longest to wait for the final result.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -77,6 +83,11 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
         deadline_ms: args
             .deadline
             .map(|d| skein_common::protocol::now_ms() + d.as_millis() as u64),
+        budget: Some(Budget {
+            max_total_tokens: args.max_tokens,
+            max_cost_usd: args.max_cost_usd,
+        })
+        .filter(|budget| !budget.is_empty()),
     };
     // Every id is checked before anything connects or builds a subject from it; the input's
     // size is checked against the broker's payload cap once connected.
@@ -126,7 +137,9 @@ pub async fn run_and_render(
             }
             match result.status {
                 TurnStatus::Completed => ExitCode::SUCCESS,
-                TurnStatus::Failed | TurnStatus::Cancelled => ExitCode::FAILURE,
+                TurnStatus::Failed | TurnStatus::Cancelled | TurnStatus::BudgetExhausted => {
+                    ExitCode::FAILURE
+                }
             }
         }
         Err(e) => {
@@ -140,13 +153,34 @@ fn print_result(result: &FinalResult) {
     match (&result.answer, &result.failure) {
         (Some(answer), _) => {
             println!("{answer}");
+            // Set only when the whole answer could not be fetched: say where it is.
+            if let Some(reference) = &result.answer_ref {
+                eprintln!(
+                    "answer shortened · the whole ({} bytes) is object {} of bucket {} \
+                     (nats object get {} {})",
+                    reference.size,
+                    reference.name,
+                    reference.bucket,
+                    reference.bucket,
+                    reference.name
+                );
+            }
             let note = if result.limit_reached {
                 " · step limit reached"
             } else {
                 ""
             };
+            let spent = result
+                .spent
+                .map(|spent| format!(" · spent {spent}"))
+                .unwrap_or_default();
+            let done = if result.status == TurnStatus::BudgetExhausted {
+                "budget exhausted"
+            } else {
+                "done"
+            };
             eprintln!(
-                "done · {} model calls · {} prompt + {} completion tokens{note}",
+                "{done} · {} model calls · {} prompt + {} completion tokens{spent}{note}",
                 result.iterations, result.usage.prompt_tokens, result.usage.completion_tokens
             );
         }
@@ -155,9 +189,12 @@ fn print_result(result: &FinalResult) {
     }
 }
 
-/// Human rendering of a turn's events on stderr, with a spinner while the model streams.
+/// Human rendering of a turn's events on stderr, with a spinner while the model streams its
+/// answer and its reasoning as it streams (dimmed on a terminal).
 struct Progress {
     ticks: usize,
+    /// The source whose reasoning is being written (its line is still open).
+    reasoning_from: Option<String>,
     /// What `skein approve` / `skein deny` need besides the task id to reach this task's tenant.
     tenant_flag: String,
 }
@@ -168,11 +205,36 @@ impl Progress {
     fn new(tenant: &str) -> Self {
         Self {
             ticks: 0,
+            reasoning_from: None,
             tenant_flag: if tenant == "default" {
                 String::new()
             } else {
                 format!(" --tenant {tenant}")
             },
+        }
+    }
+
+    /// Writes a piece of reasoning: a `reasoning:` line per source, dimmed on a terminal.
+    fn reason(&mut self, source: &str, who: &str, text: &str) {
+        let mut err = std::io::stderr();
+        let terminal = err.is_terminal();
+        if self.reasoning_from.as_deref() != Some(source) {
+            self.end_reasoning();
+            let _ = write!(err, "\r{who}reasoning: ");
+            self.reasoning_from = Some(source.to_owned());
+        }
+        let _ = if terminal {
+            write!(err, "\x1b[2m{text}\x1b[0m")
+        } else {
+            write!(err, "{text}")
+        };
+        let _ = err.flush();
+    }
+
+    /// Closes the line of reasoning being written, if any.
+    fn end_reasoning(&mut self) {
+        if self.reasoning_from.take().is_some() {
+            let _ = writeln!(std::io::stderr());
         }
     }
 
@@ -182,6 +244,11 @@ impl Progress {
         } else {
             format!("[{}] ", event.source)
         };
+        if let EventKind::ReasoningDelta { text } = &event.event {
+            self.reason(&event.source, &who, text);
+            return;
+        }
+        self.end_reasoning();
         let mut err = std::io::stderr();
         match &event.event {
             EventKind::TurnStarted {
@@ -194,6 +261,19 @@ impl Progress {
                     let _ = writeln!(err, "{who}started on {instance}");
                 }
             },
+            EventKind::ReasoningDelta { .. } => {}
+            EventKind::Compacted {
+                messages,
+                tokens_before,
+                tokens_after,
+                ..
+            } => {
+                let _ = writeln!(
+                    err,
+                    "\r{who}compacted {messages} earlier messages into a summary \
+                     ({tokens_before} → {tokens_after} tokens)"
+                );
+            }
             EventKind::ModelDelta { .. } => {
                 if !std::io::stderr().is_terminal() {
                     return;
@@ -205,6 +285,9 @@ impl Progress {
             EventKind::ToolStarted {
                 tool, arguments, ..
             } => {
+                // One line: long arguments (or a preview of huge ones) are shortened.
+                let arguments =
+                    super::approvals::compact(arguments, 4 * super::approvals::ARGUMENTS_WIDTH);
                 let _ = writeln!(err, "\r{who}→ {tool} {arguments}");
             }
             EventKind::ToolFinished {
@@ -224,6 +307,7 @@ impl Progress {
                 arguments,
                 rule,
                 expires_at_ms,
+                ..
             } => {
                 let arguments =
                     super::approvals::compact(arguments, super::approvals::ARGUMENTS_WIDTH);

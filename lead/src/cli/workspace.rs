@@ -148,7 +148,7 @@ async fn open(target: &Target, session: &str) -> Result<(ObjectWorkspaces, Sessi
     let client = SkeinClient::connect(&target.nats)
         .await
         .map_err(|e| e.to_string())?;
-    let objects = ObjectWorkspaces::new(client.bus().jetstream().clone(), &target.store, NO_CACHE);
+    let objects = ObjectWorkspaces::new(client.bus(), &target.store, NO_CACHE);
     Ok((objects, session))
 }
 

@@ -22,7 +22,7 @@ impl Lead {
             Ok(Ended::Stored) => announced(self.announce_final(result).await),
             Ok(Ended::Earlier(earlier)) => {
                 tracing::info!("task already ended; announcing its stored result");
-                announced(self.announce_final(earlier).await)
+                announced(self.announce_final(*earlier).await)
             }
             Err(e) => {
                 // Announced all the same; a later delivery stores it again.
@@ -42,6 +42,7 @@ impl Lead {
             session: result.session.clone(),
             workspace: result.session.clone(),
             deadline_ms: None,
+            budget: None,
         };
         let events = BusEvents::new(self.bus.clone(), Listeners::default(), origin, "lead");
         events.announce(EventKind::Final { result }).await
@@ -98,6 +99,7 @@ impl Lead {
                     input: String::new(),
                     overrides: None,
                     deadline_ms: None,
+                    budget: None,
                 };
                 // Best effort: the dead letter below keeps the record of the refusal.
                 if let Err(e) = self
@@ -163,10 +165,12 @@ pub(super) fn failed_result(
         session: submission.session.clone(),
         status: TurnStatus::Failed,
         answer: None,
+        answer_ref: None,
         failure: Some(failure),
         iterations,
         limit_reached: false,
         usage: Default::default(),
         trace_id: skein_common::telemetry::current_trace_id(),
+        spent: None,
     }
 }

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use skein_common::admin::{self, Readiness};
+use skein_common::agent::context::ContextLimits;
 use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::hooks::Listeners;
 use skein_common::agent::middleware::Middleware;
@@ -157,17 +158,28 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     let provider_name = provider.label();
     let metrics = Metrics::new();
     let readiness = Readiness::default();
-    let bus = Bus::connect(
-        &cfg.nats,
-        &format!("skein-lead {instance}"),
-        cfg.process.max_payload,
-    )
-    .await?;
-    bus.ensure_streams().await?;
-    let store = SessionStore::connect(&cfg.redis).await?;
-
+    // Health answers (and readiness says no) while start-up waits for NATS and Redis.
     let work = Workload::default();
     admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
+    // Boxed: the wait's nested retry futures would otherwise sit inline in this function's
+    // future, deepening every caller's type past the compiler's layout limit.
+    let connected = Box::pin(skein_common::startup::connect::<LeadError>(
+        &cfg.nats,
+        &cfg.redis,
+        &format!("skein-lead {instance}"),
+        cfg.process.max_payload,
+        cfg.process.startup_timeout,
+        &shutdown,
+    ))
+    .await;
+    let (bus, store) = match connected {
+        Ok(Some(connected)) => connected,
+        // Stopped (`None`) or failed while waiting: nothing else has started.
+        ended => {
+            work.drain(cfg.process.grace).await;
+            return ended.map(|_| ());
+        }
+    };
     let dispatcher = Dispatcher::start(
         bus.clone(),
         store.clone(),
@@ -186,6 +198,10 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
             provider: provider_name.into(),
             tool_timeout: cfg.process.tool_timeout,
             subagent_timeout: cfg.subagent_timeout,
+            context: ContextLimits {
+                default_context_tokens: cfg.model.context_tokens,
+                ..ContextLimits::default()
+            },
             ..RuntimeSettings::default()
         },
         metrics.clone(),

@@ -163,6 +163,7 @@ impl Lead {
                     // Held longer than a lease can live unrenewed: its holder is alive and busy.
                     // Free the slot; the broker offers the task again.
                     tracing::info!("the session is busy; handing the task back");
+                    self.metrics.lease_conflict("busy");
                     return Settled::NotYet;
                 }
                 Ok(TurnStart::Busy) => {}
@@ -307,7 +308,10 @@ impl Lead {
             resume,
             first_run,
         } = turn;
-        let origin = submission.origin();
+        let mut origin = submission.origin();
+        // The task's budget, each limit held to its agent's; its subagents draw from it too.
+        origin.budget = submission.budget_scope(self.agents.budget(&submission.agent));
+        let budget = origin.budget.clone();
         let events = Arc::new(
             BusEvents::new(
                 self.bus.clone(),
@@ -334,6 +338,7 @@ impl Lead {
             origin,
             agent,
             history: &loaded.state.history,
+            summary: loaded.state.summary.as_ref(),
             loaded_skills: &loaded.state.skills,
             skills: None,
             input: submission.input.clone(),
@@ -353,7 +358,10 @@ impl Lead {
         };
         let mut deadline_hit = false;
         let output = tokio::select! {
-            lost = renew => return Settled::Retry(lost),
+            lost = renew => {
+                self.metrics.lease_conflict("lost");
+                return Settled::Retry(lost);
+            }
             output = async {
                 tokio::pin!(turn);
                 tokio::select! {
@@ -400,11 +408,20 @@ impl Lead {
                     new_messages: Vec::new(),
                     loaded_skills: Vec::new(),
                     asked_approval: true,
+                    compaction: None,
                 }
             }
         };
-        let state = (output.status == TurnStatus::Completed).then(|| {
+        // A turn stopped by its budget keeps its work: the session saves it as a completed one's.
+        let keeps_messages = matches!(
+            output.status,
+            TurnStatus::Completed | TurnStatus::BudgetExhausted
+        );
+        let state = keeps_messages.then(|| {
             let mut state = loaded.state;
+            if let Some(compaction) = &output.compaction {
+                state.compact(compaction);
+            }
             state.history.extend(output.new_messages.iter().cloned());
             state.turns += 1;
             for skill in &output.loaded_skills {
@@ -414,6 +431,16 @@ impl Lead {
             }
             state
         });
+        let spent = match &budget {
+            Some(scope) => match self.store.budget_spent(tenant, scope).await {
+                Ok(spent) => Some(spent),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the task's spending could not be read");
+                    None
+                }
+            },
+            None => None,
+        };
         let result = FinalResult {
             v: PROTOCOL_VERSION,
             task_id: submission.task_id.clone(),
@@ -421,11 +448,13 @@ impl Lead {
             session: session.to_owned(),
             status: output.status,
             answer: output.answer,
+            answer_ref: None,
             failure: output.failure,
             iterations: output.iterations,
             limit_reached: output.limit_reached,
             usage: output.usage,
             trace_id: skein_common::telemetry::current_trace_id(),
+            spent,
         };
         match lease
             .complete(loaded.version, state.as_ref(), &result)
@@ -436,7 +465,7 @@ impl Lead {
                 // Ended on another path meanwhile (a cancel before its start, on a redelivery):
                 // that result stands, and this turn's history is not saved.
                 tracing::warn!(status = ?earlier.status, "the task had ended already; its stored result stands");
-                return announced(events.announce(EventKind::Final { result: earlier }).await);
+                return announced(events.announce(EventKind::Final { result: *earlier }).await);
             }
             Err(e) => return Settled::store_trouble(e),
         }
@@ -444,6 +473,7 @@ impl Lead {
             TurnStatus::Completed => "completed",
             TurnStatus::Failed => "failed",
             TurnStatus::Cancelled => "cancelled",
+            TurnStatus::BudgetExhausted => "budget_exhausted",
         };
         self.metrics.turn_finished(outcome, started.elapsed());
         if output.asked_approval {

@@ -285,5 +285,6 @@ pub fn submission(tenant: &str, session: &str, input: &str) -> TaskSubmission {
         input: input.into(),
         overrides: None,
         deadline_ms: None,
+        budget: None,
     }
 }

@@ -34,6 +34,9 @@ pub enum FakeReply {
     Answer(String),
     /// The server fails with this HTTP status and body.
     Status(u16, String),
+    /// The server streams exactly these chunks (the JSON of each `data:` event, `[DONE]` added),
+    /// whether or not the request asked for a stream: a recorded answer of a real server.
+    Events(Vec<Value>),
 }
 
 impl FakeReply {
@@ -45,6 +48,21 @@ impl FakeReply {
     /// A text answer.
     pub fn answer(text: impl Into<String>) -> Self {
         FakeReply::Answer(text.into())
+    }
+
+    /// The events of a recorded server-sent-events body (its `data:` lines but `[DONE]`).
+    ///
+    /// # Panics
+    /// When a `data:` line is not JSON.
+    pub fn recorded(sse: &str) -> Self {
+        let events = sse
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(str::trim)
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).expect("a recorded event is JSON"))
+            .collect();
+        FakeReply::Events(events)
     }
 }
 
@@ -500,6 +518,7 @@ fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
                 body,
             }
         }
+        FakeReply::Events(events) => Answer::Events(events),
         FakeReply::Answer(text) if streamed => {
             Answer::Events(streamed_text(&completion_id, &model, &text))
         }
@@ -894,6 +913,7 @@ mod tests {
         {
             match item.expect("each chunk parses") {
                 ModelChunk::Delta(text) => deltas.push_str(&text),
+                ModelChunk::Reasoning(_) => {}
                 ModelChunk::Done(response) => done = Some(response),
             }
         }

@@ -94,9 +94,17 @@ impl NatsServer {
         if let Some(url) = external_url(NATS_URL_ENV) {
             return Self { url, owned: None };
         }
+        Self::start_on_port(free_port())
+    }
+
+    /// Starts a fresh JetStream-enabled server on `port` (one chosen before, with [`free_port`],
+    /// for processes started before the server) and waits until it is ready.
+    ///
+    /// # Panics
+    /// When `nats-server` is not installed or does not become ready in time.
+    pub fn start_on_port(port: u16) -> Self {
         let program = find_binary("nats-server")
             .unwrap_or_else(|| panic!("nats-server not found: apt-get install nats-server"));
-        let port = free_port();
         let dir = make_temp_dir("nats");
         let store = dir.join("jetstream");
         let args: Vec<OsString> = vec![
@@ -140,6 +148,12 @@ impl NatsServer {
             url: format!("nats://127.0.0.1:{port}"),
             owned: Some(owned),
         }
+    }
+
+    /// A handle on servers this handle does not own (the nodes of a
+    /// [`NatsCluster`](super::nats_cluster::NatsCluster), say); `url` may list several.
+    pub fn unowned(url: String) -> Self {
+        Self { url, owned: None }
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit; the port and data stay reserved for
@@ -206,15 +220,27 @@ impl RedisServer {
         Self::start_with_args(&[])
     }
 
+    /// Starts a fresh server on `port` (one chosen before, with [`free_port`], for processes
+    /// started before the server) and waits until it is ready.
+    ///
+    /// # Panics
+    /// When `redis-server` is not installed or does not become ready in time.
+    pub fn start_on_port(port: u16) -> Self {
+        Self::spawn(port, &[])
+    }
+
     /// Starts a fresh server with more `redis-server` arguments (TLS ports, `--requirepass`),
     /// always spawned, never external. The plain port (`url`) still answers the readiness probe.
     ///
     /// # Panics
     /// When `redis-server` is not installed or does not become ready in time.
     pub fn start_with_args(extra: &[String]) -> Self {
+        Self::spawn(free_port(), extra)
+    }
+
+    fn spawn(port: u16, extra: &[String]) -> Self {
         let program = find_binary("redis-server")
             .unwrap_or_else(|| panic!("redis-server not found: apt-get install redis-server"));
-        let port = free_port();
         let dir = make_temp_dir("redis");
         let args: Vec<OsString> = vec![
             "--port".into(),
@@ -445,7 +471,7 @@ fn external_url(env: &str) -> Option<String> {
 }
 
 /// Looks `name` up on `PATH`, then in `/usr/sbin` and `/usr/bin`.
-fn find_binary(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_binary(name: &str) -> Option<PathBuf> {
     let path_dirs = std::env::var_os("PATH")
         .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
         .unwrap_or_default();
@@ -456,7 +482,7 @@ fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-fn make_temp_dir(kind: &str) -> PathBuf {
+pub(crate) fn make_temp_dir(kind: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(unique(&format!("skein-test-{kind}")));
     std::fs::create_dir_all(&dir)
         .unwrap_or_else(|error| panic!("cannot create temp dir {}: {error}", dir.display()));

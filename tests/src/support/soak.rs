@@ -205,6 +205,7 @@ async fn one_task(bus: &Bus, dispatcher: &Dispatcher, batch: &str, i: usize, kin
         session: format!("s{}", i % 16),
         workspace: format!("s{}", i % 16),
         deadline_ms: None,
+        budget: None,
     };
     let (tool, arguments, timeout) = kind.call();
     let route = CallRoute {

@@ -21,7 +21,7 @@ pub async fn object_store(
     )
     .await
     .expect("connects to the test NATS");
-    ObjectWorkspaces::new(bus.jetstream().clone(), cfg, cache)
+    ObjectWorkspaces::new(&bus, cfg, cache)
 }
 
 /// [`object_store`] with the default caps and a 16 MiB cache.

@@ -68,6 +68,8 @@ pub(crate) struct WorkerContext {
     pub registry: ToolRegistry,
     /// Where output over the cap is kept whole (`spill`).
     pub workspace: Arc<dyn crate::workspace::WorkspaceStore>,
+    /// Where arguments and inputs that travel by reference are read.
+    pub payloads: skein_common::payloads::PayloadStore,
     pub runtime: Option<Runtime>,
     pub stats: Arc<ScopeStats>,
     pub instance: String,
@@ -145,9 +147,10 @@ async fn tool_task(
             "error.type" = tracing::field::Empty,
         );
         let running = async {
+            let arguments = arguments(ctx, task).await?;
             let output = ctx
                 .registry
-                .call_whole(&task.tool, task.arguments.clone(), context)
+                .call_whole(&task.tool, arguments, context)
                 .await?;
             let cap = ctx.registry.max_output_bytes();
             let fitted = spill::fit_output(
@@ -158,13 +161,12 @@ async fn tool_task(
                 output,
                 cap,
             );
-            Ok::<_, crate::tools::ToolError>(fitted.await)
+            Ok::<_, Failure>(fitted.await)
         }
         .instrument(span.clone());
         match tokio::time::timeout(timeout, contain_panic(running)).await {
             Ok(Ok(Ok(output))) => CallOutcome::Ok { output },
-            Ok(Ok(Err(e))) => {
-                let failure = e.to_failure();
+            Ok(Ok(Err(failure))) => {
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", failure.kind.as_str());
                 CallOutcome::Failed { failure }
@@ -185,6 +187,15 @@ async fn tool_task(
         outcome = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => Work::Done(outcome),
     };
     conclude(ctx, scope, work, call, started, attempt, &marker).await
+}
+
+/// The task's arguments: carried inline, or read from the payload store by their reference (a
+/// store that cannot be reached is `unavailable`, so the call is tried again).
+async fn arguments(ctx: &WorkerContext, task: &ToolTask) -> Result<serde_json::Value, Failure> {
+    match &task.arguments_ref {
+        None => Ok(task.arguments.clone()),
+        Some(reference) => ctx.payloads.load_arguments(&task.origin, reference).await,
+    }
 }
 
 /// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends

@@ -1,7 +1,8 @@
 //! A subagent task: the child turn run on this worker's runtime in the child session, numbered
 //! after every earlier delivery's events, resumed from the call's checkpoint when an earlier
 //! delivery left one, bounded by the worker's subagent timeout, and saved to the child session
-//! when it completes.
+//! when it completes. Its input may travel by reference (read from the payload store first);
+//! its answer is fitted to the output cap like a tool's output (`spill`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{admit, check_task, refuse, Admitted};
 use super::settling::conclude;
+use super::spill;
 use super::{contain_panic, stopped, CallRef, Work, WorkerContext};
 use crate::scope::TaskScope;
 
@@ -137,6 +139,19 @@ pub(super) async fn subagent_task(
                 "resuming the child turn from its checkpoint"
             );
         }
+        // An input too large for the task travels by reference (stored by the dispatcher under
+        // the parent's session).
+        let input = match &task.input_ref {
+            None => task.input.clone(),
+            Some(reference) => match ctx.payloads.load_text(&task.origin, reference).await {
+                Ok(input) => input,
+                Err(failure) if failure.kind == FailureKind::Unavailable => {
+                    tracing::warn!(%failure, "subagent input not read; handing the task back");
+                    return Work::HandBack;
+                }
+                Err(failure) => return Work::Done(CallOutcome::Failed { failure }),
+            },
+        };
         events
             .emit(EventKind::TurnStarted {
                 agent: task.agent.name.clone(),
@@ -157,10 +172,11 @@ pub(super) async fn subagent_task(
             origin: child_origin.clone(),
             agent: &task.agent,
             history: &loaded.state.history,
+            summary: loaded.state.summary.as_ref(),
             loaded_skills: &loaded.state.skills,
             // The skills its task carried (the worker has no agents folder of its own).
             skills: Some(&skills),
-            input: task.input.clone(),
+            input,
             depth: task.depth,
             events: events.clone(),
             cancel: &stop,
@@ -201,8 +217,15 @@ pub(super) async fn subagent_task(
                 return Work::Done(CallOutcome::Failed { failure });
             }
         };
-        if output.status == TurnStatus::Completed {
+        // A child stopped by its budget keeps its work, as the lead's turns do.
+        if matches!(
+            output.status,
+            TurnStatus::Completed | TurnStatus::BudgetExhausted
+        ) {
             let mut state = loaded.state;
+            if let Some(compaction) = &output.compaction {
+                state.compact(compaction);
+            }
             state.history.extend(output.new_messages);
             state.turns += 1;
             for skill in output.loaded_skills {
@@ -214,7 +237,20 @@ pub(super) async fn subagent_task(
         }
         Work::Done(match (output.answer, output.failure) {
             (_, Some(failure)) => CallOutcome::Failed { failure },
-            (Some(output), None) => CallOutcome::Ok { output },
+            // An answer over the output cap is kept whole in the workspace, as a tool's output
+            // is: the caller's model gets its head and tail and where the rest is, and the
+            // result never outgrows a broker message.
+            (Some(answer), None) => CallOutcome::Ok {
+                output: spill::fit_output(
+                    ctx.workspace.as_ref(),
+                    &task.origin,
+                    &format!("subagent-{}", task.agent.name),
+                    &crate::tools::idempotency_key(&task.origin, &task.call_key),
+                    answer,
+                    ctx.registry.max_output_bytes(),
+                )
+                .await,
+            },
             (None, None) => CallOutcome::Failed {
                 failure: Failure::new(FailureKind::ModelFailed, "subagent gave no answer"),
             },

@@ -485,6 +485,7 @@ pub(crate) mod test_support {
             session: session.into(),
             workspace: session.into(),
             deadline_ms: None,
+            budget: None,
         }
     }
 

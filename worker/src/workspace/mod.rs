@@ -50,11 +50,7 @@ pub fn open(
     match cfg.mode {
         WorkspaceMode::Object => {
             let cache_bytes = usize::try_from(cfg.cache_bytes).unwrap_or(usize::MAX);
-            let objects = Arc::new(ObjectWorkspaces::new(
-                bus.jetstream().clone(),
-                &cfg.store,
-                cache_bytes,
-            ));
+            let objects = Arc::new(ObjectWorkspaces::new(bus, &cfg.store, cache_bytes));
             (
                 Arc::new(ObjectFiles::new(objects.clone())),
                 Arc::new(ObjectCheckout::new(objects)),

@@ -1,20 +1,24 @@
 //! Model traffic under control across the cluster: a layer that takes a slot of the model's
 //! Redis semaphore (`store::traffic`) before each model attempt, renews its lease while the
 //! attempt runs and frees it after, and counts the tokens the attempt used against the model's
-//! budget per minute.
+//! and the tenant's budgets per minute. Which limits apply to a call is the
+//! [`TrafficPolicy`](super::traffic_policy::TrafficPolicy)'s say.
 //!
 //! Invariants:
 //! - the layer sits right around the provider, inside the retry layer: each attempt takes its own
 //!   slot, and a call waiting out a backoff or a `Retry-After` holds none;
 //! - at most `max_concurrency` attempts hold a slot of one model at once across every process
-//!   sharing the Redis (a dead process's slots free themselves when their leases expire); when
-//!   the model is at its limit a tenant over its fair share waits first (see `store::traffic`);
+//!   sharing the Redis (a dead process's slots free themselves when their leases expire), and at
+//!   most the tenant's own `max_concurrency` of them are one tenant's; when the model is at its
+//!   limit a tenant over its fair share waits first, and freed slots go to the tenant holding
+//!   fewest, then to the one waiting longest (see `store::traffic`);
 //! - a call waits for a slot by asking again after short jittered pauses, never past its task's
 //!   deadline (it then fails `timed_out`, not retryable); a turn that is cancelled while waiting
 //!   or running drops the call, and the slot is freed in the background (or expires);
 //! - a store that cannot be reached fails the attempt `unavailable` (retryable): the limit is
 //!   never skipped.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,6 +27,7 @@ use futures::TryFutureExt;
 use tower::util::rng::{HasherRng, Rng};
 use tower::{Layer, Service};
 
+use super::traffic_policy::TrafficPolicy;
 use crate::agent::model::ModelResponse;
 use crate::agent::seams::{BoxError, ModelCall};
 use crate::protocol::{now_ms, Failure, FailureKind};
@@ -58,7 +63,8 @@ impl TrafficLimits {
         }
     }
 
-    fn is_off(&self) -> bool {
+    /// Whether neither limit is set.
+    pub fn is_off(&self) -> bool {
         self.max_concurrency == 0 && self.tokens_per_minute == 0
     }
 }
@@ -67,13 +73,16 @@ impl TrafficLimits {
 #[derive(Clone)]
 pub struct ModelTrafficLayer {
     store: SessionStore,
-    limits: TrafficLimits,
+    policy: Arc<TrafficPolicy>,
 }
 
 impl ModelTrafficLayer {
     /// `None` when every limit is off.
-    pub fn new(store: SessionStore, limits: TrafficLimits) -> Option<Self> {
-        (!limits.is_off()).then_some(Self { store, limits })
+    pub fn new(store: SessionStore, policy: TrafficPolicy) -> Option<Self> {
+        (!policy.is_off()).then(|| Self {
+            store,
+            policy: Arc::new(policy),
+        })
     }
 }
 
@@ -84,7 +93,7 @@ impl<S> Layer<S> for ModelTrafficLayer {
         ModelTraffic {
             inner,
             store: self.store.clone(),
-            limits: self.limits,
+            policy: self.policy.clone(),
         }
     }
 }
@@ -94,7 +103,7 @@ impl<S> Layer<S> for ModelTrafficLayer {
 pub struct ModelTraffic<S> {
     inner: S,
     store: SessionStore,
-    limits: TrafficLimits,
+    policy: Arc<TrafficPolicy>,
 }
 
 impl<S> Service<ModelCall> for ModelTraffic<S>
@@ -117,7 +126,7 @@ where
             let fresh = self.inner.clone();
             std::mem::replace(&mut self.inner, fresh)
         };
-        let (store, limits) = (self.store.clone(), self.limits);
+        let (store, policy) = (self.store.clone(), self.policy.clone());
         Box::pin(async move {
             let model = call.request.model.clone();
             let tenant = call
@@ -125,19 +134,26 @@ where
                 .as_ref()
                 .map_or(NO_TENANT, |origin| origin.tenant.as_str())
                 .to_owned();
+            let limits = policy.for_call(&model, &tenant);
+            if limits.model.is_off() && limits.tenant.is_off() {
+                return ready.call(call).await.map_err(Into::into);
+            }
             let deadline_ms = call.origin.as_ref().and_then(|origin| origin.deadline_ms);
             let holder = uuid::Uuid::new_v4().simple().to_string();
             let slot = SlotRequest {
                 model: &model,
                 tenant: &tenant,
                 holder: &holder,
-                limit: limits.max_concurrency,
-                tokens_per_minute: limits.tokens_per_minute,
+                limit: limits.model.max_concurrency,
+                tokens_per_minute: limits.model.tokens_per_minute,
+                tenant_limit: limits.tenant.max_concurrency,
+                tenant_tokens_per_minute: limits.tenant.tokens_per_minute,
                 lease: SLOT_LEASE,
                 waiting_note: WAITING_NOTE,
             };
             wait_for_slot(&store, &slot, deadline_ms).await?;
-            let held = (limits.max_concurrency > 0).then(|| HeldSlot {
+            let slots = limits.model.max_concurrency > 0 || limits.tenant.max_concurrency > 0;
+            let held = slots.then(|| HeldSlot {
                 store: store.clone(),
                 model: model.clone(),
                 tenant: tenant.clone(),
@@ -153,12 +169,12 @@ where
                 slot.release().await;
             }
             let response = result?;
-            if limits.tokens_per_minute > 0 {
+            if limits.model.tokens_per_minute > 0 || limits.tenant.tokens_per_minute > 0 {
                 let used = response
                     .usage
                     .prompt_tokens
                     .saturating_add(response.usage.completion_tokens);
-                if let Err(error) = store.count_model_tokens(&model, used).await {
+                if let Err(error) = store.count_model_tokens(&model, &tenant, used).await {
                     tracing::warn!(%model, %error, "model tokens could not be counted");
                 }
             }

@@ -12,9 +12,11 @@
 //! tools: user layers (first added outermost) → log → redact → retry → concurrency limit → inner
 //! ```
 //!
-//! A cluster runtime's inner model service is itself the provider behind the cluster-wide
-//! traffic limits ([`limits`], placed by `crate::wiring::assemble`): each attempt takes a slot of
-//! the model shared through Redis, so waiting out a backoff or a `Retry-After` holds none.
+//! A cluster runtime's inner model service is itself the provider behind the spending budgets
+//! ([`budget`]) and the cluster-wide traffic limits ([`limits`]), both placed by
+//! `crate::wiring::assemble`: each attempt reserves its worst case on its task's and tenant's
+//! budgets, then takes a slot of the model shared through Redis, so waiting out a backoff or a
+//! `Retry-After` holds neither.
 //!
 //! Invariants:
 //! - of the layers added with [`Middleware::model_layer`] / [`Middleware::tool_layer`], the first
@@ -35,6 +37,7 @@
 //! Hooks ([`hooks`]) and prompt transformers ([`prompt`]) run in the order they were added; see
 //! their modules for how a hook short-circuits a step.
 
+pub mod budget;
 pub mod config;
 pub mod hooks;
 pub mod limits;
@@ -42,6 +45,7 @@ pub mod logging;
 pub mod prompt;
 pub mod redact;
 pub mod retry;
+pub mod traffic_policy;
 
 #[cfg(test)]
 mod testing;
@@ -58,6 +62,7 @@ use crate::agent::model::ModelResponse;
 use crate::agent::seams::{BoxError, ModelCall, ToolCallRequest};
 use crate::protocol::ToolResult;
 
+pub use budget::{BudgetSettings, ModelBudget, ModelBudgetLayer};
 pub use config::{BuiltinConfig, MiddlewareError, RetryConfig};
 pub use hooks::{HookChain, Stop, TurnContext, TurnHook, TurnSummary};
 pub use limits::{ModelTraffic, ModelTrafficLayer, TrafficLimits};
@@ -65,6 +70,7 @@ pub use logging::{Log, LogLayer};
 pub use prompt::{PromptChain, PromptTransformer};
 pub use redact::{Redact, RedactLayer, Redactor, REDACTED};
 pub use retry::{ModelRetry, ModelRetryLayer, ToolRetryPolicy};
+pub use traffic_policy::{CallLimits, TrafficPolicy};
 
 /// The tool service as the runtime holds it.
 pub type ToolService = BoxCloneSyncService<ToolCallRequest, ToolResult, BoxError>;

@@ -2,11 +2,13 @@
 //! model and the tools, so a secret never reaches the history, the events or the logs.
 //!
 //! Invariants:
-//! - masked: a tool result's output and failure message; a model answer's text, the string
-//!   values of its tool-call arguments, and its streamed deltas; the message of an error (which
+//! - masked: a tool result's output and failure message; a model answer's text, reasoning, the
+//!   string values of its tool-call arguments, and its streamed deltas (text and reasoning); the
+//!   message of an error (which
 //!   leaves the layer as a [`Failure`], see [`failure_from_error`]);
 //! - a secret split across two streamed deltas is masked too: the end of a delta that could be
-//!   the start of a secret is held back until the next delta, or the end of the call, tells;
+//!   the start of a secret is held back until the next delta (of the same kind: text and
+//!   reasoning are held apart), or the end of the call, tells;
 //! - where secrets overlap, the longest one found at a position is masked; the text is scanned
 //!   once, so a mask is never itself masked again;
 //! - requests are not touched: the model and the tools get what they were sent.
@@ -105,6 +107,9 @@ impl Redactor {
 
     fn redact_message(&self, message: &mut Message) {
         self.redact_in_place(&mut message.content);
+        if let Some(reasoning) = &mut message.reasoning {
+            self.redact_in_place(reasoning);
+        }
         for call in &mut message.tool_calls {
             self.redact_json(&mut call.arguments);
         }
@@ -202,6 +207,7 @@ where
                 inner: sink,
                 redactor: redactor.clone(),
                 held: Mutex::new(String::new()),
+                held_reasoning: Mutex::new(String::new()),
             })
         });
         call.deltas = deltas.clone().map(|sink| sink as Arc<dyn DeltaSink>);
@@ -229,36 +235,67 @@ struct RedactedDeltas {
     /// The end of the text so far that could be the start of a secret: not masked nor forwarded
     /// yet.
     held: Mutex<String>,
+    /// The same for the reasoning.
+    held_reasoning: Mutex<String>,
 }
 
 impl RedactedDeltas {
-    /// The text that can be forwarded now, masked; keeps back what could start a secret.
-    fn release(&self, delta: &str) -> String {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+    /// The text that can be forwarded now from `held` and `delta`, masked; keeps back what could
+    /// start a secret.
+    fn release(&self, held: &Mutex<String>, delta: &str) -> String {
+        let mut held = held.lock().unwrap_or_else(PoisonError::into_inner);
         held.push_str(delta);
         let (ready, scanned) = self.redactor.mask(&held, true);
         held.drain(..scanned);
         ready
     }
 
-    /// Forwards what was held back, once the call ended.
-    async fn flush(&self) {
+    /// What `held` kept back, masked, once the call ended.
+    fn rest(&self, held: &Mutex<String>) -> String {
         let rest = {
-            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut held = held.lock().unwrap_or_else(PoisonError::into_inner);
             std::mem::take(&mut *held)
         };
+        if rest.is_empty() {
+            rest
+        } else {
+            self.redactor.mask(&rest, false).0
+        }
+    }
+
+    /// Forwards what was held back, once the call ended.
+    async fn flush(&self) {
+        let reasoning = self.rest(&self.held_reasoning);
+        if !reasoning.is_empty() {
+            self.inner.reasoning(reasoning).await;
+        }
+        let rest = self.rest(&self.held);
         if !rest.is_empty() {
-            self.inner.delta(self.redactor.mask(&rest, false).0).await;
+            self.inner.delta(rest).await;
         }
     }
 }
 
 impl DeltaSink for RedactedDeltas {
     fn delta(&self, text: String) -> BoxFuture<'_, ()> {
-        let ready = self.release(&text);
+        // Reasoning comes before the answer: what it held back goes out before the answer's text.
+        let reasoning = self.rest(&self.held_reasoning);
+        let ready = self.release(&self.held, &text);
         Box::pin(async move {
+            if !reasoning.is_empty() {
+                self.inner.reasoning(reasoning).await;
+            }
             if !ready.is_empty() {
                 self.inner.delta(ready).await;
+            }
+        })
+    }
+
+    fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
+        let ready = self.release(&self.held_reasoning, &text);
+        Box::pin(async move {
+            if !ready.is_empty() {
+                self.inner.reasoning(ready).await;
             }
         })
     }
@@ -379,6 +416,48 @@ mod tests {
         );
         assert_eq!(sink.text(), masked);
         assert!(sink.pieces().iter().all(|piece| !piece.contains("s3c")));
+    }
+
+    #[tokio::test]
+    async fn streamed_reasoning_is_masked_apart_from_the_text_and_stays_before_it() {
+        let inner = tower::service_fn(|call: ModelCall| async move {
+            if let Some(deltas) = &call.deltas {
+                // The reasoning ends on what could start a secret; then the answer streams.
+                for piece in ["I will use s3", "cret here, s3"] {
+                    deltas.reasoning(piece.into()).await;
+                }
+                deltas.delta("done".into()).await;
+            }
+            let mut response = text_response("done");
+            response.message.reasoning = Some("I will use s3cret here, s3".into());
+            Ok::<_, BoxError>(response)
+        });
+        let sink = Arc::new(CollectedDeltas::default());
+
+        let response = RedactLayer::new(redactor())
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect("model response");
+
+        let masked = "I will use [redacted] here, s3";
+        assert_eq!(response.message.reasoning.as_deref(), Some(masked));
+        let all = sink.all();
+        let reasoning: String = all
+            .iter()
+            .filter(|(reasoning, _)| *reasoning)
+            .map(|(_, piece)| piece.as_str())
+            .collect();
+        assert_eq!(reasoning, masked);
+        assert!(
+            all.iter().all(|(_, piece)| !piece.contains("s3c")),
+            "{all:?}"
+        );
+        assert_eq!(
+            all.last(),
+            Some(&(false, "done".to_owned())),
+            "the held-back reasoning goes out before the answer: {all:?}"
+        );
     }
 }
 

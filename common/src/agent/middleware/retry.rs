@@ -3,8 +3,8 @@
 //! Invariants:
 //! - a model call is tried again only when its error is transient: a
 //!   [`Failure`] marked `retryable` (429, 5xx, unreachable, timed out) or a timeout layer's
-//!   `Elapsed`; and only while none of its text has been streamed (the consumer has seen the
-//!   deltas of a failed attempt, a second attempt would repeat them);
+//!   `Elapsed`; and only while none of its text or reasoning has been streamed (the consumer has
+//!   seen the deltas of a failed attempt, a second attempt would repeat them);
 //! - a tool call is tried again only when it failed `unavailable` and `retryable` (it never
 //!   reached a tool); a `timed_out` call is never tried again, it may still run. The next attempt
 //!   is marked `may_have_run`, so the tool service looks for a recorded result before running it;
@@ -142,7 +142,7 @@ where
     }
 }
 
-/// Notes that a call streamed text, on its way to the consumer's sink.
+/// Notes that a call streamed text or reasoning, on its way to the consumer's sink.
 struct WatchedDeltas {
     inner: Arc<dyn DeltaSink>,
     streamed: Arc<AtomicBool>,
@@ -152,6 +152,12 @@ impl DeltaSink for WatchedDeltas {
     fn delta(&self, text: String) -> BoxFuture<'_, ()> {
         self.streamed.store(true, Ordering::Release);
         self.inner.delta(text)
+    }
+
+    /// Reasoning already shown counts as streamed output: a retry would show it twice.
+    fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
+        self.streamed.store(true, Ordering::Release);
+        self.inner.reasoning(text)
     }
 }
 
@@ -508,6 +514,33 @@ mod tests {
         assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert_eq!(sink.text(), "partial");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_model_call_that_streamed_reasoning_is_not_tried_again() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let inner = tower::service_fn(move |call: ModelCall| {
+            let calls = counted.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if let Some(deltas) = &call.deltas {
+                    deltas.reasoning("thinking".into()).await;
+                }
+                Err::<ModelResponse, BoxError>(Box::new(unavailable()))
+            }
+        });
+        let sink = Arc::new(CollectedDeltas::default());
+
+        let error = model_layer(3)
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect_err("the stream broke");
+
+        assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(sink.all(), vec![(true, "thinking".to_owned())]);
     }
 
     /// An inner tool service that answers `replies` in turn and keeps the requests it got.

@@ -21,6 +21,7 @@ pub(super) fn origin() -> TaskOrigin {
         session: "s1".into(),
         workspace: "s1".into(),
         deadline_ms: None,
+        budget: None,
     }
 }
 
@@ -35,6 +36,8 @@ pub(super) fn agent_spec() -> AgentSpec {
         max_iterations: 8,
         permissions: Default::default(),
         skills: None,
+        context_tokens: None,
+        fallback_models: Vec::new(),
     }
 }
 
@@ -127,22 +130,38 @@ pub(super) fn rate_limited_for(wait: Duration) -> Failure {
 }
 
 /// Keeps every delta it receives.
+/// Every delta received, in order: `(true, piece)` for reasoning, `(false, piece)` for text.
 #[derive(Default)]
-pub(super) struct CollectedDeltas(Mutex<Vec<String>>);
+pub(super) struct CollectedDeltas(Mutex<Vec<(bool, String)>>);
 
 impl CollectedDeltas {
+    /// The text pieces, in order.
     pub(super) fn pieces(&self) -> Vec<String> {
-        self.0.lock().expect("deltas").clone()
+        self.all()
+            .into_iter()
+            .filter(|(reasoning, _)| !reasoning)
+            .map(|(_, piece)| piece)
+            .collect()
     }
 
     pub(super) fn text(&self) -> String {
         self.pieces().concat()
     }
+
+    /// Every piece, reasoning or text, in the order received.
+    pub(super) fn all(&self) -> Vec<(bool, String)> {
+        self.0.lock().expect("deltas").clone()
+    }
 }
 
 impl DeltaSink for CollectedDeltas {
     fn delta(&self, text: String) -> BoxFuture<'_, ()> {
-        self.0.lock().expect("deltas").push(text);
+        self.0.lock().expect("deltas").push((false, text));
+        Box::pin(futures::future::ready(()))
+    }
+
+    fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
+        self.0.lock().expect("deltas").push((true, text));
         Box::pin(futures::future::ready(()))
     }
 }

@@ -1,6 +1,7 @@
 //! Model providers behind one contract, [`ModelClient`]: a request (messages + tool specs) in, an
-//! assistant message (text and/or tool calls) out, either whole (`complete`) or as a stream of text
-//! deltas ending in the whole response (`stream`).
+//! assistant message (text and/or tool calls) out, either whole (`complete`) or as a stream of
+//! deltas (reasoning first, for thinking models, then text) ending in the whole response
+//! (`stream`).
 //!
 //! Providers: [`openai::OpenAiClient`] (any OpenAI-compatible chat-completions server) and
 //! [`scripted::ScriptedModel`] (replays a scenario file; offline runs and tests). [`Provider`] picks
@@ -46,6 +47,9 @@ pub struct ModelResponse {
 pub enum ModelChunk {
     /// A piece of the answer's text.
     Delta(String),
+    /// A piece of the model's reasoning (thinking models), streamed before the answer's text; the
+    /// whole reasoning is also on the assembled message (`Message::reasoning`).
+    Reasoning(String),
     /// The assembled response; always the last item of a successful stream.
     Done(ModelResponse),
 }
@@ -84,6 +88,14 @@ impl ModelError {
     /// The failure reported to clients.
     pub fn to_failure(&self) -> Failure {
         let (kind, retryable) = match self {
+            ModelError::Status { status, body, .. }
+                if matches!(status, 400 | 413 | 422) && is_context_overflow(body) =>
+            {
+                (FailureKind::ContextOverflow, false)
+            }
+            ModelError::ServerError { message, .. } if is_context_overflow(message) => {
+                (FailureKind::ContextOverflow, false)
+            }
             ModelError::Unreachable(_) => (FailureKind::Unavailable, true),
             ModelError::TimedOut(_) => (FailureKind::TimedOut, true),
             ModelError::Status { status, .. } => {
@@ -101,6 +113,25 @@ impl ModelError {
             retryable,
         }
     }
+}
+
+/// Whether a server's error text says the request was longer than the model's context. Servers
+/// word it differently: OpenAI's `context_length_exceeded` code ("maximum context length is ...
+/// tokens"), vLLM's "maximum context length", llama.cpp's "exceeds the available context size",
+/// Anthropic-style gateways' "prompt is too long", others' "reduce the length of the messages".
+pub fn is_context_overflow(text: &str) -> bool {
+    const SIGNS: [&str; 8] = [
+        "context_length_exceeded",
+        "maximum context length",
+        "context length",
+        "context window",
+        "context size",
+        "prompt is too long",
+        "input is too long",
+        "reduce the length",
+    ];
+    let text = text.to_ascii_lowercase();
+    SIGNS.iter().any(|sign| text.contains(sign))
 }
 
 /// Where the server's `Retry-After` travels in a failure's message; [`retry_after`] reads it back.
@@ -131,7 +162,7 @@ pub trait ModelClient: Send + Sync {
         request: ModelRequest,
     ) -> impl Future<Output = Result<ModelResponse, ModelError>> + Send;
 
-    /// Asks for a streamed answer: text deltas, then [`ModelChunk::Done`].
+    /// Asks for a streamed answer: reasoning and text deltas, then [`ModelChunk::Done`].
     fn stream(
         &self,
         request: ModelRequest,
@@ -195,6 +226,14 @@ impl ModelClient for Provider {
 /// Turns a whole response into a stream (for providers without native streaming).
 pub fn stream_of(response: ModelResponse) -> BoxStream<'static, Result<ModelChunk, ModelError>> {
     let mut items = Vec::new();
+    if let Some(reasoning) = response
+        .message
+        .reasoning
+        .as_ref()
+        .filter(|r| !r.is_empty())
+    {
+        items.push(Ok(ModelChunk::Reasoning(reasoning.clone())));
+    }
     if !response.message.content.is_empty() {
         items.push(Ok(ModelChunk::Delta(response.message.content.clone())));
     }
@@ -225,5 +264,43 @@ impl Provider {
                 "unknown model provider {other:?} (use \"scripted\" or \"openai\")"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_words_for_a_request_over_the_context_are_recognised() {
+        for text in [
+            r#"{"error":{"code":"context_length_exceeded","message":"..."}}"#,
+            "This model's maximum context length is 8192 tokens",
+            "the request exceeds the available context size, try increasing it",
+            "prompt is too long: 210000 tokens > 200000 maximum",
+            "Please reduce the length of the messages.",
+        ] {
+            assert!(is_context_overflow(text), "{text}");
+        }
+        assert!(!is_context_overflow("invalid api key"));
+        assert!(!is_context_overflow("model not found"));
+    }
+
+    #[test]
+    fn an_overflow_fails_as_its_own_kind_and_is_not_retried_as_is() {
+        let overflow = ModelError::Status {
+            status: 400,
+            body: "maximum context length is 4096 tokens".into(),
+            retry_after: None,
+        };
+        let failure = overflow.to_failure();
+        assert_eq!(failure.kind, FailureKind::ContextOverflow);
+        assert!(!failure.retryable);
+        let other = ModelError::Status {
+            status: 400,
+            body: "unknown field".into(),
+            retry_after: None,
+        };
+        assert_eq!(other.to_failure().kind, FailureKind::ModelFailed);
     }
 }

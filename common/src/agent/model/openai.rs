@@ -16,8 +16,9 @@
 //!
 //! Servers' quirks handled here: tool-call deltas that reuse one `index` for parallel calls
 //! (Ollama) are told apart by `id` — a new id at a known index starts a new call; reasoning text
-//! (`reasoning_content`, DeepSeek thinking mode) is kept on the assistant message and sent back
-//! with it; `null` usage counts are zero; reasoning tokens reported outside `completion_tokens`
+//! (`reasoning_content`, DeepSeek thinking mode; `reasoning` on OpenRouter and recent vLLM) is
+//! streamed as reasoning deltas, kept on the assistant message and sent back with it (as
+//! `reasoning_content`); `null` usage counts are zero; reasoning tokens reported outside `completion_tokens`
 //! (xAI) are added to the output count (see [`output_tokens`] for the rule).
 //!
 //! Caps: a response body, whole or streamed, is read up to [`MAX_RESPONSE_BYTES`]; a response
@@ -298,6 +299,8 @@ struct CompletionChoice {
 struct CompletionMessage {
     content: Option<String>,
     reasoning_content: Option<String>,
+    /// OpenRouter's and recent vLLM's name for it; read when `reasoning_content` is absent.
+    reasoning: Option<String>,
     tool_calls: Option<Vec<CompletionToolCall>>,
 }
 
@@ -418,7 +421,11 @@ fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
             content: choice.message.content.unwrap_or_default(),
             tool_calls,
             tool_call_id: None,
-            reasoning: choice.message.reasoning_content.filter(|r| !r.is_empty()),
+            reasoning: choice
+                .message
+                .reasoning_content
+                .or(choice.message.reasoning)
+                .filter(|r| !r.is_empty()),
         },
         finish_reason: choice.finish_reason,
         usage: completion.usage.unwrap_or_default().into(),
@@ -999,6 +1006,105 @@ mod tests {
             json!("Compare 9.11 and 9.8: 0.8 > 0.11.")
         );
         assert!(body["messages"][0].get("reasoning_content").is_none());
+    }
+
+    #[tokio::test]
+    async fn deepseek_reasoning_streams_as_reasoning_deltas_before_the_answer() {
+        let items = stream_fixture(DEEPSEEK_THINKING).await;
+        let pieces: Vec<_> = items
+            .iter()
+            .filter_map(|item| match item {
+                Ok(ModelChunk::Reasoning(text)) => Some(("reasoning", text.as_str())),
+                Ok(ModelChunk::Delta(text)) => Some(("text", text.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            pieces,
+            vec![
+                ("reasoning", "Compare 9.11 and 9.8: "),
+                ("reasoning", "0.8 > 0.11."),
+                ("text", "9.8 is greater."),
+            ]
+        );
+        assert!(matches!(items.last(), Some(Ok(ModelChunk::Done(_)))));
+    }
+
+    // OpenRouter reasoning tokens, delta shape per openrouter.ai/docs/use-cases/reasoning-tokens
+    // (`reasoning` and `reasoning_details` beside `content`; recent vLLM also names it
+    // `reasoning`).
+    const OPENROUTER_REASONING: &str = include_str!("fixtures/openrouter_reasoning_stream.sse");
+
+    #[tokio::test]
+    async fn openrouter_reasoning_is_streamed_kept_and_sent_back_as_reasoning_content() {
+        let items = stream_fixture(OPENROUTER_REASONING).await;
+        let pieces: Vec<_> = items
+            .iter()
+            .filter_map(|item| match item {
+                Ok(ModelChunk::Reasoning(text)) => Some(("reasoning", text.as_str())),
+                Ok(ModelChunk::Delta(text)) => Some(("text", text.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            pieces,
+            vec![
+                ("reasoning", "The user wants a prime. "),
+                ("reasoning", "7 has no divisors but 1 and 7."),
+                ("text", "7"),
+                ("text", " is prime."),
+            ]
+        );
+        let response = done_of(&items);
+        assert_eq!(response.message.content, "7 is prime.");
+        assert_eq!(
+            response.message.reasoning.as_deref(),
+            Some("The user wants a prime. 7 has no divisors but 1 and 7.")
+        );
+        let req = request(
+            vec![Message::user("a prime?"), response.message.clone()],
+            Vec::new(),
+        );
+        assert_eq!(
+            request_body(&req, true)["messages"][1]["reasoning_content"],
+            json!("The user wants a prime. 7 has no divisors but 1 and 7.")
+        );
+    }
+
+    #[test]
+    fn a_delta_with_both_reasoning_names_counts_its_reasoning_once() {
+        let mut accumulator = StreamAccumulator::default();
+        let chunk = serde_json::from_value(json!({"choices": [{"index": 0, "delta": {
+            "reasoning_content": "think", "reasoning": "think", "content": "answer"
+        }}]}))
+        .expect("a chunk");
+        assert_eq!(
+            accumulator.absorb(chunk).expect("absorbed").as_deref(),
+            Some("answer")
+        );
+        assert_eq!(accumulator.take_reasoning(), "think");
+        assert_eq!(accumulator.take_reasoning(), "");
+        assert_eq!(
+            accumulator.finish().message.reasoning.as_deref(),
+            Some("think")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_chunk_with_reasoning_and_text_gives_its_reasoning_first() {
+        let raw = "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"r\",\"content\":\"t\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+        let items = stream_fixture(raw).await;
+        assert!(
+            matches!(
+                items.as_slice(),
+                [
+                    Ok(ModelChunk::Reasoning(r)),
+                    Ok(ModelChunk::Delta(t)),
+                    Ok(ModelChunk::Done(_))
+                ] if r == "r" && t == "t"
+            ),
+            "{items:?}"
+        );
     }
 
     // OpenRouter keep-alive comments, documented at openrouter.ai/docs/api-reference/streaming.

@@ -207,6 +207,7 @@ impl Acting<'_, '_> {
                         call_id: call.call_id.clone(),
                         tool: call.tool.clone(),
                         arguments: call.arguments.clone(),
+                        arguments_ref: None,
                         rule: call.rule.clone(),
                         expires_at_ms,
                     })
@@ -264,6 +265,7 @@ impl Acting<'_, '_> {
                 call_id: call.id.clone(),
                 tool: call.name.clone(),
                 arguments: call.arguments.clone(),
+                arguments_ref: None,
                 permission: Some(settled.verdict),
                 rule: settled.rule.clone(),
             })

@@ -17,6 +17,7 @@
 //! resumes the turn once the approval gate has an answer.
 
 mod acting;
+mod compact;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use crate::agent::context::{self, ContextLimits};
+use crate::agent::context::ContextLimits;
 use crate::agent::middleware::hooks::{TurnContext, TurnSummary};
 use crate::agent::middleware::{Middleware, ModelService, ToolService};
 use crate::agent::model::{ModelRequest, ModelResponse};
@@ -43,6 +44,7 @@ use crate::protocol::{
 };
 
 pub use acting::{LOAD_SKILL_TOOL, SPAWN_TOOL};
+pub use compact::{Compaction, Summary};
 
 /// Limits and defaults of a runtime.
 #[derive(Debug, Clone)]
@@ -76,8 +78,10 @@ pub struct TurnInput<'a> {
     /// The task and the session this loop runs in.
     pub origin: TaskOrigin,
     pub agent: &'a AgentSpec,
-    /// The session's history before this turn.
+    /// The session's history before this turn (after its last compaction).
     pub history: &'a [Message],
+    /// The session's summary of what was compacted before `history`.
+    pub summary: Option<&'a Summary>,
     /// Skills the session loaded in earlier turns: their bodies stay in the prompt.
     pub loaded_skills: &'a [String],
     /// The skills this turn may use, when its task carried them (a subagent on a worker);
@@ -145,6 +149,9 @@ pub struct TurnOutput {
     /// Some call of the turn asked for approval: a request may be stored for it (the caller
     /// clears it when the turn ends).
     pub asked_approval: bool,
+    /// The history was compacted during the turn: the caller stores the summary with the
+    /// session.
+    pub compaction: Option<Compaction>,
 }
 
 impl TurnOutput {
@@ -159,6 +166,7 @@ impl TurnOutput {
             new_messages: vec![Message::user(input)],
             loaded_skills: Vec::new(),
             asked_approval: false,
+            compaction: None,
         }
     }
 }
@@ -310,6 +318,7 @@ impl Runtime {
             out.iterations = resumed.iterations;
             out.usage = resumed.usage;
             out.loaded_skills = resumed.loaded_skills;
+            out.compaction = resumed.compaction;
         }
         // Without the tool catalog the turn cannot know what its model may call: it stops, to
         // run again, rather than answer with no tools.
@@ -327,7 +336,13 @@ impl Runtime {
         };
         let extras = self.runtime_tools(turn);
         let tools = catalog.tools_for(&turn.agent.tools, &extras);
-        let history = context::prepare(turn.history, self.settings.context);
+        let model = self.model_name(turn);
+        let tools_bytes: u64 = tools
+            .iter()
+            .map(|t| (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64)
+            .sum();
+        let mut window = compact::Window::new(turn, &out, self);
+        let max_messages = self.settings.context.max_history_messages;
         let acting = acting::Acting {
             runtime: self,
             turn,
@@ -371,14 +386,48 @@ impl Runtime {
             if out.iterations >= turn.agent.max_iterations {
                 break;
             }
-            let system = self.system_prompt(turn, &out.loaded_skills);
-            let messages = conversation(&system, &history, &out.new_messages);
-            let response = match self
-                .model_call(turn, out.iterations, messages, tools.clone())
-                .await
-            {
-                Ok(response) => response,
-                Err(failure) => return finished_failed(turn, out, failure),
+            let mut overflowed = false;
+            let response = loop {
+                let system = self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref());
+                let request = compact::Request {
+                    model: &model,
+                    system: &system,
+                    tools: &tools,
+                    tools_bytes,
+                };
+                let compacted = match self
+                    .fit(turn, &mut window, &mut out, &request, overflowed)
+                    .await
+                {
+                    Ok(compacted) => compacted,
+                    Err(failure) => return finished_failed(turn, out, failure),
+                };
+                if overflowed && !compacted {
+                    let failure = Failure::new(
+                        FailureKind::ContextOverflow,
+                        "the request is longer than the model's context, and compacting the \
+                         history could not shorten it",
+                    );
+                    return finished_failed(turn, out, failure);
+                }
+                let system = if compacted {
+                    self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref())
+                } else {
+                    system
+                };
+                let messages =
+                    conversation(&system, window.visible(max_messages), &out.new_messages);
+                match self
+                    .model_call(turn, out.iterations, messages, tools.clone())
+                    .await
+                {
+                    Ok(response) => break response,
+                    // A model that refuses the request as too long gets it once more, compacted.
+                    Err(failure) if failure.kind == FailureKind::ContextOverflow && !overflowed => {
+                        overflowed = true;
+                    }
+                    Err(failure) => return finished_failed(turn, out, failure),
+                }
             };
             out.iterations += 1;
             out.usage.add(response.usage);
@@ -396,8 +445,8 @@ impl Runtime {
 
         // Iteration limit: one more call, without tools, for a summary answer.
         out.limit_reached = true;
-        let system = self.system_prompt(turn, &out.loaded_skills);
-        let mut messages = conversation(&system, &history, &out.new_messages);
+        let system = self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref());
+        let mut messages = conversation(&system, window.visible(max_messages), &out.new_messages);
         messages.push(Message::system(format!(
             "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
              summarise what you found and what is left to do.",
@@ -435,9 +484,21 @@ impl Runtime {
         extras
     }
 
-    fn system_prompt(&self, turn: &TurnInput<'_>, loaded_this_turn: &[String]) -> String {
+    fn system_prompt(
+        &self,
+        turn: &TurnInput<'_>,
+        loaded_this_turn: &[String],
+        summary: Option<&Summary>,
+    ) -> String {
         let mut prompt = SystemPrompt::default();
         prompt.add("agent", priority::AGENT, turn.agent.system_prompt.clone());
+        if let Some(summary) = summary {
+            prompt.add(
+                "summary",
+                priority::SUMMARY,
+                crate::agent::compaction::summary_section(&summary.text, summary.messages),
+            );
+        }
         if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
             let mut roster =
                 format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
@@ -471,19 +532,71 @@ impl Runtime {
         self.middleware.prompt().apply(turn.agent, prompt.render())
     }
 
-    /// One model call inside the reasoning hooks and the model service; deltas become events.
+    /// The model an agent's turn asks first.
+    fn model_name(&self, turn: &TurnInput<'_>) -> String {
+        if turn.agent.model.is_empty() {
+            self.settings.default_model.clone()
+        } else {
+            turn.agent.model.clone()
+        }
+    }
+
+    /// One model call, to the agent's model and then, while the failure is one another model
+    /// may not have (unreachable, overloaded, timed out, refusing), to each of its fallbacks.
     async fn model_call(
         &self,
         turn: &TurnInput<'_>,
         step: u32,
-        messages: Vec<crate::protocol::message::Message>,
+        messages: Vec<Message>,
         tools: Arc<[ToolSpec]>,
     ) -> Result<ModelResponse, Failure> {
-        let model = if turn.agent.model.is_empty() {
-            self.settings.default_model.clone()
-        } else {
-            turn.agent.model.clone()
-        };
+        let primary = self.model_name(turn);
+        // Boxed: the call's future is large, and nesting it in every caller's would make theirs so.
+        if turn.agent.fallback_models.is_empty() {
+            return Box::pin(self.model_call_to(turn, step, primary, messages, tools)).await;
+        }
+        let mut result = Box::pin(self.model_call_to(
+            turn,
+            step,
+            primary.clone(),
+            messages.clone(),
+            tools.clone(),
+        ))
+        .await;
+        for fallback in &turn.agent.fallback_models {
+            match &result {
+                Err(failure) if worth_a_fallback(failure) => {
+                    tracing::warn!(
+                        model = %primary,
+                        fallback = %fallback,
+                        error = %failure,
+                        "model failed; trying the agent's next fallback model"
+                    );
+                    result = Box::pin(self.model_call_to(
+                        turn,
+                        step,
+                        fallback.clone(),
+                        messages.clone(),
+                        tools.clone(),
+                    ))
+                    .await;
+                }
+                _ => break,
+            }
+        }
+        result
+    }
+
+    /// One model call to `model` inside the reasoning hooks and the model service; deltas become
+    /// events.
+    async fn model_call_to(
+        &self,
+        turn: &TurnInput<'_>,
+        step: u32,
+        model: String,
+        messages: Vec<Message>,
+        tools: Arc<[ToolSpec]>,
+    ) -> Result<ModelResponse, Failure> {
         let span = tracing::info_span!(
             "chat",
             "otel.name" = format!("chat {model}"),
@@ -496,6 +609,9 @@ impl Runtime {
             "gen_ai.response.finish_reasons" = tracing::field::Empty,
             "gen_ai.input.messages" = tracing::field::Empty,
             "gen_ai.output.messages" = tracing::field::Empty,
+            // Recorded by the budget layer: what the call spent, at the model's price.
+            "skein.spent.tokens" = tracing::field::Empty,
+            "skein.spent.cost_usd" = tracing::field::Empty,
             "otel.status_code" = tracing::field::Empty,
             "error.type" = tracing::field::Empty,
         );
@@ -587,12 +703,17 @@ impl Runtime {
     }
 }
 
-/// Forwards streamed deltas to the turn's events.
+/// Forwards streamed deltas to the turn's events: text as `model_delta`, reasoning as
+/// `reasoning_delta`.
 struct EventDeltas(Arc<dyn EventSink>);
 
 impl DeltaSink for EventDeltas {
     fn delta(&self, text: String) -> BoxFuture<'_, ()> {
         self.0.emit(EventKind::ModelDelta { text })
+    }
+
+    fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
+        self.0.emit(EventKind::ReasoningDelta { text })
     }
 }
 
@@ -604,6 +725,15 @@ fn turn_context(turn: &TurnInput<'_>, step: u32) -> TurnContext {
         depth: turn.depth,
         step,
     }
+}
+
+/// Whether a failed model call may succeed on another model: not when it was cancelled, when the
+/// request itself is at fault (too long, invalid), or when a budget ran out.
+fn worth_a_fallback(failure: &Failure) -> bool {
+    matches!(
+        failure.kind,
+        FailureKind::ModelFailed | FailureKind::Unavailable | FailureKind::TimedOut
+    )
 }
 
 /// Marks a span failed, with the failure's kind as `error.type`.
@@ -621,7 +751,9 @@ fn conversation(system: &str, history: &[Message], turn_messages: &[Message]) ->
     messages
 }
 
-/// A turn that ends failed; a failure caused by cancellation is an interruption instead.
+/// A turn that ends failed; a failure caused by cancellation is an interruption instead. A
+/// model call refused by a budget ends the turn `budget_exhausted`, with an answer (also kept
+/// as the turn's last message) that says what was spent.
 fn finished_failed(
     turn: &TurnInput<'_>,
     mut out: TurnOutput,
@@ -629,6 +761,12 @@ fn finished_failed(
 ) -> Result<TurnOutput, TurnStop> {
     interrupted_if_cancelled(turn)?;
     out.status = TurnStatus::Failed;
+    if failure.kind == FailureKind::BudgetExhausted {
+        let answer = format!("Stopped before finishing: {}.", failure.message);
+        out.status = TurnStatus::BudgetExhausted;
+        out.new_messages.push(Message::assistant(answer.clone()));
+        out.answer = Some(answer);
+    }
     out.failure = Some(failure);
     Ok(out)
 }
@@ -651,6 +789,7 @@ async fn checkpoint(turn: &TurnInput<'_>, out: &TurnOutput) -> Result<(), TurnSt
         iterations: out.iterations,
         usage: out.usage,
         loaded_skills: out.loaded_skills.clone(),
+        compaction: out.compaction.clone(),
     };
     checkpoints
         .save(&state)

@@ -8,7 +8,9 @@
 //! - a metadata publish carries `Nats-Rollup: sub` (one message per object) and
 //!   `Nats-Expected-Last-Subject-Sequence` (it lands only on the version it expects);
 //! - bucket handles are cached per tenant, bounded, and created only on request (a write), never
-//!   by a read.
+//!   by a read;
+//! - a bucket is created with the configured replicas, and an existing one with fewer is raised
+//!   to them when a process first opens it (never lowered: see `bus::raise_replicas`).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -46,7 +48,35 @@ pub fn bucket_name(tenant: &str) -> String {
     format!("{BUCKET_PREFIX}{tenant}")
 }
 
-fn stream_name(bucket: &str) -> String {
+/// A family of per-tenant buckets: how their names start, what they hold, and how long they keep
+/// an object. Workspaces are one family ([`WORKSPACE_BUCKETS`]); values stored by reference
+/// (`crate::payloads`) another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketKind {
+    /// Bucket names are this and the tenant.
+    pub prefix: &'static str,
+    /// What the buckets hold, for their description and errors.
+    pub holds: &'static str,
+    /// How long an object is kept after it was written (the stream's max age); `None` keeps it
+    /// until it is removed.
+    pub max_age: Option<std::time::Duration>,
+}
+
+/// The session workspaces' buckets: `skein-ws-<tenant>`, kept until removed.
+pub const WORKSPACE_BUCKETS: BucketKind = BucketKind {
+    prefix: BUCKET_PREFIX,
+    holds: "session workspaces",
+    max_age: None,
+};
+
+impl BucketKind {
+    /// The bucket of `tenant` (a valid bucket name for any tenant token).
+    pub fn bucket_name(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.prefix)
+    }
+}
+
+pub(super) fn stream_name(bucket: &str) -> String {
     format!("OBJ_{bucket}")
 }
 
@@ -360,14 +390,21 @@ impl Bucket {
 pub(super) struct Buckets {
     jetstream: jetstream::Context,
     replicas: usize,
+    kind: BucketKind,
     known: std::sync::Mutex<HashMap<String, Bucket>>,
 }
 
 impl Buckets {
     pub fn new(jetstream: jetstream::Context, replicas: usize) -> Self {
+        Self::of_kind(jetstream, replicas, WORKSPACE_BUCKETS)
+    }
+
+    /// The buckets of `kind`.
+    pub fn of_kind(jetstream: jetstream::Context, replicas: usize, kind: BucketKind) -> Self {
         Self {
             jetstream,
             replicas,
+            kind,
             known: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -381,14 +418,15 @@ impl Buckets {
         if let Some(bucket) = self.lock().get(tenant).cloned() {
             return Ok(Some(bucket));
         }
-        let name = bucket_name(tenant);
+        let name = self.kind.bucket_name(tenant);
         let found = match self.open(&name).await? {
             Some(bucket) => bucket,
             None if !create => return Ok(None),
             None => {
                 let config = object_store::Config {
                     bucket: name.clone(),
-                    description: Some(format!("Skein session workspaces of tenant {tenant}")),
+                    description: Some(format!("Skein {} of tenant {tenant}", self.kind.holds)),
+                    max_age: self.kind.max_age.unwrap_or_default(),
                     num_replicas: self.replicas,
                     storage: StorageType::File,
                     ..Default::default()
@@ -428,16 +466,23 @@ impl Buckets {
 
     async fn open(&self, name: &str) -> Result<Option<Bucket>, WorkspaceError> {
         let stream = stream_name(name);
-        if let Err(e) = self.jetstream.get_stream(&stream).await {
-            if let GetStreamErrorKind::JetStream(js) = e.kind() {
-                if js.error_code() == ErrorCode::STREAM_NOT_FOUND {
-                    return Ok(None);
+        let found = match self.jetstream.get_stream(&stream).await {
+            Ok(found) => found,
+            Err(e) => {
+                if let GetStreamErrorKind::JetStream(js) = e.kind() {
+                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND {
+                        return Ok(None);
+                    }
                 }
+                return Err(WorkspaceError::unavailable(
+                    format!("cannot look up the workspace bucket {name}"),
+                    e,
+                ));
             }
-            return Err(WorkspaceError::unavailable(
-                format!("cannot look up the workspace bucket {name}"),
-                e,
-            ));
+        };
+        let config = &found.cached_info().config;
+        if let Err(e) = crate::bus::raise_replicas(&self.jetstream, config, self.replicas).await {
+            tracing::error!(bucket = %name, error = %e, "workspace bucket keeps fewer replicas than configured");
         }
         let stream = self
             .jetstream

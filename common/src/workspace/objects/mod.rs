@@ -1,6 +1,8 @@
 //! `ObjectWorkspaces`: every session's files in the NATS object store, one bucket per tenant
 //! (`skein-ws-<tenant>`, stream `OBJ_skein-ws-<tenant>`), one object per file named
-//! `<session>/<path>`.
+//! `<session>/<path>`. The same code serves another family of per-tenant buckets
+//! ([`BucketKind`], [`ObjectWorkspaces::of_kind`]): the values stored by reference
+//! (`crate::payloads`).
 //!
 //! The objects keep the object store's own layout (chunks on `$O.<bucket>.C.<nuid>`, metadata on
 //! `$O.<bucket>.M.<base64 of the name>`, rolled up to one message per name), so `nats object`
@@ -40,15 +42,16 @@ mod bucket;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, object_store::ObjectInfo, object_store::ObjectOptions};
+use async_nats::jetstream::{object_store::ObjectInfo, object_store::ObjectOptions};
 use bytes::Bytes;
 
 use self::bucket::{Bucket, Buckets, Fetch, Meta, MetaPublish, CHUNK_BYTES};
 use super::cache::{ContentCache, ContentId};
 use super::path::{clean_relative, WorkspacePath};
 use super::{digest, human_size, Limits, SessionRef, WorkspaceError, WorkspaceStoreConfig};
+use crate::bus::{Bus, BusError};
 
-pub use self::bucket::{bucket_name, BUCKET_PREFIX};
+pub use self::bucket::{bucket_name, BucketKind, BUCKET_PREFIX, WORKSPACE_BUCKETS};
 
 /// How many versions a read follows when the one it started on is replaced under it (a file
 /// rewritten continuously can replace a few in a row while its chunks are being read).
@@ -114,18 +117,37 @@ impl std::fmt::Debug for ObjectWorkspaces {
 }
 
 impl ObjectWorkspaces {
-    /// Workspaces reached through `jetstream`, with `cfg`'s caps and replicas, caching at most
-    /// `cache_bytes` of contents.
-    pub fn new(
-        jetstream: jetstream::Context,
-        cfg: &WorkspaceStoreConfig,
-        cache_bytes: usize,
-    ) -> Self {
+    /// Workspaces reached through `bus`, with `cfg`'s caps and replicas (by default the bus's
+    /// stream replicas), caching at most `cache_bytes` of contents.
+    pub fn new(bus: &Bus, cfg: &WorkspaceStoreConfig, cache_bytes: usize) -> Self {
         Self {
             limits: cfg.limits(),
-            buckets: Buckets::new(jetstream, cfg.replicas),
+            buckets: Buckets::new(
+                bus.jetstream().clone(),
+                cfg.bucket_replicas(bus.stream_replicas()),
+            ),
             cache: ContentCache::new(cache_bytes),
         }
+    }
+
+    /// Objects of another bucket family (`kind`) through `bus`, in the same layout and with the
+    /// same guarantees, `limits` as caps, the bus's stream replicas, and no content cache. Only
+    /// [`stat`](Self::stat), [`read`](Self::read) and
+    /// [`write_prechecked`](Self::write_prechecked) are meant for them: a listing reads every
+    /// object of a tenant's bucket.
+    pub fn of_kind(bus: &Bus, kind: BucketKind, limits: Limits) -> Self {
+        Self {
+            limits,
+            buckets: Buckets::of_kind(bus.jetstream().clone(), bus.stream_replicas(), kind),
+            cache: ContentCache::new(0),
+        }
+    }
+
+    /// Raises every tenant's existing bucket with fewer than `replicas` replicas to them
+    /// (refusals are reported at error level); returns how many were raised.
+    pub async fn raise_bucket_replicas(bus: &Bus, replicas: usize) -> Result<usize, BusError> {
+        let prefix = bucket::stream_name(BUCKET_PREFIX);
+        bus.raise_replicas_of(&prefix, replicas).await
     }
 
     pub fn limits(&self) -> Limits {

@@ -49,6 +49,7 @@ pub(crate) async fn checkpoint_cost(
         iterations: 3,
         usage: Default::default(),
         loaded_skills: Vec::new(),
+        compaction: None,
     };
     let mut taken = Vec::with_capacity(samples);
     for i in 0..samples {
@@ -85,6 +86,7 @@ pub(crate) fn origin(i: usize) -> TaskOrigin {
         session: format!("s{}", i % 64),
         workspace: format!("s{}", i % 64),
         deadline_ms: None,
+        budget: None,
     }
 }
 

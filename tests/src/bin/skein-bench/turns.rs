@@ -27,6 +27,7 @@ pub(crate) fn task(i: usize) -> TaskSubmission {
         input: "go".into(),
         overrides: None,
         deadline_ms: None,
+        budget: None,
     }
 }
 
@@ -70,6 +71,9 @@ async fn redis_bytes_received(redis: &redis::Client) -> Result<u64, Failed> {
 /// One session of `turns` turns, one after another: the time of a turn and the bytes Redis
 /// received during it (the session's writes, plus the cluster's background traffic), at the first
 /// turn and at the last.
+/// Turns at each end of the long session whose median is reported.
+const LONG_SESSION_WINDOW: usize = 20;
+
 pub(crate) async fn long_session(
     url: &str,
     redis_url: &str,
@@ -79,49 +83,64 @@ pub(crate) async fn long_session(
     let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
     let redis = redis::Client::open(redis_url)?;
     let session = unique("long");
-    let mut first = None;
-    let mut last = None;
+    // Turn time and bytes of every turn; the first and last few are reported as medians.
+    let mut turn_times = Vec::with_capacity(turns);
+    let mut turn_bytes = Vec::with_capacity(turns);
+    let mut compactions = 0usize;
     for i in 1..=turns {
         let mut submission = task(i);
         submission.session = session.clone();
         let bytes = redis_bytes_received(&redis).await?;
         let started = Instant::now();
         let result = client
-            .run(&submission, Duration::from_secs(60), |_| {})
+            .run(&submission, Duration::from_secs(60), |event| {
+                if matches!(event.event, EventKind::Compacted { .. }) {
+                    compactions += 1;
+                }
+            })
             .await?;
-        let taken = started.elapsed();
-        let bytes = redis_bytes_received(&redis).await? - bytes;
+        turn_times.push(started.elapsed().as_secs_f64() * 1e3);
+        turn_bytes.push((redis_bytes_received(&redis).await? - bytes) as f64);
         if result.answer.as_deref() != Some("done") {
             return Err(
                 format!("turn {i} of the long session did not complete: {result:?}").into(),
             );
         }
-        if i == 1 {
-            first = Some((taken, bytes));
-        }
-        if i == turns {
-            last = Some((taken, bytes));
-        }
     }
-    let (Some((t1, b1)), Some((tn, bn))) = (first, last) else {
-        return Ok(());
+    let window = LONG_SESSION_WINDOW.min(turns);
+    let median = |values: &[f64]| {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
     };
+    let (first, last) = (..window, turns - window..);
     report.add(
-        "skein: long session, turn 1 time",
-        t1.as_secs_f64() * 1e3,
+        &format!("skein: long session, turns 1-{window} median time"),
+        median(&turn_times[first]),
         "ms",
     );
     report.add(
-        &format!("skein: long session, turn {turns} time"),
-        tn.as_secs_f64() * 1e3,
+        &format!(
+            "skein: long session, turns {}-{turns} median time",
+            turns - window + 1
+        ),
+        median(&turn_times[last.clone()]),
         "ms",
     );
-    report.add("skein: long session, turn 1 bytes to Redis", b1 as f64, "B");
     report.add(
-        &format!("skein: long session, turn {turns} bytes to Redis"),
-        bn as f64,
+        &format!("skein: long session, turns 1-{window} median bytes to Redis"),
+        median(&turn_bytes[first]),
         "B",
     );
+    report.add(
+        &format!(
+            "skein: long session, turns {}-{turns} median bytes to Redis",
+            turns - window + 1
+        ),
+        median(&turn_bytes[last]),
+        "B",
+    );
+    report.add("skein: long session, compactions", compactions as f64, "");
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! Streamed answers of the OpenAI-compatible client: server-sent events read within the idle and
 //! whole-call bounds ([`SseReader`]), deltas assembled into one response ([`StreamAccumulator`]:
-//! tool calls by index, or by id where a server reuses one index), and the stream of text deltas
-//! ending in the assembled response ([`sse_answer`]).
+//! tool calls by index, or by id where a server reuses one index), and the stream of deltas ending
+//! in the assembled response ([`sse_answer`]): reasoning pieces as [`ModelChunk::Reasoning`], text
+//! pieces as [`ModelChunk::Delta`], in the order the server sent them (a chunk carrying both gives
+//! its reasoning first).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +39,9 @@ pub(super) struct StreamDelta {
     content: Option<String>,
     /// Reasoning text of thinking models (DeepSeek), streamed before the answer.
     reasoning_content: Option<String>,
+    /// The same under the name OpenRouter and recent vLLM use; read only when a delta has no
+    /// `reasoning_content` (some servers send both, with the same text).
+    reasoning: Option<String>,
     tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
@@ -66,6 +71,8 @@ pub(super) struct PartialToolCall {
 pub(super) struct StreamAccumulator {
     content: String,
     reasoning: String,
+    /// Reasoning absorbed since [`take_reasoning`](Self::take_reasoning) last took it.
+    fresh_reasoning: String,
     /// Calls in the order they started.
     tool_calls: Vec<PartialToolCall>,
     /// The call each wire `index` currently continues (a position in `tool_calls`).
@@ -75,7 +82,8 @@ pub(super) struct StreamAccumulator {
 }
 
 impl StreamAccumulator {
-    /// Takes in one chunk; returns its text, if it carried any.
+    /// Takes in one chunk; returns its text, if it carried any (its reasoning waits for
+    /// [`take_reasoning`](Self::take_reasoning)).
     pub(super) fn absorb(&mut self, chunk: StreamChunk) -> Result<Option<String>, ModelError> {
         if let Some(error) = chunk.error {
             // Mid-stream errors are the server's trouble (overload, upstream failure), not an
@@ -94,8 +102,9 @@ impl StreamAccumulator {
             if let Some(piece) = delta.content {
                 text.push_str(&piece);
             }
-            if let Some(piece) = delta.reasoning_content {
+            if let Some(piece) = delta.reasoning_content.or(delta.reasoning) {
                 self.reasoning.push_str(&piece);
+                self.fresh_reasoning.push_str(&piece);
             }
             for call_delta in delta.tool_calls.unwrap_or_default() {
                 self.absorb_tool_call(call_delta)?;
@@ -103,6 +112,11 @@ impl StreamAccumulator {
         }
         self.content.push_str(&text);
         Ok((!text.is_empty()).then_some(text))
+    }
+
+    /// The reasoning absorbed since the last call (empty when none came).
+    pub(super) fn take_reasoning(&mut self) -> String {
+        std::mem::take(&mut self.fresh_reasoning)
     }
 
     pub(super) fn absorb_tool_call(&mut self, delta: ToolCallDelta) -> Result<(), ModelError> {
@@ -203,6 +217,7 @@ impl std::fmt::Display for BodyError {
 
 /// What the next event of a stream brought.
 pub(super) enum SseProgress {
+    Reasoning(String),
     Text(String),
     Finished,
 }
@@ -218,6 +233,8 @@ pub(super) struct SseReader {
     last_activity: LastActivity,
     /// When the whole call must have ended.
     deadline: tokio::time::Instant,
+    /// Text of a chunk whose reasoning was handed out first.
+    queued_text: Option<String>,
 }
 
 impl SseReader {
@@ -247,6 +264,9 @@ impl SseReader {
     }
 
     async fn next_progress(&mut self) -> Result<SseProgress, ModelError> {
+        if let Some(text) = self.queued_text.take() {
+            return Ok(SseProgress::Text(text));
+        }
         loop {
             let next = self.next_event().await?;
             let event = match next {
@@ -282,15 +302,22 @@ impl SseReader {
                     crate::text::cut(data, 200)
                 ))
             })?;
-            if let Some(text) = self.accumulator.absorb(chunk)? {
-                return Ok(SseProgress::Text(text));
+            let text = self.accumulator.absorb(chunk)?;
+            let reasoning = self.accumulator.take_reasoning();
+            match (reasoning.is_empty(), text) {
+                (false, text) => {
+                    self.queued_text = text;
+                    return Ok(SseProgress::Reasoning(reasoning));
+                }
+                (true, Some(text)) => return Ok(SseProgress::Text(text)),
+                (true, None) => {}
             }
         }
     }
 }
 
-/// Turns a server-sent-events body into text deltas followed by the assembled response. The
-/// stream ends after its first error.
+/// Turns a server-sent-events body into reasoning and text deltas followed by the assembled
+/// response. The stream ends after its first error.
 pub(super) fn sse_answer<B>(
     body: BoxStream<'static, Result<B, BodyError>>,
     idle_timeout: Duration,
@@ -319,10 +346,14 @@ where
         idle_timeout,
         last_activity,
         deadline,
+        queued_text: None,
     };
     futures::stream::unfold(Some(reader), |reader| async move {
         let mut reader = reader?;
         match reader.next_progress().await {
+            Ok(SseProgress::Reasoning(text)) => {
+                Some((Ok(ModelChunk::Reasoning(text)), Some(reader)))
+            }
             Ok(SseProgress::Text(text)) => Some((Ok(ModelChunk::Delta(text)), Some(reader))),
             Ok(SseProgress::Finished) => {
                 let response = std::mem::take(&mut reader.accumulator).finish();

@@ -1,0 +1,466 @@
+//! Spending budgets kept across the cluster: a layer that reserves each model attempt's worst
+//! case on the ledgers it draws from (its task's budget, which its subagents share, and its
+//! tenant's budget for the day, both in Redis through `store::budget`) before the attempt
+//! starts, and settles them with what the attempt really used after it; and the spending as a
+//! metric and as attributes of the `chat` span.
+//!
+//! Invariants:
+//! - the layer sits right around the provider, inside the retry layer and outside the traffic
+//!   limits: each attempt reserves on its own, for the model it really asks (a fallback model's
+//!   price is that model's), and an attempt waiting for a model slot already holds its worst case
+//!   (a refused one never waits for a slot; one that waits longer than the hold's lease stops
+//!   counting as held, though what it uses still counts when it settles);
+//! - an attempt's worst case is its estimated prompt (a quarter of its bytes) plus
+//!   `max_output_tokens`, priced at its model's price; an attempt whose worst case would take a
+//!   ledger over a limit is not made: it fails `budget_exhausted` (not retryable) with a message
+//!   that says what was spent, and whatever it reserved on another ledger is given back;
+//! - the task's ledger is reserved first, then the tenant's day (their keys live in different
+//!   hash slots, so they are two scripts; a refusal by the second gives back the first);
+//! - an attempt that answers settles with the usage the model reported (with none reported, with
+//!   the estimate of its prompt and answer); an attempt that fails, or whose turn is cancelled,
+//!   gives back what it held and counts nothing;
+//! - a limit on cost needs the model's price: without one (and without a `*` entry) the attempt is
+//!   refused `denied` rather than let through uncounted; spending on a model without a price
+//!   counts $0 in the metric (logged once per model);
+//! - a store that cannot be reached fails the attempt `unavailable` (retryable) when it has a
+//!   ledger to reserve on: a budget is never skipped. A failed settle is logged; the reservation
+//!   lapses after its lease.
+
+mod settings;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use tower::{Layer, Service};
+
+pub use settings::{
+    estimate_prompt_tokens, estimate_text_tokens, BudgetSettings, Price, Prices, TenantBudgets,
+    TenantDaily, ANY_MODEL,
+};
+
+use crate::agent::model::ModelResponse;
+use crate::agent::seams::{BoxError, ModelCall};
+use crate::metrics::Metrics;
+use crate::protocol::budget::{nanos_to_usd, Usd};
+use crate::protocol::{Failure, FailureKind, TaskOrigin};
+use crate::store::budget::{Hold, Ledger, LedgerLimits, LedgerName, LedgerState, Reservation};
+use crate::store::SessionStore;
+
+/// The tenant of a call made outside any task.
+const NO_TENANT: &str = "-";
+
+/// Reserves and settles model attempts on their budgets; see the module's invariants.
+#[derive(Clone)]
+pub struct ModelBudgetLayer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: SessionStore,
+    settings: BudgetSettings,
+    metrics: Metrics,
+    /// Models whose missing price was logged.
+    unpriced: Mutex<BTreeSet<String>>,
+}
+
+impl ModelBudgetLayer {
+    pub fn new(store: SessionStore, settings: BudgetSettings, metrics: Metrics) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                settings,
+                metrics,
+                unpriced: Mutex::new(BTreeSet::new()),
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for ModelBudgetLayer {
+    type Service = ModelBudget<S>;
+
+    fn layer(&self, inner: S) -> ModelBudget<S> {
+        ModelBudget {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service of [`ModelBudgetLayer`].
+#[derive(Clone)]
+pub struct ModelBudget<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Service<ModelCall> for ModelBudget<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<ModelResponse, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, call: ModelCall) -> Self::Future {
+        // The service made ready makes the attempt; a clone stays for the next call.
+        let mut ready = {
+            let fresh = self.inner.clone();
+            std::mem::replace(&mut self.inner, fresh)
+        };
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let model = call.request.model.clone();
+            let tenant = call
+                .origin
+                .as_ref()
+                .map_or(NO_TENANT, |origin| origin.tenant.as_str())
+                .to_owned();
+            let price = shared.settings.prices.get(&model).copied();
+            let ledgers = shared.ledgers(call.origin.as_deref())?;
+            // Counted without building the JSON; also what an answer without usage is charged.
+            let prompt = estimate_prompt_tokens(&call.request);
+            let holds = if ledgers.is_empty() {
+                None
+            } else {
+                if price.is_none() && ledgers.iter().any(|l| l.limits.cost_nanos > 0) {
+                    return Err(no_price(&model).into());
+                }
+                let output = shared.settings.max_output_tokens;
+                let hold = Hold {
+                    id: uuid::Uuid::new_v4().simple().to_string(),
+                    tokens: prompt.saturating_add(output),
+                    cost_nanos: price.map_or(0, |p| p.cost_nanos(prompt, output)),
+                    lease: shared.settings.hold,
+                };
+                Some(Holds::take(&shared.store, ledgers, hold).await?)
+            };
+            let result = ready.call(call).await.map_err(Into::into);
+            let response = match result {
+                Ok(response) => response,
+                Err(error) => {
+                    if let Some(holds) = holds {
+                        holds.settle(0, 0).await;
+                    }
+                    return Err(error);
+                }
+            };
+            let (input, output) = used(&response, prompt);
+            let cost_nanos = match price {
+                Some(price) => price.cost_nanos(input, output),
+                None => {
+                    shared.note_unpriced(&model);
+                    0
+                }
+            };
+            let tokens = input.saturating_add(output);
+            if let Some(holds) = holds {
+                holds.settle(tokens, cost_nanos).await;
+            }
+            shared.record(&tenant, &model, tokens, cost_nanos);
+            Ok(response)
+        })
+    }
+}
+
+impl Shared {
+    /// The ledgers a call of `origin` draws from: its task's budget, then its tenant's day.
+    fn ledgers(&self, origin: Option<&TaskOrigin>) -> Result<Vec<Ledger>, Failure> {
+        let Some(origin) = origin else {
+            return Ok(Vec::new());
+        };
+        let mut ledgers = Vec::with_capacity(2);
+        if let Some(scope) = &origin.budget {
+            // It names Redis keys: a forged scope must not reach them.
+            scope.check()?;
+            ledgers.push(Ledger::task(&origin.tenant, scope));
+        }
+        let daily = self.settings.tenants.limits(&origin.tenant);
+        if !daily.is_off() {
+            ledgers.push(Ledger::tenant_today(&origin.tenant, daily));
+        }
+        Ok(ledgers)
+    }
+
+    fn note_unpriced(&self, model: &str) {
+        if self.settings.prices.is_empty() {
+            return;
+        }
+        let first = self
+            .unpriced
+            .lock()
+            .map(|mut seen| seen.insert(model.to_owned()))
+            .unwrap_or(false);
+        if first {
+            tracing::warn!(%model, "model has no price; its spending counts as $0");
+        }
+    }
+
+    /// The spending as a metric and on the current (`chat`) span.
+    fn record(&self, tenant: &str, model: &str, tokens: u64, cost_nanos: u64) {
+        let cost_usd = nanos_to_usd(cost_nanos);
+        self.metrics.model_spend(tenant, model, tokens, cost_usd);
+        let span = tracing::Span::current();
+        span.record("skein.spent.tokens", tokens);
+        span.record("skein.spent.cost_usd", cost_usd);
+    }
+}
+
+/// The tokens an answer used, prompt and completion: as the model reported them, or estimated
+/// when it reported none.
+fn used(response: &ModelResponse, prompt_estimate: u64) -> (u64, u64) {
+    let usage = response.usage;
+    if usage.prompt_tokens > 0 || usage.completion_tokens > 0 {
+        return (usage.prompt_tokens, usage.completion_tokens);
+    }
+    let message = &response.message;
+    let calls: u64 = message
+        .tool_calls
+        .iter()
+        .map(|c| estimate_text_tokens(&c.name) + estimate_text_tokens(&c.arguments.to_string()))
+        .sum();
+    (
+        prompt_estimate,
+        estimate_text_tokens(&message.content) + calls,
+    )
+}
+
+/// Why a call with a cost limit cannot be made on an unpriced model.
+fn no_price(model: &str) -> Failure {
+    Failure::new(
+        FailureKind::Denied,
+        format!(
+            "model {model} has no price (SKEIN_MODEL_PRICES names neither it nor \"{ANY_MODEL}\"), \
+             so a cost budget cannot be kept"
+        ),
+    )
+}
+
+/// One attempt's reservations: given back (settled with nothing) in the background if dropped
+/// unsettled (its turn was cancelled), or else by the lapse of their lease.
+struct Holds {
+    store: SessionStore,
+    ledgers: Vec<Ledger>,
+    hold: Hold,
+    settled: bool,
+}
+
+impl Holds {
+    /// Reserves `hold` on each ledger in turn; a refusal or a store failure gives back what was
+    /// taken.
+    async fn take(store: &SessionStore, ledgers: Vec<Ledger>, hold: Hold) -> Result<Self, Failure> {
+        let mut holds = Holds {
+            store: store.clone(),
+            ledgers: Vec::with_capacity(ledgers.len()),
+            hold,
+            settled: false,
+        };
+        for ledger in ledgers {
+            let refused = match store.reserve_budget(&ledger, &holds.hold).await {
+                Ok(Reservation::Held) => {
+                    holds.ledgers.push(ledger);
+                    continue;
+                }
+                Ok(Reservation::Refused {
+                    over_tokens,
+                    over_cost,
+                    ledger: state,
+                }) => refusal(&ledger, &state, &holds.hold, over_tokens, over_cost),
+                Err(error) => error.to_failure(),
+            };
+            holds.settle(0, 0).await;
+            return Err(refused);
+        }
+        Ok(holds)
+    }
+
+    /// Ends every reservation, counting what the attempt used.
+    async fn settle(mut self, tokens: u64, cost_nanos: u64) {
+        self.settled = true;
+        for ledger in &self.ledgers {
+            settle(&self.store, ledger, &self.hold, tokens, cost_nanos).await;
+        }
+    }
+}
+
+impl Drop for Holds {
+    fn drop(&mut self) {
+        if self.settled || self.ledgers.is_empty() {
+            return;
+        }
+        // Dropped mid-call (the turn was cancelled): give back now rather than when the lease
+        // lapses. If no runtime is left the lease lapses instead.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.store.clone();
+        let ledgers = std::mem::take(&mut self.ledgers);
+        let hold = self.hold.clone();
+        runtime.spawn(async move {
+            for ledger in &ledgers {
+                settle(&store, ledger, &hold, 0, 0).await;
+            }
+        });
+    }
+}
+
+async fn settle(store: &SessionStore, ledger: &Ledger, hold: &Hold, tokens: u64, cost: u64) {
+    if let Err(error) = store.settle_budget(ledger, hold, tokens, cost).await {
+        tracing::warn!(%error, ledger = ?ledger.name, "a budget reservation could not be settled; it lapses after its lease");
+    }
+}
+
+/// The failure of an attempt `ledger` refused, saying what was spent.
+fn refusal(
+    ledger: &Ledger,
+    state: &LedgerState,
+    hold: &Hold,
+    over_tokens: bool,
+    over_cost: bool,
+) -> Failure {
+    let whose = match &ledger.name {
+        LedgerName::Task { .. } => "the task's budget".to_owned(),
+        LedgerName::TenantDay { tenant, day } => {
+            format!("tenant {tenant}'s budget for {day} (UTC)")
+        }
+    };
+    let held = if state.held_tokens > 0 {
+        format!(
+            " ({} tokens and {} more held by calls in flight)",
+            state.held_tokens,
+            Usd(nanos_to_usd(state.held_cost_nanos))
+        )
+    } else {
+        String::new()
+    };
+    let over = match (over_tokens, over_cost) {
+        (true, true) => "token and cost limits",
+        (true, false) => "token limit",
+        _ => "cost limit",
+    };
+    Failure::new(
+        FailureKind::BudgetExhausted,
+        format!(
+            "{whose} is exhausted: {} spent{held} of {}; the next model call could use up to {} \
+             tokens and {}, which would go over its {over}",
+            state.spent(),
+            limits(&ledger.limits),
+            hold.tokens,
+            Usd(nanos_to_usd(hold.cost_nanos)),
+        ),
+    )
+}
+
+/// A ledger's limits for people.
+fn limits(limits: &LedgerLimits) -> String {
+    let cost = Usd(nanos_to_usd(limits.cost_nanos));
+    match (limits.tokens, limits.cost_nanos) {
+        (0, _) => cost.to_string(),
+        (tokens, 0) => format!("{tokens} tokens"),
+        (tokens, _) => format!("{tokens} tokens and {cost}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Budget, BudgetScope};
+
+    fn task_ledger(tokens: Option<u64>, usd: Option<f64>) -> Ledger {
+        let scope = BudgetScope {
+            task_id: "t1".into(),
+            session: "s1".into(),
+            limits: Budget {
+                max_total_tokens: tokens,
+                max_cost_usd: usd,
+            },
+        };
+        Ledger::task("acme", &scope)
+    }
+
+    fn hold(tokens: u64, cost_nanos: u64) -> Hold {
+        Hold {
+            id: "h".into(),
+            tokens,
+            cost_nanos,
+            lease: std::time::Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_refusal_says_what_was_spent_and_is_not_retried() {
+        let state = LedgerState {
+            spent_tokens: 36,
+            spent_cost_nanos: 14_000_000_000,
+            held_tokens: 0,
+            held_cost_nanos: 0,
+        };
+        let failure = refusal(
+            &task_ledger(Some(100), Some(20.0)),
+            &state,
+            &hold(70, 10_000_000_000),
+            false,
+            true,
+        );
+        assert_eq!(failure.kind, FailureKind::BudgetExhausted);
+        assert!(!failure.retryable);
+        assert_eq!(
+            failure.message,
+            "the task's budget is exhausted: 36 tokens and $14.00 spent of 100 tokens and $20.00; \
+             the next model call could use up to 70 tokens and $10.00, which would go over its \
+             cost limit"
+        );
+        let day = Ledger {
+            name: LedgerName::TenantDay {
+                tenant: "acme".into(),
+                day: "2030-01-02".into(),
+            },
+            limits: LedgerLimits {
+                tokens: 50,
+                cost_nanos: 0,
+            },
+        };
+        let busy = LedgerState {
+            held_tokens: 20,
+            ..state
+        };
+        let failure = refusal(&day, &busy, &hold(70, 0), true, false);
+        assert!(
+            failure
+                .message
+                .starts_with("tenant acme's budget for 2030-01-02 (UTC) is exhausted: 36 tokens"),
+            "{}",
+            failure.message
+        );
+        assert!(
+            failure
+                .message
+                .contains("(20 tokens and $0.00 more held by calls in flight) of 50 tokens;"),
+            "{}",
+            failure.message
+        );
+        assert!(
+            failure.message.ends_with("over its token limit"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn limits_read_as_what_is_set() {
+        assert_eq!(limits(&task_ledger(Some(10), None).limits), "10 tokens");
+        assert_eq!(limits(&task_ledger(None, Some(0.5)).limits), "$0.50");
+        assert_eq!(
+            limits(&task_ledger(Some(10), Some(0.5)).limits),
+            "10 tokens and $0.50"
+        );
+    }
+}
