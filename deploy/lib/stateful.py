@@ -5,11 +5,13 @@ Every rendering: requests equal limits in every container of NATS and Redis (the
 GOMEMLIMIT below NATS's memory limit; NATS ready on `/healthz?js-server-only=true`, in lame duck
 mode on shutdown for less than the grace period, routes naming every server when there are several;
 Redis's maxmemory at 50-80 % of its memory limit, noeviction, the append-only file, its included
-files in place; the streams' replicas within the cluster's size; SKEIN_REDIS_URL naming what is
-rendered (the Sentinels and their primary's name) and no password.
+files in place; the streams' and buckets' replicas 1-5 and within the cluster's size;
+SKEIN_REDIS_URL naming what is rendered (the Sentinels and their primary's name) or a Redis Cluster
+(redis+cluster://, or SKEIN_REDIS_CLUSTER=true), and no password.
 
-Production (`--prod`) also: three NATS servers spread over zones and SKEIN_STREAM_REPLICAS=3;
-Redis with Sentinels (three pods, a quorum) or a managed Redis over TLS (rediss://); both stateful
+Production (`--prod`) also: three NATS servers spread over zones, SKEIN_STREAM_REPLICAS=3 and as many
+replicas of the workers' workspace buckets; Redis with Sentinels (three pods, a quorum), a managed
+Redis over TLS (rediss://) or a Redis Cluster; both stateful
 services under a PriorityClass.
 """
 
@@ -25,6 +27,8 @@ REDIS_UNITS = {"": 1, "k": 10**3, "kb": 2**10, "m": 10**6, "mb": 2**20, "g": 10*
 
 NATS_READINESS = "/healthz?js-server-only=true"
 PROD_NATS_SERVERS = 3
+# Replicas Skein accepts for a stream or a bucket (common/src/config.rs, MAX_REPLICAS).
+MAX_REPLICAS = 5
 ZONE = "topology.kubernetes.io/zone"
 
 
@@ -118,7 +122,7 @@ def nats_setting(conf, key):
     return m.group(1).strip('"') if m else None
 
 
-def check_nats(r, problems, prod, skein_env):
+def check_nats(r, problems, prod, skein_env, worker_env):
     sts = by_app(r, "nats")
     if sts is None:
         if prod:
@@ -166,7 +170,9 @@ def check_nats(r, problems, prod, skein_env):
     for env in skein_env:
         for variable in ("SKEIN_STREAM_REPLICAS", "SKEIN_WORKSPACE_REPLICAS"):
             wanted = int(env.get(variable) or 1)
-            if wanted > replicas:
+            if not 1 <= wanted <= MAX_REPLICAS:
+                problems.add(name, f"{variable}={wanted}: Skein takes 1 to {MAX_REPLICAS}")
+            elif wanted > replicas:
                 problems.add(name, f"{variable}={wanted} but only {replicas} NATS servers")
     if prod:
         if replicas != PROD_NATS_SERVERS:
@@ -175,6 +181,13 @@ def check_nats(r, problems, prod, skein_env):
             if int(env.get("SKEIN_STREAM_REPLICAS") or 1) != replicas:
                 problems.add(name, f"SKEIN_STREAM_REPLICAS must be {replicas} in prod, "
                              f"not {env.get('SKEIN_STREAM_REPLICAS') or 'the default 1'}")
+        for env in worker_env:
+            # The workspace buckets (object mode): their own setting, else the streams'.
+            if (env.get("SKEIN_WORKSPACE") or "object") == "object":
+                buckets = env.get("SKEIN_WORKSPACE_REPLICAS") or env.get("SKEIN_STREAM_REPLICAS") or "1"
+                if int(buckets) != replicas:
+                    problems.add(name, f"workspace buckets get {buckets} replicas "
+                                 f"(SKEIN_WORKSPACE_REPLICAS): prod keeps {replicas}")
         if not pod.get("priorityClassName"):
             problems.add(name, "no priorityClassName")
 
@@ -268,6 +281,16 @@ def check_redis_node(r, sts, problems, prod):
 def check_redis_url(r, sts, url, problems, prod, skein_env):
     parts = urlsplit(url)
     scheme = parts.scheme
+    cluster = any((env.get("SKEIN_REDIS_CLUSTER") or "").strip().lower() == "true" for env in skein_env)
+    if cluster and scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+        problems.add("SKEIN_REDIS_URL", f"SKEIN_REDIS_CLUSTER=true needs a redis://, rediss:// or "
+                     f"redis+cluster:// URL, not {scheme}:// (the processes refuse to start)")
+        return
+    if scheme in ("redis+cluster", "rediss+cluster") or (cluster and scheme in ("redis", "rediss")):
+        # A Redis Cluster's seed nodes (store/topology.rs): it survives a node with its replicas.
+        if parts.path.strip("/") not in ("", "0"):
+            problems.add("SKEIN_REDIS_URL", f"{url}: a Redis Cluster has database 0 only")
+        return
     if scheme in ("redis+sentinel", "rediss+sentinel"):
         hosts = parts.netloc.rsplit("@", 1)[-1].split(",")
         master = parts.path.strip("/").split("/")[0]
@@ -310,10 +333,13 @@ def check_redis_url(r, sts, url, problems, prod, skein_env):
 
 def check(r, problems, prod):
     # The environment of every lead and worker container, secrets marked as such.
-    skein_env = []
+    skein_env, worker_env = [], []
     for w in r.kind("Deployment").values():
         for c in w["spec"]["template"]["spec"]["containers"]:
-            if os.path.basename((c.get("command") or [""])[0]) in ("skein-lead", "skein-worker"):
+            binary = os.path.basename((c.get("command") or [""])[0])
+            if binary in ("skein-lead", "skein-worker"):
                 skein_env.append(r.container_env(c))
-    check_nats(r, problems, prod, skein_env)
+            if binary == "skein-worker":
+                worker_env.append(r.container_env(c))
+    check_nats(r, problems, prod, skein_env, worker_env)
     check_redis(r, problems, prod, skein_env)

@@ -421,6 +421,39 @@ async fn a_ledger_counts_what_is_held_and_gives_back_what_lapses() {
     assert_eq!((state.spent_tokens, state.held_tokens), (30, 70));
 }
 
+/// A reservation whose script runs twice (a request retried after its reply was lost) is held
+/// once, so settling it gives back all it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_made_twice_is_held_once() {
+    let cluster = TestCluster::start();
+    let store = cluster.store().await;
+    let ledger = Ledger {
+        name: LedgerName::TenantDay {
+            tenant: unique("acme"),
+            day: "2030-01-02".into(),
+        },
+        limits: LedgerLimits {
+            tokens: 100,
+            cost_nanos: 0,
+        },
+    };
+    let once = hold("retried", 60, Duration::from_secs(60));
+    for _ in 0..2 {
+        assert_eq!(
+            store.reserve_budget(&ledger, &once).await.expect("redis"),
+            Reservation::Held
+        );
+    }
+    let state = store.budget_ledger(&ledger).await.expect("redis");
+    assert_eq!(state.held_tokens, 60);
+    store
+        .settle_budget(&ledger, &once, 10, 0)
+        .await
+        .expect("redis");
+    let state = store.budget_ledger(&ledger).await.expect("redis");
+    assert_eq!((state.spent_tokens, state.held_tokens), (10, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spending_is_a_metric_and_an_attribute_of_the_chat_span() {
     let cluster = TestCluster::start();

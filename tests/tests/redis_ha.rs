@@ -3,7 +3,9 @@
 //! Sentinels promote its replica: every turn completes, and the results are on the new primary. A
 //! lead and two workers on a three-primary Redis Cluster (`redis+cluster://`) run a burst of
 //! turns across sessions spread over every primary: every turn completes, and the store's listing
-//! finds the sessions of every primary. Each test prints its figures.
+//! finds the sessions of every primary. Each test prints its figures. On a cluster, a request a
+//! node refused unrun is sent again (a transaction to the node its slot moved to), and one whose
+//! connection dropped while the node held it is not (it runs once).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -11,10 +13,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use skein_common::config::RedisConfig;
 use skein_common::protocol::{TaskSubmission, TurnStatus};
-use skein_common::store::SessionStore;
+use skein_common::store::{CallAdmission, RunMarker, SessionStore};
 use skein_tests::support::chaos::{run_all, scenario, wait_for_effect};
 use skein_tests::support::cluster::{submission, TestCluster};
-use skein_tests::support::redis_ha::{RedisCluster, SentinelGroup};
+use skein_tests::support::redis_ha::{RedisCluster, ReplyCutter, SentinelGroup};
 use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::{eventually, unique};
 
@@ -226,4 +228,126 @@ async fn a_burst_of_turns_on_a_redis_cluster_completes_across_every_primary() {
         .collect();
     let expected: BTreeSet<String> = sessions.into_iter().flatten().collect();
     assert_eq!(listed, expected, "the listing visits every primary");
+}
+
+/// One command on a fresh connection to a node of the test deployment.
+async fn on_node<T: redis::FromRedisValue>(url: &str, cmd: &mut redis::Cmd) -> T {
+    let client = redis::Client::open(url).expect("a node URL");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the node answers");
+    cmd.query_async(&mut connection)
+        .await
+        .unwrap_or_else(|e| panic!("{cmd:?} on {url}: {e}"))
+}
+
+/// Whether a client of `CLIENT LIST` waits on the paused node (flag `b`, blocked).
+fn held(clients: &str) -> bool {
+    clients.lines().any(|client| {
+        client.split(' ').any(|field| {
+            field
+                .strip_prefix("flags=")
+                .is_some_and(|f| f.contains('b'))
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_request_whose_answer_was_lost_is_not_sent_again() {
+    let redis_cluster = RedisCluster::start().await;
+    let (tenant, session, call) = ("acme", unique("s"), "t1:0:call_1");
+    let attempts = skein_common::store::keys::attempts(tenant, &session, call);
+    let index = redis_cluster.node_of(&attempts).await;
+    let node = redis_cluster.nodes[index].url.clone();
+    let cutter = ReplyCutter::start(redis_cluster.nodes[index].port()).await;
+    redis_cluster.announce_through(index, &cutter).await;
+    let store = store(&redis_cluster.url()).await;
+    let marker = RunMarker {
+        owner: "worker-1",
+        ttl: Duration::from_secs(60),
+    };
+    let admitted = store.admit_call(tenant, &session, call, marker).await;
+    assert!(
+        matches!(admitted, Ok(CallAdmission::Attempt { count: 1, .. })),
+        "the store reaches the node through the cutter: {admitted:?}"
+    );
+
+    // The node holds its writes: the next attempt's count waits there, sent, until the node goes
+    // on; meanwhile its connection drops, so its client cannot know whether it was applied.
+    let () = on_node(
+        &node,
+        redis::cmd("CLIENT").arg("PAUSE").arg(600_000).arg("WRITE"),
+    )
+    .await;
+    let counted = store.admit_call(tenant, &session, call, marker);
+    let lose_the_answer = async {
+        eventually(
+            "the count held by the node",
+            Duration::from_secs(20),
+            || {
+                let node = node.clone();
+                async move {
+                    let clients: String = on_node(&node, redis::cmd("CLIENT").arg("LIST")).await;
+                    held(&clients).then_some(())
+                }
+            },
+        )
+        .await;
+        cutter.cut_replies();
+    };
+    let (unanswered, ()) = tokio::join!(counted, lose_the_answer);
+    let () = on_node(&node, redis::cmd("CLIENT").arg("UNPAUSE")).await;
+    assert!(unanswered.is_err(), "no answer came: {unanswered:?}");
+    let count = eventually("the held count applied", Duration::from_secs(20), || {
+        let node = node.clone();
+        let attempts = attempts.clone();
+        async move {
+            let clients: String = on_node(&node, redis::cmd("CLIENT").arg("LIST")).await;
+            if held(&clients) {
+                return None;
+            }
+            on_node::<Option<u64>>(&node, redis::cmd("HGET").arg(&attempts).arg(call)).await
+        }
+    })
+    .await;
+    assert_eq!(
+        count, 2,
+        "the attempt whose answer was lost was counted once: it was not sent again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_request_refused_by_a_node_is_sent_where_its_slot_went() {
+    let redis_cluster = RedisCluster::start().await;
+    let store = store(&redis_cluster.url()).await;
+    let (tenant, session, work) = ("acme", unique("s"), "t1");
+    let key = skein_common::store::keys::event_epoch(tenant, &session, work);
+    let from = redis_cluster.node_of(&key).await;
+    let to = (from + 1) % redis_cluster.nodes.len();
+    let urls: Vec<String> = redis_cluster.nodes.iter().map(|n| n.url.clone()).collect();
+    let slot: u16 = on_node(&urls[from], redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key)).await;
+    let target: String = on_node(&urls[to], redis::cmd("CLUSTER").arg("MYID")).await;
+    // The key's (empty) slot moves to another node after the store learnt where it was: the
+    // store's first try meets a `MOVED`, which nothing ran.
+    for index in [to, from, 3 - to - from] {
+        let () = on_node(
+            &urls[index],
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&target),
+        )
+        .await;
+    }
+    assert_eq!(
+        store
+            .next_event_epoch(tenant, &session, work)
+            .await
+            .expect("sent again where the slot went"),
+        1
+    );
+    assert_eq!(redis_cluster.keys_on(to, &key).await, vec![key.clone()]);
+    assert!(redis_cluster.keys_on(from, &key).await.is_empty());
 }

@@ -13,7 +13,8 @@
 //!
 //! The summary request is a transcript of the older messages (and the previous summary, folded
 //! in), with long tool results cut to their head and tail: a result that was kept whole in the
-//! workspace still names its path there, so nothing is lost, only out of the context.
+//! workspace still names its path there, so nothing is lost, only out of the context. A summary
+//! longer than a quarter of the context (in bytes) is cut to its head and tail too.
 
 use crate::agent::context::ContextLimits;
 use crate::agent::tokens::{self, TokenCounter};
@@ -62,23 +63,27 @@ pub struct RequestSize {
 
 /// Whether `history` should be compacted before a request of `size` to a model with
 /// `context_tokens`, and where to cut it. `count_other` counts the tokens of everything but the
-/// history exactly; it is only called when the byte bound says the limit may be crossed.
-pub fn plan(
+/// history exactly, `count_history` those of each message of `history` (see [`counts`]); they
+/// are only called when the byte bound says the limit may be crossed.
+pub fn plan<C: AsRef<[u64]>>(
     history: &[Message],
     size: RequestSize,
     count_other: impl FnOnce() -> u64,
-    counter: &TokenCounter,
+    count_history: impl FnOnce() -> C,
     context_tokens: u64,
     limits: &ContextLimits,
     overflowed: bool,
 ) -> Option<Plan> {
-    let threshold = context_tokens * u64::from(limits.compact_at_percent) / 100;
+    // Saturating: a context size that arrived in a message may be any number.
+    let threshold = context_tokens.saturating_mul(u64::from(limits.compact_at_percent)) / 100;
     let too_many = history.len() > limits.max_history_messages;
     let may_exceed = size.other_bytes + size.history_bytes > threshold;
     if !overflowed && !too_many && !may_exceed {
         return None;
     }
-    let per_message: Vec<u64> = history.iter().map(|m| counter.message(m)).collect();
+    let per_message = count_history();
+    let per_message = per_message.as_ref();
+    debug_assert_eq!(per_message.len(), history.len(), "one count a message");
     let tokens_before = count_other() + per_message.iter().sum::<u64>();
     let trigger = if overflowed {
         Trigger::Overflow
@@ -94,7 +99,7 @@ pub fn plan(
     let keep_tokens = if trigger == Trigger::Overflow {
         0
     } else {
-        context_tokens * u64::from(limits.keep_percent) / 100
+        context_tokens.saturating_mul(u64::from(limits.keep_percent)) / 100
     };
     let keep_messages = limits.max_history_messages / 2;
     // The oldest message that still fits in what is kept, walking back from the newest.
@@ -117,6 +122,22 @@ pub fn plan(
         trigger,
         tokens_before,
     })
+}
+
+/// The tokens of each of `messages`, as [`plan`] takes them.
+pub fn counts(messages: &[Message], counter: &TokenCounter) -> Vec<u64> {
+    messages.iter().map(|m| counter.message(m)).collect()
+}
+
+/// The most of the context a summary may take (percent, counted in bytes, which bound tokens):
+/// a model that answers at length must not fill the context with the summary that was to make
+/// room in it (every later request of the session would carry it, and overflow).
+const SUMMARY_MAX_PERCENT: u64 = 25;
+
+/// The longest summary kept for a context of `context_tokens`: a longer one is cut to its head
+/// and tail.
+pub fn max_summary_bytes(context_tokens: u64) -> usize {
+    usize::try_from(context_tokens.saturating_mul(SUMMARY_MAX_PERCENT) / 100).unwrap_or(usize::MAX)
 }
 
 /// The least of a message a transcript shows when it must cut every message short.
@@ -146,10 +167,11 @@ pub fn summary_request(
     // Over the room, every message is cut shorter (to a share of the room) before any is left
     // out.
     if lines.iter().map(|l| l.len() + 1).sum::<usize>() > room && !older.is_empty() {
-        // Less the line's prefix and the cut's note.
+        // Less the line's prefix and the cut's note; never longer than the first cut.
+        let longest = limits.transcript_result_bytes;
         let share = (room / older.len())
             .saturating_sub(64)
-            .clamp(MIN_LINE_BYTES, limits.transcript_result_bytes);
+            .clamp(MIN_LINE_BYTES.min(longest), longest);
         lines = older.iter().map(|m| transcript_line(m, share)).collect();
     }
     let mut budget = room;
@@ -278,7 +300,7 @@ mod tests {
             &history,
             size_of(&history),
             || panic!("no exact count is needed under the byte bound"),
-            &TokenCounter::Estimate,
+            || -> Vec<u64> { panic!("nor a count of the history") },
             100_000,
             &limits(),
             false,
@@ -293,7 +315,7 @@ mod tests {
             &history,
             size_of(&history),
             || 25,
-            &TokenCounter::Estimate,
+            || counts(&history, &TokenCounter::Estimate),
             2_000,
             &limits(),
             false,
@@ -313,7 +335,7 @@ mod tests {
             &history,
             size_of(&history),
             || 25,
-            &TokenCounter::Estimate,
+            || counts(&history, &TokenCounter::Estimate),
             1_000_000,
             &limits(),
             false,
@@ -344,7 +366,7 @@ mod tests {
             &history,
             size_of(&history),
             || 25,
-            &TokenCounter::Estimate,
+            || counts(&history, &TokenCounter::Estimate),
             2_000,
             &limits(),
             false,
@@ -354,7 +376,7 @@ mod tests {
             &history,
             size_of(&history),
             || 25,
-            &TokenCounter::Estimate,
+            || counts(&history, &TokenCounter::Estimate),
             4_000,
             &limits(),
             true,
@@ -371,13 +393,48 @@ mod tests {
             &history,
             size_of(&history),
             || 25,
-            &TokenCounter::Estimate,
+            || counts(&history, &TokenCounter::Estimate),
             2_000,
             &limits(),
             false,
         )
         .expect("over the threshold");
         assert_eq!(plan.cut, history.len());
+    }
+
+    #[test]
+    fn a_transcript_limit_below_the_shortest_line_cuts_without_panicking() {
+        let tight = ContextLimits {
+            transcript_result_bytes: 100,
+            ..limits()
+        };
+        let older = history(4, 1_200);
+        let request = summary_request(None, &older, &tight, 2_000);
+        let transcript = &request[1].content;
+        assert!(transcript.contains("assistant: a3 "), "{transcript}");
+        assert!(transcript.len() <= 2_000, "{}", transcript.len());
+    }
+
+    #[test]
+    fn any_context_size_plans_without_overflowing() {
+        let history = history(4, 600);
+        for context_tokens in [0, u64::MAX / 2, u64::MAX] {
+            let plan = plan(
+                &history,
+                size_of(&history),
+                || 25,
+                || counts(&history, &TokenCounter::Estimate),
+                context_tokens,
+                &limits(),
+                false,
+            );
+            if context_tokens > 0 {
+                assert_eq!(
+                    plan, None,
+                    "{context_tokens}: a huge context fits everything"
+                );
+            }
+        }
     }
 
     #[test]

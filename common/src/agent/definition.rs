@@ -72,6 +72,14 @@ pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
             "{bad:?} is not a tool or skill name (letters, digits, _ - . and * patterns)"
         )));
     }
+    if spec
+        .context_tokens
+        .is_some_and(|tokens| tokens < MIN_CONTEXT_TOKENS)
+    {
+        return Err(invalid(format!(
+            "context_tokens must be at least {MIN_CONTEXT_TOKENS}"
+        )));
+    }
     if !spec.subagents.is_empty() && nesting_left == 0 {
         return Err(invalid("its subagents nest deeper than allowed".into()));
     }
@@ -617,6 +625,18 @@ mod tests {
         unknown.write("AGENTS.md", "+++\nsubagents = [\"ghost\"]\n+++\nLead.");
         let err = AgentCatalog::load_dir(&unknown.0).expect_err("unknown subagent");
         assert!(err.to_string().contains("ghost"), "{err}");
+    }
+
+    #[test]
+    fn a_spec_in_a_message_holds_its_context_size_to_what_a_definition_may_declare() {
+        let catalog = AgentCatalog::bundled().expect("bundled workspace is valid");
+        let mut main = AgentSpec::clone(&catalog.resolve("assistant", None).expect("main agent"));
+        main.context_tokens = Some(MIN_CONTEXT_TOKENS);
+        check_spec(&main, MAX_NESTING).expect("the smallest allowed context passes");
+        main.subagents[0].context_tokens = Some(0);
+        let refused = check_spec(&main, MAX_NESTING).expect_err("a subagent's context of 0");
+        assert_eq!(refused.kind, FailureKind::InvalidInput);
+        assert!(refused.message.contains("context_tokens"), "{refused:?}");
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   no script touches keys of two tags, so every script is valid on Redis Cluster;
 //! - a reservation is granted only if, for each limit set, spent + held + the reservation stays
 //!   within it; granting and refusing are one script, so two callers can never both take the
-//!   last of a budget;
+//!   last of a budget; a reservation is held once however often its script runs (a request
+//!   retried after its reply was lost finds it held and is granted again);
 //! - settling removes the reservation (if still there) and adds what the call used, which may be
 //!   more or less than it held: a budget can be overrun only by calls that used more than their
 //!   worst case, never by calls admitted after it was spent;
@@ -68,6 +69,11 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local ledger = redis.call('HMGET', KEYS[1], 'tokens', 'cost', 'held_tokens', 'held_cost')
 local spent_tokens, spent_cost = tonumber(ledger[1] or '0'), tonumber(ledger[2] or '0')
 local held_tokens, held_cost = tonumber(ledger[3] or '0'), tonumber(ledger[4] or '0')
+-- Held already (the script ran twice for one reservation, a request retried after a lost
+-- reply): granted, and not held twice.
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  return {0, spent_tokens, spent_cost, held_tokens, held_cost}
+end
 local tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 local token_limit, cost_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
 local over = 0

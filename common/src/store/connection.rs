@@ -8,9 +8,11 @@
 //! - every request is bounded: connect and response timeouts on every node, and a bound on each
 //!   Sentinel lookup; an unreachable Redis is an error, never a hang;
 //! - a request that failed is sent again only when it cannot have been applied: the primary
-//!   refused it as a replica (`READONLY`) or the connection to it could not be made. Any other
-//!   failure is returned (the caller's attempt accounting decides what happens next), after the
-//!   connection has moved on to the primary the Sentinels name now;
+//!   refused it as a replica (`READONLY`) or the connection to it could not be made; on a Redis
+//!   Cluster also when a node refused it unrun (`MOVED`, `TRYAGAIN`, `CLUSTERDOWN`, ...), the
+//!   cluster client itself resending nothing. Any other failure (a connection that dropped while
+//!   the request was out, a timeout) is returned (the caller's attempt accounting decides what
+//!   happens next), after the connection has moved on to the primary the Sentinels name now;
 //! - the Sentinels are asked once for all requests that saw the same connection fail, and not
 //!   again within [`LOOKUP_PAUSE`] of a lookup that found no primary;
 //! - on a Redis Cluster every multi-key step (script, transaction, pipeline) names keys of one
@@ -36,10 +38,16 @@ use crate::config::RedisConfig;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest wait for a node's answer.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest a cluster request may take, its redirections and retries included.
+/// Longest one try of a cluster request may take; past this long since its first try, a request
+/// is not sent again.
 const CLUSTER_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Tries at reconnecting (one node) or at a request (cluster) before the error is returned.
+/// Tries at reconnecting to one node before the error is returned.
 const RETRIES: usize = 3;
+/// Tries at a cluster request that the nodes refused unrun (see [`refused_in_cluster`]).
+const CLUSTER_TRIES: u32 = 4;
+/// Pause before a cluster request is sent again, doubled at each try (the client rebuilds its
+/// slot map meanwhile).
+const CLUSTER_RESEND_PAUSE: Duration = Duration::from_millis(100);
 /// Longest a Sentinel lookup of the primary may take (every Sentinel asked, the primary checked).
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// After a lookup that found no primary (a failover under way), requests fail without asking the
@@ -85,11 +93,14 @@ impl RedisConnection {
                 ))
             }
             Topology::Cluster(nodes) => {
+                let password = unless_in_url(&nodes, password)?;
                 let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
                     .overall_response_timeout(Some(CLUSTER_REQUEST_TIMEOUT))
-                    .retries(RETRIES as u32);
+                    // The client would send a request again after its connection dropped, when
+                    // the node may have applied it: `cluster_command` resends what was refused.
+                    .retries(0);
                 if let Some(password) = password {
                     builder = builder.password(password);
                 }
@@ -192,7 +203,7 @@ impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConnection::Single(connection) => connection.req_packed_command(cmd),
-            RedisConnection::Cluster(connection) => connection.req_packed_command(cmd),
+            RedisConnection::Cluster(connection) => Box::pin(cluster_command(connection, cmd)),
             RedisConnection::Sentinel(primary) => Box::pin(primary.command(cmd)),
         }
     }
@@ -208,7 +219,7 @@ impl ConnectionLike for RedisConnection {
                 connection.req_packed_commands(pipeline, offset, count)
             }
             RedisConnection::Cluster(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
+                Box::pin(cluster_commands(connection, pipeline, offset, count))
             }
             RedisConnection::Sentinel(primary) => {
                 Box::pin(primary.commands(pipeline, offset, count))
@@ -225,11 +236,134 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
+/// A request to a Redis Cluster, sent again (after a growing pause, within
+/// [`CLUSTER_REQUEST_TIMEOUT`]) while the nodes refuse it unrun.
+async fn cluster_command(connection: &mut ClusterConnection, cmd: &Cmd) -> RedisResult<Value> {
+    let started = Instant::now();
+    let mut tries = 1;
+    loop {
+        match connection.req_packed_command(cmd).await {
+            Err(error) if resend_in_cluster(&error, 1, tries, started) => {
+                tokio::time::sleep(CLUSTER_RESEND_PAUSE * 2u32.pow(tries - 1)).await;
+                tries += 1;
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// [`cluster_command`] for a pipeline (a transaction or not). A transaction refused with
+/// `MOVED` goes to the node named next: the client neither follows nor learns from a redirection
+/// inside a transaction's answer.
+async fn cluster_commands(
+    connection: &mut ClusterConnection,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let started = Instant::now();
+    let mut tries = 1;
+    let mut moved = None;
+    loop {
+        let answered = match moved.take() {
+            Some((host, port)) => {
+                let node = SingleNodeRoutingInfo::ByAddress { host, port };
+                connection
+                    .route_pipeline(pipeline.clone(), offset, count, node)
+                    .await
+            }
+            None => {
+                connection
+                    .req_packed_commands(pipeline, offset, count)
+                    .await
+            }
+        };
+        match answered {
+            Err(error) if resend_in_cluster(&error, count, tries, started) => {
+                moved = moved_to(&error);
+                if moved.is_none() {
+                    tokio::time::sleep(CLUSTER_RESEND_PAUSE * 2u32.pow(tries - 1)).await;
+                }
+                tries += 1;
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// The node a `MOVED` in `error` names (`<slot> <host>:<port>`).
+fn moved_to(error: &RedisError) -> Option<(String, u16)> {
+    let address = |detail: &str| {
+        let address = detail.split_ascii_whitespace().nth(1)?;
+        let (host, port) = address.rsplit_once(':')?;
+        Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+    };
+    if error.kind() == ErrorKind::Server(ServerErrorKind::Moved) {
+        return address(error.detail()?);
+    }
+    let errors = error.clone().into_server_errors()?;
+    errors.iter().find_map(|(_, error)| {
+        (error.kind() == Some(ServerErrorKind::Moved))
+            .then(|| address(error.details()?))
+            .flatten()
+    })
+}
+
+fn resend_in_cluster(error: &RedisError, commands: usize, tries: u32, started: Instant) -> bool {
+    tries < CLUSTER_TRIES
+        && started.elapsed() < CLUSTER_REQUEST_TIMEOUT
+        && refused_in_cluster(error, commands)
+}
+
+/// Whether a Redis Cluster surely did not apply the request of `commands` commands that failed
+/// with `error`: no connection to its node was made, or the node refused it without running it
+/// (its slot is served elsewhere, or not at all yet; the node is a replica now or still loading).
+/// A transaction counts when every error in it is such a refusal (it was aborted); other
+/// pipelines when every command got one. A pipeline's keys share one slot (see `keys`), so one
+/// refusal of the slot's node stands for all of them.
+fn refused_in_cluster(error: &RedisError, commands: usize) -> bool {
+    let refusal = |kind: Option<ServerErrorKind>| {
+        matches!(
+            kind,
+            Some(
+                ServerErrorKind::Moved
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+    };
+    if error.is_connection_refusal() || error.kind() == ErrorKind::ClusterConnectionNotFound {
+        return true;
+    }
+    let aborted = error.kind() == ErrorKind::Server(ServerErrorKind::ExecAbort);
+    match error.clone().into_server_errors() {
+        Some(errors) => {
+            !errors.is_empty()
+                && (aborted || errors.len() >= commands)
+                && errors.iter().all(|(_, error)| refusal(error.kind()))
+        }
+        None => matches!(error.kind(), ErrorKind::Server(kind) if refusal(Some(kind))),
+    }
+}
+
 fn manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_number_of_retries(RETRIES)
+}
+
+/// The password setting, unless the nodes' URLs carry a password (which then stands, as for one
+/// node; the cluster client would let the setting override it).
+fn unless_in_url(nodes: &[String], password: Option<String>) -> Result<Option<String>, StoreError> {
+    let Some(first) = nodes.first() else {
+        return Ok(password);
+    };
+    let in_url = first.as_str().into_connection_info()?;
+    Ok(password.filter(|_| in_url.redis_settings().password().is_none()))
 }
 
 /// The CA to trust for `rediss://` nodes, when one is configured.
@@ -493,6 +627,47 @@ mod tests {
         assert!(!never_applied(&broken));
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(never_applied(&refused));
+    }
+
+    #[test]
+    fn a_cluster_request_is_sent_again_only_when_a_node_refused_it_unrun() {
+        let moved = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "MOVED",
+            "3999 127.0.0.1:7001".to_owned(),
+        ));
+        assert!(refused_in_cluster(&moved, 1));
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(refused_in_cluster(&refused, 1));
+        // Out on a connection that dropped, or unanswered in time: it may have been applied.
+        for maybe_applied in [
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::TimedOut,
+        ] {
+            let error = RedisError::from(std::io::Error::from(maybe_applied));
+            assert!(!refused_in_cluster(&error, 1), "{maybe_applied:?}");
+        }
+        // Moved in the middle of a slot's migration: the node may have run other commands.
+        let ask = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "ASK",
+            "3999 127.0.0.1:7001".to_owned(),
+        ));
+        assert!(!refused_in_cluster(&ask, 1));
+        assert_eq!(moved_to(&moved), Some(("127.0.0.1".into(), 7001)));
+        assert_eq!(moved_to(&ask), None);
+        assert_eq!(moved_to(&refused), None);
+    }
+
+    #[test]
+    fn a_cluster_urls_password_stands_over_the_setting() {
+        let set = || Some("from-setting".to_owned());
+        let with = ["redis://u:from%20url@a:7000/".to_owned()];
+        assert_eq!(unless_in_url(&with, set()).ok(), Some(None));
+        let without = ["redis://a:7000/".to_owned()];
+        assert_eq!(unless_in_url(&without, set()).ok(), Some(set()));
     }
 
     #[test]

@@ -2,11 +2,17 @@
 //! with one replica watched by three Sentinels ([`SentinelGroup`]), and a Redis Cluster of three
 //! primaries ([`RedisCluster`]). Every process is a real `redis-server` on a free 127.0.0.1 port,
 //! always spawned (never `SKEIN_TEST_REDIS_URL`), and killed when its handle drops. Every wait is
-//! bounded (20 s).
+//! bounded (20 s). A cluster node can be put behind a [`ReplyCutter`], which loses the answers to
+//! requests the node still runs.
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use super::servers::{find_binary, free_port, make_temp_dir, RedisServer};
 use super::{eventually, ChildProcess};
@@ -294,6 +300,57 @@ impl RedisCluster {
         usize::from(slot / share).min(self.nodes.len() - 1)
     }
 
+    /// Puts node `index` behind `cutter` for the cluster's clients: the node announces the
+    /// cutter's port, and every node names that port for the node's slots before this returns.
+    /// Clients connected afterwards reach the node through the cutter.
+    ///
+    /// # Panics
+    /// When the nodes do not agree on the new port within 20 s.
+    pub async fn announce_through(&self, index: usize, cutter: &ReplyCutter) {
+        let () = query(
+            &self.nodes[index].url,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-announce-port")
+                .arg(cutter.port),
+        )
+        .await
+        .expect("the announced port set");
+        let first_slot = CLUSTER_SLOTS / self.nodes.len() as u16 * index as u16;
+        for node in &self.nodes {
+            let url = node.url.clone();
+            eventually(
+                "every node to name the announced port",
+                SETTLE_TIMEOUT,
+                || {
+                    let url = url.clone();
+                    async move {
+                        // [first slot, last slot, [host, port, id, ...], replicas...]
+                        let ranges: Vec<Vec<redis::Value>> =
+                            query(&url, redis::cmd("CLUSTER").arg("SLOTS")).await.ok()?;
+                        ranges
+                            .into_iter()
+                            .any(|range| {
+                                let mut range = range.into_iter();
+                                let first = range.next().map(redis::from_redis_value::<u16>);
+                                let primary = range.nth(1).map(|primary| {
+                                    redis::from_redis_value::<Vec<redis::Value>>(primary)
+                                });
+                                let port = primary.and_then(|node| {
+                                    let node = node.ok()?;
+                                    redis::from_redis_value::<u16>(node.get(1)?.clone()).ok()
+                                });
+                                matches!(first, Some(Ok(slot)) if slot == first_slot)
+                                    && port == Some(cutter.port)
+                            })
+                            .then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+    }
+
     /// The keys matching `pattern` that node `index` holds itself.
     ///
     /// # Panics
@@ -302,6 +359,79 @@ impl RedisCluster {
         query(&self.nodes[index].url, redis::cmd("KEYS").arg(pattern))
             .await
             .expect("KEYS answers")
+    }
+}
+
+/// A TCP proxy in front of a node that can lose the answers to requests the node is still
+/// running: [`cut_replies`](Self::cut_replies) closes the client side of every open connection and
+/// keeps the node's side open, so the node runs what it was sent while its client sees the
+/// connection drop. New connections are forwarded as before. Stops when dropped.
+pub struct ReplyCutter {
+    /// The port the proxy listens on (127.0.0.1).
+    pub port: u16,
+    cut: watch::Sender<u64>,
+    task: JoinHandle<()>,
+}
+
+/// The node's sides of connections whose client side was closed, kept open.
+type Kept = Arc<Mutex<Vec<TcpStream>>>;
+
+impl ReplyCutter {
+    /// Listens on a free port and forwards each connection to `127.0.0.1:target`.
+    ///
+    /// # Panics
+    /// When no port on 127.0.0.1 can be bound.
+    pub async fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port on 127.0.0.1 can be bound for the proxy");
+        let port = listener.local_addr().expect("a bound listener").port();
+        let (cut, _) = watch::channel(0u64);
+        let cuts = cut.clone();
+        let kept = Kept::default();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(node) = TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                tokio::spawn(forward(client, node, cuts.subscribe(), Arc::clone(&kept)));
+            }
+        });
+        Self { port, cut, task }
+    }
+
+    /// Closes the client side of every connection open now; the node's side stays open.
+    pub fn cut_replies(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+impl Drop for ReplyCutter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn forward(
+    mut client: TcpStream,
+    mut node: TcpStream,
+    mut cut: watch::Receiver<u64>,
+    kept: Kept,
+) {
+    let severed = {
+        let (mut from_client, mut to_client) = client.split();
+        let (mut from_node, mut to_node) = node.split();
+        tokio::select! {
+            _ = cut.changed() => true,
+            _ = tokio::io::copy(&mut from_client, &mut to_node) => false,
+            _ = tokio::io::copy(&mut from_node, &mut to_client) => false,
+        }
+    };
+    drop(client);
+    if severed {
+        kept.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(node);
     }
 }
 

@@ -402,7 +402,7 @@ impl Runtime {
                     Ok(compacted) => compacted,
                     Err(failure) => return finished_failed(turn, out, failure),
                 };
-                if overflowed && !compacted {
+                if overflowed && compacted.is_none() {
                     let failure = Failure::new(
                         FailureKind::ContextOverflow,
                         "the request is longer than the model's context, and compacting the \
@@ -410,11 +410,8 @@ impl Runtime {
                     );
                     return finished_failed(turn, out, failure);
                 }
-                let system = if compacted {
-                    self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref())
-                } else {
-                    system
-                };
+                // The prompt with the new summary, when the history was compacted.
+                let system = compacted.unwrap_or(system);
                 let messages =
                     conversation(&system, window.visible(max_messages), &out.new_messages);
                 match self

@@ -200,29 +200,17 @@ fn json_setting(value: &str, what: &str) -> Result<String, String> {
     std::fs::read_to_string(value).map_err(|e| format!("{what}: cannot read {value}: {e}"))
 }
 
-/// Counts the bytes written to it.
-#[derive(Default)]
-struct ByteCount(u64);
-
-impl std::io::Write for ByteCount {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len() as u64;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A rough count of a request's prompt tokens: a quarter of the bytes of its messages and tool
-/// specs as JSON, rounded up (measured without building the JSON).
+/// A rough count of a request's prompt tokens: a quarter of the bytes of its messages (with a
+/// little framing each) and tool specs, rounded up.
 pub fn estimate_prompt_tokens(request: &ModelRequest) -> u64 {
-    let mut bytes = ByteCount::default();
-    // Writing into a counter cannot fail, and plain data always serializes.
-    let _ = serde_json::to_writer(&mut bytes, &request.messages);
-    let _ = serde_json::to_writer(&mut bytes, &*request.tools);
-    bytes.0.div_ceil(4)
+    // The texts' bytes and a little framing per message (no JSON is built: this runs for every
+    // model call), and the tool specs.
+    let tools: u64 = request
+        .tools
+        .iter()
+        .map(|t| (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64)
+        .sum();
+    (crate::agent::tokens::upper_bound(&request.messages) + tools).div_ceil(4)
 }
 
 /// A rough count of an answer's tokens (for servers that report no usage).
