@@ -171,10 +171,11 @@ impl PayloadStore {
         arguments: Value,
         limit: usize,
     ) -> Result<(Value, Option<PayloadRef>), Failure> {
-        let json = encode(&arguments)?;
-        if json.len() <= limit {
+        // Measured without building the JSON: almost every call's arguments travel inline.
+        if crate::text::json_len(&arguments) <= limit {
             return Ok((arguments, None));
         }
+        let json = encode(&arguments)?;
         // Boxed, as in `load_arguments`.
         let reference =
             Box::pin(self.store(&origin.tenant, &origin.session, &origin.task_id, json))

@@ -1,5 +1,6 @@
 //! Cutting text to a byte budget on a character boundary: every text that can echo outside
-//! input (failure messages, dead-letter reasons, error bodies) is bounded with these.
+//! input (failure messages, dead-letter reasons, error bodies) is bounded with these. Also the
+//! size of a JSON value, measured without building it.
 
 /// The largest char boundary of `text` at or below `index`.
 pub fn floor_char_boundary(text: &str, index: usize) -> usize {
@@ -32,6 +33,24 @@ pub fn cut(text: &str, max_bytes: usize) -> String {
     format!("{}{MARK}", &text[..end])
 }
 
+/// The length of `value` as compact JSON, measured without building it.
+pub fn json_len(value: &serde_json::Value) -> usize {
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counted = Counted(0);
+    // Writing into a counter cannot fail, and a JSON value always serializes.
+    let _ = serde_json::to_writer(&mut counted, value);
+    counted.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +68,11 @@ mod tests {
         assert_eq!(ceil_char_boundary("aé", 2), 3);
         assert_eq!(ceil_char_boundary("aé", 1), 1);
         assert_eq!(ceil_char_boundary("aé", 9), 3);
+    }
+
+    #[test]
+    fn a_json_length_is_that_of_the_json_text() {
+        let value = serde_json::json!({"path": "a \"b\"", "n": [1, 2.5, null], "é": true});
+        assert_eq!(super::json_len(&value), value.to_string().len());
     }
 }

@@ -110,7 +110,7 @@ pub fn message_bytes(message: &Message) -> u64 {
     let calls: u64 = message
         .tool_calls
         .iter()
-        .map(|c| PER_MESSAGE + (c.name.len() + c.arguments.to_string().len()) as u64)
+        .map(|c| PER_MESSAGE + (c.name.len() + crate::text::json_len(&c.arguments)) as u64)
         .sum();
     PER_MESSAGE
         + message.content.len() as u64

@@ -339,7 +339,9 @@ impl Runtime {
         let model = self.model_name(turn);
         let tools_bytes: u64 = tools
             .iter()
-            .map(|t| (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64)
+            .map(|t| {
+                (t.name.len() + t.description.len() + crate::text::json_len(&t.parameters)) as u64
+            })
             .sum();
         let mut window = compact::Window::new(turn, &out, self);
         let max_messages = self.settings.context.max_history_messages;

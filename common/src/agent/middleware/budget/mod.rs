@@ -126,7 +126,9 @@ where
                 .to_owned();
             let price = shared.settings.prices.get(&model).copied();
             let ledgers = shared.ledgers(call.origin.as_deref())?;
-            // Counted without building the JSON; also what an answer without usage is charged.
+            // What a reservation holds for the prompt, and what an answer without usage is
+            // charged. Without a ledger it only serves the spend metric of a server that reports
+            // no usage; it is counted all the same, since the request is gone by then.
             let prompt = estimate_prompt_tokens(&call.request);
             let holds = if ledgers.is_empty() {
                 None

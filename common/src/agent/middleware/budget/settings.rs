@@ -208,7 +208,7 @@ pub fn estimate_prompt_tokens(request: &ModelRequest) -> u64 {
     let tools: u64 = request
         .tools
         .iter()
-        .map(|t| (t.name.len() + t.description.len() + t.parameters.to_string().len()) as u64)
+        .map(|t| (t.name.len() + t.description.len() + crate::text::json_len(&t.parameters)) as u64)
         .sum();
     (crate::agent::tokens::upper_bound(&request.messages) + tools).div_ceil(4)
 }
