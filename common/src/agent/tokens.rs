@@ -9,7 +9,7 @@
 //! bytes, so a conversation whose bytes fit under a limit fits in tokens too
 //! ([`upper_bound`]).
 
-use tiktoken_rs::CoreBPE;
+use tiktoken_rs::tokenizer::Tokenizer;
 
 use crate::protocol::message::Message;
 use crate::protocol::ToolSpec;
@@ -21,31 +21,20 @@ const PER_MESSAGE: u64 = 4;
 pub const DEFAULT_CONTEXT_TOKENS: u64 = 32_768;
 
 /// How a model's text is counted.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub enum TokenCounter {
-    /// The model's own BPE.
-    Exact(&'static CoreBPE),
+    /// The model's own BPE (loaded on the first text it counts, once per process).
+    Exact(Tokenizer),
     /// About four characters a token.
     Estimate,
 }
 
-impl std::fmt::Debug for TokenCounter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TokenCounter::Exact(_) => "Exact",
-            TokenCounter::Estimate => "Estimate",
-        })
-    }
-}
-
 impl TokenCounter {
     /// The counter for `model`: its tokenizer when it is an OpenAI model, an estimate otherwise.
+    /// Cheap: nothing is loaded until a text is counted.
     pub fn for_model(model: &str) -> Self {
         match tiktoken_rs::tokenizer::get_tokenizer(model) {
-            Some(tokenizer) => match tiktoken_rs::bpe_for_tokenizer(tokenizer) {
-                Ok(bpe) => TokenCounter::Exact(bpe),
-                Err(_) => TokenCounter::Estimate,
-            },
+            Some(tokenizer) => TokenCounter::Exact(tokenizer),
             None => TokenCounter::Estimate,
         }
     }
@@ -60,9 +49,13 @@ impl TokenCounter {
         if text.is_empty() {
             return 0;
         }
+        let estimate = || (text.chars().count() as u64).div_ceil(4);
         match self {
-            TokenCounter::Exact(bpe) => bpe.encode_ordinary(text).len() as u64,
-            TokenCounter::Estimate => (text.chars().count() as u64).div_ceil(4),
+            TokenCounter::Exact(tokenizer) => match tiktoken_rs::bpe_for_tokenizer(*tokenizer) {
+                Ok(bpe) => bpe.encode_ordinary(text).len() as u64,
+                Err(_) => estimate(),
+            },
+            TokenCounter::Estimate => estimate(),
         }
     }
 
