@@ -726,8 +726,9 @@ fn turn_context(turn: &TurnInput<'_>, step: u32) -> TurnContext {
     }
 }
 
-/// Whether a failed model call may succeed on another model: not when it was cancelled, when the
-/// request itself is at fault (too long, invalid), or when a budget ran out.
+/// Whether a failed model call may succeed on another model: any failure of the model (an error
+/// answer, unreachable, too slow), not a cancellation, a request too long for the context or
+/// invalid, or a spent budget.
 fn worth_a_fallback(failure: &Failure) -> bool {
     matches!(
         failure.kind,
