@@ -1,0 +1,117 @@
+//! The Lua scripts of the session store: each runs in one trip and touches only keys of one
+//! session (one hash slot), so a lease, a version check and the writes they guard are one step.
+
+/// Compare-and-set save: KEYS[1] session hash, KEYS[2] history list; ARGV expected version, new
+/// version, state (without history), 'replace' or 'append', idle ttl seconds (0: none), offset
+/// of the loaded history in the list afterwards, how many of the list's oldest messages to drop,
+/// then the messages to add.
+pub(super) const SAVE_SCRIPT: &str = r#"
+local current = redis.call('HGET', KEYS[1], 'version')
+if (current or '0') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'offset', ARGV[6])
+if ARGV[4] == 'replace' then redis.call('DEL', KEYS[2]) end
+for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[7] ~= '0' then redis.call('LTRIM', KEYS[2], ARGV[7], -1) end
+if ARGV[5] ~= '0' then
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
+else
+  redis.call('PERSIST', KEYS[1])
+  redis.call('PERSIST', KEYS[2])
+end
+return 1
+"#;
+
+/// Writes a turn checkpoint only while the writer holds the session lease.
+/// KEYS[1] lease, KEYS[2] checkpoint; ARGV token, checkpoint, ttl seconds.
+pub(super) const CHECKPOINT_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"#;
+
+/// Ends a turn atomically while the writer holds the lease: saves the session (compare-and-set,
+/// unless ARGV[4] is empty), stores the final result, drops the checkpoint and releases the lease.
+/// A final result stored earlier (the task ended on another path meanwhile) stands: nothing is
+/// saved, the lease is released and the stored final returned.
+/// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint, KEYS[5] history list.
+/// ARGV token, expected version, new version, state (without history), final, final ttl seconds,
+/// 'replace' or 'append', idle session ttl seconds (0: none), offset of the loaded history in the
+/// list afterwards, how many of the list's oldest messages to drop, then the messages to add to
+/// the history.
+/// Returns {1} done, {0} version conflict, {-1} lease lost, {2, final} an earlier final stands.
+pub(super) const COMPLETE_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1} end
+local earlier = redis.call('GET', KEYS[3])
+if earlier then
+  redis.call('DEL', KEYS[4])
+  redis.call('DEL', KEYS[2])
+  return {2, earlier}
+end
+if ARGV[4] ~= '' then
+  local current = redis.call('HGET', KEYS[1], 'version')
+  if (current or '0') ~= ARGV[2] then return {0} end
+  redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4], 'offset', ARGV[9])
+  if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
+  for i = 11, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  if ARGV[10] ~= '0' then redis.call('LTRIM', KEYS[5], ARGV[10], -1) end
+end
+if ARGV[8] ~= '0' then
+  redis.call('EXPIRE', KEYS[1], ARGV[8])
+  redis.call('EXPIRE', KEYS[5], ARGV[8])
+end
+redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
+redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[2])
+return {1}
+"#;
+
+/// Stores a final result unless one is stored already. KEYS[1] final; ARGV final, ttl seconds.
+/// Returns false when stored now, or the final stored earlier.
+pub(super) const STORE_FINAL_SCRIPT: &str = r#"
+local earlier = redis.call('GET', KEYS[1])
+if earlier then return earlier end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return false
+"#;
+
+/// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
+/// session, KEYS[5] checkpoint, KEYS[6] history (both kept while the turn runs: an idle-session
+/// expiry must not strike mid-turn; the turn's end sets it again); ARGV token, lease ttl ms, attempts field, attempts ttl seconds,
+/// most attempts. Returns {'finished', final}; {'busy'} (another holds the lease; nothing
+/// counted; also when the lease is this caller's own, held by an earlier run of the task);
+/// {'exhausted', n} (attempt n counted, over the limit, lease not taken); or
+/// {'started', n, version, state, checkpoint, offset, history} with the lease taken (the history
+/// from the offset on: what a summary stands for is not loaded).
+pub(super) const BEGIN_SCRIPT: &str = r#"
+local done = redis.call('GET', KEYS[1])
+if done then return {'finished', done} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'busy'} end
+local n = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+local session = redis.call('HMGET', KEYS[4], 'version', 'state', 'offset')
+redis.call('PERSIST', KEYS[4])
+redis.call('PERSIST', KEYS[6])
+local checkpoint = redis.call('GET', KEYS[5])
+local offset = session[3] or '0'
+local history = redis.call('LRANGE', KEYS[6], tonumber(offset), -1)
+return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', offset, history}
+"#;
+
+/// Loads a session: KEYS[1] session hash, KEYS[2] history list. Returns {version, state, offset,
+/// history from the offset on}.
+pub(super) const LOAD_SCRIPT: &str = r#"
+local session = redis.call('HMGET', KEYS[1], 'version', 'state', 'offset')
+local offset = session[3] or '0'
+local history = redis.call('LRANGE', KEYS[2], tonumber(offset), -1)
+return {session[1] or '0', session[2] or '', offset, history}
+"#;
+
+/// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).
+pub(super) const LEASE_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '0' then return redis.call('DEL', KEYS[1]) end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"#;
