@@ -98,6 +98,15 @@ pub fn upper_bound(messages: &[Message]) -> u64 {
     messages.iter().map(message_bytes).sum()
 }
 
+/// A bound of the tokens tool specs add to a request: their names', descriptions' and schemas'
+/// bytes (the schemas measured as JSON without building it).
+pub fn tools_upper_bound(tools: &[ToolSpec]) -> u64 {
+    tools
+        .iter()
+        .map(|t| (t.name.len() + t.description.len() + crate::text::json_len(&t.parameters)) as u64)
+        .sum()
+}
+
 /// The bytes of one message plus its framing (see [`upper_bound`]).
 pub fn message_bytes(message: &Message) -> u64 {
     let calls: u64 = message

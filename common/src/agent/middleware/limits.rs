@@ -121,11 +121,7 @@ where
     }
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
-        // The service made ready makes the attempt; a clone stays for the next call.
-        let mut ready = {
-            let fresh = self.inner.clone();
-            std::mem::replace(&mut self.inner, fresh)
-        };
+        let mut ready = super::take_ready(&mut self.inner);
         let (store, policy) = (self.store.clone(), self.policy.clone());
         Box::pin(async move {
             let model = call.request.model.clone();

@@ -283,6 +283,13 @@ impl Builtins {
     }
 }
 
+/// The service `poll_ready` made ready, for the call about to be made, leaving a fresh clone in
+/// its place for the next call (a clone of a ready service need not be ready itself).
+pub(crate) fn take_ready<S: Clone>(service: &mut S) -> S {
+    let fresh = service.clone();
+    std::mem::replace(service, fresh)
+}
+
 fn box_tools<S>(service: S) -> ToolService
 where
     S: Service<ToolCallRequest, Response = ToolResult> + Clone + Send + Sync + 'static,

@@ -132,11 +132,7 @@ where
                 .and_then(|origin| origin.deadline_ms)
                 .map(deadline_instant),
         };
-        // The service made ready takes the first attempt; a clone stays for the next call.
-        let ready = {
-            let fresh = self.inner.clone();
-            std::mem::replace(&mut self.inner, fresh)
-        };
+        let ready = super::take_ready(&mut self.inner);
         let retry = Retry::new(policy, ready.map_err(Into::<BoxError>::into));
         Box::pin(retry.oneshot(call))
     }

@@ -337,12 +337,7 @@ impl Runtime {
         let extras = self.runtime_tools(turn);
         let tools = catalog.tools_for(&turn.agent.tools, &extras);
         let model = self.model_name(turn);
-        let tools_bytes: u64 = tools
-            .iter()
-            .map(|t| {
-                (t.name.len() + t.description.len() + crate::text::json_len(&t.parameters)) as u64
-            })
-            .sum();
+        let tools_bytes = crate::agent::tokens::tools_upper_bound(&tools);
         let mut window = compact::Window::new(turn, &out, self);
         let max_messages = self.settings.context.max_history_messages;
         let acting = acting::Acting {

@@ -203,14 +203,9 @@ fn json_setting(value: &str, what: &str) -> Result<String, String> {
 /// A rough count of a request's prompt tokens: a quarter of the bytes of its messages (with a
 /// little framing each) and tool specs, rounded up.
 pub fn estimate_prompt_tokens(request: &ModelRequest) -> u64 {
-    // The texts' bytes and a little framing per message (no JSON is built: this runs for every
-    // model call), and the tool specs.
-    let tools: u64 = request
-        .tools
-        .iter()
-        .map(|t| (t.name.len() + t.description.len() + crate::text::json_len(&t.parameters)) as u64)
-        .sum();
-    (crate::agent::tokens::upper_bound(&request.messages) + tools).div_ceil(4)
+    // Byte bounds (no JSON is built: this runs for every model call).
+    use crate::agent::tokens::{tools_upper_bound, upper_bound};
+    (upper_bound(&request.messages) + tools_upper_bound(&request.tools)).div_ceil(4)
 }
 
 /// A rough count of an answer's tokens (for servers that report no usage).

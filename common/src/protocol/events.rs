@@ -1,0 +1,207 @@
+//! What a task tells its clients: the events of its turn (published on the task's event subject)
+//! and its final result (announced as the last event, and stored for look-ups).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::message::Usage;
+use super::{Failure, PayloadRef, Spent, Verdict};
+
+/// One event of a turn, published on the task's event subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TurnEvent {
+    pub v: u32,
+    pub task_id: String,
+    /// Which agent loop emitted it: `lead`, or `subagent:<call_id>` for a child.
+    pub source: String,
+    /// Position in the source's sequence: it grows across deliveries of the task (a delivery's
+    /// events are numbered from its epoch times 2^32, plus 1), so `(source, seq)` names one event
+    /// and orders the source's events.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    pub event: EventKind,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    TurnStarted {
+        agent: String,
+        session: String,
+        instance: String,
+        /// Set when the turn continues an earlier, interrupted run: the steps already done.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resumed_at_step: Option<u32>,
+        /// The trace the turn is recorded in (32 hex digits), when tracing is on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trace_id: Option<String>,
+    },
+    ModelDelta {
+        text: String,
+    },
+    /// A piece of the model's streamed reasoning (thinking models: DeepSeek's
+    /// `reasoning_content`, the `reasoning` of OpenRouter and vLLM), sent before the answer's
+    /// `model_delta`s of the same model call. Not part of the answer.
+    ReasoningDelta {
+        text: String,
+    },
+    /// The session's older history was summarised so the turn's requests fit the model's
+    /// context: `messages` left the context (they stay stored), replaced by a summary.
+    Compacted {
+        messages: u64,
+        /// Why: `tokens` (the request would fill too much of the context), `messages` (too many
+        /// messages), `overflow` (the model refused a request as too long).
+        trigger: String,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
+    ToolStarted {
+        call_id: String,
+        tool: String,
+        /// The call's arguments; when they are too large for an event, a string previewing their
+        /// JSON (head and tail), and `arguments_ref` says where they are whole.
+        arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments_ref: Option<PayloadRef>,
+        /// How the permission policy settled the call (`allowed` for a plain allow), so every
+        /// decision is in the event stream; absent from producers that predate permissions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permission: Option<Verdict>,
+        /// The rule (or mode) behind `permission`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        rule: String,
+    },
+    ToolFinished {
+        call_id: String,
+        tool: String,
+        ok: bool,
+        worker_id: String,
+        /// The start of the observation, for display.
+        preview: String,
+    },
+    /// A call waits for a person's approval; the turn is suspended (its state is saved and no
+    /// lead holds it) until an `ApprovalDecision` answers it.
+    ApprovalRequested {
+        call_id: String,
+        tool: String,
+        /// As in `tool_started`: a preview when too large, with `arguments_ref`.
+        arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments_ref: Option<PayloadRef>,
+        /// The rule (or mode) that asked.
+        rule: String,
+        /// When an unanswered request is denied (milliseconds since the Unix epoch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at_ms: Option<u64>,
+    },
+    /// How a call's permission was settled when it was not a plain allow: denied by a rule or the
+    /// mode, approved or refused by a person, expired; also every decision in `bypass` mode.
+    ApprovalResolved {
+        call_id: String,
+        tool: String,
+        verdict: Verdict,
+        /// The rule (or mode) behind the verdict.
+        rule: String,
+        /// Who decided, when a person did.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        by: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
+    },
+    /// A recoverable problem the turn continued past.
+    Warning {
+        failure: Failure,
+    },
+    /// Always the last event of a turn.
+    Final {
+        result: FinalResult,
+    },
+}
+
+/// A lead's answer to a lookup on `skein.result.{tenant}.{session}.{task_id}`: the task's stored
+/// final result, none while the task has not ended, or why the store could not be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StoredFinal {
+    pub v: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<FinalResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+/// The end of a turn, also stored for later lookup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FinalResult {
+    pub v: u32,
+    pub task_id: String,
+    pub tenant: String,
+    pub session: String,
+    pub status: TurnStatus,
+    /// The answer; only a preview of it (head and tail, with a note) when `answer_ref` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    /// Where the whole answer is stored, when it was too large to travel in the final event or
+    /// a lookup's reply (UTF-8 text). `SkeinClient::run` and `stored_final` fetch it and return
+    /// the whole answer with this unset.
+    // Boxed: rarely set, and every result held in memory would carry its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_ref: Option<Box<PayloadRef>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+    /// Model calls made in the turn.
+    pub iterations: u32,
+    /// True when the iteration limit ended the loop and the answer is a summary.
+    #[serde(default)]
+    pub limit_reached: bool,
+    #[serde(default)]
+    pub usage: Usage,
+    /// The trace the turn is recorded in (32 hex digits), when tracing is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// What the task spent of its budget (its subagents included), when it ran under one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<Spent>,
+}
+
+impl FinalResult {
+    /// This result as it can travel in one message of at most `limit` bytes of JSON: an answer
+    /// too long keeps its head, followed by a note of its whole size (the whole answer stays in
+    /// the stored result and the session's history).
+    pub fn fitted(mut self, limit: usize) -> FinalResult {
+        const NOTE_ROOM: usize = 128;
+        let whole = self.answer.as_ref().map_or(0, String::len);
+        let Some(mut answer) = self.answer.take() else {
+            return self;
+        };
+        // Escaping can make JSON longer than its text: cut again by the measured overshoot.
+        for _ in 0..8 {
+            self.answer = Some(answer.clone());
+            let size = serde_json::to_vec(&self).map_or(usize::MAX, |json| json.len());
+            if size <= limit {
+                return self;
+            }
+            let keep = answer.len().saturating_sub(size - limit + NOTE_ROOM);
+            let head = &answer[..crate::text::floor_char_boundary(&answer, keep)];
+            answer = format!(
+                "{head}\n[answer cut to fit one message: {whole} bytes in all; the stored result keeps it whole]"
+            );
+        }
+        self.answer = Some(answer);
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    Completed,
+    Failed,
+    /// Stopped by a cancel request (`skein cancel`); the session is left as it was.
+    Cancelled,
+    /// Stopped because a model call would have gone over the task's budget or its tenant's
+    /// daily budget; the answer says what was spent, and the session keeps the turn's messages.
+    BudgetExhausted,
+}
