@@ -146,11 +146,23 @@ async fn killing_the_nats_node_that_leads_the_work_stream_loses_no_turn() {
             .stream_info(stream)
             .await
             .unwrap_or_else(|| panic!("{stream} exists"));
-        let peers = info.cluster.as_ref().map_or(0, |c| c.replicas.len());
+        // The servers holding it: the leader and the peers it lists (while a leader is being
+        // elected the servers may list all three as peers).
+        let members: std::collections::BTreeSet<&str> = info
+            .cluster
+            .iter()
+            .flat_map(|c| {
+                c.leader
+                    .as_deref()
+                    .into_iter()
+                    .chain(c.replicas.iter().map(|r| r.name.as_str()))
+            })
+            .collect();
         assert_eq!(
-            (info.config.num_replicas, peers),
-            (3, 2),
-            "{stream} has three replicas: a leader and two peers"
+            (info.config.num_replicas, members.len()),
+            (3, 3),
+            "{stream} has three replicas on three servers: {:?}",
+            info.cluster
         );
     }
 
