@@ -68,6 +68,8 @@ fn agent(name: &str, subagents: Vec<AgentSpec>, permissions: PermissionPolicy) -
         skills: None,
         context_tokens: None,
         fallback_models: Vec::new(),
+        planning: false,
+        max_parallel_steps: None,
     }
 }
 
@@ -170,6 +172,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             history: &[],
             summary: None,
             loaded_skills: &[],
+            plan: None,
             skills: None,
             input: "go".into(),
             depth: 0,
@@ -548,6 +551,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
                     history: &history,
                     summary: None,
                     loaded_skills: &loaded,
+                    plan: None,
                     skills: None,
                     input,
                     depth: 0,

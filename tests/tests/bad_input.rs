@@ -365,6 +365,8 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 skills: None,
                 context_tokens: None,
                 fallback_models: Vec::new(),
+                planning: false,
+                max_parallel_steps: None,
             },
             input: "hello".into(),
             input_ref: None,

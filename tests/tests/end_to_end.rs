@@ -198,8 +198,9 @@ async fn the_second_turn_of_a_session_sees_the_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subagent_runs_on_a_worker_and_its_answer_returns_to_the_parent() {
     let cluster = TestCluster::start();
-    // The bundled scripted scenario: the assistant writes a note and spawns the researcher, whose
-    // own tool call (list_files) is dispatched to workers again.
+    // The bundled scripted scenario: the assistant writes a note and plans three research steps
+    // (two at once, the third after both) that the researcher runs; its own tool call
+    // (list_files) is dispatched to workers again.
     cluster.start_nodes(2, &[]).await;
 
     let session = unique("s");
@@ -212,18 +213,19 @@ async fn a_subagent_runs_on_a_worker_and_its_answer_returns_to_the_parent() {
         "the researcher's answer reached the parent: {answer}"
     );
 
-    let spawn_call = events
+    let step_calls: Vec<String> = events
         .iter()
-        .find_map(|e| match &e.event {
-            EventKind::ToolFinished {
-                tool,
-                ok: true,
-                call_id,
-                ..
-            } if tool == "spawn_agent" => Some(call_id.clone()),
+        .filter_map(|e| match &e.event {
+            EventKind::PlanStepStarted { call_id, .. } => Some(call_id.clone()),
             _ => None,
         })
-        .expect("spawn_agent finished successfully");
+        .collect();
+    assert_eq!(
+        step_calls.len(),
+        3,
+        "the three plan steps ran: {step_calls:?}"
+    );
+    let spawn_call = step_calls[0].clone();
     let child_source = format!("subagent:{spawn_call}");
     assert!(
         events.iter().any(|e| e.source == child_source

@@ -107,6 +107,7 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
         usage: Default::default(),
         loaded_skills: Vec::new(),
         compaction: None,
+        plan: None,
     };
     assert!(store
         .save_checkpoint("acme", &session, &task, "b", &progress(2))

@@ -10,7 +10,7 @@
 //!
 //! Each `.md` file is optional TOML front matter between `+++` lines (`name`, `description`,
 //! `model`, `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
-//! a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
+//! `planning` (offer the plan tools), `max_parallel_steps`, a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
 //! the agent runs) and a `[permissions]` table with
 //! `mode`, `allow`, `ask`, `deny` and `approval_timeout_ms` or `approval_timeout = "10m"`)
 //! followed by the system prompt. Without a folder the bundled example workspace is used, so a
@@ -37,6 +37,8 @@ use crate::protocol::{
 
 /// Iteration limit when a definition sets none.
 pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
+/// Most plan steps an agent may run at once (`max_parallel_steps`).
+pub const MAX_PARALLEL_STEPS_CAP: u32 = 64;
 /// Highest iteration limit a definition or override may ask for.
 pub const MAX_ITERATIONS_CAP: u32 = 64;
 
@@ -78,6 +80,14 @@ pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
     {
         return Err(invalid(format!(
             "context_tokens must be at least {MIN_CONTEXT_TOKENS}"
+        )));
+    }
+    if spec
+        .max_parallel_steps
+        .is_some_and(|n| n == 0 || n > MAX_PARALLEL_STEPS_CAP)
+    {
+        return Err(invalid(format!(
+            "max_parallel_steps must be 1..={MAX_PARALLEL_STEPS_CAP}"
         )));
     }
     if !spec.subagents.is_empty() && nesting_left == 0 {
@@ -141,6 +151,11 @@ struct FrontMatter {
     permissions: PermissionsTable,
     /// The agent's default budget for a task (see [`AgentCatalog::budget`]).
     budget: Option<Budget>,
+    /// Offers the plan tools.
+    #[serde(default)]
+    planning: bool,
+    /// Most plan steps run at once.
+    max_parallel_steps: Option<u32>,
 }
 
 /// A `[permissions]` table of a front matter, or the whole of `permissions.toml`: the keys of
@@ -465,6 +480,14 @@ fn parse(
             "fallback_models has an empty name: {bad:?}"
         )));
     }
+    if front
+        .max_parallel_steps
+        .is_some_and(|n| n == 0 || n > MAX_PARALLEL_STEPS_CAP)
+    {
+        return Err(invalid(format!(
+            "max_parallel_steps must be 1..={MAX_PARALLEL_STEPS_CAP}"
+        )));
+    }
     let own = front.permissions.into_policy(path)?;
     let spec = AgentSpec {
         name,
@@ -478,6 +501,8 @@ fn parse(
         skills: front.skills,
         context_tokens: front.context_tokens,
         fallback_models: front.fallback_models,
+        planning: front.planning,
+        max_parallel_steps: front.max_parallel_steps,
     };
     Ok((spec, front.subagents))
 }

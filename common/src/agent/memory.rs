@@ -155,6 +155,7 @@ impl InMemoryTools {
             history: &[],
             summary: None,
             loaded_skills: &[],
+            plan: None,
             skills: Some(skills),
             input: task.to_owned(),
             depth,

@@ -6,6 +6,7 @@
 //! - [`middleware`]: layers around model and tool calls, and hooks around the turn, each
 //!   reasoning step and each acting step; the system-prompt transformer chain.
 //! - [`permissions`]: the pure decision of whether a call runs, asks or is denied.
+//! - [`plan`]: the plans the model keeps: revisions checked and merged, the steps ready to run.
 //! - [`definition`]: agent definitions (name, prompt, model, tools, limits, permissions, skills),
 //!   loaded from a workspace folder (`AGENTS.md`, `subagents/*.md`, `skills/`, `permissions.toml`).
 //! - [`model`]: model providers behind `ModelClient`.
@@ -28,6 +29,7 @@ pub mod memory;
 pub mod middleware;
 pub mod model;
 pub mod permissions;
+pub mod plan;
 pub mod prompt;
 pub mod runtime;
 pub mod seams;

@@ -15,6 +15,8 @@ pub mod priority {
     pub const AGENT: u8 = 0;
     pub const SUBAGENTS: u8 = 20;
     pub const SKILLS: u8 = 30;
+    /// The session's plan, when its agent plans.
+    pub const PLAN: u8 = 40;
     /// The session's summary of its compacted history.
     pub const SUMMARY: u8 = 80;
     pub const CONTEXT: u8 = 90;

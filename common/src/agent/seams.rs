@@ -149,6 +149,9 @@ pub struct TurnCheckpoint {
     /// The history compacted during the turn so far (a resumed turn does not summarise again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<crate::agent::runtime::Compaction>,
+    /// The session's plan as the turn left it so far, when the turn changed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::protocol::Plan>,
 }
 
 /// The failure a service error stands for: a [`Failure`] it carries, a layer's timeout

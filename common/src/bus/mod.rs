@@ -1,8 +1,8 @@
 //! `Bus`: Skein's one NATS transport. It owns the connection, message encoding and size caps,
 //! publishing, the event stream's look-ups, and the headers every published message carries; its
 //! submodules own the streams (`streams`), the durable consumers (`intake`), a delivered message
-//! until it is settled (`delivery`), how many of a consumer's messages run at once (`slots`), and
-//! the dead-letter stream (`dead_letters`).
+//! until it is settled (`delivery`), how many of a consumer's messages run at once (`slots`), the
+//! dead-letter stream (`dead_letters`), and a session's unfinished submissions (`submissions`).
 //!
 //! Invariants:
 //! - work is pulled only for free capacity: each pull request asks for as many messages as there
@@ -31,6 +31,7 @@ mod delivery;
 mod intake;
 mod slots;
 mod streams;
+mod submissions;
 
 pub use dead_letters::{
     DeadLetter, HEADER_ATTEMPTS, HEADER_DEAD_REASON, HEADER_ORIGINAL_ID, HEADER_ORIGINAL_SUBJECT,
@@ -40,6 +41,7 @@ pub use delivery::{Delivery, Disposition, Envelope, Received, Undecodable, SET_A
 pub use intake::{reconcile, ConsumerSettings, Intake, PULLERS};
 pub use slots::{Loan, Slots};
 pub use streams::{raise_replicas, StreamLimits, STREAM_LIMITS};
+pub use submissions::QueuedSubmission;
 
 use crate::config::NatsConfig;
 use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::message::Usage;
-use super::{Failure, PayloadRef, Spent, Verdict};
+use super::{Failure, PayloadRef, Plan, Spent, Verdict};
 
 /// One event of a turn, published on the task's event subject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -111,6 +111,26 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
     },
+    /// The session's plan changed (`update_plan`, or a step's run started or ended): the whole
+    /// plan as it stands.
+    PlanUpdated {
+        plan: Plan,
+    },
+    /// A subagent began to run a plan step (`run_plan`).
+    PlanStepStarted {
+        step_id: String,
+        agent: String,
+        /// The id of the step's subagent call (its child events carry `subagent:<call_id>`).
+        call_id: String,
+    },
+    /// A plan step's subagent ended.
+    PlanStepFinished {
+        step_id: String,
+        ok: bool,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        worker_id: String,
+        duration_ms: u64,
+    },
     /// A recoverable problem the turn continued past.
     Warning {
         failure: Failure,
@@ -204,4 +224,7 @@ pub enum TurnStatus {
     /// Stopped because a model call would have gone over the task's budget or its tenant's
     /// daily budget; the answer says what was spent, and the session keeps the turn's messages.
     BudgetExhausted,
+    /// Not run: an older task of the session was unfinished and the submission said
+    /// `multitask: reject`. The failure (`session_busy`) names the task that holds the session.
+    Rejected,
 }

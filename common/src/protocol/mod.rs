@@ -18,6 +18,7 @@ mod events;
 pub mod message;
 pub mod payload;
 pub mod permissions;
+pub mod plan;
 
 pub use budget::{Budget, BudgetScope, Spent};
 pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnStatus};
@@ -26,6 +27,7 @@ pub use permissions::{
     ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall, PermissionMode,
     PermissionPolicy, ToolEffects, Verdict,
 };
+pub use plan::{Plan, PlanStep, StepOutcome, StepStatus};
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -59,6 +61,70 @@ pub struct TaskSubmission {
     /// (the lower of the two applies). A turn that would go over ends `budget_exhausted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// What the task does when an older task of its session is still unfinished: wait for it
+    /// (`enqueue`, the default), end at once (`reject`), stop it keeping its work (`interrupt`)
+    /// or cancel it (`rollback`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub multitask: MultitaskPolicy,
+}
+
+/// What a submission does when an older task of its session is still unfinished (the names are
+/// LangGraph's `multitask_strategy`). Only older tasks of the same session are affected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MultitaskPolicy {
+    /// Wait until the older tasks have ended, then run: a session's turns run in submission
+    /// order.
+    #[default]
+    Enqueue,
+    /// End at once with status `rejected` (failure `session_busy`, naming the task that holds the
+    /// session); the older tasks run on.
+    Reject,
+    /// Stop the older tasks at their next step boundary (before their next model call), keeping
+    /// their work: each ends `completed`, its messages saved to the session, its answer saying it
+    /// was interrupted by this task. Then run.
+    Interrupt,
+    /// Cancel the older tasks (each ends `cancelled`, its messages not kept, as `skein cancel`
+    /// does), then run.
+    Rollback,
+}
+
+impl MultitaskPolicy {
+    pub const ALL: [MultitaskPolicy; 4] = [
+        MultitaskPolicy::Enqueue,
+        MultitaskPolicy::Reject,
+        MultitaskPolicy::Interrupt,
+        MultitaskPolicy::Rollback,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MultitaskPolicy::Enqueue => "enqueue",
+            MultitaskPolicy::Reject => "reject",
+            MultitaskPolicy::Interrupt => "interrupt",
+            MultitaskPolicy::Rollback => "rollback",
+        }
+    }
+}
+
+impl std::fmt::Display for MultitaskPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for MultitaskPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|policy| policy.as_str() == text)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|p| p.as_str()).collect();
+                format!("{text:?} is not one of {}", names.join(", "))
+            })
+    }
 }
 
 /// Fields of an agent definition a single task may override.
@@ -231,6 +297,12 @@ pub struct AgentSpec {
     /// refusing).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fallback_models: Vec<String>,
+    /// Offers the plan tools (`update_plan`, `read_plan`, and `run_plan` when it has subagents).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub planning: bool,
+    /// Most plan steps `run_plan` runs at once; absent uses the runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_steps: Option<u32>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -335,6 +407,9 @@ pub enum FailureKind {
     /// The model refused the request as longer than its context.
     ContextOverflow,
     Cancelled,
+    /// An older task of the session was still unfinished and the submission asked not to wait
+    /// (`multitask: reject`).
+    SessionBusy,
     /// The work failed on every attempt and was set aside in the dead-letter stream.
     DeadLettered,
     Internal,
@@ -359,6 +434,7 @@ impl FailureKind {
             FailureKind::BudgetExhausted => "budget_exhausted",
             FailureKind::ContextOverflow => "context_overflow",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::SessionBusy => "session_busy",
             FailureKind::DeadLettered => "dead_lettered",
             FailureKind::Internal => "internal",
             FailureKind::Unknown => "unknown",
@@ -367,7 +443,10 @@ impl FailureKind {
 
     /// Whether trying the same work again may succeed.
     pub fn default_retryable(self) -> bool {
-        matches!(self, FailureKind::TimedOut | FailureKind::Unavailable)
+        matches!(
+            self,
+            FailureKind::TimedOut | FailureKind::Unavailable | FailureKind::SessionBusy
+        )
     }
 }
 
@@ -656,6 +735,27 @@ mod tests {
     }
 
     #[test]
+    fn multitask_is_enqueue_unless_named_and_only_named_when_not() {
+        let plain = r#"{"v":1,"task_id":"t","tenant":"a","user":"u","session":"s","agent":"x","input":"hi"}"#;
+        let submission: TaskSubmission = serde_json::from_str(plain).expect("decodes");
+        assert_eq!(submission.multitask, MultitaskPolicy::Enqueue);
+        let json = serde_json::to_string(&submission).expect("encodes");
+        assert!(
+            !json.contains("multitask"),
+            "the default is not written: {json}"
+        );
+        for policy in MultitaskPolicy::ALL {
+            let named = plain.replace("}", &format!(r#","multitask":"{policy}"}}"#));
+            let decoded: TaskSubmission = serde_json::from_str(&named).expect("decodes");
+            assert_eq!(decoded.multitask, policy);
+            assert_eq!(policy.as_str().parse::<MultitaskPolicy>(), Ok(policy));
+        }
+        let unknown = plain.replace("}", r#","multitask":"later"}"#);
+        assert!(serde_json::from_str::<TaskSubmission>(&unknown).is_err());
+        assert!("later".parse::<MultitaskPolicy>().is_err());
+    }
+
+    #[test]
     fn unknown_failure_kinds_decode() {
         let f: Failure =
             serde_json::from_str(r#"{"kind":"from_the_future","message":"m","retryable":false}"#)
@@ -676,6 +776,7 @@ mod tests {
             overrides: None,
             deadline_ms: None,
             budget: None,
+            multitask: MultitaskPolicy::Enqueue,
         };
         assert!(s.validate(10).is_ok());
         s.input = "x".repeat(11);

@@ -3,7 +3,8 @@
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
 //! [`TurnLease`] (`turn`); the session scripts live in `scripts`; call results, attempts and child-turn checkpoints live in `calls`, the
 //! worker registry in `workers`, the cluster's model traffic (slots, fair share, tokens per
-//! minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`].
+//! minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`], the interrupt
+//! requests between a session's turns in `interrupts`.
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
@@ -16,6 +17,7 @@ pub mod approvals;
 pub mod budget;
 mod calls;
 mod connection;
+mod interrupts;
 pub mod keys;
 mod scripts;
 mod sessions;
@@ -147,6 +149,9 @@ pub struct SessionState {
     /// `history` (which holds only those after it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<Summary>,
+    /// The plan the session's agent keeps (`update_plan`, `run_plan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::protocol::Plan>,
     /// Where `history` sits in the stored list (set when loaded): a save appends only what the
     /// store does not hold. Bookkeeping, not part of the session's value.
     #[serde(skip)]
@@ -205,6 +210,7 @@ impl HistoryWrite {
             turns: state.turns,
             skills: &state.skills,
             summary: state.summary.as_ref(),
+            plan: state.plan.as_ref(),
         })
         .map_err(StoreError::Corrupt)?;
         let stored = state.stored;
@@ -244,6 +250,8 @@ struct SessionMeta<'a> {
     skills: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     summary: Option<&'a Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<&'a crate::protocol::Plan>,
 }
 
 /// A session read back: its state (without history when it has a history list), where the
@@ -664,8 +672,8 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Forgets a task's final result and its turn's attempts, so the task can run again (replay
-    /// of a dead letter).
+    /// Forgets a task's final result, its turn's attempts and any interrupt request for it, so
+    /// the task can run again (replay of a dead letter).
     pub async fn forget_turn(
         &self,
         tenant: &str,
@@ -676,6 +684,8 @@ impl SessionStore {
         let () = redis::pipe()
             .atomic()
             .del(keys::final_result(tenant, session, task_id))
+            .ignore()
+            .del(keys::interrupt(tenant, session, task_id))
             .ignore()
             .hdel(
                 keys::attempts(tenant, session, &keys::turn_attempts_field(task_id)),
@@ -721,7 +731,7 @@ impl SessionStore {
     }
 
     /// A JSON value stored as a plain string, if the key exists.
-    async fn get_json<T: serde::de::DeserializeOwned>(
+    pub(super) async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         key: String,
     ) -> Result<Option<T>, StoreError> {

@@ -32,6 +32,25 @@ pub enum Removal {
 }
 
 impl SessionStore {
+    /// The turn running in a session now, if any: its task id (from the lease's token,
+    /// `{instance}:{task_id}`) and its latest checkpoint, if it wrote one yet.
+    pub async fn running_turn(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<(String, Option<crate::agent::seams::TurnCheckpoint>)>, StoreError> {
+        let mut conn = self.connection.clone();
+        let token: Option<String> = conn.get(keys::lease(tenant, session)).await?;
+        let Some(task_id) = token.and_then(|t| t.rsplit_once(':').map(|(_, task)| task.to_owned()))
+        else {
+            return Ok(None);
+        };
+        let checkpoint = self
+            .get_json(keys::checkpoint(tenant, session, &task_id))
+            .await?;
+        Ok(Some((task_id, checkpoint)))
+    }
+
     /// The tenant's sessions, sorted by name.
     pub async fn sessions(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
         let pattern = keys::session(tenant, "*");

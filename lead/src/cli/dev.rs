@@ -211,9 +211,17 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         overrides: None,
         deadline_ms: None,
         budget: None,
+        multitask: Default::default(),
     };
     let began = Instant::now();
-    let code = super::submit::run_and_render(&client, &submission, args.timeout, false).await;
+    let code = super::submit::run_and_render(
+        &client,
+        &submission,
+        args.timeout,
+        super::pickup::NOTICE_AFTER,
+        false,
+    )
+    .await;
     eprintln!("answered in {:?}", began.elapsed());
     if args.serve {
         eprintln!("cluster running: NATS {nats_url} · Redis {redis_url}; Ctrl-C to stop");

@@ -1,10 +1,12 @@
 //! The `skein` command: submit tasks and watch them, cancel them, answer the calls that wait for
-//! approval, list live workers, manage dead letters, list, fetch and seed session workspaces, run a
-//! local cluster, or run a lead or worker in the foreground.
+//! approval, list live workers, print a session's plan, manage dead letters, list, fetch and seed
+//! session workspaces, run a local cluster, or run a lead or worker in the foreground.
 
 mod approvals;
 mod dev;
 mod ops;
+mod pickup;
+mod plan;
 mod sessions;
 mod submit;
 mod workspace;
@@ -44,6 +46,8 @@ pub enum Command {
     Workspace(Box<workspace::WorkspaceArgs>),
     /// List a tenant's sessions, show one, or remove one.
     Sessions(Box<sessions::SessionsArgs>),
+    /// Print the plan a session's agent keeps, with each step's status and worker.
+    Plan(Box<plan::PlanArgs>),
     /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
     Dev(Box<dev::DevArgs>),
     /// Run a lead in the foreground.
@@ -82,6 +86,7 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Trace(args) => ops::trace(*args).await,
             Command::Workspace(args) => workspace::workspace(*args).await,
             Command::Sessions(args) => sessions::sessions(*args).await,
+            Command::Plan(args) => plan::plan(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,

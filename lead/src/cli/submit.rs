@@ -8,7 +8,8 @@ use clap::Args;
 use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT, ENV_USER};
 use skein_common::protocol::{
-    Budget, EventKind, FinalResult, TaskSubmission, TurnEvent, TurnStatus, PROTOCOL_VERSION,
+    Budget, EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnEvent, TurnStatus,
+    PROTOCOL_VERSION,
 };
 use skein_common::store::SessionStore;
 
@@ -40,9 +41,18 @@ pub struct SubmitArgs {
     /// Most the task's model calls may cost, in US dollars; held to the agent's budget.
     #[arg(long)]
     pub max_cost_usd: Option<f64>,
+    /// What the task does when an older task of its session is still unfinished: `enqueue`
+    /// (wait for it), `reject` (end at once as rejected), `interrupt` (stop it at its next step,
+    /// keeping its work) or `rollback` (cancel it).
+    #[arg(long, default_value_t = MultitaskPolicy::Enqueue, value_name = "enqueue|reject|interrupt|rollback")]
+    pub multitask: MultitaskPolicy,
     /// Longest to wait for the final result.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// After this long without the task starting, say why it waits (no lead running, or the work
+    /// ahead of it); `0s` says nothing.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub notice_after: Duration,
     /// The user's message; `-` reads it from standard input (for inputs too large for an
     /// argument).
     pub input: String,
@@ -88,6 +98,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
             max_cost_usd: args.max_cost_usd,
         })
         .filter(|budget| !budget.is_empty()),
+        multitask: args.multitask,
     };
     // Every id is checked before anything connects or builds a subject from it; the input's
     // size is checked against the broker's payload cap once connected.
@@ -102,14 +113,23 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    run_and_render(&client, &submission, args.timeout, args.json).await
+    run_and_render(
+        &client,
+        &submission,
+        args.timeout,
+        args.notice_after,
+        args.json,
+    )
+    .await
 }
 
 /// Submits, renders events as they come, prints the answer; the exit code says how it ended.
+/// A task not started after `notice_after` gets a line saying why it waits (`pickup`).
 pub async fn run_and_render(
     client: &SkeinClient,
     submission: &TaskSubmission,
     timeout: Duration,
+    notice_after: Duration,
     json: bool,
 ) -> ExitCode {
     if !json {
@@ -119,17 +139,16 @@ pub async fn run_and_render(
         );
     }
     let mut progress = Progress::new(&submission.tenant);
-    let result = client
-        .run(submission, timeout, |event| {
-            if json {
-                if let Ok(line) = serde_json::to_string(event) {
-                    println!("{line}");
-                }
-            } else {
-                progress.show(event);
+    let watching = client.run(submission, timeout, |event| {
+        if json {
+            if let Ok(line) = serde_json::to_string(event) {
+                println!("{line}");
             }
-        })
-        .await;
+        } else {
+            progress.show(event);
+        }
+    });
+    let result = super::pickup::noticing(client, submission, notice_after, watching).await;
     match result {
         Ok(result) => {
             if !json {
@@ -137,9 +156,10 @@ pub async fn run_and_render(
             }
             match result.status {
                 TurnStatus::Completed => ExitCode::SUCCESS,
-                TurnStatus::Failed | TurnStatus::Cancelled | TurnStatus::BudgetExhausted => {
-                    ExitCode::FAILURE
-                }
+                TurnStatus::Failed
+                | TurnStatus::Cancelled
+                | TurnStatus::BudgetExhausted
+                | TurnStatus::Rejected => ExitCode::FAILURE,
             }
         }
         Err(e) => {
@@ -351,6 +371,28 @@ impl Progress {
                     err,
                     "\r{who}{mark} {tool} {}{by} ({rule}){reason}",
                     verdict.as_str()
+                );
+            }
+            EventKind::PlanUpdated { plan } => {
+                let _ = writeln!(err, "\r{who}plan:");
+                for line in skein_common::agent::plan::checklist(plan).lines() {
+                    let _ = writeln!(err, "{who}  {line}");
+                }
+            }
+            EventKind::PlanStepStarted { step_id, agent, .. } => {
+                let _ = writeln!(err, "\r{who}▶ step {step_id} ({agent})");
+            }
+            EventKind::PlanStepFinished {
+                step_id,
+                ok,
+                worker_id,
+                duration_ms,
+            } => {
+                let mark = if *ok { "✓" } else { "✗" };
+                let _ = writeln!(
+                    err,
+                    "\r{who}{mark} step {step_id} on {worker_id} ({:.1} s)",
+                    *duration_ms as f64 / 1000.0
                 );
             }
             EventKind::Warning { failure } => {

@@ -100,6 +100,7 @@ impl Lead {
                     overrides: None,
                     deadline_ms: None,
                     budget: None,
+                    multitask: Default::default(),
                 };
                 // Best effort: the dead letter below keeps the record of the refusal.
                 if let Err(e) = self

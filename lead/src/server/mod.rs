@@ -18,7 +18,9 @@
 //!
 //! This module owns the process and each delivery (decode, validate, settle); `turn` owns a turn
 //! from its start to its atomic end, `finals` the final results that do not come from a turn's end
-//! (a task that ended before it ran, a redelivery of one that finished, a refused submission).
+//! (a task that ended before it ran, a redelivery of one that finished, a refused submission),
+//! `multitask` what a task does when older tasks of its session are unfinished (wait, end as
+//! rejected, cancel them, interrupt them) and the hook that ends an interrupted turn.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod finals;
+mod multitask;
 mod turn;
 
 use finals::failed_result;
@@ -188,6 +191,9 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         work.background_stop.clone(),
     )
     .await?;
+    // Innermost of the turn hooks: a turn a later task of its session interrupted ends at its
+    // next model call (`multitask: interrupt`).
+    let middleware = middleware.hook(Arc::new(multitask::InterruptHook::new(store.clone())));
     let runtime = skein_common::wiring::assemble(
         provider,
         dispatcher,

@@ -122,18 +122,29 @@ impl Lead {
         }
         match in_line {
             Ok(true) => {}
-            Ok(false) => match self
-                .wait_for_turn_order(submission, delivery.sequence, &waiter, &stop)
-                .boxed()
-                .await
-            {
-                Ok(true) => start = lease.begin().await,
-                Ok(false) if stop.is_cancelled() => {
-                    return self.stopped_before_start(submission, abort).boxed().await
+            Ok(false) => {
+                // Older tasks of the session are unfinished: the task's policy says whether it
+                // waits for them (and what it asks of them first) or ends here.
+                if let Some(settled) = self
+                    .apply_multitask(submission, delivery.sequence)
+                    .boxed()
+                    .await
+                {
+                    return settled;
                 }
-                Ok(false) => return Settled::NotYet,
-                Err(failure) => return Settled::Retry(failure),
-            },
+                match self
+                    .wait_for_turn_order(submission, delivery.sequence, &waiter, &stop)
+                    .boxed()
+                    .await
+                {
+                    Ok(true) => start = lease.begin().await,
+                    Ok(false) if stop.is_cancelled() => {
+                        return self.stopped_before_start(submission, abort).boxed().await
+                    }
+                    Ok(false) => return Settled::NotYet,
+                    Err(failure) => return Settled::Retry(failure),
+                }
+            }
             Err(e) => return Settled::Retry(e.to_failure()),
         }
         // Turns of one session run one at a time: while another lead holds the lease, look again
@@ -340,6 +351,7 @@ impl Lead {
             history: &loaded.state.history,
             summary: loaded.state.summary.as_ref(),
             loaded_skills: &loaded.state.skills,
+            plan: loaded.state.plan.as_ref(),
             skills: None,
             input: submission.input.clone(),
             depth: 0,
@@ -409,6 +421,7 @@ impl Lead {
                     loaded_skills: Vec::new(),
                     asked_approval: true,
                     compaction: None,
+                    plan: None,
                 }
             }
         };
@@ -428,6 +441,9 @@ impl Lead {
                 if !state.skills.contains(skill) {
                     state.skills.push(skill.clone());
                 }
+            }
+            if output.plan.is_some() {
+                state.plan.clone_from(&output.plan);
             }
             state
         });
@@ -474,6 +490,7 @@ impl Lead {
             TurnStatus::Failed => "failed",
             TurnStatus::Cancelled => "cancelled",
             TurnStatus::BudgetExhausted => "budget_exhausted",
+            TurnStatus::Rejected => "rejected",
         };
         self.metrics.turn_finished(outcome, started.elapsed());
         if output.asked_approval {

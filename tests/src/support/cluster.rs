@@ -286,5 +286,6 @@ pub fn submission(tenant: &str, session: &str, input: &str) -> TaskSubmission {
         overrides: None,
         deadline_ms: None,
         budget: None,
+        multitask: Default::default(),
     }
 }

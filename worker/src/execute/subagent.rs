@@ -174,6 +174,7 @@ pub(super) async fn subagent_task(
             history: &loaded.state.history,
             summary: loaded.state.summary.as_ref(),
             loaded_skills: &loaded.state.skills,
+            plan: loaded.state.plan.as_ref(),
             // The skills its task carried (the worker has no agents folder of its own).
             skills: Some(&skills),
             input,
@@ -232,6 +233,9 @@ pub(super) async fn subagent_task(
                 if !state.skills.contains(&skill) {
                     state.skills.push(skill);
                 }
+            }
+            if output.plan.is_some() {
+                state.plan = output.plan;
             }
             save_child(&ctx.store, &child_origin, loaded.version, &state).await;
         }

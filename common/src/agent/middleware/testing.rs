@@ -38,6 +38,8 @@ pub(super) fn agent_spec() -> AgentSpec {
         skills: None,
         context_tokens: None,
         fallback_models: Vec::new(),
+        planning: false,
+        max_parallel_steps: None,
     }
 }
 

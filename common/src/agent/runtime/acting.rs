@@ -69,6 +69,8 @@ pub(super) struct Acting<'r, 't> {
     pub policy: &'r CompiledPolicy,
     /// Set once a call of the turn asks for approval.
     pub asked: &'r std::sync::atomic::AtomicBool,
+    /// The turn's plan.
+    pub board: &'r super::planning::PlanBoard,
 }
 
 impl Acting<'_, '_> {
@@ -105,6 +107,10 @@ impl Acting<'_, '_> {
             let Some(done) = done else {
                 return Err(TurnStop::cancelled());
             };
+            if let Some(awaiting) = self.board.take_suspension() {
+                // `run_plan` left steps waiting for a person; the steps that ran are recorded.
+                return Err(TurnStop::AwaitingApproval(awaiting));
+            }
             if done.iter().any(|(outcome, _)| stopped_by_cancel(outcome)) {
                 // A worker stopped a call on the task's cancel request, which may reach this
                 // turn later: the turn stops now, as it would on hearing it.
@@ -360,6 +366,9 @@ impl Acting<'_, '_> {
         if let Some(failure) = undecodable_arguments(call) {
             return (CallOutcome::Failed { failure }, String::new(), None);
         }
+        if super::planning::is_plan_tool(&call.name) {
+            return (self.plan_tool(step, call).await, String::new(), None);
+        }
         if call.name == LOAD_SKILL_TOOL {
             return match self.load_skill(step, call).await {
                 Ok((name, body)) => (CallOutcome::Ok { output: body }, String::new(), Some(name)),
@@ -400,7 +409,7 @@ impl Acting<'_, '_> {
         self.turn.skills.unwrap_or(&self.runtime.skills)
     }
 
-    fn spawn_target(&self, arguments: &Value) -> Result<CallTarget, Failure> {
+    pub(super) fn spawn_target(&self, arguments: &Value) -> Result<CallTarget, Failure> {
         let (agent, task) = parse_spawn_arguments(arguments)?;
         let subagents = &self.turn.agent.subagents;
         let Some(child) = subagents.iter().find(|s| s.name == agent) else {

@@ -182,7 +182,7 @@ impl Runtime {
                 });
                 // Counted as the next request goes out: the new summary in the system prompt
                 // (in place of the one it folded in), the history left.
-                let system = self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref());
+                let system = self.system_prompt(turn, out, window.summary.as_ref());
                 let history_tokens: u64 = match &window.counts {
                     Some(counts) => counts.iter().sum(),
                     None => counter.messages(&window.messages),
@@ -364,6 +364,8 @@ mod tests {
             skills: None,
             context_tokens: Some(4_096),
             fallback_models: Vec::new(),
+            planning: false,
+            max_parallel_steps: None,
         }
     }
 
@@ -402,6 +404,7 @@ mod tests {
                 history,
                 summary,
                 loaded_skills: &[],
+                plan: None,
                 skills: None,
                 input: "go on".into(),
                 depth: 0,

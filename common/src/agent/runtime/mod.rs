@@ -18,6 +18,7 @@
 
 mod acting;
 mod compact;
+mod planning;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,11 +41,12 @@ use crate::agent::seams::{
 use crate::agent::skills::SkillCatalog;
 use crate::protocol::message::{Message, Role, Usage};
 use crate::protocol::{
-    AgentSpec, EventKind, Failure, FailureKind, PendingCall, TaskOrigin, ToolSpec, TurnStatus,
+    AgentSpec, EventKind, Failure, FailureKind, PendingCall, Plan, TaskOrigin, ToolSpec, TurnStatus,
 };
 
 pub use acting::{LOAD_SKILL_TOOL, SPAWN_TOOL};
 pub use compact::{Compaction, Summary};
+pub use planning::{READ_PLAN_TOOL, RUN_PLAN_TOOL, UPDATE_PLAN_TOOL};
 
 /// Limits and defaults of a runtime.
 #[derive(Debug, Clone)]
@@ -84,6 +86,8 @@ pub struct TurnInput<'a> {
     pub summary: Option<&'a Summary>,
     /// Skills the session loaded in earlier turns: their bodies stay in the prompt.
     pub loaded_skills: &'a [String],
+    /// The session's plan (from earlier turns), if it has one.
+    pub plan: Option<&'a Plan>,
     /// The skills this turn may use, when its task carried them (a subagent on a worker);
     /// `None` uses the runtime's catalog.
     pub skills: Option<&'a SkillCatalog>,
@@ -152,6 +156,8 @@ pub struct TurnOutput {
     /// The history was compacted during the turn: the caller stores the summary with the
     /// session.
     pub compaction: Option<Compaction>,
+    /// The session's plan as the turn left it (the session keeps it).
+    pub plan: Option<Plan>,
 }
 
 impl TurnOutput {
@@ -167,6 +173,7 @@ impl TurnOutput {
             loaded_skills: Vec::new(),
             asked_approval: false,
             compaction: None,
+            plan: None,
         }
     }
 }
@@ -313,12 +320,14 @@ impl Runtime {
         asked: &std::sync::atomic::AtomicBool,
     ) -> Result<TurnOutput, TurnStop> {
         let mut out = TurnOutput::started(turn.input.clone());
+        out.plan = turn.plan.cloned();
         if let Some(resumed) = turn.resume.clone() {
             out.new_messages = resumed.new_messages;
             out.iterations = resumed.iterations;
             out.usage = resumed.usage;
             out.loaded_skills = resumed.loaded_skills;
             out.compaction = resumed.compaction;
+            out.plan = resumed.plan.or(out.plan);
         }
         // Without the tool catalog the turn cannot know what its model may call: it stops, to
         // run again, rather than answer with no tools.
@@ -340,6 +349,7 @@ impl Runtime {
         let tools_bytes = crate::agent::tokens::tools_upper_bound(&tools);
         let mut window = compact::Window::new(turn, &out, self);
         let max_messages = self.settings.context.max_history_messages;
+        let board = planning::PlanBoard::new(out.plan.clone());
         let acting = acting::Acting {
             runtime: self,
             turn,
@@ -347,6 +357,7 @@ impl Runtime {
             tools: &tools,
             policy: &policy,
             asked,
+            board: &board,
         };
 
         loop {
@@ -359,6 +370,7 @@ impl Runtime {
                     let calls = last.tool_calls.clone();
                     let observed = acting.execute_calls(out.iterations, &calls).await?;
                     interrupted_if_cancelled(turn)?;
+                    out.plan = board.current();
                     for (call, observation) in calls.iter().zip(observed) {
                         if let Some(skill) = observation.loaded_skill {
                             if !out.loaded_skills.contains(&skill) {
@@ -385,7 +397,7 @@ impl Runtime {
             }
             let mut overflowed = false;
             let response = loop {
-                let system = self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref());
+                let system = self.system_prompt(turn, &out, window.summary.as_ref());
                 let request = compact::Request {
                     model: &model,
                     system: &system,
@@ -439,7 +451,7 @@ impl Runtime {
 
         // Iteration limit: one more call, without tools, for a summary answer.
         out.limit_reached = true;
-        let system = self.system_prompt(turn, &out.loaded_skills, window.summary.as_ref());
+        let system = self.system_prompt(turn, &out, window.summary.as_ref());
         let mut messages = conversation(&system, window.visible(max_messages), &out.new_messages);
         messages.push(Message::system(format!(
             "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
@@ -467,9 +479,11 @@ impl Runtime {
     /// may nest deeper, `load_skill` when it may load skills.
     fn runtime_tools(&self, turn: &TurnInput<'_>) -> Vec<ToolSpec> {
         let mut extras = Vec::new();
-        if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
+        let may_spawn = !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth;
+        if may_spawn {
             extras.push(acting::spawn_tool_spec(&turn.agent.subagents));
         }
+        extras.extend(planning::plan_tool_specs(turn.agent, may_spawn));
         let skills = turn.skills.unwrap_or(&self.skills);
         let skills = skills.allowed(turn.agent.skills.as_deref());
         if !skills.is_empty() {
@@ -481,9 +495,10 @@ impl Runtime {
     fn system_prompt(
         &self,
         turn: &TurnInput<'_>,
-        loaded_this_turn: &[String],
+        out: &TurnOutput,
         summary: Option<&Summary>,
     ) -> String {
+        let loaded_this_turn = &out.loaded_skills;
         let mut prompt = SystemPrompt::default();
         prompt.add("agent", priority::AGENT, turn.agent.system_prompt.clone());
         if let Some(summary) = summary {
@@ -500,6 +515,16 @@ impl Runtime {
                 roster.push_str(&format!("- {}: {}\n", sub.name, sub.description));
             }
             prompt.add("subagents", priority::SUBAGENTS, roster);
+        }
+        if let Some(plan) = out.plan.as_ref().filter(|_| turn.agent.planning) {
+            prompt.add(
+                "plan",
+                priority::PLAN,
+                format!(
+                    "Your plan so far ({READ_PLAN_TOOL} shows the steps' outcomes):\n{}",
+                    crate::agent::plan::checklist(plan)
+                ),
+            );
         }
         let allowed = turn.agent.skills.as_deref();
         let skills = turn.skills.unwrap_or(&self.skills);
@@ -785,6 +810,7 @@ async fn checkpoint(turn: &TurnInput<'_>, out: &TurnOutput) -> Result<(), TurnSt
         usage: out.usage,
         loaded_skills: out.loaded_skills.clone(),
         compaction: out.compaction.clone(),
+        plan: out.plan.clone(),
     };
     checkpoints
         .save(&state)

@@ -50,6 +50,7 @@ pub(crate) async fn checkpoint_cost(
         usage: Default::default(),
         loaded_skills: Vec::new(),
         compaction: None,
+        plan: None,
     };
     let mut taken = Vec::with_capacity(samples);
     for i in 0..samples {

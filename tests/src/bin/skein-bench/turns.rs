@@ -28,6 +28,7 @@ pub(crate) fn task(i: usize) -> TaskSubmission {
         overrides: None,
         deadline_ms: None,
         budget: None,
+        multitask: Default::default(),
     }
 }
 

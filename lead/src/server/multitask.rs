@@ -1,0 +1,194 @@
+//! A submission's `multitask` policy (`TaskSubmission::multitask`): what a task does when its turn
+//! order look finds older tasks of its session unfinished (4.2, step 8).
+//!
+//! - `enqueue` waits for them, as every task did before the policy existed;
+//! - `reject` ends the task at once, without running it: status `rejected`, failure
+//!   `session_busy` naming the oldest unfinished task (the one that holds the session);
+//! - `rollback` publishes a cancel request for each older unfinished task (the durable request of
+//!   `skein cancel`: a running turn ends `cancelled` with the session as it was, a queued one ends
+//!   `cancelled` when it is taken), then waits for them to end;
+//! - `interrupt` records in the store, for each older unfinished task, that this task interrupts
+//!   it (`SessionStore::request_interrupt`), then waits. The lead running such a task ends its
+//!   turn at its next model call through [`InterruptHook`], keeping its work; a queued one ends
+//!   the same way before its first model call, keeping its input.
+//!
+//! Invariants: only the older unfinished submissions of the task's own session are affected (its
+//! submit subject, lower stream sequences); cancel and interrupt requests are durable and
+//! idempotent, so one made for a task that has not started yet is met when it starts, and a
+//! delivery handed back and taken again repeats them harmlessly. A look that fails never ends a
+//! task: `reject` hands it back to look again, the other policies wait as `enqueue` does.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use skein_common::agent::middleware::{TurnContext, TurnHook};
+use skein_common::agent::model::{ModelRequest, ModelResponse};
+use skein_common::protocol::message::{Message, Usage};
+use skein_common::protocol::{
+    CancelRequest, Failure, FailureKind, MultitaskPolicy, TaskSubmission, TurnStatus,
+    PROTOCOL_VERSION,
+};
+use skein_common::store::SessionStore;
+
+use super::finals::failed_result;
+use super::{Lead, Settled};
+
+/// Most older tasks one submission cancels or interrupts (a session's queue is short; this bounds
+/// the looks of a flooded one).
+const MAX_AFFECTED: usize = 64;
+
+/// Longest the interrupt look before a model call may take; past it the turn goes on (Redis slow
+/// or away: the turn's own checkpoints then fail and hand it back anyway).
+const INTERRUPT_LOOK: Duration = Duration::from_secs(1);
+
+impl Lead {
+    /// Applies the task's policy once its turn order look found older tasks of its session
+    /// unfinished: `Some` when the task ended here (rejected, or handed back to look again),
+    /// `None` when it goes on waiting for its turn.
+    pub(super) async fn apply_multitask(
+        &self,
+        submission: &TaskSubmission,
+        sequence: u64,
+    ) -> Option<Settled> {
+        let policy = submission.multitask;
+        if policy == MultitaskPolicy::Enqueue {
+            return None;
+        }
+        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+        let older = match self
+            .bus
+            .unfinished_submissions(tenant, session, sequence, MAX_AFFECTED)
+            .await
+        {
+            Ok(older) => older,
+            Err(e) if policy == MultitaskPolicy::Reject => {
+                return Some(Settled::Retry(e.to_failure()))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %policy, "older tasks of the session not read; waiting for them");
+                return None;
+            }
+        };
+        // Ended meanwhile: the task's turn comes as usual.
+        let oldest = older.first()?;
+        let me = submission.task_id.as_str();
+        match policy {
+            MultitaskPolicy::Enqueue => None,
+            MultitaskPolicy::Reject => {
+                let holder = match &oldest.task_id {
+                    Some(task_id) => format!("task {task_id}"),
+                    None => format!("the task at sequence {} of SKEIN_SUBMIT", oldest.sequence),
+                };
+                tracing::info!(%holder, "the session is busy; rejecting the task (multitask: reject)");
+                let failure = Failure::new(
+                    FailureKind::SessionBusy,
+                    format!(
+                        "session {session} is busy with {holder}; this task asked not to wait \
+                         (multitask: reject)"
+                    ),
+                );
+                let mut result = failed_result(submission, failure, 0);
+                result.status = TurnStatus::Rejected;
+                self.metrics.turn_finished("rejected", Duration::ZERO);
+                Some(self.publish_final(result).await)
+            }
+            MultitaskPolicy::Rollback => {
+                for task_id in older.iter().filter_map(|o| o.task_id.as_deref()) {
+                    let request = CancelRequest {
+                        v: PROTOCOL_VERSION,
+                        tenant: tenant.to_owned(),
+                        task_id: task_id.to_owned(),
+                        reason: format!("rolled back by task {me} (multitask: rollback)"),
+                    };
+                    match self.bus.request_cancel(&request).await {
+                        Ok(()) => tracing::info!(
+                            older = task_id,
+                            "older task cancelled (multitask: rollback)"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(older = task_id, error = %e, "older task not cancelled")
+                        }
+                    }
+                }
+                None
+            }
+            MultitaskPolicy::Interrupt => {
+                for task_id in older.iter().filter_map(|o| o.task_id.as_deref()) {
+                    match self
+                        .store
+                        .request_interrupt(tenant, session, task_id, me)
+                        .await
+                    {
+                        Ok(()) => tracing::info!(
+                            older = task_id,
+                            "older task interrupted (multitask: interrupt)"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(older = task_id, error = %e, "older task not interrupted")
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Ends a user's turn (depth 0) that a later task of its session interrupted, at its next model
+/// call: it answers in the model's place, without tool calls, so the turn completes there — its
+/// messages so far saved to the session like any completed turn's, followed by
+/// [`interrupted_answer`]. A look that fails lets the turn go on.
+pub(crate) struct InterruptHook {
+    store: SessionStore,
+}
+
+impl InterruptHook {
+    pub(crate) fn new(store: SessionStore) -> Self {
+        Self { store }
+    }
+}
+
+impl TurnHook for InterruptHook {
+    fn before_reasoning<'a>(
+        &'a self,
+        ctx: &'a TurnContext,
+        request: ModelRequest,
+    ) -> BoxFuture<'a, Result<ModelRequest, ModelResponse>> {
+        Box::pin(async move {
+            if ctx.depth != 0 {
+                return Ok(request);
+            }
+            let origin = &ctx.origin;
+            let look = self
+                .store
+                .interrupted_by(&origin.tenant, &origin.session, &origin.task_id);
+            match tokio::time::timeout(INTERRUPT_LOOK, look).await {
+                Ok(Ok(Some(by))) => {
+                    tracing::info!(by = %by, step = ctx.step, "turn interrupted by a later task of its session");
+                    Err(ModelResponse {
+                        message: Message::assistant(interrupted_answer(&by)),
+                        finish_reason: Some("interrupted".into()),
+                        usage: Usage::default(),
+                    })
+                }
+                Ok(Ok(None)) => Ok(request),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot look for an interrupt; the turn goes on");
+                    Ok(request)
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        ?INTERRUPT_LOOK,
+                        "the look for an interrupt timed out; the turn goes on"
+                    );
+                    Ok(request)
+                }
+            }
+        })
+    }
+}
+
+/// The answer of a turn interrupted by task `by`.
+pub(crate) fn interrupted_answer(by: &str) -> String {
+    format!("[interrupted by task {by}: this turn stopped before its next step; its work so far is kept]")
+}
