@@ -221,7 +221,8 @@ impl Metrics {
         text
     }
 
-    /// An agent turn ended: `completed`, `failed`, `cancelled` or `dead_lettered`.
+    /// An agent turn ended: `completed`, `failed`, `cancelled`, `budget_exhausted` or
+    /// `dead_lettered`; or a task was `rejected` (its session busy, `multitask: reject`).
     pub fn turn_finished(&self, outcome: &str, duration: Duration) {
         let labels = OutcomeLabels {
             outcome: label(outcome),

@@ -1,12 +1,13 @@
 //! A task nobody picks up is not a silent wait: `skein submit` says on stderr why its task has
-//! not started (no live lead, or the earlier tasks of its session), and keeps waiting.
+//! not started (no live lead, the earlier tasks of its session, the leads' backlog), and keeps
+//! waiting.
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
 use skein_tests::support::cluster::{model_flags, submission, TestCluster};
-use skein_tests::support::{unique, FakeOpenAi, FakeReply};
+use skein_tests::support::{eventually, unique, FakeOpenAi, FakeReply};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStderr};
 
@@ -69,6 +70,15 @@ async fn finished(mut child: Child) -> (ExitStatus, String) {
         .expect("skein exits within the wait")
 }
 
+/// Waits until the lead runs the first task: its model call is held at `model`.
+async fn started(model: &FakeOpenAi) {
+    eventually("the first task's model call", WAIT, || {
+        let arrived = model.arrived();
+        async move { (arrived >= 1).then_some(()) }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_lead_submit_says_so_and_the_task_runs_once_one_starts() {
     let cluster = TestCluster::start();
@@ -111,6 +121,7 @@ async fn behind_an_unfinished_task_of_its_session_submit_names_it() {
     let first = submission("acme", &session, "first question");
     let client = cluster.client().await;
     client.submit(&first).await.expect("first submitted");
+    started(&model).await;
 
     let mut child = submit(&cluster, &session, "second question");
     let mut stderr = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
@@ -121,6 +132,47 @@ async fn behind_an_unfinished_task_of_its_session_submit_names_it() {
         "{notice}"
     );
     assert!(!notice.contains("no live lead"), "{notice}");
+    let rest = tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+
+    gate.add_permits(2);
+    let (status, stdout) = finished(child).await;
+    rest.await.expect("stderr drained");
+    assert!(status.success(), "{stdout}");
+    assert!(stdout.contains("second done"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_busy_lead_submit_shows_the_leads_backlog() {
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![
+        FakeReply::answer("first done"),
+        FakeReply::answer("second done"),
+    ])
+    .await;
+    let gate = model.hold();
+    let mut flags = model_flags(&model.base_url).to_vec();
+    flags.extend(["--concurrency", "1"]);
+    cluster.start_nodes(0, &flags).await;
+    // Another session's task fills the lead's only slot.
+    let client = cluster.client().await;
+    client
+        .submit(&submission("acme", &unique("s"), "first question"))
+        .await
+        .expect("first submitted");
+    started(&model).await;
+
+    let mut child = submit(&cluster, &unique("s"), "second question");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    let notice = line_with(&mut stderr, "has not started").await;
+    println!("{notice}");
+    assert!(
+        notice.contains("a lead is running but has not taken it yet"),
+        "{notice}"
+    );
+    assert!(
+        notice.contains("1 task(s) not yet delivered, 1 delivered and unfinished"),
+        "{notice}"
+    );
     let rest = tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
 
     gate.add_permits(2);

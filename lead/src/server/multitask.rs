@@ -89,8 +89,12 @@ impl Lead {
                 );
                 let mut result = failed_result(submission, failure, 0);
                 result.status = TurnStatus::Rejected;
-                self.metrics.turn_finished("rejected", Duration::ZERO);
-                Some(self.publish_final(result).await)
+                let settled = self.publish_final(result).await;
+                // Counted once: when the result is stored (a later delivery only announces it).
+                if matches!(settled, Settled::Done | Settled::Unannounced(_)) {
+                    self.metrics.turn_finished("rejected", Duration::ZERO);
+                }
+                Some(settled)
             }
             MultitaskPolicy::Rollback => {
                 for task_id in older.iter().filter_map(|o| o.task_id.as_deref()) {

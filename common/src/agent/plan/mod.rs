@@ -4,8 +4,9 @@
 //! Invariants of every plan this module returns: at most [`MAX_STEPS`] steps; ids unique plain
 //! tokens (letters, digits, `_`, `-`; at most 32 characters); every `after` names another step;
 //! no cycle; a step naming an `agent` names one of the turn's subagents. A revision never changes
-//! or drops a step a worker finished (its text, agent, input, dependencies and outcome stay as
-//! they were), and it keeps a step's outcome only while the step is unchanged.
+//! a step a worker finished (a step it keeps under that id keeps its text, agent, input,
+//! dependencies, status and outcome; it may drop the step, for a new plan), and it keeps a step's
+//! outcome only while the step is unchanged.
 //!
 //! Pure functions: the runtime (`agent::runtime::planning`) runs the steps and records their
 //! outcomes.
@@ -199,17 +200,13 @@ fn check_graph(steps: &[PlanStep]) -> Result<(), String> {
     Ok(())
 }
 
-/// Refuses a revision that changes or drops a step a worker finished; carries outcomes over to
-/// the steps that stay as they were.
+/// Refuses a revision that changes a step a worker finished; carries outcomes over to the steps
+/// that stay as they were.
 fn keep_finished_work(current: &Plan, steps: &mut [PlanStep]) -> Result<(), String> {
     for old in &current.plan {
-        if old.done_by_worker() {
-            let Some(new) = steps.iter().find(|s| s.id == old.id) else {
-                return Err(format!(
-                    "step {:?} was completed by a worker and cannot be dropped; keep it as it is",
-                    old.id
-                ));
-            };
+        // A finished step may leave the plan (a new plan for new work), but not change.
+        let kept = steps.iter().find(|s| s.id == old.id);
+        if let (true, Some(new)) = (old.done_by_worker(), kept) {
             if !same_work(old, new) || new.status != StepStatus::Completed {
                 return Err(format!(
                     "step {:?} was completed by a worker and cannot be changed; keep it as it \

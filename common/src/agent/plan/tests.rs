@@ -101,20 +101,26 @@ fn finished(mut plan: Plan, index: usize, ok: bool) -> Plan {
 }
 
 #[test]
-fn a_step_a_worker_finished_cannot_be_changed_or_dropped() {
+fn a_step_a_worker_finished_cannot_be_changed_but_may_leave_the_plan() {
     let first = json!({"plan": [
         {"step": "a", "agent": "researcher"},
         {"step": "b", "agent": "writer", "after": ["1"]}
     ]});
     let current = finished(plan(first).expect("valid"), 0, true);
     for change in [
-        json!({"plan": [{"step": "b", "agent": "writer", "id": "2"}]}),
         json!({"plan": [{"step": "a, again", "agent": "researcher", "status": "completed"}, {"step": "b", "agent": "writer", "after": ["1"]}]}),
         json!({"plan": [{"step": "a", "agent": "researcher", "status": "pending"}, {"step": "b", "agent": "writer", "after": ["1"]}]}),
     ] {
         let err = revise(Some(&current), &change, AGENTS).expect_err("refused");
         assert!(err.contains("completed by a worker"), "{change}: {err}");
     }
+    let fresh = revise(
+        Some(&current),
+        &json!({"plan": [{"step": "next", "id": "n1"}]}),
+        AGENTS,
+    )
+    .expect("a new plan may drop finished steps");
+    assert_eq!(fresh.plan.len(), 1);
     // Kept as it was, with a new step: its outcome stays.
     let kept = revise(
         Some(&current),

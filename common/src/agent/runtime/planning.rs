@@ -114,7 +114,7 @@ pub(super) fn plan_tool_specs(agent: &AgentSpec, may_spawn: bool) -> Vec<ToolSpe
         ToolSpec {
             name: UPDATE_PLAN_TOOL.into(),
             description: "Write your plan for the task: the whole list of steps with their \
-                          status. Steps a worker completed must be kept as they are."
+                          status. A step a worker completed cannot be changed (it may be dropped)."
                 .into(),
             parameters: json!({
                 "type": "object",

@@ -10,6 +10,8 @@
 //! - `nodes`: the lead and worker processes, and what is read from them while they run.
 //! - `calls`: a step's checkpoint and no-op tool calls through the dispatcher.
 //! - `turns`: whole turns, then a burst of sessions.
+//! - `plans`: a plan's steps across two workers (speed-up), and its overhead against plain
+//!   subagent calls.
 //! - `celery`: the Celery peer.
 //! - `soak`: `--soak`, tool tasks of every outcome and what the workers hold before and after.
 //! - `report`: the figures, the ratios and the printed tables.
@@ -18,6 +20,7 @@ mod calls;
 mod celery;
 mod floor;
 mod nodes;
+mod plans;
 mod report;
 mod soak;
 mod turns;
@@ -69,6 +72,9 @@ struct Args {
     /// Turns of the long session (time and Redis bytes at its first and last turn); 0 skips it.
     #[arg(long, default_value_t = 1000)]
     long_session: usize,
+    /// Steps of the plan bench (a plan of independent steps on two workers); 0 skips it.
+    #[arg(long, default_value_t = 20)]
+    plan_steps: usize,
     /// Run only the soak: tool tasks of every outcome against two workers, and what the
     /// workers hold before and after.
     #[arg(long)]
@@ -210,6 +216,15 @@ async fn run(args: Args) -> Result<(), Failed> {
     lead.kill();
     first.kill();
     second.kill();
+    if args.plan_steps > 0 {
+        eprintln!("plans");
+        // The burst's workers are gone from the registry once their heartbeats lapse; the plan's
+        // own two run subagents.
+        for worker in store.live_workers().await? {
+            store.remove_worker(&worker.worker_id).await?;
+        }
+        plans::plans(&cluster, &store, args.plan_steps, &mut report).await?;
+    }
     if args.celery {
         eprintln!("peer: celery");
         celery_peer(

@@ -59,6 +59,35 @@ impl Nodes {
         ChildProcess::spawn(cmd, self.dir.join(format!("{id}.log")))
     }
 
+    /// A worker that runs subagents (scripted by `scenario`) and the test tools.
+    pub(crate) fn subagent_worker(&self, id: &str, scenario: &std::path::Path) -> ChildProcess {
+        let mut cmd = self.command("test-worker", id, "off");
+        cmd.args(["--concurrency", "64", "--subagents", "true"])
+            .args(["--scenario", &scenario.display().to_string()])
+            .args([
+                "--workspace-root",
+                &self.dir.join("ws").display().to_string(),
+            ])
+            .env(
+                skein_tests::support::test_tools::EFFECTS_FILE_ENV,
+                self.dir.join("effects.log"),
+            );
+        ChildProcess::spawn(cmd, self.dir.join(format!("{id}.log")))
+    }
+
+    /// A lead whose agents come from `agents` (the plan bench's).
+    pub(crate) fn planning_lead(
+        &self,
+        scenario: &std::path::Path,
+        agents: &std::path::Path,
+    ) -> ChildProcess {
+        let mut cmd = self.command("lead", "bench-plan-lead", "off");
+        cmd.args(["--concurrency", "64"])
+            .args(["--scenario", &scenario.display().to_string()])
+            .args(["--agents-dir", &agents.display().to_string()]);
+        ChildProcess::spawn(cmd, self.dir.join("plan-lead.log"))
+    }
+
     /// The lead, with its admin server on `admin` (its metrics tell the turns in flight).
     pub(crate) fn lead(&self, scenario: &std::path::Path, admin: &str) -> ChildProcess {
         let mut cmd = self.command("lead", "bench-lead", admin);

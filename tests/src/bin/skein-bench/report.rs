@@ -41,6 +41,17 @@ pub(crate) fn latencies(report: &mut Report, name: &str, mut samples: Vec<Durati
     report.add(&format!("{name} p99"), percentile(&samples, 99), "µs");
 }
 
+/// The p50 of the plan bench's turn whose name holds `kind`.
+fn plan_turn(report: &Report, kind: &str) -> f64 {
+    report
+        .rows
+        .iter()
+        .find(|(name, _, _)| {
+            name.starts_with("plan: turn") && name.contains(kind) && name.ends_with("p50")
+        })
+        .map_or(f64::NAN, |(_, value, _)| *value)
+}
+
 pub(crate) fn ratios(report: &Report) -> Vec<Value> {
     let rr = report.get("floor: core NATS request-reply p50");
     let pipelined = report.get("floor: pipelined core NATS request-reply");
@@ -68,6 +79,11 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
             "checkpoint p50 / Redis SET p50",
             report.get("skein: checkpoint of a step p50") / set,
             "<= 1.5",
+        ),
+        ratio(
+            "plan turn p50 / as many spawn_agent calls at once p50",
+            plan_turn(report, "running") / plan_turn(report, "spawn_agent"),
+            "<= 1.1",
         ),
         ratio(
             "Celery round trip p50 / no-op round trip p50",
