@@ -210,7 +210,7 @@ async fn independent_steps_run_at_once_and_a_step_waits_for_the_ones_it_names() 
         assert_eq!(step.status, StepStatus::Completed, "{step:?}");
         assert!(step.worker_id.is_some(), "{step:?}");
         assert!(
-            matches!(&step.outcome, Some(StepOutcome::Answer { answer }) if answer.contains("did"))
+            matches!(&step.outcome, Some(StepOutcome::Answer(answer)) if answer.contains("did"))
         );
     }
     let (ok, text) = skein(&cluster, &["plan", &session, "--tenant", "acme"]);
@@ -323,7 +323,7 @@ async fn a_denied_step_fails_and_holds_its_dependents() {
         .expect("plan");
     assert_eq!(plan.plan[0].status, StepStatus::Failed);
     assert!(
-        matches!(&plan.plan[0].outcome, Some(StepOutcome::Failure { failure }) if failure.message.contains("deny rule spawn_agent(researcher)")),
+        matches!(&plan.plan[0].outcome, Some(StepOutcome::Failure(failure)) if failure.message.contains("deny rule spawn_agent(researcher)")),
         "{:?}",
         plan.plan[0]
     );

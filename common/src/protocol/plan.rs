@@ -57,8 +57,7 @@ impl PlanStep {
 
     /// Whether a worker finished this step successfully: such a step can no longer change.
     pub fn done_by_worker(&self) -> bool {
-        self.status == StepStatus::Completed
-            && matches!(self.outcome, Some(StepOutcome::Answer { .. }))
+        self.status == StepStatus::Completed && matches!(self.outcome, Some(StepOutcome::Answer(_)))
     }
 }
 
@@ -85,10 +84,10 @@ impl StepStatus {
     }
 }
 
-/// How a subagent step ended: its answer, or why it failed.
+/// How a subagent step ended: `{"answer": "..."}`, or `{"failure": {kind, message, retryable}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StepOutcome {
-    Answer { answer: String },
-    Failure { failure: Failure },
+    Answer(String),
+    Failure(Failure),
 }

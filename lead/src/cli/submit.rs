@@ -319,7 +319,13 @@ impl Progress {
             } => {
                 let mark = if *ok { "✓" } else { "✗" };
                 let first = preview.lines().next().unwrap_or_default();
-                let _ = writeln!(err, "\r{who}{mark} {tool} on {worker_id}: {first}");
+                // The runtime's own tools (plans, skills) run on no worker.
+                let on = if worker_id.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {worker_id}")
+                };
+                let _ = writeln!(err, "\r{who}{mark} {tool}{on}: {first}");
             }
             EventKind::ApprovalRequested {
                 call_id,

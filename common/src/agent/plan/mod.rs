@@ -285,7 +285,7 @@ pub fn checklist(plan: &Plan) -> String {
         if !step.after.is_empty() {
             notes.push(format!("after {}", step.after.join(", ")));
         }
-        if let Some(crate::protocol::StepOutcome::Failure { failure }) = &step.outcome {
+        if let Some(crate::protocol::StepOutcome::Failure(failure)) = &step.outcome {
             notes.push(format!(
                 "{}: {}",
                 failure.kind.as_str(),

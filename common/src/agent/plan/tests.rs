@@ -88,14 +88,13 @@ fn finished(mut plan: Plan, index: usize, ok: bool) -> Plan {
     step.duration_ms = Some(5);
     if ok {
         step.status = StepStatus::Completed;
-        step.outcome = Some(StepOutcome::Answer {
-            answer: "done".into(),
-        });
+        step.outcome = Some(StepOutcome::Answer("done".into()));
     } else {
         step.status = StepStatus::Failed;
-        step.outcome = Some(StepOutcome::Failure {
-            failure: Failure::new(FailureKind::TimedOut, "slow"),
-        });
+        step.outcome = Some(StepOutcome::Failure(Failure::new(
+            FailureKind::TimedOut,
+            "slow",
+        )));
     }
     plan
 }

@@ -278,7 +278,7 @@ impl Acting<'_, '_> {
                     StepVerdict::Denied(failure) => {
                         let entry = &mut plan.plan[index];
                         entry.status = StepStatus::Failed;
-                        entry.outcome = Some(StepOutcome::Failure { failure });
+                        entry.outcome = Some(StepOutcome::Failure(failure));
                         self.step_finished(&plan.plan[index], false, String::new(), 0)
                             .await;
                         continue;
@@ -316,11 +316,11 @@ impl Acting<'_, '_> {
             match outcome {
                 CallOutcome::Ok { output } => {
                     entry.status = StepStatus::Completed;
-                    entry.outcome = Some(StepOutcome::Answer { answer: output });
+                    entry.outcome = Some(StepOutcome::Answer(output));
                 }
                 CallOutcome::Failed { failure } => {
                     entry.status = StepStatus::Failed;
-                    entry.outcome = Some(StepOutcome::Failure { failure });
+                    entry.outcome = Some(StepOutcome::Failure(failure));
                 }
             }
             self.step_finished(&plan.plan[index], ok, worker_id, elapsed)
