@@ -9,7 +9,8 @@
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
 //! | `skein.approval.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-approvals` | `ApprovalDecision` |
-//! | `skein.wake.{tenant}.{task_id}` | core NATS | empty: a suspended turn's answer is recorded |
+//! | `skein.control.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-control` | `RunControl` (pause, resume, steer) |
+//! | `skein.wake.{tenant}.{task_id}` | core NATS | empty: a suspended turn's answer, or a control of the task, is recorded |
 //! | `skein.turned.{tenant}.{session}` | core NATS | empty: the session may be free for its next turn (a lease released, a submission settled) |
 //! | `skein.result.{tenant}.{session}.{task_id}` | core NATS request, queue group `skein-leads` | empty; the reply is a `StoredFinal` |
 //! | `skein.dlq.{submit,tool,agent,other}` | stream `SKEIN_DLQ` (limits, 14 days) | the original payload, with why and how often it was tried in headers |
@@ -29,6 +30,8 @@ pub const APPROVALS_STREAM: &str = "SKEIN_APPROVALS";
 pub const APPROVALS_CONSUMER: &str = "skein-leads-approvals";
 pub const APPROVALS_ALL: &str = "skein.approval.>";
 pub const WAKE_ALL: &str = "skein.wake.>";
+pub const CONTROL_CONSUMER: &str = "skein-leads-control";
+pub const CONTROL_ALL: &str = "skein.control.>";
 /// All announcements that a session may be free for its next turn.
 pub const TURNED_ALL: &str = "skein.turned.>";
 /// All lookups of stored final results.
@@ -129,6 +132,17 @@ pub fn cancel(tenant: &str, task_id: &str) -> String {
 /// The tenant and task a cancel subject names.
 pub fn parse_cancel(subject: &str) -> Option<(&str, &str)> {
     let rest = subject.strip_prefix("skein.cancel.")?;
+    let (tenant, task) = rest.split_once('.')?;
+    (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
+}
+
+/// Where a pause, resume or steer of a task is published.
+pub fn control(tenant: &str, task_id: &str) -> String {
+    format!("skein.control.{tenant}.{task_id}")
+}
+
+pub fn parse_control(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("skein.control.")?;
     let (tenant, task) = rest.split_once('.')?;
     (!tenant.is_empty() && !task.is_empty() && !task.contains('.')).then_some((tenant, task))
 }

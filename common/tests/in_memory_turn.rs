@@ -182,6 +182,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             first_run,
             checkpoints: Some(run.checkpoints),
             approvals: run.approvals.map(|a| a as _),
+            controls: None,
         })
         .await;
     (output, events.events())
@@ -561,6 +562,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
                     first_run: true,
                     checkpoints: None,
                     approvals: None,
+                    controls: None,
                 })
                 .await
                 .expect("ends")

@@ -47,15 +47,37 @@ pub struct Suspension {
     pub submission: TaskSubmission,
     /// When unanswered calls are denied.
     pub expires_at_ms: Option<u64>,
+    /// What it waits for.
+    pub waits_for: Waiting,
+}
+
+/// What a parked turn waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// Answers to its calls' approval requests.
+    Answers,
+    /// A resume of its pause.
+    Resume,
+}
+
+impl Waiting {
+    fn as_str(self) -> &'static str {
+        match self {
+            Waiting::Answers => "answered",
+            Waiting::Resume => "resumed",
+        }
+    }
 }
 
 /// Wake signals by tenant and task.
-type Waiting = HashMap<(String, String), Arc<Notify>>;
+type WakeSignals = HashMap<(String, String), Arc<Notify>>;
 
-/// The suspended turns this lead holds, by tenant and task, each with the signal that wakes it.
+/// The suspended turns this lead holds, by tenant and task, each with the signal that wakes it;
+/// and the running turns, whose controls a wake tells them to read.
 #[derive(Clone, Default)]
 pub struct Parked {
-    waiting: Arc<Mutex<Waiting>>,
+    waiting: Arc<Mutex<WakeSignals>>,
+    pub running: crate::control::RunningTurns,
 }
 
 /// Removes a parked turn's entry when it stops waiting.
@@ -82,6 +104,7 @@ impl Parked {
         let mut wakes = bus.subscribe(subjects::WAKE_ALL).await?;
         let parked = Parked::default();
         let waiting = parked.waiting.clone();
+        let running = parked.running.clone();
         tracker.spawn(async move {
             loop {
                 let wake = tokio::select! {
@@ -92,6 +115,7 @@ impl Parked {
                 let Some((tenant, task)) = subjects::parse_wake(&wake.subject) else {
                     continue;
                 };
+                running.raise(tenant, task);
                 let key = (tenant.to_owned(), task.to_owned());
                 if let Some(notify) = waiting.lock().ok().and_then(|w| w.get(&key).cloned()) {
                     notify.notify_one();
@@ -149,6 +173,7 @@ impl Lead {
                 Settled::Suspended(Box::new(Suspension {
                     submission: submission.clone(),
                     expires_at_ms: stored.expires_at_ms,
+                    waits_for: Waiting::Answers,
                 }))
             }
             Err(e) => Settled::Retry(e.to_failure()),
@@ -163,14 +188,18 @@ impl Lead {
             let Suspension {
                 submission,
                 expires_at_ms,
+                waits_for,
             } = suspension;
             let (tenant, task_id) = (submission.tenant.as_str(), submission.task_id.as_str());
-            let _waiting = lead.metrics.in_flight("approval_wait");
+            let _waiting = lead.metrics.in_flight(match waits_for {
+                Waiting::Answers => "approval_wait",
+                Waiting::Resume => "paused",
+            });
             let (woken, _entry) = lead.parked.register(tenant, task_id);
             let cancelled = CancellationToken::new();
             let _registration = lead.cancels.register(tenant, task_id, cancelled.clone());
             // An answer may have come between the turn's look and this registration.
-            if !lead.still_waiting(tenant, task_id).await {
+            if !lead.still_waiting(&submission, waits_for).await {
                 envelope.settle(Disposition::Retry(None)).await;
                 return;
             }
@@ -190,7 +219,12 @@ impl Lead {
             let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             let why = loop {
                 tokio::select! {
-                    _ = woken.notified() => break "answered",
+                    // A wake may be for something else (a steer of a paused turn, say).
+                    _ = woken.notified() => {
+                        if !lead.still_waiting(&submission, waits_for).await {
+                            break waits_for.as_str();
+                        }
+                    }
                     _ = cancelled.cancelled() => break "cancelled",
                     _ = lead.shutdown.cancelled() => break "shutdown",
                     _ = &mut expiry => break "expired",
@@ -203,17 +237,26 @@ impl Lead {
         });
     }
 
-    /// Whether a suspended task still has calls without an answer (a store error counts as
-    /// waiting: the wake, expiry or redelivery will bring it back).
-    async fn still_waiting(&self, tenant: &str, task_id: &str) -> bool {
-        match self.store.approval_request(tenant, task_id).await {
-            Ok(Some(request)) => request.unanswered().next().is_some(),
-            Ok(None) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot look at the approval request");
-                true
-            }
-        }
+    /// Whether a suspended task still has calls without an answer, or is still paused (a store
+    /// error counts as waiting: the wake, expiry or redelivery will bring it back).
+    async fn still_waiting(&self, submission: &TaskSubmission, waits_for: Waiting) -> bool {
+        let (tenant, task_id) = (submission.tenant.as_str(), submission.task_id.as_str());
+        let looked = match waits_for {
+            Waiting::Answers => self
+                .store
+                .approval_request(tenant, task_id)
+                .await
+                .map(|request| request.is_some_and(|r| r.unanswered().next().is_some())),
+            Waiting::Resume => self
+                .store
+                .controls(tenant, &submission.session, task_id, u32::MAX)
+                .await
+                .map(|(controls, _)| controls.paused),
+        };
+        looked.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot look at what the parked turn waits for");
+            true
+        })
     }
 
     /// Records one published `ApprovalDecision` and wakes the turn it answers.
@@ -290,15 +333,7 @@ impl Lead {
                 return Ok(());
             }
         }
-        if let Err(e) = self
-            .bus
-            .client()
-            .publish(subjects::wake(tenant, task_id), Vec::<u8>::new().into())
-            .await
-        {
-            // The parked turn still wakes at its expiry, or when the broker redelivers it.
-            tracing::warn!(error = %e, "wake not published");
-        }
+        self.wake(tenant, task_id).await;
         Ok(())
     }
 

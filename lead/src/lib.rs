@@ -7,12 +7,14 @@
 //!   [`LeadBuilder`] adds an embedder's middleware and listeners.
 //! - [`approvals`]: turns that wait for a person — suspending, parking without a slot, recording
 //!   answers and waking the turn.
+//! - [`control`]: pausing, resuming and steering running turns — recording controls, the flag a
+//!   wake raises on a running turn, what the turn reads at its step boundaries.
 //! - [`lease`]: keeping a session lease while a turn runs (lost, or presumed lost).
 //! - [`results`]: answers clients' lookups of stored final results.
 //! - [`turns`]: waiting for a session's turn — announcements that a session is free, and the
 //!   waiters they wake.
-//! - [`cli`]: the `skein` command (submit, workers, cancel, approvals, approve, deny, dlq, trace,
-//!   dev, lead, worker).
+//! - [`cli`]: the `skein` command (submit, workers, cancel, pause, resume, steer, approvals,
+//!   approve, deny, plan, dlq, trace, dev, lead, worker).
 
 // The worker that `skein worker` runs in this crate is one deep future.
 #![recursion_limit = "256"]
@@ -20,6 +22,7 @@
 pub mod approvals;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod lease;
 pub mod results;
 pub mod server;

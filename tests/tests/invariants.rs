@@ -108,6 +108,7 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
         loaded_skills: Vec::new(),
         compaction: None,
         plan: None,
+        steered: 0,
     };
     assert!(store
         .save_checkpoint("acme", &session, &task, "b", &progress(2))

@@ -256,11 +256,11 @@ async fn interrupt_stops_the_running_task_at_its_next_step_keeping_its_messages(
         client.submit(&second).await.expect("second submitted");
         // ...and asks it to stop; then the first goes on to its next step.
         eventually("the interrupt request", Duration::from_secs(30), || async {
-            let by = store
-                .interrupted_by("acme", &session, &first.task_id)
+            let (controls, _) = store
+                .controls("acme", &session, &first.task_id, 0)
                 .await
-                .ok()??;
-            (by == second.task_id).then_some(())
+                .ok()?;
+            (controls.interrupted_by? == second.task_id).then_some(())
         })
         .await;
         gate.add_permits(2);

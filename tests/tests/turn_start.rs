@@ -1,12 +1,14 @@
 //! Starting a turn in one store trip (`SessionStore::begin_turn`), against a real redis-server:
 //! the lease is exclusive and waiting for it counts nothing, attempts are bounded, a checkpoint
 //! and the session come back with the lease, a completed turn releases the lease and answers
-//! later starts with its final result.
+//! later starts with its final result; the start reads what was asked of the task (pause,
+//! steer, interrupt).
 
 use std::time::Duration;
 
 use skein_common::config::RedisConfig;
-use skein_common::protocol::{FinalResult, TurnStatus, PROTOCOL_VERSION};
+use skein_common::protocol::{ControlAction, FinalResult, TurnStatus, PROTOCOL_VERSION};
+use skein_common::store::control::Controls;
 use skein_common::store::{
     Ended, SessionState, SessionStore, TurnCheckpoint, TurnClaim, TurnStart,
 };
@@ -58,6 +60,7 @@ async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_lat
         attempt,
         session: loaded,
         checkpoint,
+        controls,
     } = store
         .begin_turn(claim(&session, &task, "lead-a", 3))
         .await
@@ -69,6 +72,11 @@ async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_lat
     assert_eq!(loaded.version, 0);
     assert_eq!(loaded.state, SessionState::default());
     assert_eq!(checkpoint, None);
+    assert_eq!(
+        controls,
+        Controls::default(),
+        "nothing was asked of the task"
+    );
 
     // Another lead (or a second run of the same task) waits, and waiting counts nothing.
     for token in ["lead-b", "lead-b", "lead-a"] {
@@ -353,4 +361,57 @@ async fn a_final_result_is_written_once() {
         matches!(start, TurnStart::Started { .. }),
         "the lease was released: {start:?}"
     );
+}
+
+#[tokio::test]
+async fn the_turn_start_reads_what_was_asked_of_the_task() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    for (action, text) in [
+        (ControlAction::Steer, "first"),
+        (ControlAction::Pause, ""),
+        (ControlAction::Steer, "second"),
+    ] {
+        store
+            .record_control("acme", &session, &task, action, text)
+            .await
+            .expect("recorded");
+    }
+    store
+        .request_interrupt("acme", &session, &task, "later")
+        .await
+        .expect("recorded");
+    let Ok(TurnStart::Started { controls, .. }) =
+        store.begin_turn(claim(&session, &task, "lead-a", 3)).await
+    else {
+        panic!("the turn starts");
+    };
+    assert_eq!(
+        controls,
+        Controls {
+            paused: true,
+            was_paused: true,
+            interrupted_by: Some("later".into()),
+            steered: 2,
+        }
+    );
+    let (_, steer) = store
+        .controls("acme", &session, &task, 1)
+        .await
+        .expect("read");
+    assert_eq!(steer, ["second"], "messages after the ones taken");
+    store
+        .record_control("acme", &session, &task, ControlAction::Resume, "")
+        .await
+        .expect("recorded");
+    store
+        .clear_was_paused("acme", &session, &task)
+        .await
+        .expect("cleared");
+    let (controls, _) = store
+        .controls("acme", &session, &task, 2)
+        .await
+        .expect("read");
+    assert!(!controls.paused && !controls.was_paused, "{controls:?}");
 }

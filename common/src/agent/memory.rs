@@ -165,6 +165,7 @@ impl InMemoryTools {
             first_run: true,
             checkpoints: None,
             approvals: None,
+            controls: None,
         }))
         .await
         .map_err(|stop| Failure::new(FailureKind::Internal, format!("{stop:?}")))?;

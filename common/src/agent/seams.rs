@@ -121,6 +121,26 @@ pub trait ApprovalGate: Send + Sync {
     fn answers<'a>(&'a self, origin: &'a TaskOrigin) -> BoxFuture<'a, Result<Answers, Failure>>;
 }
 
+/// What was asked of a running turn besides cancelling it: a pause, steer messages, an interrupt
+/// by a later task of its session.
+pub trait TurnControls: Send + Sync {
+    /// The turn's controls if they may have changed since the last look (`None`: nothing new,
+    /// found without I/O), with the steer messages after the first `steered`.
+    fn changed(&self, steered: u32) -> BoxFuture<'_, Result<Option<ControlUpdate>, Failure>>;
+}
+
+/// The controls of a running turn, as the runtime acts on them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ControlUpdate {
+    /// Stop at this step boundary, dispatching nothing new, until resumed.
+    pub paused: bool,
+    /// End the turn before its next model call, keeping its work (a later task of the session
+    /// asked: `multitask: interrupt`).
+    pub interrupted_by: Option<String>,
+    /// Messages to add as the user's before the next model call, in order.
+    pub steer: Vec<String>,
+}
+
 /// What is known about a turn's approval requests.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Answers {
@@ -152,6 +172,13 @@ pub struct TurnCheckpoint {
     /// The session's plan as the turn left it so far, when the turn changed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::protocol::Plan>,
+    /// Steer messages the turn has taken so far (they are among `new_messages`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub steered: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The failure a service error stands for: a [`Failure`] it carries, a layer's timeout

@@ -362,6 +362,20 @@ impl Bus {
         .await
     }
 
+    /// Publishes a pause, resume or steer of a task durably (`SKEIN_APPROVALS`).
+    pub async fn publish_control(
+        &self,
+        control: &crate::protocol::RunControl,
+    ) -> Result<(), BusError> {
+        let payload = self.encode(control)?;
+        self.publish_durable(
+            subjects::control(&control.tenant, &control.task_id),
+            outgoing_headers(),
+            payload,
+        )
+        .await
+    }
+
     /// Whether a cancel request for the task was published.
     pub async fn cancel_requested(&self, tenant: &str, task_id: &str) -> Result<bool, BusError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;

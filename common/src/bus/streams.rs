@@ -58,7 +58,7 @@ impl Bus {
             },
             stream::Config {
                 name: subjects::APPROVALS_STREAM.into(),
-                subjects: vec![subjects::APPROVALS_ALL.into()],
+                subjects: vec![subjects::APPROVALS_ALL.into(), subjects::CONTROL_ALL.into()],
                 retention: stream::RetentionPolicy::WorkQueue,
                 max_age: Duration::from_secs(14 * 24 * 3600),
                 num_replicas: replicas,
@@ -157,11 +157,19 @@ impl Bus {
                 c.allow_direct,
             )
         };
-        if limits(&current) == limits(wanted) {
+        // A stream made by an earlier build gains the subjects this one added (never loses any).
+        let missing: Vec<String> = wanted
+            .subjects
+            .iter()
+            .filter(|s| !current.subjects.contains(s))
+            .cloned()
+            .collect();
+        if limits(&current) == limits(wanted) && missing.is_empty() {
             return Ok(current);
         }
-        tracing::warn!(stream = %current.name, "stream limits differ from this build's; updating them");
+        tracing::warn!(stream = %current.name, ?missing, "stream limits or subjects differ from this build's; updating them");
         let mut bounded = current.clone();
+        bounded.subjects.extend(missing);
         bounded.max_messages = wanted.max_messages;
         bounded.max_bytes = wanted.max_bytes;
         bounded.max_age = wanted.max_age;

@@ -111,6 +111,17 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
     },
+    /// The turn stopped at a step boundary on a pause request; it holds no lead until resumed.
+    Paused {
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        by: String,
+    },
+    /// A paused turn runs again.
+    Resumed {},
+    /// A steer message joined the turn as a user message, before its next model call.
+    Steered {
+        text: String,
+    },
     /// The session's plan changed (`update_plan`, or a step's run started or ended): the whole
     /// plan as it stands.
     PlanUpdated {

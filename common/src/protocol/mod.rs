@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod budget;
+pub mod control;
 mod events;
 pub mod message;
 pub mod payload;
@@ -21,6 +22,7 @@ pub mod permissions;
 pub mod plan;
 
 pub use budget::{Budget, BudgetScope, Spent};
+pub use control::{ControlAction, RunControl};
 pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnStatus};
 pub use payload::PayloadRef;
 pub use permissions::{
@@ -684,6 +686,7 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
         ("worker-announcement.json", schema::<WorkerAnnouncement>()),
         ("approval-decision.json", schema::<ApprovalDecision>()),
         ("approval-request.json", schema::<ApprovalRequest>()),
+        ("run-control.json", schema::<RunControl>()),
         ("stored-final.json", schema::<StoredFinal>()),
     ]
 }

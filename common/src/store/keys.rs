@@ -16,7 +16,8 @@
 //! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
 //! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
-//! | `skein:{t:s}:interrupt:{task}` | string | the id of the later task of the session that interrupted `task` (`multitask: interrupt`); the lead running `task` ends it at its next model call (expires after a day) |
+//! | `skein:{t:s}:control:{task}` | hash | what was asked of `task`: `paused`, `was_paused`, `interrupt` (the later task of the session that interrupted it), `steered` (count); read by the turn-start script (expires 7 days after its last change) |
+//! | `skein:{t:s}:steer:{task}` | list | the messages `task` was steered with, in order |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
@@ -91,9 +92,14 @@ pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:final:{task_id}", tag(tenant, session))
 }
 
-/// Which later task interrupted a task of the session (see `SessionStore::request_interrupt`).
-pub fn interrupt(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:interrupt:{task_id}", tag(tenant, session))
+/// What was asked of a task: pause, interrupt, steer count (see `store::control`).
+pub fn control(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:control:{task_id}", tag(tenant, session))
+}
+
+/// The messages a task was steered with, in order.
+pub fn steer(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:steer:{task_id}", tag(tenant, session))
 }
 
 pub fn approved_rules(tenant: &str, session: &str) -> String {

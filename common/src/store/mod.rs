@@ -3,8 +3,8 @@
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
 //! [`TurnLease`] (`turn`); the session scripts live in `scripts`; call results, attempts and child-turn checkpoints live in `calls`, the
 //! worker registry in `workers`, the cluster's model traffic (slots, fair share, tokens per
-//! minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`], the interrupt
-//! requests between a session's turns in `interrupts`.
+//! minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`], what was asked
+//! of a running task (pause, steer, interrupt) in [`control`].
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
@@ -17,7 +17,7 @@ pub mod approvals;
 pub mod budget;
 mod calls;
 mod connection;
-mod interrupts;
+pub mod control;
 pub mod keys;
 mod scripts;
 mod sessions;
@@ -303,6 +303,8 @@ pub enum TurnStart {
         attempt: u64,
         session: LoadedSession,
         checkpoint: Option<TurnCheckpoint>,
+        /// What was asked of the task (pause, steer, interrupt) before this start.
+        controls: control::Controls,
     },
 }
 
@@ -475,6 +477,7 @@ impl SessionStore {
                 .key(keys::session(tenant, session))
                 .key(keys::checkpoint(tenant, session, task_id))
                 .key(keys::history(tenant, session))
+                .key(keys::control(tenant, session, task_id))
                 .arg(claim.lease_token)
                 .arg(claim.lease_ttl.as_millis().max(1) as u64)
                 .arg(keys::turn_attempts_field(task_id))
@@ -491,7 +494,7 @@ impl SessionStore {
             )?)),
             Some("busy") => Ok(TurnStart::Busy),
             Some("exhausted") => Ok(TurnStart::Exhausted(number("attempt count", reply.get(1))?)),
-            Some("started") if reply.len() == 6 => {
+            Some("started") if reply.len() == 10 => {
                 let offset = number("history offset", reply.get(5))?;
                 let state = session_from(&reply[3], offset, listed)?;
                 let checkpoint = match reply[4].as_str() {
@@ -505,6 +508,9 @@ impl SessionStore {
                         state,
                     },
                     checkpoint,
+                    controls: control::Controls::from_fields(
+                        &reply[6], &reply[7], &reply[8], &reply[9],
+                    )?,
                 })
             }
             _ => Err(StoreError::UnexpectedReply("the turn-start script")),
@@ -672,8 +678,8 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Forgets a task's final result, its turn's attempts and any interrupt request for it, so
-    /// the task can run again (replay of a dead letter).
+    /// Forgets a task's final result, its turn's attempts and its controls (pause, steer,
+    /// interrupt), so the task can run again (replay of a dead letter).
     pub async fn forget_turn(
         &self,
         tenant: &str,
@@ -685,7 +691,8 @@ impl SessionStore {
             .atomic()
             .del(keys::final_result(tenant, session, task_id))
             .ignore()
-            .del(keys::interrupt(tenant, session, task_id))
+            .del(keys::control(tenant, session, task_id))
+            .del(keys::steer(tenant, session, task_id))
             .ignore()
             .hdel(
                 keys::attempts(tenant, session, &keys::turn_attempts_field(task_id)),

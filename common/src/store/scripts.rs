@@ -77,12 +77,13 @@ return false
 
 /// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
 /// session, KEYS[5] checkpoint, KEYS[6] history (both kept while the turn runs: an idle-session
-/// expiry must not strike mid-turn; the turn's end sets it again); ARGV token, lease ttl ms, attempts field, attempts ttl seconds,
-/// most attempts. Returns {'finished', final}; {'busy'} (another holds the lease; nothing
-/// counted; also when the lease is this caller's own, held by an earlier run of the task);
-/// {'exhausted', n} (attempt n counted, over the limit, lease not taken); or
-/// {'started', n, version, state, checkpoint, offset, history} with the lease taken (the history
-/// from the offset on: what a summary stands for is not loaded).
+/// expiry must not strike mid-turn; the turn's end sets it again), KEYS[7] the task's controls;
+/// ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most attempts. Returns
+/// {'finished', final}; {'busy'} (another holds the lease; nothing counted; also when the lease
+/// is this caller's own, held by an earlier run of the task); {'exhausted', n} (attempt n
+/// counted, over the limit, lease not taken); or {'started', n, version, state, checkpoint,
+/// offset, paused, was_paused, interrupt, steered, history} with the lease taken (the history
+/// from the offset on: what a summary stands for is not loaded; absent controls as '').
 pub(super) const BEGIN_SCRIPT: &str = r#"
 local done = redis.call('GET', KEYS[1])
 if done then return {'finished', done} end
@@ -97,7 +98,9 @@ redis.call('PERSIST', KEYS[6])
 local checkpoint = redis.call('GET', KEYS[5])
 local offset = session[3] or '0'
 local history = redis.call('LRANGE', KEYS[6], tonumber(offset), -1)
-return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', offset, history}
+local c = redis.call('HMGET', KEYS[7], 'paused', 'was_paused', 'interrupt', 'steered')
+return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', offset,
+  c[1] or '', c[2] or '', c[3] or '', c[4] or '', history}
 "#;
 
 /// Loads a session: KEYS[1] session hash, KEYS[2] history list. Returns {version, state, offset,

@@ -32,7 +32,7 @@ pub const ARGUMENTS_WIDTH: usize = 120;
 /// Who decided, when neither `--by` nor `$USER` says.
 const DEFAULT_DECIDER: &str = "cli";
 /// The operating system's login name, the default of `--by`.
-const ENV_LOGIN_USER: &str = "USER";
+pub(super) const ENV_LOGIN_USER: &str = "USER";
 
 #[derive(Debug, Args)]
 pub struct ApprovalsArgs {
@@ -327,7 +327,7 @@ fn targets<'a>(
 }
 
 /// Who decided: `--by`, else the login name, else [`DEFAULT_DECIDER`] (blank counts as unset).
-fn decider(by: Option<&str>, login: Option<&str>) -> String {
+pub(super) fn decider(by: Option<&str>, login: Option<&str>) -> String {
     [by, login]
         .into_iter()
         .flatten()

@@ -1,8 +1,10 @@
-//! The `skein` command: submit tasks and watch them, cancel them, answer the calls that wait for
-//! approval, list live workers, print a session's plan, manage dead letters, list, fetch and seed
-//! session workspaces, run a local cluster, or run a lead or worker in the foreground.
+//! The `skein` command: submit tasks and watch them, cancel, pause, resume or steer them, answer
+//! the calls that wait for approval, list live workers, print a session's plan, manage dead
+//! letters, list, fetch and seed session workspaces, run a local cluster, or run a lead or worker
+//! in the foreground.
 
 mod approvals;
+mod control;
 mod dev;
 mod ops;
 mod pickup;
@@ -12,6 +14,8 @@ mod submit;
 mod workspace;
 
 use std::process::ExitCode;
+
+use skein_common::protocol::ControlAction;
 
 use clap::{Parser, Subcommand};
 use skein_common::shutdown::serve_until_signal;
@@ -32,6 +36,12 @@ pub enum Command {
     Workers(submit::WorkersArgs),
     /// Stop a running task: its turn ends as cancelled and its calls stop on the workers.
     Cancel(Box<ops::CancelArgs>),
+    /// Pause a running task: it dispatches nothing new and parks at its next step until resumed.
+    Pause(Box<control::ControlArgs>),
+    /// Resume a paused task on any lead.
+    Resume(Box<control::ControlArgs>),
+    /// Add a user message to a running task, before its next model call.
+    Steer(Box<control::SteerArgs>),
     /// List the tenant's turns that wait for approval, and the calls they wait on.
     Approvals(Box<approvals::ApprovalsArgs>),
     /// Approve a waiting call (or every waiting call) of a task; its turn resumes on a lead.
@@ -79,6 +89,16 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Submit(args) => submit::submit(*args).await,
             Command::Workers(args) => submit::workers(args).await,
             Command::Cancel(args) => ops::cancel(*args).await,
+            Command::Pause(args) => {
+                control::control(*args, ControlAction::Pause, String::new()).await
+            }
+            Command::Resume(args) => {
+                control::control(*args, ControlAction::Resume, String::new()).await
+            }
+            Command::Steer(args) => {
+                let control::SteerArgs { control, text } = *args;
+                control::control(control, ControlAction::Steer, text).await
+            }
             Command::Approvals(args) => approvals::list(*args).await,
             Command::Approve(args) => approvals::approve(*args).await,
             Command::Deny(args) => approvals::deny(*args).await,

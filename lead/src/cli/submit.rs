@@ -379,6 +379,18 @@ impl Progress {
                     verdict.as_str()
                 );
             }
+            EventKind::Paused { .. } => {
+                let task = &event.task_id;
+                let tenant = &self.tenant_flag;
+                let _ = writeln!(err, "\r{who}⏸ paused; resume: skein resume {task}{tenant}");
+            }
+            EventKind::Resumed {} => {
+                let _ = writeln!(err, "\r{who}▶ resumed");
+            }
+            EventKind::Steered { text } => {
+                let first = text.lines().next().unwrap_or_default();
+                let _ = writeln!(err, "\r{who}↪ steered: {first}");
+            }
             EventKind::PlanUpdated { plan } => {
                 let _ = writeln!(err, "\r{who}plan:");
                 for line in skein_common::agent::plan::checklist(plan).lines() {

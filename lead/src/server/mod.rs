@@ -191,9 +191,6 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         work.background_stop.clone(),
     )
     .await?;
-    // Innermost of the turn hooks: a turn a later task of its session interrupted ends at its
-    // next model call (`multitask: interrupt`).
-    let middleware = middleware.hook(Arc::new(multitask::InterruptHook::new(store.clone())));
     let runtime = skein_common::wiring::assemble(
         provider,
         dispatcher,
@@ -230,6 +227,16 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
             stream: subjects::APPROVALS_STREAM,
             durable: subjects::APPROVALS_CONSUMER.into(),
             filter: subjects::APPROVALS_ALL.into(),
+            ack_wait: cfg.process.ack_wait,
+            max_deliver: -1,
+            max_ack_pending: None,
+        })
+        .await?;
+    let controls = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::APPROVALS_STREAM,
+            durable: subjects::CONTROL_CONSUMER.into(),
+            filter: subjects::CONTROL_ALL.into(),
             ack_wait: cfg.process.ack_wait,
             max_deliver: -1,
             max_ack_pending: None,
@@ -292,11 +299,18 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     let decision_lead = lead.clone();
     let answers = decisions.serve(
         Slots::new(crate::approvals::DECISION_CONCURRENCY),
-        shutdown,
+        shutdown.clone(),
         work.running.clone(),
         move |received| decision_lead.clone().handle_decision(received),
     );
-    tokio::join!(turns, answers);
+    let control_lead = lead.clone();
+    let controlled = controls.serve(
+        Slots::new(crate::control::CONTROL_CONCURRENCY),
+        shutdown,
+        work.running.clone(),
+        move |received| control_lead.clone().handle_control(received),
+    );
+    tokio::join!(turns, answers, controlled);
     readiness.set_ready(false);
     work.drain(grace).await;
     tracing::info!(lead_id = %instance, "lead stopped");

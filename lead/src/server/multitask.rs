@@ -8,9 +8,10 @@
 //!   `skein cancel`: a running turn ends `cancelled` with the session as it was, a queued one ends
 //!   `cancelled` when it is taken), then waits for them to end;
 //! - `interrupt` records in the store, for each older unfinished task, that this task interrupts
-//!   it (`SessionStore::request_interrupt`), then waits. The lead running such a task ends its
-//!   turn at its next model call through [`InterruptHook`], keeping its work; a queued one ends
-//!   the same way before its first model call, keeping its input.
+//!   it (`SessionStore::request_interrupt`, one of the task's controls) and wakes it, then waits.
+//!   The running turn reads its controls at its next step boundary (`control`) and ends before
+//!   its next model call, keeping its work; a queued one ends the same way before its first model
+//!   call, keeping its input.
 //!
 //! Invariants: only the older unfinished submissions of the task's own session are affected (its
 //! submit subject, lower stream sequences); cancel and interrupt requests are durable and
@@ -20,15 +21,10 @@
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use skein_common::agent::middleware::{TurnContext, TurnHook};
-use skein_common::agent::model::{ModelRequest, ModelResponse};
-use skein_common::protocol::message::{Message, Usage};
 use skein_common::protocol::{
     CancelRequest, Failure, FailureKind, MultitaskPolicy, TaskSubmission, TurnStatus,
     PROTOCOL_VERSION,
 };
-use skein_common::store::SessionStore;
 
 use super::finals::failed_result;
 use super::{Lead, Settled};
@@ -36,10 +32,6 @@ use super::{Lead, Settled};
 /// Most older tasks one submission cancels or interrupts (a session's queue is short; this bounds
 /// the looks of a flooded one).
 const MAX_AFFECTED: usize = 64;
-
-/// Longest the interrupt look before a model call may take; past it the turn goes on (Redis slow
-/// or away: the turn's own checkpoints then fail and hand it back anyway).
-const INTERRUPT_LOOK: Duration = Duration::from_secs(1);
 
 impl Lead {
     /// Applies the task's policy once its turn order look found older tasks of its session
@@ -123,10 +115,14 @@ impl Lead {
                         .request_interrupt(tenant, session, task_id, me)
                         .await
                     {
-                        Ok(()) => tracing::info!(
-                            older = task_id,
-                            "older task interrupted (multitask: interrupt)"
-                        ),
+                        Ok(()) => {
+                            tracing::info!(
+                                older = task_id,
+                                "older task interrupted (multitask: interrupt)"
+                            );
+                            // Its running turn reads its controls at its next step.
+                            self.wake(tenant, task_id).await;
+                        }
                         Err(e) => {
                             tracing::warn!(older = task_id, error = %e, "older task not interrupted")
                         }
@@ -136,63 +132,4 @@ impl Lead {
             }
         }
     }
-}
-
-/// Ends a user's turn (depth 0) that a later task of its session interrupted, at its next model
-/// call: it answers in the model's place, without tool calls, so the turn completes there — its
-/// messages so far saved to the session like any completed turn's, followed by
-/// [`interrupted_answer`]. A look that fails lets the turn go on.
-pub(crate) struct InterruptHook {
-    store: SessionStore,
-}
-
-impl InterruptHook {
-    pub(crate) fn new(store: SessionStore) -> Self {
-        Self { store }
-    }
-}
-
-impl TurnHook for InterruptHook {
-    fn before_reasoning<'a>(
-        &'a self,
-        ctx: &'a TurnContext,
-        request: ModelRequest,
-    ) -> BoxFuture<'a, Result<ModelRequest, ModelResponse>> {
-        Box::pin(async move {
-            if ctx.depth != 0 {
-                return Ok(request);
-            }
-            let origin = &ctx.origin;
-            let look = self
-                .store
-                .interrupted_by(&origin.tenant, &origin.session, &origin.task_id);
-            match tokio::time::timeout(INTERRUPT_LOOK, look).await {
-                Ok(Ok(Some(by))) => {
-                    tracing::info!(by = %by, step = ctx.step, "turn interrupted by a later task of its session");
-                    Err(ModelResponse {
-                        message: Message::assistant(interrupted_answer(&by)),
-                        finish_reason: Some("interrupted".into()),
-                        usage: Usage::default(),
-                    })
-                }
-                Ok(Ok(None)) => Ok(request),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot look for an interrupt; the turn goes on");
-                    Ok(request)
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        ?INTERRUPT_LOOK,
-                        "the look for an interrupt timed out; the turn goes on"
-                    );
-                    Ok(request)
-                }
-            }
-        })
-    }
-}
-
-/// The answer of a turn interrupted by task `by`.
-pub(crate) fn interrupted_answer(by: &str) -> String {
-    format!("[interrupted by task {by}: this turn stopped before its next step; its work so far is kept]")
 }

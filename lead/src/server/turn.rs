@@ -10,6 +10,7 @@ use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
 use skein_common::protocol::{
     EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
+use skein_common::store::control::Controls;
 use skein_common::store::{Ended, LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
@@ -27,6 +28,8 @@ pub(super) struct StartedTurn<'a> {
     loaded: LoadedSession,
     resume: Option<TurnCheckpoint>,
     first_run: bool,
+    /// What was asked of the task before this start (pause, steer, interrupt).
+    controls: Controls,
 }
 
 /// Where a submission sits in its stream, and whether this is its first delivery.
@@ -150,13 +153,14 @@ impl Lead {
         // Turns of one session run one at a time: while another lead holds the lease, look again
         // when a lead announces the session free (or after a fallback look), for a bounded time.
         let lease_wait = tokio::time::Instant::now() + self.cfg.lease_ttl * 2;
-        let (attempt, loaded, resume) = loop {
+        let (attempt, loaded, resume, controls) = loop {
             match start {
                 Ok(TurnStart::Started {
                     attempt,
                     session,
                     checkpoint,
-                }) => break (attempt, session, checkpoint),
+                    controls,
+                }) => break (attempt, session, checkpoint, controls),
                 Ok(TurnStart::Finished(done)) => {
                     tracing::info!("task already finished; re-publishing its result");
                     return self.emit_final(submission, done, epoch).boxed().await;
@@ -194,6 +198,7 @@ impl Lead {
             // the turn's calls.
             first_run: delivery.first && attempt == 1 && resume.is_none(),
             resume,
+            controls,
         };
         let settled = self
             .turn_under_lease(submission, &agent, started, abort, &stop)
@@ -318,6 +323,7 @@ impl Lead {
             loaded,
             resume,
             first_run,
+            controls,
         } = turn;
         let mut origin = submission.origin();
         // The task's budget, each limit held to its agent's; its subagents draw from it too.
@@ -341,6 +347,27 @@ impl Lead {
                 trace_id: skein_common::telemetry::current_trace_id(),
             })
             .await;
+        let (paused_at_start, resumed) = (controls.paused, resume.is_some());
+        if controls.was_paused && !controls.paused {
+            // The first turn to run after a pause says so (once: the mark goes with it).
+            events.emit(EventKind::Resumed {}).await;
+            if let Err(e) = self
+                .store
+                .clear_was_paused(tenant, session, &submission.task_id)
+                .await
+            {
+                tracing::warn!(error = %e, "resume not noted");
+            }
+        }
+        // A wake for this task (a control recorded) raises the flag; the turn then reads its
+        // controls at its next step boundary.
+        let (raised, _running) = self.parked.running.register(tenant, &submission.task_id);
+        let controlled = crate::control::LeadControls::new(
+            self.store.clone(),
+            (tenant, session, &submission.task_id),
+            raised,
+            controls,
+        );
         let checkpoints = LeaseCheckpoints { turn: lease };
         // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
         let time_left = origin.time_left();
@@ -361,6 +388,7 @@ impl Lead {
             resume,
             checkpoints: Some(&checkpoints),
             approvals: Some(&self.approvals),
+            controls: Some(&controlled),
         }));
         let deadline = async {
             match time_left {
@@ -392,6 +420,20 @@ impl Lead {
                 events.flush().await;
                 return self.suspend(submission, awaiting).boxed().await;
             }
+            Err(TurnStop::Paused) => {
+                tracing::info!("turn paused at a step boundary; parked until resumed");
+                // Said once: a turn resumed from its checkpoint while still paused parks again
+                // quietly.
+                if !(paused_at_start && resumed) {
+                    events.emit(EventKind::Paused { by: String::new() }).await;
+                }
+                events.flush().await;
+                return Settled::Suspended(Box::new(crate::approvals::Suspension {
+                    submission: submission.clone(),
+                    expires_at_ms: None,
+                    waits_for: crate::approvals::Waiting::Resume,
+                }));
+            }
             Err(TurnStop::Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
                 return Settled::Retry(failure)
             }
@@ -422,6 +464,7 @@ impl Lead {
                     asked_approval: true,
                     compaction: None,
                     plan: None,
+                    steered: 0,
                 }
             }
         };

@@ -187,6 +187,7 @@ pub(super) async fn subagent_task(
             checkpoints: Some(&checkpoints),
             // Nobody answers a subagent's approval requests: a call that would ask is denied.
             approvals: None,
+            controls: None,
         });
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
             Ok(Ok(Ok(output))) => output,
@@ -202,9 +203,10 @@ pub(super) async fn subagent_task(
                 tracing::warn!(%failure, "subagent turn interrupted; handing the task back");
                 return Work::HandBack;
             }
-            // A subagent's loop has no approval gate, so it never suspends; should it, the
-            // call fails clearly rather than waiting for an answer nobody can give.
-            Ok(Ok(Err(TurnStop::AwaitingApproval(_)))) => {
+            // A subagent's loop has no approval gate and no controls, so it never suspends or
+            // pauses; should it, the call fails clearly rather than waiting for what nobody can
+            // give.
+            Ok(Ok(Err(TurnStop::AwaitingApproval(_) | TurnStop::Paused))) => {
                 let failure =
                     Failure::new(FailureKind::Denied, "a subagent cannot wait for approval");
                 return Work::Done(CallOutcome::Failed { failure });

@@ -414,6 +414,7 @@ mod tests {
                 first_run: true,
                 checkpoints: None,
                 approvals: None,
+                controls: None,
             })
             .await
             .expect("the turn ends");

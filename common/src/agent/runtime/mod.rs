@@ -35,8 +35,8 @@ use crate::agent::model::{ModelRequest, ModelResponse};
 use crate::agent::permissions::CompiledPolicy;
 use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::seams::{
-    failure_from_error, ApprovalGate, CheckpointSink, DeltaSink, EventSink, ModelCall,
-    ToolDirectory, TurnCheckpoint,
+    failure_from_error, ApprovalGate, CheckpointSink, ControlUpdate, DeltaSink, EventSink,
+    ModelCall, ToolDirectory, TurnCheckpoint, TurnControls,
 };
 use crate::agent::skills::SkillCatalog;
 use crate::protocol::message::{Message, Role, Usage};
@@ -108,6 +108,8 @@ pub struct TurnInput<'a> {
     /// Where answers to approval requests come from; `None` means nobody can answer (a subagent's
     /// loop), so a call that would ask is denied instead.
     pub approvals: Option<&'a dyn ApprovalGate>,
+    /// Where pauses, steer messages and interrupts come from; `None`: nobody controls the turn.
+    pub controls: Option<&'a dyn TurnControls>,
 }
 
 /// Why a turn stopped without ending.
@@ -119,6 +121,9 @@ pub enum TurnStop {
     /// Calls wait for a person's approval; their `approval_requested` events went out. The turn
     /// runs again (from its checkpoint) once they are answered or expire.
     AwaitingApproval(Awaiting),
+    /// A person paused the turn: it stopped at a step boundary, dispatching nothing new. It runs
+    /// again (from its checkpoint) once resumed.
+    Paused,
 }
 
 /// The calls a suspended turn waits on.
@@ -158,6 +163,8 @@ pub struct TurnOutput {
     pub compaction: Option<Compaction>,
     /// The session's plan as the turn left it (the session keeps it).
     pub plan: Option<Plan>,
+    /// Steer messages the turn took (among `new_messages`).
+    pub steered: u32,
 }
 
 impl TurnOutput {
@@ -174,6 +181,7 @@ impl TurnOutput {
             asked_approval: false,
             compaction: None,
             plan: None,
+            steered: 0,
         }
     }
 }
@@ -249,7 +257,7 @@ impl Runtime {
             Err(TurnStop::AwaitingApproval(awaiting)) => {
                 span.record("skein.approval_pending", awaiting.calls.len());
             }
-            Ok(_) => {}
+            Err(TurnStop::Paused) | Ok(_) => {}
         }
         result
     }
@@ -328,6 +336,7 @@ impl Runtime {
             out.loaded_skills = resumed.loaded_skills;
             out.compaction = resumed.compaction;
             out.plan = resumed.plan.or(out.plan);
+            out.steered = resumed.steered;
         }
         // Without the tool catalog the turn cannot know what its model may call: it stops, to
         // run again, rather than answer with no tools.
@@ -360,8 +369,19 @@ impl Runtime {
             board: &board,
         };
 
+        // Steer messages and an interrupt seen at a step boundary, applied before the next model
+        // call (a user message cannot come between calls and their results).
+        let mut asked = ControlUpdate::default();
         loop {
             interrupted_if_cancelled(turn)?;
+            if let Some(controls) = turn.controls {
+                match controls.changed(out.steered).await {
+                    Ok(Some(update)) if update.paused => return Err(TurnStop::Paused),
+                    Ok(Some(update)) => asked = update,
+                    Ok(None) => {}
+                    Err(failure) => return Err(TurnStop::Interrupted(failure)),
+                }
+            }
             match out.new_messages.last() {
                 // Calls asked for but not yet observed (also when resuming after a crash or an
                 // approval): run them. Calls already recorded are not run again: the tool
@@ -391,6 +411,19 @@ impl Runtime {
                     return Ok(out);
                 }
                 _ => {}
+            }
+            if let Some(by) = asked.interrupted_by.take() {
+                let answer = interrupted_answer(&by);
+                out.new_messages.push(Message::assistant(answer.clone()));
+                out.answer = Some(answer);
+                return Ok(out);
+            }
+            for text in std::mem::take(&mut asked.steer) {
+                turn.events
+                    .emit(EventKind::Steered { text: text.clone() })
+                    .await;
+                out.new_messages.push(Message::user(text));
+                out.steered += 1;
             }
             if out.iterations >= turn.agent.max_iterations {
                 break;
@@ -722,6 +755,13 @@ impl Runtime {
     }
 }
 
+/// The answer of a turn a later task of its session interrupted (`multitask: interrupt`).
+pub fn interrupted_answer(by: &str) -> String {
+    format!(
+        "[interrupted by task {by}: this turn stopped before its next step; its work so far is kept]"
+    )
+}
+
 /// Forwards streamed deltas to the turn's events: text as `model_delta`, reasoning as
 /// `reasoning_delta`.
 struct EventDeltas(Arc<dyn EventSink>);
@@ -811,6 +851,7 @@ async fn checkpoint(turn: &TurnInput<'_>, out: &TurnOutput) -> Result<(), TurnSt
         loaded_skills: out.loaded_skills.clone(),
         compaction: out.compaction.clone(),
         plan: out.plan.clone(),
+        steered: out.steered,
     };
     checkpoints
         .save(&state)

@@ -51,6 +51,7 @@ pub(crate) async fn checkpoint_cost(
         loaded_skills: Vec::new(),
         compaction: None,
         plan: None,
+        steered: 0,
     };
     let mut taken = Vec::with_capacity(samples);
     for i in 0..samples {

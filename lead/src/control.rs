@@ -1,0 +1,229 @@
+//! Pausing, resuming and steering running turns, on the lead.
+//!
+//! Record: any lead consumes `RunControl`s from `SKEIN_APPROVALS` (subject
+//! `skein.control.{tenant}.{task}`, consumer `skein-leads-control`, work queue: one lead records
+//! each), writes them to the task's controls in Redis (`store::control`) and publishes the task's
+//! wake (`skein.wake.{tenant}.{task}`). A control that cannot be read or belongs elsewhere is set
+//! aside; one that cannot be written (Redis away) is offered again.
+//!
+//! Act: the turn-start script returns the task's controls with the rest of the start; while the
+//! turn runs, the wake raises its flag in [`RunningTurns`], and only then does the turn read the
+//! controls again ([`LeadControls`]), at its next step boundary: nothing is read from Redis for a
+//! turn nobody controls. A paused turn stops there (`TurnStop::Paused`), emits `paused`, and is
+//! parked like a turn waiting for approval (no slot, no lease, attempt uncounted) until a wake
+//! finds it resumed, a cancel request, its deadline or shutdown; the turn that runs after it
+//! emits `resumed`. Steer messages join before the next model call, each once: the checkpoint
+//! counts those taken. A wake that is lost delays a control until the turn's next start.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use skein_common::agent::seams::{ControlUpdate, TurnControls};
+use skein_common::bus::{Disposition, Envelope, Received};
+use skein_common::protocol::{Failure, RunControl};
+use skein_common::store::control::Controls;
+use skein_common::store::SessionStore;
+use skein_common::subjects;
+
+use crate::server::Lead;
+
+/// Controls recorded at once by one lead.
+pub const CONTROL_CONCURRENCY: usize = 8;
+/// Delay before a control that could not be recorded (Redis away) is offered again.
+const CONTROL_RETRY: Duration = Duration::from_secs(1);
+
+type Flags = HashMap<(String, String), Arc<AtomicBool>>;
+
+/// The turns running on this lead, by tenant and task, each with the flag a wake raises.
+#[derive(Clone, Default)]
+pub struct RunningTurns {
+    flags: Arc<Mutex<Flags>>,
+}
+
+/// Removes a running turn's flag when the turn ends.
+pub struct RunningEntry {
+    turns: RunningTurns,
+    key: (String, String),
+}
+
+impl Drop for RunningEntry {
+    fn drop(&mut self) {
+        if let Ok(mut flags) = self.turns.flags.lock() {
+            flags.remove(&self.key);
+        }
+    }
+}
+
+impl RunningTurns {
+    /// Registers a running turn; its flag is raised by every wake of the task until the entry
+    /// drops.
+    pub fn register(&self, tenant: &str, task_id: &str) -> (Arc<AtomicBool>, RunningEntry) {
+        let key = (tenant.to_owned(), task_id.to_owned());
+        let flag = Arc::new(AtomicBool::new(false));
+        if let Ok(mut flags) = self.flags.lock() {
+            flags.insert(key.clone(), flag.clone());
+        }
+        (
+            flag,
+            RunningEntry {
+                turns: self.clone(),
+                key,
+            },
+        )
+    }
+
+    /// A wake for the task: its running turn looks at its controls at the next boundary.
+    pub fn raise(&self, tenant: &str, task_id: &str) {
+        let key = (tenant.to_owned(), task_id.to_owned());
+        if let Some(flag) = self.flags.lock().ok().and_then(|f| f.get(&key).cloned()) {
+            flag.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// One running turn's view of its controls: those its start read, then the store's whenever a
+/// wake raised the flag.
+pub struct LeadControls {
+    store: SessionStore,
+    tenant: String,
+    session: String,
+    task_id: String,
+    raised: Arc<AtomicBool>,
+    at_start: Mutex<Option<Controls>>,
+}
+
+impl LeadControls {
+    pub fn new(
+        store: SessionStore,
+        origin: (&str, &str, &str),
+        raised: Arc<AtomicBool>,
+        at_start: Controls,
+    ) -> Self {
+        let (tenant, session, task_id) = origin;
+        Self {
+            store,
+            tenant: tenant.to_owned(),
+            session: session.to_owned(),
+            task_id: task_id.to_owned(),
+            raised,
+            at_start: Mutex::new(Some(at_start)),
+        }
+    }
+
+    async fn read(&self, steered: u32) -> Result<ControlUpdate, Failure> {
+        let (controls, steer) = self
+            .store
+            .controls(&self.tenant, &self.session, &self.task_id, steered)
+            .await
+            .map_err(|e| e.to_failure())?;
+        Ok(update(&controls, steer))
+    }
+}
+
+fn update(controls: &Controls, steer: Vec<String>) -> ControlUpdate {
+    ControlUpdate {
+        paused: controls.paused,
+        interrupted_by: controls.interrupted_by.clone(),
+        steer,
+    }
+}
+
+impl TurnControls for LeadControls {
+    fn changed(&self, steered: u32) -> BoxFuture<'_, Result<Option<ControlUpdate>, Failure>> {
+        Box::pin(async move {
+            let at_start = self.at_start.lock().ok().and_then(|mut s| s.take());
+            if let Some(start) = at_start {
+                if start.steered > steered {
+                    // Messages the start only counted: read them.
+                    return self.read(steered).await.map(Some);
+                }
+                if start.paused || start.interrupted_by.is_some() {
+                    return Ok(Some(update(&start, Vec::new())));
+                }
+            }
+            if self.raised.swap(false, Ordering::AcqRel) {
+                return self.read(steered).await.map(Some);
+            }
+            Ok(None)
+        })
+    }
+}
+
+impl Lead {
+    /// Records one published `RunControl` and wakes the task it controls.
+    pub(crate) async fn handle_control(self: Arc<Self>, received: Received<RunControl>) {
+        let (envelope, control) = match received {
+            Received::Decoded(delivery) => delivery.into_parts(),
+            Received::Undecodable(undecodable) => {
+                let why = undecodable.body().to_string();
+                let (envelope, _) = undecodable.into_parts();
+                return self.refuse_control(envelope, &why).await;
+            }
+        };
+        if let Err(failure) = control.validate() {
+            return self.refuse_control(envelope, &failure.message).await;
+        }
+        let on_subject = subjects::parse_control(envelope.subject());
+        if on_subject != Some((control.tenant.as_str(), control.task_id.as_str())) {
+            let why = format!(
+                "published on {}; a control of this task goes to {}",
+                envelope.subject(),
+                subjects::control(&control.tenant, &control.task_id)
+            );
+            return self.refuse_control(envelope, &why).await;
+        }
+        let recorded = self
+            .store
+            .record_control(
+                &control.tenant,
+                &control.session,
+                &control.task_id,
+                control.action,
+                &control.text,
+            )
+            .await;
+        let disposition = match recorded {
+            Ok(()) => {
+                tracing::info!(tenant = %control.tenant, task_id = %control.task_id, action = control.action.as_str(), by = %control.by, "control recorded");
+                self.wake(&control.tenant, &control.task_id).await;
+                Disposition::Ack
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control not recorded; retrying");
+                Disposition::Retry(Some(CONTROL_RETRY))
+            }
+        };
+        envelope.settle(disposition).await;
+    }
+
+    /// Tells every lead that the task's controls or answers changed.
+    pub(crate) async fn wake(&self, tenant: &str, task_id: &str) {
+        if let Err(e) = self
+            .bus
+            .client()
+            .publish(subjects::wake(tenant, task_id), Vec::<u8>::new().into())
+            .await
+        {
+            // A parked turn still wakes at its expiry or redelivery; a running one reads its
+            // controls at its next start.
+            tracing::warn!(error = %e, "wake not published");
+        }
+    }
+
+    /// A control that cannot be read or belongs elsewhere: set aside, never retried.
+    async fn refuse_control(&self, envelope: Envelope, why: &str) {
+        tracing::warn!(subject = %envelope.subject(), why, "control refused");
+        let applied = envelope
+            .settle(Disposition::SetAside {
+                reason: format!("rejected: {why}"),
+                attempts: 1,
+            })
+            .await;
+        if matches!(applied, Disposition::SetAside { .. }) {
+            self.metrics.dead_lettered("control");
+        }
+    }
+}
