@@ -22,6 +22,7 @@ pub const ENV_REDIS_CLUSTER: &str = "SKEIN_REDIS_CLUSTER";
 pub const ENV_REDIS_SENTINEL_PASSWORD: &str = "SKEIN_REDIS_SENTINEL_PASSWORD";
 pub const ENV_SESSION_TTL: &str = "SKEIN_SESSION_TTL";
 pub const ENV_SESSION_MAX_MESSAGES: &str = "SKEIN_SESSION_MAX_MESSAGES";
+pub const ENV_SESSION_CHECKPOINTS: &str = "SKEIN_SESSION_CHECKPOINTS";
 pub const ENV_CONTEXT_TOKENS: &str = "SKEIN_CONTEXT_TOKENS";
 pub const ENV_MODEL_LIMITS: &str = "SKEIN_MODEL_LIMITS";
 pub const ENV_LOG: &str = "SKEIN_LOG";
@@ -224,6 +225,10 @@ pub struct RedisConfig {
     /// already stands for are dropped (the context never needs them again); 0 keeps every one.
     #[arg(id = "session_max_messages", long = "session-max-messages", env = ENV_SESSION_MAX_MESSAGES, default_value_t = 10_000)]
     pub session_max_messages: u64,
+    /// Most ended turns whose records (the points to fork or replay from) a session keeps; 0
+    /// keeps none.
+    #[arg(id = "session_checkpoints", long = "session-checkpoints", env = ENV_SESSION_CHECKPOINTS, default_value_t = 50)]
+    pub session_checkpoints: u64,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -239,6 +244,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("tls_ca", &self.tls_ca)
             .field("session_ttl", &self.session_ttl)
             .field("session_max_messages", &self.session_max_messages)
+            .field("session_checkpoints", &self.session_checkpoints)
             .finish()
     }
 }
@@ -253,6 +259,7 @@ impl RedisConfig {
             tls_ca: None,
             session_ttl: None,
             session_max_messages: 10_000,
+            session_checkpoints: 50,
         }
     }
 

@@ -8,6 +8,7 @@
 //!   only for free slots.
 //! - [`store`]: session state, call results, final results and the worker registry in Redis.
 //! - [`client`]: submitting tasks and watching their events, for the CLI and any Rust client.
+//! - [`runs`]: a task's runs (its turn and every subagent under it) as a tree, from its events.
 //! - [`cancel`]: the running work of a process by task, reached by cancel requests.
 //! - [`dispatch`]: turning tool calls into tool and subagent tasks and collecting their results.
 //! - [`agent`]: the agent runtime (the ReAct loop and its seams, middleware, permissions,
@@ -31,6 +32,7 @@ pub mod dispatch;
 pub mod metrics;
 pub mod payloads;
 pub mod protocol;
+pub mod runs;
 pub mod shutdown;
 pub mod startup;
 pub mod store;

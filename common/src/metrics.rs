@@ -45,6 +45,7 @@ label_sets! {
     KindLabels { kind }
     ConsumerLabels { consumer }
     SpendLabels { tenant, model }
+    AgentLabels { agent }
 }
 
 type DurationFamily<S> = Family<S, Histogram, fn() -> Histogram>;
@@ -107,6 +108,7 @@ struct Families {
     in_flight: Family<KindLabels, Gauge>,
     redeliveries: Family<KindLabels, Counter>,
     waits_for_running_calls: Family<ToolLabels, Counter>,
+    agent_slot_waits: Family<AgentLabels, Counter>,
     dead_letters: Family<KindLabels, Counter>,
     lease_conflicts: Family<KindLabels, Counter>,
     open_resources: Family<KindLabels, Gauge>,
@@ -149,6 +151,12 @@ impl Families {
                 r,
                 "waits_for_running_calls",
                 "Deliveries of a call that waited for another run of it in progress, by tool",
+            ),
+            agent_slot_waits: counter(
+                r,
+                "agent_slot_waits",
+                "Subagent tasks handed back to wait because their type ran at its max_concurrency, \
+                 by agent",
             ),
             dead_letters: counter(r, "dead_letters", "Messages dead-lettered, by kind"),
             lease_conflicts: counter(
@@ -315,6 +323,16 @@ impl Metrics {
         self.families()
             .waits_for_running_calls
             .get_or_create(&ToolLabels { tool: label(tool) })
+            .inc();
+    }
+
+    /// A subagent task was handed back to wait: its type ran at its `max_concurrency`.
+    pub fn waited_for_agent_slot(&self, agent: &str) {
+        self.families()
+            .agent_slot_waits
+            .get_or_create(&AgentLabels {
+                agent: label(agent),
+            })
             .inc();
     }
 

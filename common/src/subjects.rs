@@ -4,7 +4,7 @@
 //! | --- | --- | --- |
 //! | `skein.submit.{tenant}.{session}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
 //! | `skein.tool.{pool}.{tool}` | stream `SKEIN_WORK` (work queue), consumer `skein-tools-{pool}` | `ToolTask` |
-//! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` | `SubagentTask` |
+//! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` (every type) or `skein-agents-{pool}~{agent}` (one per type the pool's workers list) | `SubagentTask` |
 //! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
@@ -17,8 +17,10 @@
 //!
 //! Invariants: every token interpolated here has passed `protocol::validate_token` (or is a
 //! process-chosen id of the same alphabet), so no subject gains a wildcard or an extra level. Each
-//! pool binds one tool consumer and one agent consumer with non-overlapping filters, as a work-queue
-//! stream on nats-server 2.9 requires.
+//! pool binds one tool consumer and either one agent consumer for every type or one per listed
+//! type, with non-overlapping filters, as a work-queue stream on nats-server 2.9 requires. A
+//! per-type consumer's name joins pool and agent with `~`, which no token contains, so no two
+//! (pool, agent) pairs, and no pool's every-type consumer, share a name.
 
 pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
 pub const WORK_STREAM: &str = "SKEIN_WORK";
@@ -92,6 +94,31 @@ pub fn agent_filter(pool: &str) -> String {
 /// Durable consumer of `pool`'s subagent tasks.
 pub fn agent_consumer(pool: &str) -> String {
     format!("skein-agents-{pool}")
+}
+
+/// Filter of the consumer shared by the workers of `pool` that run subagents of type `agent`
+/// only (a list of types, not every type).
+pub fn agent_type_filter(pool: &str, agent: &str) -> String {
+    agent_task(pool, agent)
+}
+
+/// Durable consumer of `pool`'s subagent tasks of type `agent` (see [`agent_type_filter`]).
+pub fn agent_type_consumer(pool: &str, agent: &str) -> String {
+    format!("skein-agents-{pool}~{agent}")
+}
+
+/// Whether some subject matches both filters (`*` one token, `>` one or more at the end): two
+/// consumers of a work-queue stream with overlapping filters are refused by the server.
+pub fn filters_overlap(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.split('.'), b.split('.'));
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return true,
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(x), Some(y)) if x == y || x == "*" || y == "*" => {}
+            _ => return false,
+        }
+    }
 }
 
 /// Prefix of every reply subject.
@@ -224,6 +251,50 @@ mod tests {
         assert!(tool_task("default", "read_file").starts_with(tool.trim_end_matches('>')));
         assert!(agent_task("default", "researcher").starts_with(agent.trim_end_matches('>')));
         assert!(!tool_task("default", "x").starts_with(agent.trim_end_matches('>')));
+    }
+
+    #[test]
+    fn per_type_agent_consumers_split_the_pool_and_never_share_a_name() {
+        let researcher = agent_type_filter("default", "researcher");
+        let writer = agent_type_filter("default", "writer");
+        assert_eq!(researcher, agent_task("default", "researcher"));
+        assert!(!filters_overlap(&researcher, &writer));
+        assert!(!filters_overlap(&researcher, &tool_filter("default")));
+        assert!(!filters_overlap(&researcher, &agent_filter("other")));
+        // The every-type consumer of the same pool overlaps: a pool is one or the other.
+        assert!(filters_overlap(&researcher, &agent_filter("default")));
+        assert!(filters_overlap(&agent_filter("default"), &researcher));
+        assert_ne!(
+            agent_type_consumer("a-b", "c"),
+            agent_type_consumer("a", "b-c")
+        );
+        assert_ne!(
+            agent_type_consumer("web", "researcher"),
+            agent_consumer("web-researcher")
+        );
+    }
+
+    #[test]
+    fn filters_overlap_as_the_server_matches_them() {
+        for (a, b) in [
+            ("a.b", "a.b"),
+            ("a.*", "a.b"),
+            ("a.>", "a.b.c"),
+            ("*.b", "a.*"),
+            ("a.>", "*.*"),
+        ] {
+            assert!(filters_overlap(a, b), "{a} {b}");
+            assert!(filters_overlap(b, a), "{b} {a}");
+        }
+        for (a, b) in [
+            ("a.b", "a.c"),
+            ("a.>", "a"),
+            ("a.*", "a.b.c"),
+            ("a.b", "a.b.c"),
+        ] {
+            assert!(!filters_overlap(a, b), "{a} {b}");
+            assert!(!filters_overlap(b, a), "{b} {a}");
+        }
     }
 
     #[test]

@@ -70,6 +70,7 @@ fn agent(name: &str, subagents: Vec<AgentSpec>, permissions: PermissionPolicy) -
         fallback_models: Vec::new(),
         planning: false,
         max_parallel_steps: None,
+        max_concurrency: None,
     }
 }
 
@@ -183,6 +184,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             checkpoints: Some(run.checkpoints),
             approvals: run.approvals.map(|a| a as _),
             controls: None,
+            recorded: None,
         })
         .await;
     (output, events.events())
@@ -563,6 +565,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
                     checkpoints: None,
                     approvals: None,
                     controls: None,
+                    recorded: None,
                 })
                 .await
                 .expect("ends")

@@ -419,18 +419,42 @@ def check_selectors(r, problems):
                     problems.add(where(np), f"peer {peer['podSelector']} selects no pod")
 
 
+# Words the worker refuses in SKEIN_SUBAGENTS rather than take them for agent names.
+SUBAGENTS_AMBIGUOUS = ("yes", "no", "on", "off", "1", "0")
+# What an agent name must be to appear in a subject or a consumer (protocol::validate_token).
+TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def subagent_consumers(pool, value):
+    """The agent consumers a worker creates for SKEIN_SUBAGENTS (worker/src/config.rs
+    `SubagentTypes`): `skein-agents-<pool>` for `true` (the default), none for `false`, and one
+    `skein-agents-<pool>~<agent>` per agent a list names. Raises ValueError for what the worker
+    refuses."""
+    value = (value if value is not None else "true").strip()
+    if value.lower() == "true":
+        return {f"skein-agents-{pool}"}
+    if value.lower() == "false":
+        return set()
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise ValueError("say true or false, or list agent names")
+    for name in names:
+        if name.lower() in SUBAGENTS_AMBIGUOUS or not TOKEN.fullmatch(name):
+            raise ValueError(f"{name!r} is neither true, false nor an agent name")
+    return {f"skein-agents-{pool}~{name}" for name in names}
+
+
 def pool_consumers(env):
     """The consumers a worker creates on SKEIN_WORK (worker/src/run.rs): `skein-tools-<pool>` when
-    it provides a tool (SKEIN_TOOLS, a default list when unset), `skein-agents-<pool>` when it
-    runs subagents (SKEIN_SUBAGENTS, true when unset)."""
+    it provides a tool (SKEIN_TOOLS, a default list when unset), and its agent consumers
+    (SKEIN_SUBAGENTS, see subagent_consumers). Raises ValueError for a SKEIN_SUBAGENTS the worker
+    refuses."""
     pool = env.get("SKEIN_POOL") or "default"
     consumers = set()
     tools = env.get("SKEIN_TOOLS")
     if tools is None or any(t.strip() for t in tools.split(",")):
         consumers.add(f"skein-tools-{pool}")
-    if (env.get("SKEIN_SUBAGENTS") or "true").strip().lower() not in ("false", "0", "no", "off"):
-        consumers.add(f"skein-agents-{pool}")
-    return consumers
+    return consumers | subagent_consumers(pool, env.get("SKEIN_SUBAGENTS"))
 
 
 def check_scale_down(name, behavior, problems):
@@ -464,7 +488,12 @@ def check_autoscalers(r, problems):
         env = r.container_env(c)
         binary = os.path.basename((c.get("command") or [""])[0])
         if binary == "skein-worker":
-            stream, consumers = "SKEIN_WORK", pool_consumers(env)
+            try:
+                stream, consumers = "SKEIN_WORK", pool_consumers(env)
+            except ValueError as e:
+                problems.add(where(target), f"SKEIN_SUBAGENTS {env.get('SKEIN_SUBAGENTS')!r}: {e} "
+                             "(the worker refuses it)")
+                continue
         elif binary == "skein-lead":
             stream, consumers = "SKEIN_SUBMIT", {"skein-leads"}
         else:

@@ -367,6 +367,7 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 fallback_models: Vec::new(),
                 planning: false,
                 max_parallel_steps: None,
+                max_concurrency: None,
             },
             input: "hello".into(),
             input_ref: None,

@@ -127,6 +127,7 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
             a.version,
             Some(&SessionState::default()),
             &final_result(&session, &task, "from a"),
+            None,
         )
         .await;
     assert!(
@@ -177,6 +178,7 @@ async fn a_stale_version_is_refused_by_save_and_by_completion() {
             loaded.version,
             Some(&SessionState::default()),
             &final_result(&session, &task, "stale"),
+            None,
         )
         .await;
     assert!(

@@ -92,7 +92,7 @@ async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_lat
         ..Default::default()
     };
     store
-        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task))
+        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task), None)
         .await
         .expect("complete");
 
@@ -237,6 +237,7 @@ async fn a_corrupt_or_exhausted_version_is_an_error_not_a_wrap() {
             loaded.version,
             Some(&SessionState::default()),
             &answer(&session, &task),
+            None,
         )
         .await;
     assert!(
@@ -347,7 +348,7 @@ async fn a_final_result_is_written_once() {
         ..Default::default()
     };
     let ended = store
-        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task))
+        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task), None)
         .await
         .expect("complete");
     assert_eq!(ended, Ended::Earlier(Box::new(cancelled)));

@@ -42,9 +42,11 @@ pub struct Config {
     /// Tools this worker provides (comma separated).
     #[arg(long, env = ENV_TOOLS, default_value = DEFAULT_TOOLS, value_delimiter = ',')]
     pub tools: Vec<String>,
-    /// Whether this worker runs subagent tasks.
-    #[arg(long, env = ENV_SUBAGENTS, default_value_t = true, action = clap::ArgAction::Set)]
-    pub subagents: bool,
+    /// Which subagent tasks this worker runs: `true` (every type, one consumer for the pool),
+    /// `false` (none), or agent names, comma separated (only those, one consumer per type).
+    /// Workers of one pool must be configured alike.
+    #[arg(long, env = ENV_SUBAGENTS, default_value = "true", value_parser = SubagentTypes::parse)]
+    pub subagents: SubagentTypes,
     /// Tasks run at once (tool tasks and subagent tasks each).
     #[arg(long, env = ENV_CONCURRENCY, default_value_t = 8)]
     pub concurrency: usize,
@@ -71,6 +73,70 @@ pub struct Config {
     /// How often the worker announces itself.
     #[arg(long, env = ENV_HEARTBEAT, default_value = "2s", value_parser = humantime::parse_duration)]
     pub heartbeat: Duration,
+}
+
+/// Which subagent types a worker runs (`SKEIN_SUBAGENTS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubagentTypes {
+    /// No subagent tasks: no agent consumer.
+    None,
+    /// Every type, through the pool's one agent consumer (`skein-agents-{pool}`).
+    All,
+    /// These types only (sorted, without duplicates), through one consumer each
+    /// (`skein-agents-{pool}~{agent}`).
+    Only(Vec<String>),
+}
+
+impl SubagentTypes {
+    /// `true`, `false`, or a comma-separated list of agent names. Words that read as a yes or a
+    /// no (`yes`, `no`, `on`, `off`, `1`, `0`) are refused rather than taken for agent names.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let value = value.trim();
+        if value.eq_ignore_ascii_case("true") {
+            return Ok(Self::All);
+        }
+        if value.eq_ignore_ascii_case("false") {
+            return Ok(Self::None);
+        }
+        let mut types = Vec::new();
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if ["yes", "no", "on", "off", "1", "0"]
+                .iter()
+                .any(|word| name.eq_ignore_ascii_case(word))
+            {
+                return Err(format!(
+                    "{name:?} is not a subagent setting: say true or false, or list agent names"
+                ));
+            }
+            validate_token("agent name", name).map_err(|f| f.message)?;
+            types.push(name.to_owned());
+        }
+        if types.is_empty() {
+            return Err("say true or false, or list agent names (comma separated)".into());
+        }
+        if types.len() > skein_common::protocol::MAX_ANNOUNCED_AGENT_TYPES {
+            return Err(format!(
+                "at most {} agent types",
+                skein_common::protocol::MAX_ANNOUNCED_AGENT_TYPES
+            ));
+        }
+        types.sort();
+        types.dedup();
+        Ok(Self::Only(types))
+    }
+
+    /// Whether it runs any subagent task.
+    pub fn any(&self) -> bool {
+        !matches!(self, Self::None)
+    }
+
+    /// The types it names, as announced (`None` for every type, or for none).
+    pub fn listed(&self) -> Option<Vec<String>> {
+        match self {
+            Self::Only(types) => Some(types.clone()),
+            Self::None | Self::All => None,
+        }
+    }
 }
 
 /// Shortest announcement interval (the registry's liveness window is a few of them).
@@ -146,6 +212,36 @@ mod tests {
         Config::try_parse_from(args)
             .map_err(|e| e.to_string())?
             .validate()
+    }
+
+    #[test]
+    fn subagents_take_a_yes_a_no_or_a_list_of_agent_types() {
+        use super::SubagentTypes;
+        let parsed = |flag: &str| {
+            Config::try_parse_from(["skein-worker", "--subagents", flag])
+                .map(|c| c.subagents)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            Config::try_parse_from(["skein-worker"])
+                .map(|c| c.subagents)
+                .ok(),
+            Some(SubagentTypes::All)
+        );
+        assert_eq!(parsed("true"), Ok(SubagentTypes::All));
+        assert_eq!(parsed("false"), Ok(SubagentTypes::None));
+        assert_eq!(
+            parsed("writer, researcher,,writer"),
+            Ok(SubagentTypes::Only(vec![
+                "researcher".into(),
+                "writer".into()
+            ]))
+        );
+        for bad in ["", "no", "researcher,off", "a.b", "a b"] {
+            assert!(parsed(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(!SubagentTypes::None.any());
+        assert_eq!(SubagentTypes::All.listed(), None);
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! The worker process: connect, announce, serve the pool's tool and subagent consumers, drain.
+//! The worker process: connect, bind the pool's tool and subagent consumers, announce, serve
+//! them, drain. A worker that runs every subagent type binds the pool's one agent consumer; one
+//! that lists types binds one per type, each with its own slots. Consumers are bound before the
+//! worker announces itself, so a worker configured unlike its pool (a consumer of every type
+//! beside per-type ones, which a work-queue stream refuses) stops before it is routed to.
 //!
 //! Shutdown: the root token stops intake (no new pulls) and removes the worker from the registry;
 //! running tasks get the grace period to finish, then the abort token stops them — their scopes
@@ -13,7 +17,7 @@ use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::RuntimeSettings;
 use skein_common::agent::skills::SkillCatalog;
-use skein_common::bus::{Bus, BusError, ConsumerSettings, Slots};
+use skein_common::bus::{Bus, BusError, ConsumerSettings, Intake, Slots};
 use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
 use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
@@ -23,8 +27,8 @@ use skein_common::workspace::ObjectWorkspaces;
 use skein_common::{subjects, VERSION};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use crate::execute::{self, WorkerContext};
+use crate::config::{Config, SubagentTypes};
+use crate::execute::{self, AgentIntake, WorkerContext};
 use crate::lending::LendSlotsLayer;
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
@@ -40,6 +44,16 @@ pub enum WorkerError {
     Config(String),
     #[error(transparent)]
     Bus(#[from] BusError),
+    /// The pool's subagent consumers are not the ones this worker's setting needs.
+    #[error(
+        "the workers of pool {pool} must run subagents alike: SKEIN_SUBAGENTS=true on every one, \
+         or lists of agent types on every one: {source}"
+    )]
+    PoolMismatch {
+        pool: String,
+        #[source]
+        source: BusError,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("model provider: {0}")]
@@ -76,6 +90,79 @@ fn raise_bucket_replicas(cfg: &Config, bus: &Bus, work: &Workload) {
             Err(e) => tracing::error!(error = %e, "workspace buckets' replicas not checked"),
         }
     });
+}
+
+/// The consumers a worker binds: the pool's tool consumer, and its agent consumers (with the
+/// type of each when the worker lists types).
+struct Intakes {
+    tools: Option<(String, Intake)>,
+    agents: Vec<(String, Intake, Option<String>)>,
+}
+
+impl Intakes {
+    /// The durable names, for the queue-depth report.
+    fn consumers(&self) -> Vec<(&'static str, String)> {
+        let tools = self.tools.iter().map(|(durable, _)| durable);
+        let agents = self.agents.iter().map(|(durable, _, _)| durable);
+        tools
+            .chain(agents)
+            .map(|durable| (subjects::WORK_STREAM, durable.clone()))
+            .collect()
+    }
+}
+
+/// Binds (creating if needed) the consumers this worker serves: the pool's tool consumer when it
+/// provides a tool; for subagents, the pool's consumer of every type, or one per listed type.
+async fn bind(cfg: &Config, bus: &Bus, has_tools: bool) -> Result<Intakes, WorkerError> {
+    let consumer = |durable: String, filter: String| ConsumerSettings {
+        stream: subjects::WORK_STREAM,
+        durable,
+        filter,
+        ack_wait: cfg.process.ack_wait,
+        max_deliver: -1,
+        max_ack_pending: None,
+    };
+    let tools = if has_tools {
+        let settings = consumer(
+            subjects::tool_consumer(&cfg.pool),
+            subjects::tool_filter(&cfg.pool),
+        );
+        Some((settings.durable.clone(), bus.intake(&settings).await?))
+    } else {
+        None
+    };
+    let wanted: Vec<(ConsumerSettings, Option<String>)> = match &cfg.subagents {
+        SubagentTypes::None => Vec::new(),
+        SubagentTypes::All => vec![(
+            consumer(
+                subjects::agent_consumer(&cfg.pool),
+                subjects::agent_filter(&cfg.pool),
+            ),
+            None,
+        )],
+        SubagentTypes::Only(types) => types
+            .iter()
+            .map(|agent| {
+                let settings = consumer(
+                    subjects::agent_type_consumer(&cfg.pool, agent),
+                    subjects::agent_type_filter(&cfg.pool, agent),
+                );
+                (settings, Some(agent.clone()))
+            })
+            .collect(),
+    };
+    let mut agents = Vec::new();
+    for (settings, agent) in wanted {
+        let intake = bus.intake(&settings).await.map_err(|e| match e {
+            overlap @ BusError::Overlaps { .. } => WorkerError::PoolMismatch {
+                pool: cfg.pool.clone(),
+                source: overlap,
+            },
+            other => WorkerError::Bus(other),
+        })?;
+        agents.push((settings.durable, intake, agent));
+    }
+    Ok(Intakes { tools, agents })
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains.
@@ -169,17 +256,17 @@ pub async fn run_custom(
     extra(&mut registry);
     // Worker-scoped MCP servers start here, so their tools are in the first announcement.
     let mcp = crate::mcp::McpServers::start(&cfg.mcp, &mut registry).await?;
-    if registry.is_empty() && !cfg.subagents {
+    if registry.is_empty() && !cfg.subagents.any() {
         // Checked once every tool is known: `SKEIN_TOOLS`, the embedder's and the MCP servers'.
         return Err(WorkerError::Config(
             "a worker must provide at least one tool or run subagents".into(),
         ));
     }
 
-    // The subagent consumer's slots: a subagent turn waiting for its own subagents lends its slot
-    // to them (`lending`), so nested calls never wait on slots their callers hold.
-    let agent_slots = Slots::new(cfg.concurrency);
-    let runtime = if cfg.subagents {
+    // A subagent turn waiting for its own subagents lends its slot of its consumer to them
+    // (`lending`), so nested calls never wait on slots their callers hold.
+    let lending = LendSlotsLayer::new();
+    let runtime = if cfg.subagents.any() {
         let dispatcher = Dispatcher::start(
             bus.clone(),
             store.clone(),
@@ -204,7 +291,7 @@ pub async fn run_custom(
             provider,
             dispatcher,
             SkillCatalog::default(),
-            middleware.tool_layer(LendSlotsLayer::new(agent_slots.clone())),
+            middleware.tool_layer(lending.clone()),
             settings,
             metrics.clone(),
             &cfg.model,
@@ -213,20 +300,30 @@ pub async fn run_custom(
         None
     };
 
+    let has_tools = !registry.specs().is_empty();
+    let intakes = match bind(&cfg, &bus, has_tools).await {
+        Ok(intakes) => intakes,
+        Err(e) => {
+            mcp.close().await;
+            work.drain(cfg.process.grace).await;
+            return Err(e);
+        }
+    };
+
     let announcement = WorkerAnnouncement {
         v: PROTOCOL_VERSION,
         worker_id: instance.clone(),
         pool: cfg.pool.clone(),
         version: VERSION.into(),
         tools: registry.specs(),
-        runs_subagents: cfg.subagents,
+        runs_subagents: cfg.subagents.any(),
+        agent_types: cfg.subagents.listed(),
         capacity: cfg.concurrency as u32,
         heartbeat_ms: now_ms(),
         heartbeat_every_ms: cfg.heartbeat.as_millis() as u64,
     };
     store.announce_worker(&announcement).await?;
 
-    let has_tools = !registry.specs().is_empty();
     let cancels = skein_common::cancel::CancelRegistry::default();
     cancels
         .listen(&bus, &work.background, work.background_stop.clone())
@@ -248,27 +345,15 @@ pub async fn run_custom(
         progress_every: cfg.process.progress_every(),
         max_attempts: cfg.process.max_attempts,
         cancels: cancels.clone(),
+        lending,
     });
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 
     let mut loops = Vec::new();
-    let mut watched = Vec::new();
-    let consumer = |durable: String, filter: String| ConsumerSettings {
-        stream: subjects::WORK_STREAM,
-        durable,
-        filter,
-        ack_wait: cfg.process.ack_wait,
-        max_deliver: -1,
-        max_ack_pending: None,
-    };
-    if has_tools {
-        let settings = consumer(
-            subjects::tool_consumer(&cfg.pool),
-            subjects::tool_filter(&cfg.pool),
-        );
-        watched.push((subjects::WORK_STREAM, settings.durable.clone()));
+    let watched = intakes.consumers();
+    if let Some((_, intake)) = intakes.tools {
         let (ctx, abort) = (ctx.clone(), work.abort.clone());
-        let serving = bus.intake(&settings).await?.serve(
+        let serving = intake.serve(
             Slots::new(cfg.concurrency),
             shutdown.clone(),
             work.running.clone(),
@@ -276,18 +361,20 @@ pub async fn run_custom(
         );
         loops.push(tokio::spawn(serving));
     }
-    if ctx.runtime.is_some() {
-        let settings = consumer(
-            subjects::agent_consumer(&cfg.pool),
-            subjects::agent_filter(&cfg.pool),
-        );
-        watched.push((subjects::WORK_STREAM, settings.durable.clone()));
+    // Each agent consumer has its own slots: one consumer's tasks never wait for another's.
+    for (_, intake, agent) in intakes.agents {
         let (ctx, abort) = (ctx.clone(), work.abort.clone());
-        let serving = bus.intake(&settings).await?.serve(
-            agent_slots,
+        let of = AgentIntake {
+            slots: Slots::new(cfg.concurrency),
+            agent,
+        };
+        let serving = intake.serve(
+            of.slots.clone(),
             shutdown.clone(),
             work.running.clone(),
-            move |received| execute::subagent(ctx.clone(), received, abort.child_token()),
+            move |received| {
+                execute::subagent(ctx.clone(), received, of.clone(), abort.child_token())
+            },
         );
         loops.push(tokio::spawn(serving));
     }

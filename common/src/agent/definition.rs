@@ -10,7 +10,8 @@
 //!
 //! Each `.md` file is optional TOML front matter between `+++` lines (`name`, `description`,
 //! `model`, `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
-//! `planning` (offer the plan tools), `max_parallel_steps`, a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
+//! `planning` (offer the plan tools), `max_parallel_steps`, `max_concurrency` (most runs of the
+//! agent as a subagent at once across the cluster), a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
 //! the agent runs) and a `[permissions]` table with
 //! `mode`, `allow`, `ask`, `deny` and `approval_timeout_ms` or `approval_timeout = "10m"`)
 //! followed by the system prompt. Without a folder the bundled example workspace is used, so a
@@ -41,14 +42,16 @@ pub const DEFAULT_MAX_ITERATIONS: u32 = 8;
 pub const MAX_PARALLEL_STEPS_CAP: u32 = 64;
 /// Highest iteration limit a definition or override may ask for.
 pub const MAX_ITERATIONS_CAP: u32 = 64;
+/// Highest cluster-wide cap on an agent's runs at once (`max_concurrency`).
+pub const MAX_CONCURRENCY_CAP: u32 = 10_000;
 
 /// The smallest `context_tokens` an agent may declare: room for a prompt, a summary and an answer.
 pub const MIN_CONTEXT_TOKENS: u64 = 1_024;
 
 /// Checks an agent spec that arrived in a message (a subagent task) as its definition would have
 /// been checked when loaded: a valid name, `max_iterations` within 1..=`MAX_ITERATIONS_CAP`, tool
-/// and skill names that are plain names or patterns, and subagents nested no deeper than
-/// `nesting_left` more levels.
+/// and skill names that are plain names or patterns, `max_concurrency` within
+/// 1..=`MAX_CONCURRENCY_CAP`, and subagents nested no deeper than `nesting_left` more levels.
 pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
     let invalid = |message: String| {
         Failure::new(
@@ -90,12 +93,23 @@ pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
             "max_parallel_steps must be 1..={MAX_PARALLEL_STEPS_CAP}"
         )));
     }
+    check_max_concurrency(spec.max_concurrency).map_err(invalid)?;
     if !spec.subagents.is_empty() && nesting_left == 0 {
         return Err(invalid("its subagents nest deeper than allowed".into()));
     }
     spec.subagents
         .iter()
         .try_for_each(|child| check_spec(child, nesting_left.saturating_sub(1)))
+}
+
+/// `max_concurrency`, when set, lies in 1..=[`MAX_CONCURRENCY_CAP`].
+fn check_max_concurrency(max: Option<u32>) -> Result<(), String> {
+    match max {
+        Some(n) if n == 0 || n > MAX_CONCURRENCY_CAP => {
+            Err(format!("max_concurrency must be 1..={MAX_CONCURRENCY_CAP}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The folder-wide permission rules file at the root of an agents folder.
@@ -156,6 +170,8 @@ struct FrontMatter {
     planning: bool,
     /// Most plan steps run at once.
     max_parallel_steps: Option<u32>,
+    /// Most runs of this agent as a subagent at once across the cluster.
+    max_concurrency: Option<u32>,
 }
 
 /// A `[permissions]` table of a front matter, or the whole of `permissions.toml`: the keys of
@@ -488,6 +504,7 @@ fn parse(
             "max_parallel_steps must be 1..={MAX_PARALLEL_STEPS_CAP}"
         )));
     }
+    check_max_concurrency(front.max_concurrency).map_err(invalid)?;
     let own = front.permissions.into_policy(path)?;
     let spec = AgentSpec {
         name,
@@ -503,6 +520,7 @@ fn parse(
         fallback_models: front.fallback_models,
         planning: front.planning,
         max_parallel_steps: front.max_parallel_steps,
+        max_concurrency: front.max_concurrency,
     };
     Ok((spec, front.subagents))
 }
@@ -714,6 +732,32 @@ mod tests {
         let err = parse_alone("x/bad.md", "+++\nnope = 1\n+++\nhi", &no_skills())
             .expect_err("unknown field");
         assert!(err.to_string().contains("x/bad.md"));
+    }
+
+    #[test]
+    fn max_concurrency_is_read_and_held_to_its_range() {
+        let (spec, _) = parse_alone(
+            "x/solo.md",
+            "+++\nmax_concurrency = 3\n+++\nAlone.",
+            &no_skills(),
+        )
+        .expect("parses");
+        assert_eq!(spec.max_concurrency, Some(3));
+        check_spec(&spec, 0).expect("a cap in range passes the worker's check");
+        for bad in ["0", "10001"] {
+            let text = format!("+++\nmax_concurrency = {bad}\n+++\nAlone.");
+            let err = parse_alone("x/solo.md", &text, &no_skills()).expect_err("out of range");
+            assert!(err.to_string().contains("max_concurrency"), "{err}");
+        }
+        let mut forged = spec;
+        forged.max_concurrency = Some(0);
+        let refused = check_spec(&forged, 0).expect_err("a cap of 0 in a message");
+        assert!(refused.message.contains("max_concurrency"), "{refused:?}");
+        let (unset, _) = parse_alone("x/free.md", "+++\n+++\nFree.", &no_skills()).expect("parses");
+        assert_eq!(unset.max_concurrency, None);
+        assert!(!serde_json::to_string(&unset)
+            .expect("encodes")
+            .contains("max_concurrency"));
     }
 
     #[test]

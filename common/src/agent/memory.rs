@@ -166,6 +166,7 @@ impl InMemoryTools {
             checkpoints: None,
             approvals: None,
             controls: None,
+            recorded: None,
         }))
         .await
         .map_err(|stop| Failure::new(FailureKind::Internal, format!("{stop:?}")))?;

@@ -18,6 +18,7 @@
 //!   otherwise) and each model's context size.
 //! - [`compaction`]: when a session's history is summarised, where it is cut, what the summary
 //!   request says.
+//! - [`replay`]: a recorded turn's calls, answering a replay of it without repeating side effects.
 //! - [`hooks`]: listeners that observe every event of a turn.
 //! - [`memory`]: in-memory implementations of every seam, for embedding and tests.
 
@@ -31,6 +32,7 @@ pub mod model;
 pub mod permissions;
 pub mod plan;
 pub mod prompt;
+pub mod replay;
 pub mod runtime;
 pub mod seams;
 pub mod skills;

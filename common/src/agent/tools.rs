@@ -1,11 +1,12 @@
 //! `ToolCatalog`: a snapshot of the tools a turn may call — their specs, which worker pools serve
-//! each tool, which pools run subagents. A turn takes one snapshot and the model sees exactly its
-//! tools for that turn; routing picks a pool that provides the called tool.
+//! each tool, which pools run which subagent types. A turn takes one snapshot and the model sees
+//! exactly its tools for that turn; routing picks a pool that provides the called tool, or runs
+//! the spawned agent's type.
 //!
 //! Snapshots come from a `seams::ToolDirectory` (the live worker registry on a cluster, a fixed
 //! list in memory).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,9 +16,25 @@ use crate::protocol::{validate_token, ToolSpec, WorkerAnnouncement};
 #[derive(Debug, Default)]
 pub struct ToolCatalog {
     tools: BTreeMap<String, (ToolSpec, Vec<String>)>,
-    subagent_pools: Vec<String>,
+    subagent_pools: Vec<SubagentPool>,
     /// Tool lists already handed out, by what they were asked for (see [`Self::tools_for`]).
     handed_out: Mutex<HashMap<String, Arc<[ToolSpec]>>>,
+}
+
+/// A pool whose workers run subagents, and which types.
+#[derive(Debug)]
+struct SubagentPool {
+    pool: String,
+    /// The types its workers list; `None` when one of them runs every type.
+    types: Option<BTreeSet<String>>,
+}
+
+impl SubagentPool {
+    fn runs(&self, agent: &str) -> bool {
+        self.types
+            .as_ref()
+            .is_none_or(|types| types.contains(agent))
+    }
 }
 
 /// Most distinct tool lists one catalog keeps for sharing; beyond it, lists are built per turn.
@@ -30,7 +47,7 @@ impl ToolCatalog {
     /// Builds the catalog from live workers' announcements.
     pub fn from_workers(workers: &[WorkerAnnouncement]) -> Self {
         let mut tools: BTreeMap<String, (ToolSpec, Vec<String>)> = BTreeMap::new();
-        let mut subagent_pools = Vec::new();
+        let mut subagent_pools: Vec<SubagentPool> = Vec::new();
         for worker in workers {
             // Names end up in subjects: an announcement that would inject a level or a wildcard is
             // ignored rather than trusted.
@@ -50,8 +67,27 @@ impl ToolCatalog {
                     entry.1.push(worker.pool.clone());
                 }
             }
-            if worker.runs_subagents && !subagent_pools.contains(&worker.pool) {
-                subagent_pools.push(worker.pool.clone());
+            if worker.runs_subagents {
+                // Names end up in subjects too: an invalid type is ignored.
+                let types = worker.agent_types.as_ref().map(|types| {
+                    types
+                        .iter()
+                        .filter(|t| validate_token("agent", t).is_ok())
+                        .cloned()
+                        .collect::<BTreeSet<_>>()
+                });
+                match subagent_pools.iter_mut().find(|p| p.pool == worker.pool) {
+                    None => subagent_pools.push(SubagentPool {
+                        pool: worker.pool.clone(),
+                        types,
+                    }),
+                    // Workers of one pool should agree; a pool with one that runs every type
+                    // runs every type, else the types any of them lists.
+                    Some(known) => match (&mut known.types, types) {
+                        (Some(known), Some(types)) => known.extend(types),
+                        (known, _) => *known = None,
+                    },
+                }
             }
         }
         Self {
@@ -70,6 +106,7 @@ impl ToolCatalog {
             version: crate::VERSION.to_owned(),
             tools: specs,
             runs_subagents,
+            agent_types: None,
             capacity: 1,
             heartbeat_ms: 0,
             heartbeat_every_ms: 0,
@@ -118,21 +155,24 @@ impl ToolCatalog {
     /// A pool that provides `tool`, spreading calls over pools.
     pub fn pool_for_tool(&self, tool: &str) -> Option<&str> {
         let pools = &self.tools.get(tool)?.1;
-        self.pick(pools)
+        pick(pools.len()).map(|i| pools[i].as_str())
     }
 
-    /// A pool whose workers run subagents.
-    pub fn pool_for_subagents(&self) -> Option<&str> {
-        self.pick(&self.subagent_pools)
+    /// A pool whose workers run subagents of type `agent`, spreading calls over pools.
+    pub fn pool_for_subagent(&self, agent: &str) -> Option<&str> {
+        let pools: Vec<&str> = self
+            .subagent_pools
+            .iter()
+            .filter(|p| p.runs(agent))
+            .map(|p| p.pool.as_str())
+            .collect();
+        pick(pools.len()).map(|i| pools[i])
     }
+}
 
-    fn pick<'a>(&self, pools: &'a [String]) -> Option<&'a str> {
-        if pools.is_empty() {
-            return None;
-        }
-        let i = NEXT_POOL.fetch_add(1, Ordering::Relaxed) % pools.len();
-        Some(pools[i].as_str())
-    }
+/// Which of `len` pools takes the next call (`None` when there are none).
+fn pick(len: usize) -> Option<usize> {
+    (len > 0).then(|| NEXT_POOL.fetch_add(1, Ordering::Relaxed) % len)
 }
 
 #[cfg(test)]
@@ -157,6 +197,7 @@ mod tests {
                 })
                 .collect(),
             runs_subagents: subagents,
+            agent_types: None,
             capacity: 1,
             heartbeat_ms: 0,
             heartbeat_every_ms: 1000,
@@ -173,7 +214,37 @@ mod tests {
         assert_eq!(catalog.pool_for_tool("read_file"), Some("files"));
         assert_eq!(catalog.pool_for_tool("http_fetch"), Some("web"));
         assert_eq!(catalog.pool_for_tool("nope"), None);
-        assert_eq!(catalog.pool_for_subagents(), Some("web"));
+        assert_eq!(catalog.pool_for_subagent("researcher"), Some("web"));
+    }
+
+    #[test]
+    fn routes_subagents_to_pools_that_run_their_type() {
+        let listing = |id: &str, pool: &str, types: &[&str]| WorkerAnnouncement {
+            agent_types: Some(types.iter().map(|t| t.to_string()).collect()),
+            ..worker(id, pool, &[], true)
+        };
+        let catalog = ToolCatalog::from_workers(&[
+            listing("w1", "research", &["researcher"]),
+            listing("w2", "writing", &["writer", "bad.type"]),
+            listing("w3", "writing", &["editor"]),
+            worker("w4", "tools", &["read_file"], false),
+        ]);
+        assert_eq!(catalog.pool_for_subagent("researcher"), Some("research"));
+        assert_eq!(catalog.pool_for_subagent("writer"), Some("writing"));
+        assert_eq!(catalog.pool_for_subagent("editor"), Some("writing"));
+        assert_eq!(catalog.pool_for_subagent("bad.type"), None);
+        assert_eq!(catalog.pool_for_subagent("planner"), None);
+
+        // A pool with a worker of every type runs every type, alongside the listing pools.
+        let catalog = ToolCatalog::from_workers(&[
+            listing("w1", "research", &["researcher"]),
+            worker("w2", "any", &[], true),
+        ]);
+        assert_eq!(catalog.pool_for_subagent("planner"), Some("any"));
+        let picked: BTreeSet<_> = (0..4)
+            .filter_map(|_| catalog.pool_for_subagent("researcher"))
+            .collect();
+        assert_eq!(picked, BTreeSet::from(["any", "research"]));
     }
 
     #[test]
@@ -185,7 +256,7 @@ mod tests {
         assert_eq!(catalog.pool_for_tool("ok"), Some("p"));
         assert_eq!(catalog.pool_for_tool("x.>"), None);
         assert_eq!(catalog.pool_for_tool("other"), None);
-        assert_eq!(catalog.pool_for_subagents(), None);
+        assert_eq!(catalog.pool_for_subagent("researcher"), None);
     }
 
     #[test]

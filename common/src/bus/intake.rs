@@ -60,16 +60,38 @@ impl Bus {
             max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
             ..Default::default()
         };
-        let mut consumer = stream
+        let mut consumer = match stream
             .get_or_create_consumer(&settings.durable, wanted.clone())
             .await
-            .map_err(|e| consumer_error(e.to_string()))?;
+        {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                // Say which consumers stand in the way, when overlap is why it was refused.
+                let others = overlapping_consumers(&stream, settings).await;
+                if others.is_empty() {
+                    return Err(consumer_error(e.to_string()));
+                }
+                return Err(BusError::Overlaps {
+                    consumer: settings.durable.clone(),
+                    filter: settings.filter.clone(),
+                    others,
+                    message: e.to_string(),
+                });
+            }
+        };
         let existing = consumer
             .info()
             .await
             .map_err(|e| consumer_error(e.to_string()))?
             .config
             .clone();
+        if existing.filter_subject != settings.filter {
+            // A consumer of this name made for other work: pulling from it would take that work.
+            return Err(consumer_error(format!(
+                "exists with filter {}, not {}",
+                existing.filter_subject, settings.filter
+            )));
+        }
         if let Some(reconciled) = reconcile(&existing, &wanted) {
             tracing::warn!(
                 consumer = %settings.durable,
@@ -155,6 +177,38 @@ impl Bus {
             }
         });
     }
+}
+
+/// The other consumers of `settings.stream` whose filters overlap `settings.filter` (name,
+/// filter); empty when they cannot be listed. At most [`MAX_LISTED_CONSUMERS`] are looked at.
+async fn overlapping_consumers(
+    stream: &jetstream::stream::Stream,
+    settings: &ConsumerSettings,
+) -> Vec<(String, String)> {
+    stream
+        .consumers()
+        .take(MAX_LISTED_CONSUMERS)
+        .filter_map(|info| async move { info.ok() })
+        .filter(|info| {
+            let overlaps = info.name != settings.durable
+                && crate::subjects::filters_overlap(&info.config.filter_subject, &settings.filter);
+            async move { overlaps }
+        })
+        .map(|info| (info.name, info.config.filter_subject))
+        .collect()
+        .await
+}
+
+/// Most consumers looked at to explain a refused one.
+const MAX_LISTED_CONSUMERS: usize = 1000;
+
+/// `consumer a (filter x), consumer b (filter y)`.
+pub(super) fn describe_consumers(consumers: &[(String, String)]) -> String {
+    consumers
+        .iter()
+        .map(|(name, filter)| format!("consumer {name} (filter {filter})"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The settings an existing consumer must change to, if any: `ack_wait` grows to the wanted

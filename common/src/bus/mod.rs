@@ -100,6 +100,20 @@ pub enum BusError {
     Stream { stream: String, message: String },
     #[error("JetStream consumer {consumer}: {message}")]
     Consumer { consumer: String, message: String },
+    /// A work-queue stream refused a consumer whose filter overlaps others' (nats-server 2.9
+    /// allows no two consumers of a work-queue stream with overlapping filters).
+    #[error(
+        "JetStream consumer {consumer} (filter {filter}) refused: its filter overlaps {}, and a \
+         work-queue stream allows no two consumers with overlapping filters ({message})",
+        intake::describe_consumers(.others)
+    )]
+    Overlaps {
+        consumer: String,
+        filter: String,
+        /// The consumers it overlaps, with their filters.
+        others: Vec<(String, String)>,
+        message: String,
+    },
     #[error("publish to {subject} failed: {message}")]
     Publish { subject: String, message: String },
     #[error("pulling work failed: {0}")]

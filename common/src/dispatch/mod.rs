@@ -228,9 +228,11 @@ impl Dispatcher {
                 depth,
                 skills,
             } => {
-                let Some(pool) = catalog.pool_for_subagents() else {
-                    let failure =
-                        Failure::new(FailureKind::Unavailable, "no live worker runs subagents");
+                let Some(pool) = catalog.pool_for_subagent(&agent.name) else {
+                    let failure = Failure::new(
+                        FailureKind::Unavailable,
+                        format!("no live worker runs subagent {:?}", agent.name),
+                    );
                     return failed(&call.id, failure);
                 };
                 let route = CallRoute {

@@ -305,6 +305,10 @@ pub struct AgentSpec {
     /// Most plan steps `run_plan` runs at once; absent uses the runtime's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_parallel_steps: Option<u32>,
+    /// Most runs of this agent as a subagent at once across the cluster (workers hold the count
+    /// in Redis); absent for no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -462,6 +466,10 @@ pub struct WorkerAnnouncement {
     pub tools: Vec<ToolSpec>,
     /// Whether this worker runs subagent tasks.
     pub runs_subagents: bool,
+    /// The subagent types it runs, when it runs only some (one consumer each); absent when it
+    /// runs every type (or none: see `runs_subagents`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_types: Option<Vec<String>>,
     /// Tasks it runs at once.
     pub capacity: u32,
     /// Milliseconds since the Unix epoch of this heartbeat.
@@ -485,6 +493,9 @@ pub const MAX_CLOCK_SKEW_MS: u64 = 30_000;
 
 /// Most tools one registry entry may offer.
 pub const MAX_ANNOUNCED_TOOLS: usize = 1024;
+
+/// Most subagent types one registry entry may name.
+pub const MAX_ANNOUNCED_AGENT_TYPES: usize = 256;
 
 impl WorkerAnnouncement {
     /// Heard from within three heartbeat periods (by the reader's clock).
@@ -510,11 +521,31 @@ impl WorkerAnnouncement {
         self.heartbeat_every_ms.min(MAX_HEARTBEAT_EVERY_MS)
     }
 
+    /// Whether it runs subagent tasks of type `agent`.
+    pub fn runs_agent(&self, agent: &str) -> bool {
+        self.runs_subagents
+            && self
+                .agent_types
+                .as_ref()
+                .is_none_or(|types| types.iter().any(|t| t == agent))
+    }
+
     /// Checks an entry read from the registry: anyone who can write there could have written it,
-    /// so its names must be tokens and its tool list bounded and well-formed.
+    /// so its names must be tokens and its tool and agent type lists bounded and well-formed.
     pub fn check(&self) -> Result<(), Failure> {
         validate_token("worker_id", &self.worker_id)?;
         validate_token("pool", &self.pool)?;
+        if let Some(types) = &self.agent_types {
+            if types.len() > MAX_ANNOUNCED_AGENT_TYPES {
+                return Err(Failure::new(
+                    FailureKind::InvalidInput,
+                    format!("a worker may name at most {MAX_ANNOUNCED_AGENT_TYPES} agent types"),
+                ));
+            }
+            for agent in types {
+                validate_token("agent type", agent)?;
+            }
+        }
         if self.tools.len() > MAX_ANNOUNCED_TOOLS {
             return Err(Failure::new(
                 FailureKind::InvalidInput,
@@ -659,6 +690,27 @@ pub fn child_session_id(parent_session: &str, call_id: &str) -> String {
     id
 }
 
+/// The `source` of a subagent run's events: `subagent:<call id>` for a child of the user's turn,
+/// `subagent:<parent call>/<call id>` one level down, and so on — so every child names its parent
+/// (the source without its last segment; `lead` for a first-level child), even where models
+/// reuse call ids at every level. The ancestors come from the child session's id (the user's
+/// session, then `-sub-<call>` per level); a session id cut to its last 128 characters leaves
+/// only the call id.
+pub fn child_event_source(workspace: &str, child_session: &str, call_id: &str) -> String {
+    let lineage = child_session
+        .strip_prefix(workspace)
+        .and_then(|rest| rest.strip_prefix("-sub-"));
+    match lineage {
+        Some(lineage) => {
+            let mut calls: Vec<&str> = lineage.split("-sub-").collect();
+            calls.pop();
+            calls.push(call_id);
+            format!("subagent:{}", calls.join("/"))
+        }
+        None => format!("subagent:{call_id}"),
+    }
+}
+
 /// The key a call's result is recorded under in its session: unique across the session's turns
 /// and the steps of a turn (models may reuse call ids from step to step), and the same when a
 /// step is run again.
@@ -703,6 +755,58 @@ mod tests {
         for good in ["a", "A-b_9", &"x".repeat(128)] {
             assert!(validate_token("t", good).is_ok(), "{good:?} rejected");
         }
+    }
+
+    #[test]
+    fn announcements_name_agent_types_compatibly() {
+        let older = r#"{"v":1,"worker_id":"w1","pool":"p","version":"0","tools":[],"runs_subagents":true,"capacity":1,"heartbeat_ms":0,"heartbeat_every_ms":1000}"#;
+        let every: WorkerAnnouncement = serde_json::from_str(older).expect("decodes");
+        assert_eq!(every.agent_types, None);
+        assert!(every.runs_agent("researcher"), "no list: every type");
+        assert!(
+            !serde_json::to_string(&every)
+                .expect("encodes")
+                .contains("agent_types"),
+            "a worker of every type announces as before"
+        );
+        let listing = WorkerAnnouncement {
+            agent_types: Some(vec!["researcher".into()]),
+            ..every.clone()
+        };
+        assert!(listing.runs_agent("researcher"));
+        assert!(!listing.runs_agent("writer"));
+        assert!(listing.check().is_ok());
+        let none = WorkerAnnouncement {
+            runs_subagents: false,
+            ..every
+        };
+        assert!(!none.runs_agent("researcher"));
+        let forged = WorkerAnnouncement {
+            agent_types: Some(vec!["x.>".into()]),
+            ..listing.clone()
+        };
+        assert!(forged.check().is_err(), "a type that is not a token");
+        let too_many = WorkerAnnouncement {
+            agent_types: Some(vec!["a".into(); MAX_ANNOUNCED_AGENT_TYPES + 1]),
+            ..listing
+        };
+        assert!(too_many.check().is_err());
+    }
+
+    #[test]
+    fn child_event_sources_name_their_parents() {
+        let first = child_session_id("s1", "c1");
+        assert_eq!(child_event_source("s1", &first, "c1"), "subagent:c1");
+        let second = child_session_id(&first, "c1");
+        assert_eq!(child_event_source("s1", &second, "c1"), "subagent:c1/c1");
+        let third = child_session_id(&second, "c9");
+        assert_eq!(child_event_source("s1", &third, "c9"), "subagent:c1/c1/c9");
+        // Cut to its tail: only the call id is left to name it.
+        let long = child_session_id(&"p".repeat(130), "c2");
+        assert_eq!(
+            child_event_source(&"p".repeat(130), &long, "c2"),
+            "subagent:c2"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:{t:s}:control:{task}` | hash | what was asked of `task`: `paused`, `was_paused`, `interrupt` (the later task of the session that interrupted it), `steered` (count); read by the turn-start script (expires 7 days after its last change) |
+//! | `skein:{t:s}:turns` | list | records of the session's ended turns (turn, task, time, model, steps, calls, tokens, messages), at most `SKEIN_SESSION_CHECKPOINTS` |
 //! | `skein:{t:s}:steer:{task}` | list | the messages `task` was steered with, in order |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
@@ -27,6 +28,7 @@
 //! | `skein:model:{m}:tokens:{minute}` | counter | tokens used on model `m` in one minute since the Unix epoch (expires) |
 //! | `skein:model:{m}:waiting_since` | hash tenant → ms | when each waiting tenant started waiting (a freed slot goes to the one waiting longest among those holding fewest) |
 //! | `skein:model:{m}:tokens:{minute}:{t}` | counter | tokens tenant `t` used on model `m` in one minute (expires) |
+//! | `skein:agent:{a}:slots` | sorted set holder → lease expiry (ms) | the runs of subagent type `a` in progress across the cluster, for its `max_concurrency` (see `store::traffic`); a holder that stops renewing is dropped once its lease expires |
 //! | `skein:{t:s}:budget:{task}` | hash `tokens`, `cost`, `held_tokens`, `held_cost` | what user task `task` of session `s` (its subagents included) spent on models and holds for calls in flight; cost in nano-dollars (see `store::budget`; expires 7 days after its last change) |
 //! | `skein:{t:s}:budget:{task}:held` | sorted set `id\|tokens\|cost` → lapse (ms) | the task's reservations of calls in flight |
 //! | `skein:budget:{t}:{day}` | hash, as a task's | what tenant `t` spent on models on a UTC day (`YYYY-MM-DD`) and holds for calls in flight (expires after 2 days) |
@@ -97,6 +99,11 @@ pub fn control(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:control:{task_id}", tag(tenant, session))
 }
 
+/// Records of the session's ended turns, oldest first (`store::history`).
+pub fn turn_records(tenant: &str, session: &str) -> String {
+    format!("{}:turns", tag(tenant, session))
+}
+
 /// The messages a task was steered with, in order.
 pub fn steer(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:steer:{task_id}", tag(tenant, session))
@@ -150,6 +157,11 @@ pub fn model_tenant_tokens(model: &str, tenant: &str, minute: u64) -> String {
 /// The tokens used on `model` in `minute` (minutes since the Unix epoch).
 pub fn model_tokens(model: &str, minute: u64) -> String {
     format!("{}:tokens:{minute}", model_tag(model))
+}
+
+/// The runs of subagent type `agent` in progress, by holder (a validated token: no braces).
+pub fn agent_slots(agent: &str) -> String {
+    format!("skein:agent:{{{agent}}}:slots")
 }
 
 /// The spending ledger of user task `task_id` (its subagents draw from it too), with its session.
@@ -226,6 +238,7 @@ mod tests {
                     super::session(t, s),
                     super::checkpoint(t, s, task),
                     super::history(t, s),
+                    super::control(t, s, task),
                 ],
             ),
             (
@@ -236,6 +249,19 @@ mod tests {
                     super::final_result(t, s, task),
                     super::checkpoint(t, s, task),
                     super::history(t, s),
+                    super::turn_records(t, s),
+                ],
+            ),
+            (
+                "control",
+                vec![super::control(t, s, task), super::steer(t, s, task)],
+            ),
+            (
+                "fork",
+                vec![
+                    super::session(t, s),
+                    super::history(t, s),
+                    super::turn_records(t, s),
                 ],
             ),
             (
@@ -255,6 +281,8 @@ mod tests {
                 vec![
                     super::final_result(t, s, task),
                     super::attempts(t, s, &turn),
+                    super::control(t, s, task),
+                    super::steer(t, s, task),
                 ],
             ),
             (

@@ -18,6 +18,7 @@ pub mod budget;
 mod calls;
 mod connection;
 pub mod control;
+pub mod history;
 pub mod keys;
 mod scripts;
 mod sessions;
@@ -152,6 +153,9 @@ pub struct SessionState {
     /// The plan the session's agent keeps (`update_plan`, `run_plan`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::protocol::Plan>,
+    /// The session this one was forked from, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<history::ForkedFrom>,
     /// Where `history` sits in the stored list (set when loaded): a save appends only what the
     /// store does not hold. Bookkeeping, not part of the session's value.
     #[serde(skip)]
@@ -211,6 +215,7 @@ impl HistoryWrite {
             skills: &state.skills,
             summary: state.summary.as_ref(),
             plan: state.plan.as_ref(),
+            forked_from: state.forked_from.as_ref(),
         })
         .map_err(StoreError::Corrupt)?;
         let stored = state.stored;
@@ -252,6 +257,8 @@ struct SessionMeta<'a> {
     summary: Option<&'a Summary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     plan: Option<&'a crate::protocol::Plan>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forked_from: Option<&'a history::ForkedFrom>,
 }
 
 /// A session read back: its state (without history when it has a history list), where the
@@ -369,6 +376,8 @@ pub struct SessionStore {
     /// Seconds an idle session is kept after its last save; 0: for ever.
     session_ttl_secs: u64,
     session_max_messages: u64,
+    /// Most turn records a session keeps (`history`).
+    session_checkpoints: u64,
 }
 
 impl SessionStore {
@@ -379,6 +388,7 @@ impl SessionStore {
             connection,
             session_ttl_secs: cfg.session_ttl.map_or(0, |ttl| ttl.as_secs().max(1)),
             session_max_messages: cfg.session_max_messages,
+            session_checkpoints: cfg.session_checkpoints,
         })
     }
 
@@ -612,6 +622,7 @@ impl SessionStore {
         expected_version: u64,
         state: Option<&SessionState>,
         result: &FinalResult,
+        record: Option<&history::TurnRecord>,
     ) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
         let (tenant, session) = (result.tenant.as_str(), result.session.as_str());
@@ -627,6 +638,7 @@ impl SessionStore {
             .key(keys::final_result(tenant, session, &result.task_id))
             .key(keys::checkpoint(tenant, session, &result.task_id))
             .key(keys::history(tenant, session))
+            .key(keys::turn_records(tenant, session))
             .arg(lease_token)
             .arg(expected_version)
             .arg(next_version(expected_version)?)
@@ -639,7 +651,12 @@ impl SessionStore {
             })
             .arg(self.session_ttl_secs)
             .arg(write.as_ref().map_or(0, |w| w.offset))
-            .arg(write.as_ref().map_or(0, |w| w.trim));
+            .arg(write.as_ref().map_or(0, |w| w.trim))
+            .arg(match record.filter(|_| self.session_checkpoints > 0) {
+                Some(record) => serde_json::to_string(record).map_err(StoreError::Corrupt)?,
+                None => String::new(),
+            })
+            .arg(self.session_checkpoints);
         if let Some(write) = &write {
             invocation.arg(&write.messages);
         }

@@ -34,11 +34,12 @@ return 1
 /// unless ARGV[4] is empty), stores the final result, drops the checkpoint and releases the lease.
 /// A final result stored earlier (the task ended on another path meanwhile) stands: nothing is
 /// saved, the lease is released and the stored final returned.
-/// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint, KEYS[5] history list.
-/// ARGV token, expected version, new version, state (without history), final, final ttl seconds,
-/// 'replace' or 'append', idle session ttl seconds (0: none), offset of the loaded history in the
-/// list afterwards, how many of the list's oldest messages to drop, then the messages to add to
-/// the history.
+/// KEYS[1] session, KEYS[2] lease, KEYS[3] final, KEYS[4] checkpoint, KEYS[5] history list,
+/// KEYS[6] turn records. ARGV token, expected version, new version, state (without history),
+/// final, final ttl seconds, 'replace' or 'append', idle session ttl seconds (0: none), offset of
+/// the loaded history in the list afterwards, how many of the list's oldest messages to drop, the
+/// turn's record ('' for none: appended only with a saved session), most records kept, then the
+/// messages to add to the history.
 /// Returns {1} done, {0} version conflict, {-1} lease lost, {2, final} an earlier final stands.
 pub(super) const COMPLETE_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1} end
@@ -53,12 +54,17 @@ if ARGV[4] ~= '' then
   if (current or '0') ~= ARGV[2] then return {0} end
   redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4], 'offset', ARGV[9])
   if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
-  for i = 11, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  for i = 13, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
   if ARGV[10] ~= '0' then redis.call('LTRIM', KEYS[5], ARGV[10], -1) end
+  if ARGV[11] ~= '' then
+    redis.call('RPUSH', KEYS[6], ARGV[11])
+    redis.call('LTRIM', KEYS[6], -tonumber(ARGV[12]), -1)
+  end
 end
 if ARGV[8] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[8])
   redis.call('EXPIRE', KEYS[5], ARGV[8])
+  redis.call('EXPIRE', KEYS[6], ARGV[8])
 end
 redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[6])
 redis.call('DEL', KEYS[4])

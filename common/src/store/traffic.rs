@@ -1,5 +1,7 @@
 //! Model traffic shared by every lead and worker: a semaphore of leased slots per model, a fair
-//! share of it between tenants, and a count of the tokens each model used per minute.
+//! share of it between tenants, and a count of the tokens each model used per minute. Also the
+//! cluster-wide cap on runs of a subagent type (`max_concurrency`): a semaphore of leased slots
+//! per agent type, without tenant shares, taken by the workers that run it.
 //!
 //! Invariants:
 //! - a model's slots are the members `tenant|holder` of `skein:model:{m}:slots`, scored by the
@@ -17,7 +19,9 @@
 //!   it is admitted or stops waiting); a tenant refused by its own limit is not noted;
 //! - with a token budget, no call is admitted while the model's (or the tenant's, on that model)
 //!   tokens of the current minute have reached it; the tokens a call used are counted once it answered (a budget can be overrun by
-//!   the calls already running, never by calls admitted after it was spent).
+//!   the calls already running, never by calls admitted after it was spent);
+//! - a subagent type's runs are the members (holders) of `skein:agent:{a}:slots`, scored by lease
+//!   expiry as a model's slots are; a run is admitted only while fewer than the cap are live.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -111,6 +115,23 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], lease * 2)
+return 1
+";
+
+/// Admits a run of a subagent type (1) or refuses it, every slot being taken (0); a holder that
+/// holds a slot already is admitted again (its lease extended). KEYS: slots. ARGV: member, limit,
+/// lease ms.
+const AGENT_ACQUIRE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false
+    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease * 2)
 return 1
@@ -264,5 +285,65 @@ impl SessionStore {
             .invoke_async(&mut conn)
             .await?;
         Ok(())
+    }
+
+    /// Asks for a slot of subagent type `agent`, capped at `limit` runs at once across the
+    /// cluster; `true` when `holder` holds it (until released, or its lease expires unrenewed).
+    pub async fn try_take_agent_slot(
+        &self,
+        agent: &str,
+        holder: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let admitted: i64 = Script::new(AGENT_ACQUIRE_SCRIPT)
+            .key(keys::agent_slots(agent))
+            .arg(holder)
+            .arg(limit)
+            .arg(millis(lease))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(admitted == 1)
+    }
+
+    /// Extends a subagent slot's lease; `false` when it had already expired (the slot is gone).
+    pub async fn renew_agent_slot(
+        &self,
+        agent: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.connection.clone();
+        let renewed: i64 = Script::new(RENEW_SCRIPT)
+            .key(keys::agent_slots(agent))
+            .arg(holder)
+            .arg(millis(lease))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    /// Frees a subagent slot; freeing one that is gone does nothing.
+    pub async fn release_agent_slot(&self, agent: &str, holder: &str) -> Result<(), StoreError> {
+        let mut conn = self.connection.clone();
+        let _: i64 = redis::cmd("ZREM")
+            .arg(keys::agent_slots(agent))
+            .arg(holder)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The runs of subagent type `agent` holding a live slot now.
+    pub async fn agent_runs(&self, agent: &str) -> Result<u64, StoreError> {
+        let mut conn = self.connection.clone();
+        let live: u64 = redis::cmd("ZCOUNT")
+            .arg(keys::agent_slots(agent))
+            .arg(format!("({}", crate::protocol::now_ms()))
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await?;
+        Ok(live)
     }
 }

@@ -92,9 +92,10 @@ impl TurnLease {
         expected_version: u64,
         state: Option<&SessionState>,
         result: &FinalResult,
+        record: Option<&super::history::TurnRecord>,
     ) -> Result<Ended, StoreError> {
         self.store
-            .complete_turn(&self.token, expected_version, state, result)
+            .complete_turn(&self.token, expected_version, state, result, record)
             .await
     }
 

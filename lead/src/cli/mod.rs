@@ -1,7 +1,7 @@
 //! The `skein` command: submit tasks and watch them, cancel, pause, resume or steer them, answer
 //! the calls that wait for approval, list live workers, print a session's plan, manage dead
-//! letters, list, fetch and seed session workspaces, run a local cluster, or run a lead or worker
-//! in the foreground.
+//! letters, list, fork and replay sessions, list, fetch and seed session workspaces, run a local
+//! cluster, or run a lead or worker in the foreground.
 
 mod approvals;
 mod control;
@@ -9,6 +9,8 @@ mod dev;
 mod ops;
 mod pickup;
 mod plan;
+mod replay;
+mod runs;
 mod sessions;
 mod submit;
 mod workspace;
@@ -56,6 +58,11 @@ pub enum Command {
     Workspace(Box<workspace::WorkspaceArgs>),
     /// List a tenant's sessions, show one, or remove one.
     Sessions(Box<sessions::SessionsArgs>),
+    /// Run a recorded turn again in a fork of its session (`--cached`: matching calls from the
+    /// record; `--live`: every call) and print what changed.
+    Replay(Box<replay::ReplayArgs>),
+    /// A task's runs: its turn and every subagent run under it, as a tree.
+    Runs(Box<runs::RunsArgs>),
     /// Print the plan a session's agent keeps, with each step's status and worker.
     Plan(Box<plan::PlanArgs>),
     /// Run a local cluster (NATS, Redis, a lead, two workers) and answer the example task.
@@ -107,6 +114,8 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Workspace(args) => workspace::workspace(*args).await,
             Command::Sessions(args) => sessions::sessions(*args).await,
             Command::Plan(args) => plan::plan(*args).await,
+            Command::Runs(args) => runs::runs(*args).await,
+            Command::Replay(args) => replay::replay(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,

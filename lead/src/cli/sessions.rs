@@ -1,12 +1,16 @@
-//! `skein sessions ls|show|rm`: what sessions a tenant has, one session's history, and removing
-//! one (refused while a turn runs in it).
+//! `skein sessions ls|show|rm|history|fork`: what sessions a tenant has, one session's history,
+//! removing one (refused while a turn runs in it), the records of its ended turns, and forking a
+//! new session from one of them (history, summary, skills and workspace files).
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use skein_common::config::{RedisConfig, ENV_TENANT};
+use skein_common::client::SkeinClient;
+use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
 use skein_common::protocol::validate_token;
+use skein_common::store::history::ForkPoint;
 use skein_common::store::{Removal, SessionStore};
+use skein_common::workspace::{ObjectWorkspaces, SessionRef, WorkspaceStoreConfig};
 
 /// Characters of a message shown by `show`.
 const PREVIEW_CHARS: usize = 120;
@@ -34,6 +38,39 @@ pub enum SessionsAction {
     },
     /// Remove a session whole: history, state, results and checkpoints.
     Rm { session: String },
+    /// List the session's ended turns: turn, task, time, model, steps, calls, tokens, status.
+    History {
+        session: String,
+        /// One JSON record per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a new session whose history is this one's up to a turn (or a step of it); the
+    /// source does not change.
+    Fork {
+        session: String,
+        /// Where the fork starts: after turn T, or after step S of turn T (`T.S`).
+        #[arg(long)]
+        at: String,
+        /// The new session's name; `<session>-fork-<at>-<n>` when unset.
+        #[arg(long)]
+        to: Option<String>,
+        /// Where the workspaces are (the new session gets a copy of the source's files).
+        #[command(flatten)]
+        workspace: Box<ForkWorkspace>,
+    },
+}
+
+/// The workspace store a fork copies files in.
+#[derive(Debug, Args)]
+pub struct ForkWorkspace {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[command(flatten)]
+    pub store: WorkspaceStoreConfig,
+    /// Do not copy the workspace's files.
+    #[arg(long)]
+    pub no_files: bool,
 }
 
 pub async fn sessions(args: SessionsArgs) -> ExitCode {
@@ -102,6 +139,81 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
             }
             Ok(())
         }
+        SessionsAction::History { session, json } => {
+            validate_token("session", &session).map_err(|f| f.message)?;
+            let records = store
+                .turn_records(tenant, &session)
+                .await
+                .map_err(|e| e.to_string())?;
+            if records.is_empty() {
+                return Err(format!(
+                    "session {session} of tenant {tenant} has no recorded turns"
+                ));
+            }
+            for r in records {
+                if json {
+                    println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                    continue;
+                }
+                let at = humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(r.ended_at_ms),
+                );
+                println!(
+                    "turn {}	{}	{at}	{}	{} steps	{} calls	{} tokens	{:.1} s	{}",
+                    r.turn,
+                    r.task_id,
+                    if r.model.is_empty() { "-" } else { &r.model },
+                    r.steps,
+                    r.calls,
+                    r.tokens,
+                    r.duration_ms as f64 / 1000.0,
+                    serde_json::to_value(r.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
+        SessionsAction::Fork {
+            session,
+            at,
+            to,
+            workspace,
+        } => {
+            validate_token("session", &session).map_err(|f| f.message)?;
+            let at = ForkPoint::parse(&at)?;
+            let to = match to {
+                Some(to) => to,
+                None => format!(
+                    "{session}-fork-{}-{}",
+                    at.to_string().replace('.', "-"),
+                    skein_common::protocol::now_ms() % 100_000
+                ),
+            };
+            validate_token("new session", &to).map_err(|f| f.message)?;
+            let forked = store
+                .fork_session(tenant, &session, at, &to)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!(
+                "forked {session} at {at} into {to}: {} turns, {} messages{}",
+                forked.turns,
+                forked.history.len(),
+                if forked.summary.is_some() {
+                    " after its summary"
+                } else {
+                    ""
+                }
+            );
+            if !workspace.no_files {
+                let copied = copy_files(tenant, &session, &to, &workspace).await?;
+                println!(
+                    "copied {copied} workspace files (as they are now: a workspace keeps no history)"
+                );
+            }
+            Ok(())
+        }
         SessionsAction::Rm { session } => {
             validate_token("session", &session).map_err(|f| f.message)?;
             match store
@@ -120,4 +232,25 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
             }
         }
     }
+}
+
+/// Copies the workspace files of `from` into `to`.
+pub(super) async fn copy_files(
+    tenant: &str,
+    from: &str,
+    to: &str,
+    workspace: &ForkWorkspace,
+) -> Result<usize, String> {
+    workspace.store.validate()?;
+    let client = SkeinClient::connect(&workspace.nats)
+        .await
+        .map_err(|e| e.to_string())?;
+    // The command line reads each file once: no content cache.
+    let objects = ObjectWorkspaces::new(client.bus(), &workspace.store, 0);
+    let from = SessionRef::new(tenant, from).map_err(|e| e.to_string())?;
+    let to = SessionRef::new(tenant, to).map_err(|e| e.to_string())?;
+    objects
+        .copy_session(&from, &to)
+        .await
+        .map_err(|e| e.describe())
 }

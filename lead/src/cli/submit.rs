@@ -446,7 +446,11 @@ pub async fn workers(args: WorkersArgs) -> ExitCode {
             }
             for w in workers {
                 let tools: Vec<_> = w.tools.iter().map(|t| t.name.as_str()).collect();
-                let subagents = if w.runs_subagents { " +subagents" } else { "" };
+                let subagents = match (&w.agent_types, w.runs_subagents) {
+                    (_, false) => String::new(),
+                    (None, true) => " +subagents".to_owned(),
+                    (Some(types), true) => format!(" +subagents({})", types.join(",")),
+                };
                 println!(
                     "{}  pool={} capacity={} v{}  {}{subagents}",
                     w.worker_id,

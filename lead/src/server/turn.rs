@@ -11,6 +11,7 @@ use skein_common::protocol::{
     EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
 use skein_common::store::control::Controls;
+use skein_common::store::history::{calls_of, TurnRecord};
 use skein_common::store::{Ended, LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
@@ -389,6 +390,7 @@ impl Lead {
             checkpoints: Some(&checkpoints),
             approvals: Some(&self.approvals),
             controls: Some(&controlled),
+            recorded: None,
         }));
         let deadline = async {
             match time_left {
@@ -515,8 +517,29 @@ impl Lead {
             trace_id: skein_common::telemetry::current_trace_id(),
             spent,
         };
+        // A turn that keeps its messages is recorded: a point to fork or replay from.
+        let record = state.as_ref().map(|state| TurnRecord {
+            turn: state.turns,
+            task_id: submission.task_id.clone(),
+            agent: agent.name.clone(),
+            model: if agent.model.is_empty() {
+                self.cfg.model.model.clone()
+            } else {
+                agent.model.clone()
+            },
+            status: result.status,
+            ended_at_ms: skein_common::protocol::now_ms(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            steps: result.iterations,
+            calls: calls_of(&output.new_messages).count() as u32,
+            tokens: result
+                .usage
+                .prompt_tokens
+                .saturating_add(result.usage.completion_tokens),
+            messages: output.new_messages.len() as u32,
+        });
         match lease
-            .complete(loaded.version, state.as_ref(), &result)
+            .complete(loaded.version, state.as_ref(), &result, record.as_ref())
             .await
         {
             Ok(Ended::Stored) => {}

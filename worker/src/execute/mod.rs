@@ -27,7 +27,10 @@
 //! - another run of the call is still in progress (its marker held, see `marker`): the copy
 //!   waits for that run's result and re-sends it, ack; or runs once the marker is gone;
 //! - result could not be recorded, a child session could not be loaded (Redis away), or the task
-//!   was aborted by shutdown: nak (the attempt is not counted), so the broker redelivers it.
+//!   was aborted by shutdown: nak (the attempt is not counted), so the broker redelivers it;
+//! - a subagent task whose type runs at its cluster-wide cap (`max_concurrency`, see
+//!   `agent_cap`): nak with a short, growing delay (the attempt is not counted), so it waits in
+//!   the stream.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use skein_common::agent::runtime::Runtime;
-use skein_common::bus::{Bus, Delivery, Disposition, Envelope, Received, Undecodable};
+use skein_common::bus::{Bus, Delivery, Disposition, Envelope, Received, Slots, Undecodable};
 use skein_common::metrics::InFlight;
 use skein_common::protocol::{
     CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolTask,
@@ -45,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod admission;
+mod agent_cap;
 mod marker;
 mod settling;
 mod spill;
@@ -82,6 +86,16 @@ pub(crate) struct WorkerContext {
     pub progress_every: Duration,
     pub max_attempts: u64,
     pub cancels: skein_common::cancel::CancelRegistry,
+    /// Where a subagent turn running here registers the slots its subagent calls lend.
+    pub lending: crate::lending::LendSlotsLayer,
+}
+
+/// The agent consumer a subagent task came from: its slots, and its type when it serves one
+/// type only (`SKEIN_SUBAGENTS` lists types).
+#[derive(Clone)]
+pub(crate) struct AgentIntake {
+    pub slots: Slots,
+    pub agent: Option<String>,
 }
 
 /// How a task's work ended before its result is settled.
@@ -89,6 +103,8 @@ enum Work {
     Done(CallOutcome),
     /// Stopped by shutdown, or hit trouble another delivery may not: hand the task back.
     HandBack,
+    /// Not started: its agent type runs at its cap. Hand it back to be delivered after the delay.
+    Wait(Duration),
 }
 
 async fn tool_task(
@@ -279,16 +295,17 @@ pub(crate) async fn tool(
     settle(&ctx, delivery, disposition).instrument(span).await;
 }
 
-/// Runs one delivered subagent task.
+/// Runs one delivered subagent task, from the agent consumer `intake`.
 pub(crate) async fn subagent(
     ctx: Arc<WorkerContext>,
     received: Received<SubagentTask>,
+    intake: AgentIntake,
     abort: CancellationToken,
 ) {
     let Some((delivery, span, _in_flight)) = begin(&ctx, "subagent", received).await else {
         return;
     };
-    let disposition = subagent_task(&ctx, &delivery, abort)
+    let disposition = subagent_task(&ctx, &delivery, intake, abort)
         .instrument(span.clone())
         .await;
     settle(&ctx, delivery, disposition).instrument(span).await;

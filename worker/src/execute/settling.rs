@@ -54,8 +54,9 @@ pub(super) async fn conclude(
             }
             finish(ctx, call, outcome, started).await
         }
-        Work::HandBack => {
-            // Shutdown or Redis trouble is not the task's fault: the attempt does not count.
+        Work::HandBack | Work::Wait(_) => {
+            // Shutdown, Redis trouble or a full cap is not the task's fault: the attempt does
+            // not count.
             let (origin, store) = (call.origin, &ctx.store);
             let (tenant, session, key) = (&origin.tenant, &origin.session, call.call_key);
             let taken_back = if counted {
@@ -67,7 +68,10 @@ pub(super) async fn conclude(
                 tracing::warn!(error = %e, "attempt not taken back");
             }
             run.release(ctx, call).await;
-            Disposition::Retry(Some(REDELIVERY_DELAY))
+            match work {
+                Work::Wait(delay) => Disposition::Retry(Some(delay)),
+                _ => Disposition::Retry(Some(REDELIVERY_DELAY)),
+            }
         }
     }
 }

@@ -2,7 +2,9 @@
 //! after every earlier delivery's events, resumed from the call's checkpoint when an earlier
 //! delivery left one, bounded by the worker's subagent timeout, and saved to the child session
 //! when it completes. Its input may travel by reference (read from the payload store first);
-//! its answer is fitted to the output cap like a tool's output (`spill`).
+//! its answer is fitted to the output cap like a tool's output (`spill`). A type with a
+//! cluster-wide cap runs only in a slot of the cap (`agent_cap`), or waits in the stream; the
+//! turn lends its consumer's slot while it waits for its own subagents (`lending`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,14 +23,16 @@ use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{admit, check_task, refuse, Admitted};
+use super::agent_cap;
 use super::settling::conclude;
 use super::spill;
-use super::{contain_panic, stopped, CallRef, Work, WorkerContext};
+use super::{contain_panic, stopped, AgentIntake, CallRef, Work, WorkerContext};
 use crate::scope::TaskScope;
 
 pub(super) async fn subagent_task(
     ctx: &WorkerContext,
     delivery: &Delivery<SubagentTask>,
+    intake: AgentIntake,
     abort: CancellationToken,
 ) -> Disposition {
     let (task, envelope) = (delivery.body(), delivery.envelope());
@@ -45,7 +49,8 @@ pub(super) async fn subagent_task(
     };
     let checked = check_task(&call, task.v)
         .and_then(|()| validate_token("child_session", &task.child_session))
-        .and_then(|()| check_nesting(task, ctx.max_depth));
+        .and_then(|()| check_nesting(task, ctx.max_depth))
+        .and_then(|()| check_type(task, intake.agent.as_deref()));
     if let Err(failure) = checked {
         return refuse(ctx, call, failure).await;
     }
@@ -71,10 +76,30 @@ pub(super) async fn subagent_task(
         ctx.scratch_dir.clone(),
         format!("subagent {} {}", task.agent.name, task.call_id),
     );
+    // A type with a cluster-wide cap runs in a slot of it, or waits in the stream for one.
+    let slot = match task.agent.max_concurrency {
+        None => None,
+        Some(limit) => match agent_cap::take(ctx, &task.agent.name, limit).await {
+            Ok(Some(slot)) => Some(slot),
+            Ok(None) => {
+                ctx.metrics.waited_for_agent_slot(&task.agent.name);
+                let delay = agent_cap::wait_delay(envelope.delivered());
+                tracing::debug!(agent = %task.agent.name, limit, ?delay, "every slot of the agent's cap is taken; waiting in the stream");
+                let work = Work::Wait(delay);
+                return conclude(ctx, scope, work, call, started, attempt, &marker).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the agent's cap not read; handing the task back");
+                return conclude(ctx, scope, Work::HandBack, call, started, attempt, &marker).await;
+            }
+        },
+    };
     let child_origin = TaskOrigin {
         session: task.child_session.clone(),
         ..task.origin.clone()
     };
+    // While it waits for its own subagents, the child turn lends its slot of this consumer.
+    let _lender = ctx.lending.lender(&child_origin, intake.slots);
     // The child's events are numbered after those of every earlier delivery of this call; the
     // first delivery of a first dispatch is the only one that can be first, so it needs no count.
     let first_run = task.first_dispatch && envelope.is_first();
@@ -99,7 +124,11 @@ pub(super) async fn subagent_task(
             ctx.bus.clone(),
             Listeners::default(),
             child_origin.clone(),
-            format!("subagent:{}", task.call_id),
+            skein_common::protocol::child_event_source(
+                &task.origin.workspace,
+                &task.child_session,
+                &task.call_id,
+            ),
         )
         .with_epoch(epoch),
     );
@@ -168,7 +197,8 @@ pub(super) async fn subagent_task(
             call_key: task.call_key.clone(),
         };
         let skills = SkillCatalog::from_skills(task.skills.clone());
-        let turn = runtime.run_turn(TurnInput {
+        // Boxed: a turn's future is large, and inline it would sit in every caller's frame.
+        let turn = Box::pin(runtime.run_turn(TurnInput {
             origin: child_origin.clone(),
             agent: &task.agent,
             history: &loaded.state.history,
@@ -188,7 +218,8 @@ pub(super) async fn subagent_task(
             // Nobody answers a subagent's approval requests: a call that would ask is denied.
             approvals: None,
             controls: None,
-        });
+            recorded: None,
+        }));
         let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
             Ok(Ok(Ok(output))) => output,
             // Stopped by its cancel request (or shutdown): as any cancelled call.
@@ -262,12 +293,18 @@ pub(super) async fn subagent_task(
             },
         })
     };
+    // Boxed: the child run's future is large; the cap, progress and marker layers move it.
+    let run = agent_cap::holding(slot.as_ref(), Box::pin(run));
     let work = tokio::select! {
         // A stop that came before the work started wins: the tool is not polled at all.
         biased;
         _ = stop.cancelled() => stopped(&abort),
         work = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => work,
     };
+    // The next run of the type may start as soon as this one's work is over.
+    if let Some(slot) = slot {
+        slot.release().await;
+    }
     events.flush().await;
     let ended = matches!(work, Work::Done(_));
     let settled = conclude(ctx, scope, work, call, started, attempt, &marker).await;
@@ -291,6 +328,21 @@ async fn save_child(store: &SessionStore, origin: &TaskOrigin, version: u64, sta
         .await
     {
         tracing::warn!(error = %e, session = %origin.session, "child session not saved");
+    }
+}
+
+/// A worker that runs a list of types takes each from its own consumer: a task there must be of
+/// that type (a message on `skein.agent.{pool}.{agent}` carries `agent`'s spec).
+fn check_type(task: &SubagentTask, consumer_type: Option<&str>) -> Result<(), Failure> {
+    match consumer_type {
+        Some(agent) if agent != task.agent.name => Err(Failure::new(
+            FailureKind::InvalidInput,
+            format!(
+                "a task for subagent {agent:?} carries the spec of {:?}",
+                task.agent.name
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -40,6 +40,7 @@ pub(super) fn agent_spec() -> AgentSpec {
         fallback_models: Vec::new(),
         planning: false,
         max_parallel_steps: None,
+        max_concurrency: None,
     }
 }
 

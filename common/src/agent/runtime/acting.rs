@@ -29,6 +29,9 @@ pub const SPAWN_TOOL: &str = "spawn_agent";
 /// Name of the tool through which an agent loads a skill's body.
 pub const LOAD_SKILL_TOOL: &str = "load_skill";
 
+/// The worker id a call answered from a replay's record reports.
+pub const REPLAYED: &str = "record";
+
 /// The workspace tool that puts a skill's resource files in the session's workspace.
 const WRITE_TOOL: &str = "write_file";
 
@@ -366,8 +369,27 @@ impl Acting<'_, '_> {
         if let Some(failure) = undecodable_arguments(call) {
             return (CallOutcome::Failed { failure }, String::new(), None);
         }
+        // A replay answers a call the recorded turn made from the record (its side effects are
+        // not repeated); the runtime's own bookkeeping tools run, to keep the turn's state.
+        let bookkeeping = matches!(
+            call.name.as_str(),
+            LOAD_SKILL_TOOL | super::UPDATE_PLAN_TOOL | super::READ_PLAN_TOOL
+        );
+        if let Some(output) = self
+            .turn
+            .recorded
+            .filter(|_| !bookkeeping)
+            .and_then(|recorded| recorded.answer(call))
+        {
+            return (CallOutcome::Ok { output }, REPLAYED.into(), None);
+        }
         if super::planning::is_plan_tool(&call.name) {
-            return (self.plan_tool(step, call).await, String::new(), None);
+            // Boxed: `run_plan`'s future is large, and inline it would grow every call's.
+            return (
+                Box::pin(self.plan_tool(step, call)).await,
+                String::new(),
+                None,
+            );
         }
         if call.name == LOAD_SKILL_TOOL {
             return match self.load_skill(step, call).await {
@@ -422,10 +444,10 @@ impl Acting<'_, '_> {
                 ),
             ));
         };
-        if self.catalog.pool_for_subagents().is_none() {
+        if self.catalog.pool_for_subagent(&child.name).is_none() {
             return Err(Failure::new(
                 FailureKind::Unavailable,
-                "no live worker runs subagents",
+                format!("no live worker runs subagent {:?}", child.name),
             ));
         }
         Ok(CallTarget::Subagent {

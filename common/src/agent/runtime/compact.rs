@@ -366,6 +366,7 @@ mod tests {
             fallback_models: Vec::new(),
             planning: false,
             max_parallel_steps: None,
+            max_concurrency: None,
         }
     }
 
@@ -415,6 +416,7 @@ mod tests {
                 checkpoints: None,
                 approvals: None,
                 controls: None,
+                recorded: None,
             })
             .await
             .expect("the turn ends");

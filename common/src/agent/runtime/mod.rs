@@ -44,7 +44,7 @@ use crate::protocol::{
     AgentSpec, EventKind, Failure, FailureKind, PendingCall, Plan, TaskOrigin, ToolSpec, TurnStatus,
 };
 
-pub use acting::{LOAD_SKILL_TOOL, SPAWN_TOOL};
+pub use acting::{LOAD_SKILL_TOOL, REPLAYED, SPAWN_TOOL};
 pub use compact::{Compaction, Summary};
 pub use planning::{READ_PLAN_TOOL, RUN_PLAN_TOOL, UPDATE_PLAN_TOOL};
 
@@ -110,6 +110,8 @@ pub struct TurnInput<'a> {
     pub approvals: Option<&'a dyn ApprovalGate>,
     /// Where pauses, steer messages and interrupts come from; `None`: nobody controls the turn.
     pub controls: Option<&'a dyn TurnControls>,
+    /// A replay's record: calls matching a recorded one are answered from it instead of running.
+    pub recorded: Option<&'a crate::agent::replay::RecordedCalls>,
 }
 
 /// Why a turn stopped without ending.

@@ -255,7 +255,18 @@ impl Acting<'_, '_> {
                 format!("{RUN_PLAN_TOOL}: there is no plan; write one with {UPDATE_PLAN_TOOL}"),
             ));
         };
-        if plan.plan.iter().any(plan::runnable) && self.catalog.pool_for_subagents().is_none() {
+        // Refused whole only when no runnable step's agent runs anywhere; a step whose agent
+        // alone has no worker fails by itself (`spawn_target`).
+        let runs_somewhere = |s: &crate::protocol::PlanStep| {
+            (s.agent.as_deref()).is_some_and(|a| self.catalog.pool_for_subagent(a).is_some())
+        };
+        if plan.plan.iter().any(plan::runnable)
+            && !plan
+                .plan
+                .iter()
+                .filter(|s| plan::runnable(s))
+                .any(runs_somewhere)
+        {
             return Err(Failure::new(
                 FailureKind::Unavailable,
                 "no live worker runs subagents",

@@ -200,6 +200,23 @@ impl ObjectWorkspaces {
         self.forget_bucket_on_failure(session.tenant(), listed)
     }
 
+    /// Copies every file of `from` into `to` (a fork's workspace); returns how many. Files of
+    /// `to` with other paths stay.
+    pub async fn copy_session(
+        &self,
+        from: &SessionRef,
+        to: &SessionRef,
+    ) -> Result<usize, WorkspaceError> {
+        let files = self.list(from).await?;
+        for file in &files {
+            let path = WorkspacePath::parse(&file.path)
+                .map_err(|e| WorkspaceError::Invalid(e.to_string()))?;
+            let (content, _) = self.read(from, &path).await?;
+            self.write(to, &path, content, Expect::Any).await?;
+        }
+        Ok(files.len())
+    }
+
     /// The current version of a file, if there is one.
     pub async fn stat(
         &self,

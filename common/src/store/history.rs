@@ -1,0 +1,327 @@
+//! A session's past as points to go back to: a record of every ended turn (written with the turn's
+//! end, in the same script), and forks — a new session whose history is the source's up to a
+//! turn, or a step within it.
+//!
+//! Where a turn's messages sit: a turn appends its messages to the end of the history list, and
+//! the list only ever loses messages from its head (a summary stands for them), so the messages of
+//! the recorded turns after turn T are the last `Σ messages` of the list, whatever was trimmed
+//! before. A step within a turn ends before the turn's next assistant message (its calls' results
+//! are part of it).
+//!
+//! Invariants: records are kept for the last `SKEIN_SESSION_CHECKPOINTS` turns and expire with
+//! the session; a fork never changes its source and never overwrites a session that exists; a
+//! fork point whose messages were trimmed is refused, not approximated.
+
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use super::{decode, keys, SessionState, SessionStore, StoreError};
+use crate::protocol::message::{Message, Role};
+use crate::protocol::TurnStatus;
+
+/// One ended turn of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// The session's turn number (1 for its first).
+    pub turn: u64,
+    pub task_id: String,
+    pub agent: String,
+    /// The model the turn asked first.
+    pub model: String,
+    pub status: TurnStatus,
+    /// When it ended (milliseconds since the Unix epoch) and how long it ran.
+    pub ended_at_ms: u64,
+    pub duration_ms: u64,
+    /// Model calls made.
+    pub steps: u32,
+    /// Tool and subagent calls the model asked for.
+    pub calls: u32,
+    pub tokens: u64,
+    /// Messages the turn added to the history (its input first).
+    pub messages: u32,
+}
+
+/// Where a fork of a session starts: after turn `turn` (0: before the first, an empty session),
+/// or after step `step` of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkPoint {
+    pub turn: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+}
+
+impl ForkPoint {
+    /// Reads `T` or `T.S`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a fork point: TURN or TURN.STEP, as in 3 or 3.2");
+        let (turn, step) = match text.split_once('.') {
+            Some((turn, step)) => (turn, Some(step.parse().map_err(|_| bad())?)),
+            None => (text, None),
+        };
+        let turn: u64 = turn.parse().map_err(|_| bad())?;
+        if turn == 0 && step.is_some() {
+            return Err(bad());
+        }
+        Ok(Self { turn, step })
+    }
+}
+
+impl std::fmt::Display for ForkPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.step {
+            Some(step) => write!(f, "{}.{step}", self.turn),
+            None => write!(f, "{}", self.turn),
+        }
+    }
+}
+
+/// Where a forked session came from (kept in its state).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    pub session: String,
+    pub at: ForkPoint,
+}
+
+/// Why a fork could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    #[error("session {0} has no record of turn {1}; recorded turns: {2}")]
+    UnknownTurn(String, u64, String),
+    #[error("the messages of turn {0} are no longer stored (trimmed from the session's history)")]
+    Trimmed(u64),
+    #[error("session {0} exists already; name a new one")]
+    TargetExists(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A session's history split at a turn: what comes before it, and the turn's own messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnMessages {
+    pub record: TurnRecord,
+    /// The stored messages before the turn (those a summary stands for included while stored).
+    pub before: Vec<Message>,
+    /// The turn's messages, its input first.
+    pub messages: Vec<Message>,
+}
+
+impl SessionStore {
+    /// The session's turn records, oldest first.
+    pub async fn turn_records(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Vec<TurnRecord>, StoreError> {
+        let mut conn = self.connection.clone();
+        let listed: Vec<String> = conn
+            .lrange(keys::turn_records(tenant, session), 0, -1)
+            .await?;
+        listed.iter().map(|r| decode(r)).collect()
+    }
+
+    /// A recorded turn's messages and the stored history before them.
+    pub async fn turn_messages(
+        &self,
+        tenant: &str,
+        session: &str,
+        turn: u64,
+    ) -> Result<TurnMessages, ForkError> {
+        let mut conn = self.connection.clone();
+        let (records, listed): (Vec<String>, Vec<String>) = redis::pipe()
+            .atomic()
+            .lrange(keys::turn_records(tenant, session), 0, -1)
+            .lrange(keys::history(tenant, session), 0, -1)
+            .query_async(&mut conn)
+            .await
+            .map_err(StoreError::from)?;
+        let records: Vec<TurnRecord> = records
+            .iter()
+            .map(|r| decode(r))
+            .collect::<Result<_, _>>()?;
+        let Some(record) = records.iter().find(|r| r.turn == turn).cloned() else {
+            let known: Vec<String> = records.iter().map(|r| r.turn.to_string()).collect();
+            return Err(ForkError::UnknownTurn(
+                session.to_owned(),
+                turn,
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                },
+            ));
+        };
+        let after: u64 = records
+            .iter()
+            .filter(|r| r.turn > turn)
+            .map(|r| u64::from(r.messages))
+            .sum();
+        let end = (listed.len() as u64)
+            .checked_sub(after)
+            .ok_or(ForkError::Trimmed(turn))?;
+        let start = end
+            .checked_sub(u64::from(record.messages))
+            .ok_or(ForkError::Trimmed(turn))?;
+        let decoded = |range: &[String]| -> Result<Vec<Message>, StoreError> {
+            range.iter().map(|m| decode(m)).collect()
+        };
+        Ok(TurnMessages {
+            before: decoded(&listed[..start as usize])?,
+            messages: decoded(&listed[start as usize..end as usize])?,
+            record,
+        })
+    }
+
+    /// Makes session `to` from `source` as it was at `at`: its history up to that point, its
+    /// summary while the point lies past what the summary stands for, its skills, the records
+    /// of the turns it holds, and `forked_from`. The source is not changed; `to` must not exist.
+    pub async fn fork_session(
+        &self,
+        tenant: &str,
+        source: &str,
+        at: ForkPoint,
+        to: &str,
+    ) -> Result<SessionState, ForkError> {
+        let target = self.load(tenant, to).await?;
+        if target.version > 0 {
+            return Err(ForkError::TargetExists(to.to_owned()));
+        }
+        let loaded = self.load(tenant, source).await?;
+        let forked_from = Some(ForkedFrom {
+            session: source.to_owned(),
+            at,
+        });
+        if at.turn == 0 {
+            let state = SessionState {
+                forked_from,
+                ..SessionState::default()
+            };
+            self.save(tenant, to, 0, &state).await?;
+            return Ok(state);
+        }
+        let split = self.turn_messages(tenant, source, at.turn).await?;
+        let mut kept = split.messages;
+        if let Some(step) = at.step {
+            kept.truncate(step_end(&kept, step));
+        }
+        let whole_turn = at.step.is_none() || kept.len() == split.record.messages as usize;
+        let records = self.turn_records(tenant, source).await?;
+        let after_messages: usize = records
+            .iter()
+            .filter(|r| r.turn > at.turn)
+            .map(|r| r.messages as usize)
+            .sum();
+        // The loaded history is the list from its offset on; what lies before the offset is what
+        // the session's summary stands for.
+        let list_len = split.before.len() + split.record.messages as usize + after_messages;
+        let offset = list_len.saturating_sub(loaded.state.history.len());
+        let mut history = split.before;
+        history.extend(kept);
+        let (history, summary) = match &loaded.state.summary {
+            // The fork keeps the summary only while it stands for messages before the point.
+            Some(summary) if offset <= history.len() => {
+                (history.split_off(offset), Some(summary.clone()))
+            }
+            _ => (history, None),
+        };
+        let state = SessionState {
+            history,
+            turns: if whole_turn { at.turn } else { at.turn - 1 },
+            skills: loaded.state.skills.clone(),
+            summary,
+            plan: None,
+            forked_from,
+            stored: Default::default(),
+        };
+        self.save(tenant, to, 0, &state).await?;
+        let kept_records: Vec<String> = records
+            .iter()
+            .filter(|r| r.turn < at.turn || (r.turn == at.turn && whole_turn))
+            .map(serde_json::to_string)
+            .collect::<Result<_, _>>()
+            .map_err(StoreError::Corrupt)?;
+        if !kept_records.is_empty() {
+            let mut conn = self.connection.clone();
+            let () = conn
+                .rpush(keys::turn_records(tenant, to), kept_records)
+                .await
+                .map_err(StoreError::from)?;
+        }
+        Ok(state)
+    }
+}
+
+/// How many of a turn's messages end with step `step` (its first `step` model responses and the
+/// results of their calls): everything before the turn's `step + 1`-th assistant message.
+pub fn step_end(messages: &[Message], step: u32) -> usize {
+    let mut seen = 0;
+    for (i, message) in messages.iter().enumerate() {
+        if message.role == Role::Assistant {
+            if seen == step {
+                return i;
+            }
+            seen += 1;
+        }
+    }
+    messages.len()
+}
+
+/// The calls a turn's messages asked for, in order.
+pub fn calls_of(messages: &[Message]) -> impl Iterator<Item = &crate::protocol::message::ToolCall> {
+    messages.iter().flat_map(|m| m.tool_calls.iter())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_points_read_turns_and_steps() {
+        assert_eq!(
+            ForkPoint::parse("3").expect("valid"),
+            ForkPoint {
+                turn: 3,
+                step: None
+            }
+        );
+        assert_eq!(
+            ForkPoint::parse("3.2").expect("valid"),
+            ForkPoint {
+                turn: 3,
+                step: Some(2)
+            }
+        );
+        assert_eq!(ForkPoint::parse("0").expect("valid").turn, 0);
+        for bad in ["", "0.1", "a", "3.", "3.x", "-1"] {
+            assert!(ForkPoint::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(ForkPoint::parse("4.1").expect("valid").to_string(), "4.1");
+    }
+
+    #[test]
+    fn a_step_ends_before_the_next_model_response() {
+        let call = |id: &str| crate::protocol::message::ToolCall {
+            id: id.into(),
+            name: "t".into(),
+            arguments: serde_json::json!({}),
+        };
+        let mut asked = Message::assistant("");
+        asked.tool_calls = vec![call("c1")];
+        let turn = vec![
+            Message::user("go"),
+            asked.clone(),
+            Message::tool_result("c1", "r1"),
+            asked,
+            Message::tool_result("c1", "r2"),
+            Message::assistant("done"),
+        ];
+        assert_eq!(step_end(&turn, 0), 1, "step 0: the input alone");
+        assert_eq!(
+            step_end(&turn, 1),
+            3,
+            "step 1: the first response and its result"
+        );
+        assert_eq!(step_end(&turn, 2), 5);
+        assert_eq!(step_end(&turn, 9), 6, "past the end: the whole turn");
+        assert_eq!(calls_of(&turn).count(), 2);
+    }
+}

@@ -1,0 +1,180 @@
+//! Subagents as child runs of their task, with real NATS, Redis, a lead and a worker (the model
+//! scripted): cancelling a task stops its subagent in the middle of the subagent's own call, and
+//! `skein runs tree` shows the task's runs nested as they called each other, with the process
+//! that ran each.
+
+use std::time::Duration;
+
+use serde_json::json;
+use skein_common::protocol::TurnStatus;
+use skein_tests::support::cluster::{submission, TestCluster};
+use skein_tests::support::test_tools::read_effects;
+use skein_tests::support::{eventually, unique};
+
+const NODE: &str = env!("CARGO_BIN_EXE_skein-node");
+
+fn skein(cluster: &TestCluster, args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new(NODE)
+        .args(args)
+        .args(["--nats-url", &cluster.nats.url, "--tenant", "acme"])
+        .output()
+        .expect("skein runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// An `assistant` that hands its task to `planner`, which hands it to `researcher`, which runs
+/// `slow_effect` keyed `key` for `ms`.
+fn nested(cluster: &TestCluster, key: &str, ms: u64) -> (String, String) {
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(agents.join("subagents")).expect("agents dir");
+    let define = |path: &str, text: &str| std::fs::write(agents.join(path), text).expect("written");
+    define(
+        "AGENTS.md",
+        "+++\nname = \"assistant\"\nsubagents = [\"planner\"]\n+++\nDelegate.\n",
+    );
+    define(
+        "subagents/planner.md",
+        "+++\nname = \"planner\"\ndescription = \"plans\"\nsubagents = [\"researcher\"]\n+++\nPlan.\n",
+    );
+    define(
+        "subagents/researcher.md",
+        "+++\nname = \"researcher\"\ndescription = \"finds\"\n+++\nFind.\n",
+    );
+    let spawn = |agent: &str| json!({ "tool_calls": [ { "name": "spawn_agent", "arguments": { "agent": agent, "task": "go" } } ] });
+    let scenario = cluster.dir.join(format!("{}.json", unique("nested")));
+    std::fs::write(
+        &scenario,
+        json!({ "agents": {
+            "assistant": { "turns": [ { "steps": [ spawn("planner"), { "answer": "got {{observations}}" } ] } ] },
+            "planner": { "turns": [ { "steps": [ spawn("researcher"), { "answer": "planned {{observations}}" } ] } ] },
+            "researcher": { "turns": [ { "steps": [
+                { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": key, "ms": ms } } ] },
+                { "answer": "found" }
+            ] } ] }
+        } })
+        .to_string(),
+    )
+    .expect("scenario written");
+    (scenario.display().to_string(), agents.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_of_a_task_form_a_tree_of_the_processes_that_ran_them() {
+    let cluster = TestCluster::start();
+    let (scenario, agents) = nested(&cluster, "leaf", 10);
+    let worker = cluster.worker_config(&["--scenario", &scenario]);
+    let worker_id = worker
+        .process
+        .instance_id
+        .clone()
+        .expect("test workers have ids");
+    cluster.spawn_test_worker(worker);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &scenario, "--agents-dir", &agents]));
+    let task = submission("acme", &unique("s"), "delegate");
+    let (result, events) = cluster.run(&task).await;
+    // Every level's model reused one call id: the sources still tell the runs apart.
+    let sources: std::collections::BTreeSet<&str> =
+        events.iter().map(|e| e.source.as_str()).collect();
+    assert_eq!(
+        sources.into_iter().collect::<Vec<_>>(),
+        [
+            "lead",
+            "subagent:call_t1_s1_0",
+            "subagent:call_t1_s1_0/call_t1_s1_0"
+        ],
+        "child events name their parent"
+    );
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+
+    let (ok, text) = skein(&cluster, &["runs", "tree", &task.task_id]);
+    assert!(ok, "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with("assistant on ") && lines[0].contains("· completed"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("└─ planner on {worker_id} · completed")),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("   └─ researcher on {worker_id} · completed")),
+        "{text}"
+    );
+    let (ok, json) = skein(&cluster, &["runs", "tree", &task.task_id, "--json"]);
+    assert!(ok, "{json}");
+    let tree: serde_json::Value = serde_json::from_str(json.trim()).expect("json tree");
+    assert_eq!(tree["children"][0]["children"][0]["agent"], "researcher");
+    let (ok, text) = skein(&cluster, &["runs", "tree", "no-such-task"]);
+    assert!(!ok && text.contains("has no events"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_task_stops_its_subagents_in_the_middle_of_their_calls() {
+    let cluster = TestCluster::start();
+    let (scenario, agents) = nested(&cluster, "deep", 30_000);
+    let scopes = cluster.spawn_test_worker(cluster.worker_config(&["--scenario", &scenario]));
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &scenario, "--agents-dir", &agents]));
+    let task = submission("acme", &unique("s"), "delegate");
+    let running = cluster.run(&task);
+    let cancelling = async {
+        eventually(
+            "the grandchild's call running",
+            Duration::from_secs(30),
+            || async {
+                read_effects(&cluster.effects_file())
+                    .get("deep")
+                    .is_some_and(|c| c.started == 1)
+                    .then_some(())
+            },
+        )
+        .await;
+        let (ok, text) = skein(&cluster, &["cancel", &task.task_id]);
+        assert!(ok, "{text}");
+    };
+    let ((result, _), ()) = tokio::join!(running, cancelling);
+    assert_eq!(result.status, TurnStatus::Cancelled, "{result:?}");
+    let deep = read_effects(&cluster.effects_file())
+        .get("deep")
+        .cloned()
+        .expect("the call started");
+    assert_eq!(
+        (deep.started, deep.done),
+        (1, 0),
+        "the call was stopped, not finished"
+    );
+    // The grandchild's call (and every run that held a scope) closed long before the call's
+    // 30 s were up: they were stopped, not left to run.
+    eventually("every scope closed", Duration::from_secs(10), || async {
+        let counts = scopes.snapshot();
+        (counts.scopes_opened >= 1 && counts.scopes_opened == counts.scopes_closed).then_some(())
+    })
+    .await;
+    assert_eq!(
+        read_effects(&cluster.effects_file())
+            .get("deep")
+            .map(|c| c.done),
+        Some(0)
+    );
+    let (ok, text) = skein(&cluster, &["runs", "tree", &task.task_id]);
+    assert!(ok, "{text}");
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.contains("· cancelled")),
+        "{text}"
+    );
+    assert!(
+        text.contains("planner on") && text.contains("researcher on"),
+        "{text}"
+    );
+    assert!(!text.contains("running"), "no run is left running: {text}");
+}
