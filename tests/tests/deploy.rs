@@ -438,6 +438,22 @@ fn the_autoscaler_watches_what_the_workers_consume() {
     );
 }
 
+/// A worker that lists agent types binds one consumer per type; the checker that holds KEDA's
+/// triggers to the consumers a pool creates must name them as the worker does.
+#[test]
+fn the_trigger_checker_names_per_type_consumers_as_the_worker_does() {
+    let subjects = repo_file("common/src/subjects.rs");
+    let checks = repo_file("deploy/lib/checks.py");
+    assert!(
+        subjects.contains(r#"format!("skein-agents-{pool}~{agent}")"#),
+        "common/src/subjects.rs names per-type consumers skein-agents-{{pool}}~{{agent}}"
+    );
+    assert!(
+        checks.contains(r#"f"skein-agents-{pool}~{name}""#),
+        "deploy/lib/checks.py wants a trigger per listed type, named as the worker names it"
+    );
+}
+
 #[test]
 fn pods_get_longer_to_stop_than_the_drain_takes() {
     let files = deploy_files();
