@@ -335,7 +335,8 @@ impl SessionStore {
         Ok(())
     }
 
-    /// The runs of subagent type `agent` holding a live slot now.
+    /// The runs of subagent type `agent` holding a slot whose lease has not expired (by this
+    /// process's clock; the scripts use Redis's).
     pub async fn agent_runs(&self, agent: &str) -> Result<u64, StoreError> {
         let mut conn = self.connection.clone();
         let live: u64 = redis::cmd("ZCOUNT")
