@@ -71,6 +71,7 @@ fn agent(name: &str, subagents: Vec<AgentSpec>, permissions: PermissionPolicy) -
         planning: false,
         max_parallel_steps: None,
         max_concurrency: None,
+        budget: None,
     }
 }
 
@@ -150,6 +151,7 @@ fn origin(task: &str) -> TaskOrigin {
         workspace: "s1".into(),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     }
 }
 

@@ -368,6 +368,7 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 planning: false,
                 max_parallel_steps: None,
                 max_concurrency: None,
+                budget: None,
             },
             input: "hello".into(),
             input_ref: None,

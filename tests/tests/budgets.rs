@@ -1,6 +1,7 @@
 //! Spending budgets against real NATS and Redis, with the fake OpenAI-compatible server as the
 //! model: a task's token and cost budgets stop its turn before the call that would go over (and
-//! that call never reaches the model), a subagent draws from its parent's budget, a tenant's daily
+//! that call never reaches the model), a subagent draws from its parent's budget and is held to
+//! its own, a tenant's daily
 //! budget holds across leads, a failed model call gives back what it reserved, and spending is a
 //! metric and an attribute of the `chat` span.
 //!
@@ -212,6 +213,63 @@ async fn a_subagent_draws_from_its_parents_budget() {
             cost_usd: 2.0 * ANSWER_COST
         })
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagent_is_held_to_its_own_budget_and_its_caller_goes_on() {
+    let cluster = TestCluster::start();
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(agents.join("subagents")).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\nname = \"assistant\"\nsubagents = [\"researcher\"]\n+++\nDelegate.\n",
+    )
+    .expect("written");
+    // A call's worst case is $10: the researcher's first call fits its own $10, its second
+    // (after $7 spent) does not. The task itself has no budget.
+    std::fs::write(
+        agents.join("subagents/researcher.md"),
+        "+++\nname = \"researcher\"\ndescription = \"finds\"\n[budget]\nmax_cost_usd = 10\n+++\nFind.\n",
+    )
+    .expect("written");
+    let model = FakeOpenAi::start(vec![
+        FakeReply::tool(
+            "spawn_agent",
+            json!({ "agent": "researcher", "task": "find it" }),
+        ),
+        FakeReply::tool("list_files", json!({ "path": "." })),
+        FakeReply::answer("done without it"),
+    ])
+    .await;
+    let flags = priced(&model, "10");
+    cluster.spawn_worker(cluster.worker_config(&refs(&flags)));
+    cluster.wait_for_workers(1).await;
+    let mut lead_flags = refs(&flags);
+    let agents = agents.display().to_string();
+    lead_flags.extend(["--agents-dir", &agents]);
+    cluster.spawn_lead(cluster.lead_config(&lead_flags));
+
+    let (result, events) = cluster
+        .run(&submission("acme", &unique("s"), "research this"))
+        .await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("done without it"));
+    assert_eq!(
+        model.arrived(),
+        3,
+        "the subagent's second call never reached the model"
+    );
+    let refused = events.iter().find_map(|e| match &e.event {
+        skein_common::protocol::EventKind::ToolFinished {
+            tool,
+            ok: false,
+            preview,
+            ..
+        } if tool == "spawn_agent" => Some(preview.clone()),
+        _ => None,
+    });
+    let refused = refused.expect("the subagent's call failed");
+    assert!(refused.contains("budget_exhausted"), "{refused}");
 }
 
 /// Runs a lead until `stop` is cancelled; returns its task.

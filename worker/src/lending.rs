@@ -188,6 +188,7 @@ mod tests {
             workspace: "w".into(),
             deadline_ms: None,
             budget: None,
+            run_budget: None,
         }
     }
 

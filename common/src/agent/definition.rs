@@ -94,6 +94,9 @@ pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
         )));
     }
     check_max_concurrency(spec.max_concurrency).map_err(invalid)?;
+    if let Some(budget) = &spec.budget {
+        budget.check().map_err(|f| invalid(f.message))?;
+    }
     if !spec.subagents.is_empty() && nesting_left == 0 {
         return Err(invalid("its subagents nest deeper than allowed".into()));
     }
@@ -521,6 +524,7 @@ fn parse(
         planning: front.planning,
         max_parallel_steps: front.max_parallel_steps,
         max_concurrency: front.max_concurrency,
+        budget: front.budget.clone().filter(|b| !b.is_empty()),
     };
     Ok((spec, front.subagents))
 }

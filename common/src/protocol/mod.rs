@@ -179,6 +179,11 @@ pub struct TaskOrigin {
     /// subagents); absent when the task has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetScope>,
+    /// The budget of the subagent run the work belongs to (its agent's own `[budget]`, its
+    /// ledger in the child session), drawn from besides `budget`; inherited by its own
+    /// subagents unless they have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_budget: Option<BudgetScope>,
 }
 
 impl TaskOrigin {
@@ -309,6 +314,10 @@ pub struct AgentSpec {
     /// in Redis); absent for no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<u32>,
+    /// The agent's own `[budget]`: as a subagent, its run spends at most this (and no more than
+    /// what is left of its root task's budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -675,6 +684,7 @@ impl TaskSubmission {
             workspace: self.session.clone(),
             deadline_ms: self.deadline_ms,
             budget: self.budget_scope(None),
+            run_budget: None,
         }
     }
 }

@@ -241,6 +241,7 @@ impl Replayer {
             workspace: fork.clone(),
             deadline_ms: None,
             budget: None,
+            run_budget: None,
         };
         let started = Instant::now();
         let output = self

@@ -43,6 +43,7 @@ impl Lead {
             workspace: result.session.clone(),
             deadline_ms: None,
             budget: None,
+            run_budget: None,
         };
         let events = BusEvents::new(self.bus.clone(), Listeners::default(), origin, "lead");
         events.announce(EventKind::Final { result }).await

@@ -206,6 +206,7 @@ async fn one_task(bus: &Bus, dispatcher: &Dispatcher, batch: &str, i: usize, kin
         workspace: format!("s{}", i % 16),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     };
     let (tool, arguments, timeout) = kind.call();
     let route = CallRoute {

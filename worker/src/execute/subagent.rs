@@ -14,8 +14,8 @@ use skein_common::agent::runtime::{TurnInput, TurnStop};
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{Delivery, Disposition};
 use skein_common::protocol::{
-    validate_token, CallOutcome, EventKind, Failure, FailureKind, SubagentTask, TaskOrigin,
-    TurnStatus,
+    validate_token, BudgetScope, CallOutcome, EventKind, Failure, FailureKind, SubagentTask,
+    TaskOrigin, TurnStatus,
 };
 use skein_common::store::{SessionState, SessionStore};
 use skein_common::wiring::checkpoints::CallCheckpoints;
@@ -96,6 +96,19 @@ pub(super) async fn subagent_task(
     };
     let child_origin = TaskOrigin {
         session: task.child_session.clone(),
+        // A subagent with a budget of its own spends from a ledger of its run (in its child
+        // session) as well as its root task's: the lower of the two holds it. Without one, it
+        // draws from its caller's run budget, if any.
+        run_budget: task
+            .agent
+            .budget
+            .clone()
+            .map(|limits| BudgetScope {
+                task_id: task.origin.task_id.clone(),
+                session: task.child_session.clone(),
+                limits,
+            })
+            .or_else(|| task.origin.run_budget.clone()),
         ..task.origin.clone()
     };
     // While it waits for its own subagents, the child turn lends its slot of this consumer.

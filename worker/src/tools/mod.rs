@@ -486,6 +486,7 @@ pub(crate) mod test_support {
             workspace: session.into(),
             deadline_ms: None,
             budget: None,
+            run_budget: None,
         }
     }
 

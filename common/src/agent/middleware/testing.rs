@@ -22,6 +22,7 @@ pub(super) fn origin() -> TaskOrigin {
         workspace: "s1".into(),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     }
 }
 
@@ -41,6 +42,7 @@ pub(super) fn agent_spec() -> AgentSpec {
         planning: false,
         max_parallel_steps: None,
         max_concurrency: None,
+        budget: None,
     }
 }
 

@@ -367,6 +367,7 @@ mod tests {
             planning: false,
             max_parallel_steps: None,
             max_concurrency: None,
+            budget: None,
         }
     }
 
@@ -400,6 +401,7 @@ mod tests {
                     workspace: "s1".into(),
                     deadline_ms: None,
                     budget: None,
+                    run_budget: None,
                 },
                 agent: &agent,
                 history,

@@ -89,6 +89,7 @@ pub(crate) fn origin(i: usize) -> TaskOrigin {
         workspace: format!("s{}", i % 64),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     }
 }
 

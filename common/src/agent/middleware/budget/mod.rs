@@ -170,12 +170,18 @@ where
 }
 
 impl Shared {
-    /// The ledgers a call of `origin` draws from: its task's budget, then its tenant's day.
+    /// The ledgers a call of `origin` draws from: its subagent run's own budget, its task's
+    /// budget, then its tenant's day.
     fn ledgers(&self, origin: Option<&TaskOrigin>) -> Result<Vec<Ledger>, Failure> {
         let Some(origin) = origin else {
             return Ok(Vec::new());
         };
-        let mut ledgers = Vec::with_capacity(2);
+        let mut ledgers = Vec::with_capacity(3);
+        // A subagent run's own budget first: it is the tighter one when it refuses.
+        if let Some(scope) = &origin.run_budget {
+            scope.check()?;
+            ledgers.push(Ledger::task(&origin.tenant, scope));
+        }
         if let Some(scope) = &origin.budget {
             // It names Redis keys: a forged scope must not reach them.
             scope.check()?;
