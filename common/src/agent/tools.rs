@@ -119,10 +119,15 @@ impl ToolCatalog {
     }
 
     /// The tools an allowlist permits (as [`Self::specs_allowed`]), plus `extras` last (the
-    /// runtime's own tools): one shared list for every turn that asks for the same, so a turn
-    /// holds no copy of the specs.
-    pub fn tools_for(&self, allowlist: &[String], extras: &[ToolSpec]) -> Arc<[ToolSpec]> {
-        let key = serde_json::to_string(&(allowlist, extras)).unwrap_or_default();
+    /// runtime's own tools, which `extras_key` names: the same key, the same extras): one shared
+    /// list for every turn that asks for the same, so a turn holds no copy of the specs.
+    pub fn tools_for(
+        &self,
+        allowlist: &[String],
+        extras_key: &str,
+        extras: &[ToolSpec],
+    ) -> Arc<[ToolSpec]> {
+        let key = format!("{allowlist:?}|{extras_key}");
         if let Some(list) = self
             .handed_out
             .lock()
@@ -275,8 +280,8 @@ mod tests {
     fn turns_asking_for_the_same_tools_share_one_list() {
         let catalog = ToolCatalog::from_workers(&[worker("w1", "p", &["a", "b"], false)]);
         let all = ["*".to_owned()];
-        let first = catalog.tools_for(&all, &[]);
-        let second = catalog.tools_for(&all, &[]);
+        let first = catalog.tools_for(&all, "", &[]);
+        let second = catalog.tools_for(&all, "", &[]);
         assert!(Arc::ptr_eq(&first, &second));
         let names = |list: &[ToolSpec]| list.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
         assert_eq!(names(&first), ["a", "b"]);
@@ -288,11 +293,12 @@ mod tests {
             concurrency_safe: true,
             effects: Default::default(),
         };
-        let with_extra = catalog.tools_for(&["b".to_owned()], std::slice::from_ref(&extra));
+        let with_extra =
+            catalog.tools_for(&["b".to_owned()], "spawn", std::slice::from_ref(&extra));
         assert_eq!(names(&with_extra), ["b", "spawn"]);
         assert!(Arc::ptr_eq(
             &with_extra,
-            &catalog.tools_for(&["b".to_owned()], &[extra])
+            &catalog.tools_for(&["b".to_owned()], "spawn", &[extra])
         ));
         assert!(!Arc::ptr_eq(&first, &with_extra));
     }

@@ -198,7 +198,12 @@ pub struct Runtime {
     middleware: Middleware,
     settings: RuntimeSettings,
     metrics: crate::metrics::Metrics,
+    /// The runtime's own tool specs by what they are built from: built once, shared by turns.
+    own_tools: std::sync::Mutex<std::collections::HashMap<String, Arc<[ToolSpec]>>>,
 }
+
+/// Most distinct sets of the runtime's own tools kept built; past it a turn builds its own.
+const MAX_OWN_TOOL_SETS: usize = 64;
 
 impl Runtime {
     /// A runtime over its seams; `middleware` wraps the model and tool services (its layers
@@ -219,6 +224,7 @@ impl Runtime {
             middleware,
             settings,
             metrics: crate::metrics::Metrics::new(),
+            own_tools: Default::default(),
         }
     }
 
@@ -354,8 +360,10 @@ impl Runtime {
                 return finished_failed(turn, out, failure);
             }
         };
-        let extras = self.runtime_tools(turn);
-        let tools = catalog.tools_for(&turn.agent.tools, &extras);
+        let tools = {
+            let (key, extras) = self.runtime_tools(turn);
+            catalog.tools_for(&turn.agent.tools, &key, &extras)
+        };
         let model = self.model_name(turn);
         let tools_bytes = crate::agent::tokens::tools_upper_bound(&tools);
         let mut window = compact::Window::new(turn, &out, self);
@@ -510,21 +518,48 @@ impl Runtime {
         }
     }
 
-    /// The runtime's own tools this turn offers: `spawn_agent` when the agent has subagents and
-    /// may nest deeper, `load_skill` when it may load skills.
-    fn runtime_tools(&self, turn: &TurnInput<'_>) -> Vec<ToolSpec> {
-        let mut extras = Vec::new();
+    /// The runtime's own tools this turn offers — `spawn_agent` when the agent has subagents and
+    /// may nest deeper, the plan tools when it plans, `load_skill` when it may load skills — and
+    /// the key naming them (what they are built from). Built once per key and shared.
+    fn runtime_tools(&self, turn: &TurnInput<'_>) -> (String, Arc<[ToolSpec]>) {
         let may_spawn = !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth;
+        let skills = turn.skills.unwrap_or(&self.skills);
+        let skills = skills.allowed(turn.agent.skills.as_deref());
+        let subagents: Vec<&str> = turn
+            .agent
+            .subagents
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        let key = format!(
+            "{may_spawn}|{}|{}|{}",
+            turn.agent.planning,
+            subagents.join(","),
+            skills.join(",")
+        );
+        if let Some(built) = self
+            .own_tools
+            .lock()
+            .ok()
+            .and_then(|b| b.get(&key).cloned())
+        {
+            return (key, built);
+        }
+        let mut extras = Vec::new();
         if may_spawn {
             extras.push(acting::spawn_tool_spec(&turn.agent.subagents));
         }
         extras.extend(planning::plan_tool_specs(turn.agent, may_spawn));
-        let skills = turn.skills.unwrap_or(&self.skills);
-        let skills = skills.allowed(turn.agent.skills.as_deref());
         if !skills.is_empty() {
             extras.push(acting::load_skill_spec(&skills));
         }
-        extras
+        let built: Arc<[ToolSpec]> = extras.into();
+        if let Ok(mut kept) = self.own_tools.lock() {
+            if kept.len() < MAX_OWN_TOOL_SETS {
+                kept.insert(key.clone(), built.clone());
+            }
+        }
+        (key, built)
     }
 
     fn system_prompt(
