@@ -349,6 +349,7 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 workspace: session.clone(),
                 deadline_ms: None,
                 budget: None,
+                run_budget: None,
             },
             call_id: format!("c{n}"),
             call_key: format!("forged:{n}"),

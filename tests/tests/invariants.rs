@@ -70,6 +70,7 @@ fn origin(session: &str, task: &str) -> TaskOrigin {
         workspace: session.into(),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     }
 }
 

@@ -246,6 +246,7 @@ async fn a_stdio_servers_tools_join_the_catalog_and_calls_carry_the_idempotency_
         workspace: task.session.clone(),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     };
     let key =
         skein_worker::tools::idempotency_key(&origin, &call_key(&task.task_id, 1, &record_call));

@@ -29,6 +29,7 @@ fn origin(tenant: &str, session: &str) -> TaskOrigin {
         workspace: session.into(),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     }
 }
 

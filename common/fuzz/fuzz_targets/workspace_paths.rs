@@ -34,6 +34,7 @@ fn origin(tenant: &str, workspace: &str) -> TaskOrigin {
         workspace: workspace.into(),
         deadline_ms: None,
         budget: None,
+        run_budget: None,
     }
 }
 

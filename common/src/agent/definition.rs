@@ -524,7 +524,7 @@ fn parse(
         planning: front.planning,
         max_parallel_steps: front.max_parallel_steps,
         max_concurrency: front.max_concurrency,
-        budget: front.budget.clone().filter(|b| !b.is_empty()),
+        budget: front.budget.filter(|b| !b.is_empty()),
     };
     Ok((spec, front.subagents))
 }

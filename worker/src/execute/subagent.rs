@@ -102,7 +102,6 @@ pub(super) async fn subagent_task(
         run_budget: task
             .agent
             .budget
-            .clone()
             .map(|limits| BudgetScope {
                 task_id: task.origin.task_id.clone(),
                 session: task.child_session.clone(),
