@@ -85,29 +85,30 @@ impl RunningTurns {
 }
 
 /// One running turn's view of its controls: those its start read, then the store's whenever a
-/// wake raised the flag.
-pub struct LeadControls {
-    store: SessionStore,
-    tenant: String,
-    session: String,
-    task_id: String,
+/// wake raised the flag. It borrows what the turn holds anyway (a turn in flight is memory the
+/// lead pays for each of its thousands of turns).
+pub struct LeadControls<'a> {
+    store: &'a SessionStore,
+    tenant: &'a str,
+    session: &'a str,
+    task_id: &'a str,
     raised: Arc<AtomicBool>,
     at_start: Mutex<Option<Controls>>,
 }
 
-impl LeadControls {
+impl<'a> LeadControls<'a> {
     pub fn new(
-        store: SessionStore,
-        origin: (&str, &str, &str),
+        store: &'a SessionStore,
+        origin: (&'a str, &'a str, &'a str),
         raised: Arc<AtomicBool>,
         at_start: Controls,
     ) -> Self {
         let (tenant, session, task_id) = origin;
         Self {
             store,
-            tenant: tenant.to_owned(),
-            session: session.to_owned(),
-            task_id: task_id.to_owned(),
+            tenant,
+            session,
+            task_id,
             raised,
             at_start: Mutex::new(Some(at_start)),
         }
@@ -116,7 +117,7 @@ impl LeadControls {
     async fn read(&self, steered: u32) -> Result<ControlUpdate, Failure> {
         let (controls, steer) = self
             .store
-            .controls(&self.tenant, &self.session, &self.task_id, steered)
+            .controls(self.tenant, self.session, self.task_id, steered)
             .await
             .map_err(|e| e.to_failure())?;
         Ok(update(&controls, steer))
@@ -131,7 +132,7 @@ fn update(controls: &Controls, steer: Vec<String>) -> ControlUpdate {
     }
 }
 
-impl TurnControls for LeadControls {
+impl TurnControls for LeadControls<'_> {
     fn changed(&self, steered: u32) -> BoxFuture<'_, Result<Option<ControlUpdate>, Failure>> {
         Box::pin(async move {
             let at_start = self.at_start.lock().ok().and_then(|mut s| s.take());

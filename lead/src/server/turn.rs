@@ -364,7 +364,7 @@ impl Lead {
         // controls at its next step boundary.
         let (raised, _running) = self.parked.running.register(tenant, &submission.task_id);
         let controlled = crate::control::LeadControls::new(
-            self.store.clone(),
+            &self.store,
             (tenant, session, &submission.task_id),
             raised,
             controls,
