@@ -310,7 +310,8 @@ impl Acting<'_, '_> {
                     .await;
                 running.push(self.run_step(step, index, step_call));
             }
-            self.board.set(plan.clone());
+            // The board takes the plan once, at the end: no other plan tool runs meanwhile, and a
+            // resumed turn starts from its checkpoint's plan anyway.
             let Some((index, outcome, worker_id, elapsed)) = running.next().await else {
                 break;
             };
@@ -337,11 +338,12 @@ impl Acting<'_, '_> {
             self.step_finished(&plan.plan[index], ok, worker_id, elapsed)
                 .await;
         }
-        self.board.set(plan.clone());
+        let output = serde_json::to_string(&plan).unwrap_or_default();
         self.turn
             .events
             .emit(EventKind::PlanUpdated { plan: plan.clone() })
             .await;
+        self.board.set(plan);
         if !waiting.is_empty() {
             if let Some(suspension) = self.ask_for(waiting, answers.as_ref()).await {
                 self.board.suspend(suspension);
@@ -351,7 +353,7 @@ impl Acting<'_, '_> {
                 ));
             }
         }
-        Ok(serde_json::to_string(&plan).unwrap_or_default())
+        Ok(output)
     }
 
     /// The subagent call of a plan step: a `spawn_agent` call whose id is stable for this
