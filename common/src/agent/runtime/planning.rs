@@ -345,13 +345,12 @@ impl Acting<'_, '_> {
             .await;
         self.board.set(plan);
         if !waiting.is_empty() {
-            if let Some(suspension) = self.ask_for(waiting, answers.as_ref()).await {
-                self.board.suspend(suspension);
-                return Err(Failure::new(
-                    FailureKind::Denied,
-                    "plan steps wait for a person's approval",
-                ));
-            }
+            let suspension = self.ask_for(waiting, answers.as_ref()).await;
+            self.board.suspend(suspension);
+            return Err(Failure::new(
+                FailureKind::Denied,
+                "plan steps wait for a person's approval",
+            ));
         }
         Ok(output)
     }
@@ -420,11 +419,7 @@ impl Acting<'_, '_> {
     }
 
     /// Announces the steps that wait for a person (once each) and says how long they wait.
-    async fn ask_for(
-        &self,
-        waiting: Vec<PendingCall>,
-        answers: Option<&Answers>,
-    ) -> Option<Awaiting> {
+    async fn ask_for(&self, waiting: Vec<PendingCall>, answers: Option<&Answers>) -> Awaiting {
         self.asked.store(true, std::sync::atomic::Ordering::Relaxed);
         let now = now_ms();
         let expires_at_ms = answers.and_then(|a| a.expires_at_ms).or_else(|| {
@@ -449,10 +444,10 @@ impl Acting<'_, '_> {
                 })
                 .await;
         }
-        Some(Awaiting {
+        Awaiting {
             calls: waiting,
             expires_at_ms,
-        })
+        }
     }
 
     async fn step_finished(
