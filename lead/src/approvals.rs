@@ -16,8 +16,7 @@
 //! session, and publishes the wake. A decision for a task with no stored request, or for a call it
 //! does not wait on, is logged and dropped: there is nothing to resume.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -34,6 +33,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::by_task::{ByTask, Registered};
 use crate::server::{Lead, Settled};
 
 /// Decisions recorded at once by one lead.
@@ -69,29 +69,12 @@ impl Waiting {
     }
 }
 
-/// Wake signals by tenant and task.
-type WakeSignals = HashMap<(String, String), Arc<Notify>>;
-
 /// The suspended turns this lead holds, by tenant and task, each with the signal that wakes it;
 /// and the running turns, whose controls a wake tells them to read.
 #[derive(Clone, Default)]
 pub struct Parked {
-    waiting: Arc<Mutex<WakeSignals>>,
+    waiting: ByTask<Arc<Notify>>,
     pub running: crate::control::RunningTurns,
-}
-
-/// Removes a parked turn's entry when it stops waiting.
-struct ParkedEntry {
-    parked: Parked,
-    key: (String, String),
-}
-
-impl Drop for ParkedEntry {
-    fn drop(&mut self) {
-        if let Ok(mut waiting) = self.parked.waiting.lock() {
-            waiting.remove(&self.key);
-        }
-    }
 }
 
 impl Parked {
@@ -116,8 +99,7 @@ impl Parked {
                     continue;
                 };
                 running.raise(tenant, task);
-                let key = (tenant.to_owned(), task.to_owned());
-                if let Some(notify) = waiting.lock().ok().and_then(|w| w.get(&key).cloned()) {
+                if let Some(notify) = waiting.get(tenant, task) {
                     notify.notify_one();
                 }
             }
@@ -125,22 +107,15 @@ impl Parked {
         Ok(parked)
     }
 
-    fn register(&self, tenant: &str, task_id: &str) -> (Arc<Notify>, ParkedEntry) {
-        let key = (tenant.to_owned(), task_id.to_owned());
+    fn register(&self, tenant: &str, task_id: &str) -> (Arc<Notify>, Registered<Arc<Notify>>) {
         let notify = Arc::new(Notify::new());
-        if let Ok(mut waiting) = self.waiting.lock() {
-            waiting.insert(key.clone(), notify.clone());
-        }
-        let entry = ParkedEntry {
-            parked: self.clone(),
-            key,
-        };
+        let entry = self.waiting.register(tenant, task_id, notify.clone());
         (notify, entry)
     }
 
     /// How many suspended turns this lead holds.
     pub fn len(&self) -> usize {
-        self.waiting.lock().map(|w| w.len()).unwrap_or(0)
+        self.waiting.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -15,7 +15,6 @@
 //! emits `resumed`. Steer messages join before the next model call, each once: the checkpoint
 //! counts those taken. A wake that is lost delays a control until the turn's next start.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,6 +27,7 @@ use skein_common::store::control::Controls;
 use skein_common::store::SessionStore;
 use skein_common::subjects;
 
+use crate::by_task::{ByTask, Registered};
 use crate::server::Lead;
 
 /// Controls recorded at once by one lead.
@@ -35,50 +35,28 @@ pub const CONTROL_CONCURRENCY: usize = 8;
 /// Delay before a control that could not be recorded (Redis away) is offered again.
 const CONTROL_RETRY: Duration = Duration::from_secs(1);
 
-type Flags = HashMap<(String, String), Arc<AtomicBool>>;
-
 /// The turns running on this lead, by tenant and task, each with the flag a wake raises.
 #[derive(Clone, Default)]
 pub struct RunningTurns {
-    flags: Arc<Mutex<Flags>>,
-}
-
-/// Removes a running turn's flag when the turn ends.
-pub struct RunningEntry {
-    turns: RunningTurns,
-    key: (String, String),
-}
-
-impl Drop for RunningEntry {
-    fn drop(&mut self) {
-        if let Ok(mut flags) = self.turns.flags.lock() {
-            flags.remove(&self.key);
-        }
-    }
+    flags: ByTask<Arc<AtomicBool>>,
 }
 
 impl RunningTurns {
     /// Registers a running turn; its flag is raised by every wake of the task until the entry
     /// drops.
-    pub fn register(&self, tenant: &str, task_id: &str) -> (Arc<AtomicBool>, RunningEntry) {
-        let key = (tenant.to_owned(), task_id.to_owned());
+    pub fn register(
+        &self,
+        tenant: &str,
+        task_id: &str,
+    ) -> (Arc<AtomicBool>, Registered<Arc<AtomicBool>>) {
         let flag = Arc::new(AtomicBool::new(false));
-        if let Ok(mut flags) = self.flags.lock() {
-            flags.insert(key.clone(), flag.clone());
-        }
-        (
-            flag,
-            RunningEntry {
-                turns: self.clone(),
-                key,
-            },
-        )
+        let entry = self.flags.register(tenant, task_id, flag.clone());
+        (flag, entry)
     }
 
     /// A wake for the task: its running turn looks at its controls at the next boundary.
     pub fn raise(&self, tenant: &str, task_id: &str) {
-        let key = (tenant.to_owned(), task_id.to_owned());
-        if let Some(flag) = self.flags.lock().ok().and_then(|f| f.get(&key).cloned()) {
+        if let Some(flag) = self.flags.get(tenant, task_id) {
             flag.store(true, Ordering::Release);
         }
     }

@@ -9,6 +9,7 @@
 //!   answers and waking the turn.
 //! - [`control`]: pausing, resuming and steering running turns — recording controls, the flag a
 //!   wake raises on a running turn, what the turn reads at its step boundaries.
+//! - [`by_task`]: what the lead holds for each task it works on, removed with its guard.
 //! - [`lease`]: keeping a session lease while a turn runs (lost, or presumed lost).
 //! - [`results`]: answers clients' lookups of stored final results.
 //! - [`turns`]: waiting for a session's turn — announcements that a session is free, and the
@@ -20,6 +21,7 @@
 #![recursion_limit = "256"]
 
 pub mod approvals;
+pub mod by_task;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -73,6 +73,17 @@ pub enum Command {
     Worker(Box<skein_worker::Config>),
 }
 
+/// The exit code of a command that ran to `result`: success, or its error on stderr.
+fn exit_code(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skein: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Parses the command line and runs the command.
 pub fn main() -> ExitCode {
     main_from(std::env::args())

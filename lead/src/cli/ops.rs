@@ -141,13 +141,7 @@ async fn find_trace(args: &TraceArgs) -> Result<String, String> {
 }
 
 pub async fn dlq(args: DlqArgs) -> ExitCode {
-    match run_dlq(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("skein: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::exit_code(run_dlq(args).await)
 }
 
 async fn run_dlq(args: DlqArgs) -> Result<(), String> {

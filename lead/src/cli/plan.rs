@@ -23,13 +23,7 @@ pub struct PlanArgs {
 }
 
 pub async fn plan(args: PlanArgs) -> ExitCode {
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("skein: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::exit_code(run(args).await)
 }
 
 async fn run(args: PlanArgs) -> Result<(), String> {

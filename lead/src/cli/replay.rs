@@ -80,13 +80,7 @@ struct Compared {
 }
 
 pub async fn replay(args: ReplayArgs) -> ExitCode {
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("skein: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::exit_code(run(args).await)
 }
 
 async fn run(args: ReplayArgs) -> Result<(), String> {

@@ -37,13 +37,7 @@ pub enum RunsAction {
 }
 
 pub async fn runs(args: RunsArgs) -> ExitCode {
-    match run(args.action).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("skein: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::exit_code(run(args.action).await)
 }
 
 async fn run(action: RunsAction) -> Result<(), String> {

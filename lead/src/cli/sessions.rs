@@ -74,13 +74,7 @@ pub struct ForkWorkspace {
 }
 
 pub async fn sessions(args: SessionsArgs) -> ExitCode {
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("skein: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::exit_code(run(args).await)
 }
 
 async fn run(args: SessionsArgs) -> Result<(), String> {

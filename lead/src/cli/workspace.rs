@@ -74,13 +74,7 @@ pub struct Target {
 }
 
 pub async fn workspace(args: WorkspaceArgs) -> ExitCode {
-    match run(args.action).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("skein: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::exit_code(run(args.action).await)
 }
 
 async fn run(action: WorkspaceAction) -> Result<(), String> {
