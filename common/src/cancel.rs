@@ -162,6 +162,12 @@ impl CancelRegistry {
                     registry.remember(tenant, task_id);
                     let stopped = registry.cancel(tenant, task_id);
                     tracing::info!(tenant, task_id, stopped, "cancel request");
+                } else if let Some((tenant, task_id, call)) =
+                    subjects::parse_cancel_call(&request.subject)
+                {
+                    // One run and the runs under it; the task is not cancelled, so not remembered.
+                    let stopped = registry.cancel(tenant, &subjects::run_cancel_key(task_id, call));
+                    tracing::info!(tenant, task_id, call, stopped, "cancel request for one run");
                 }
             }
         });

@@ -137,13 +137,29 @@ impl SkeinClient {
         task_id: &str,
         reason: &str,
     ) -> Result<(), ClientError> {
+        self.cancel_run(tenant, task_id, None, reason).await
+    }
+
+    /// Cancels one subagent run of a task (`call_id`: the call that started it) and the runs
+    /// under it, or, without a call, the whole task.
+    pub async fn cancel_run(
+        &self,
+        tenant: &str,
+        task_id: &str,
+        call_id: Option<&str>,
+        reason: &str,
+    ) -> Result<(), ClientError> {
         crate::protocol::validate_token("tenant", tenant).map_err(ClientError::Rejected)?;
         crate::protocol::validate_token("task_id", task_id).map_err(ClientError::Rejected)?;
+        if let Some(call) = call_id {
+            crate::protocol::validate_token("call_id", call).map_err(ClientError::Rejected)?;
+        }
         let request = crate::protocol::CancelRequest {
             v: crate::protocol::PROTOCOL_VERSION,
             tenant: tenant.to_owned(),
             task_id: task_id.to_owned(),
             reason: reason.to_owned(),
+            call_id: call_id.map(str::to_owned),
         };
         self.bus.request_cancel(&request).await?;
         Ok(())

@@ -156,6 +156,26 @@ pub fn cancel(tenant: &str, task_id: &str) -> String {
     format!("skein.cancel.{tenant}.{task_id}")
 }
 
+/// Where a cancel request for one subagent run of a task (and the runs under it) is published.
+pub fn cancel_call(tenant: &str, task_id: &str, call_id: &str) -> String {
+    format!("skein.cancel.{tenant}.{task_id}.{call_id}")
+}
+
+/// The tenant, task and call a cancel request for one subagent run names.
+pub fn parse_cancel_call(subject: &str) -> Option<(&str, &str, &str)> {
+    let rest = subject.strip_prefix("skein.cancel.")?;
+    let mut parts = rest.split('.');
+    let (tenant, task, call) = (parts.next()?, parts.next()?, parts.next()?);
+    let plain = parts.next().is_none() && ![tenant, task, call].iter().any(|p| p.is_empty());
+    plain.then_some((tenant, task, call))
+}
+
+/// The key under which the work of one subagent run (and of the runs under it) is registered
+/// for cancelling, beside its task's.
+pub fn run_cancel_key(task_id: &str, call_id: &str) -> String {
+    format!("{task_id}.{call_id}")
+}
+
 /// The tenant and task a cancel subject names.
 pub fn parse_cancel(subject: &str) -> Option<(&str, &str)> {
     let rest = subject.strip_prefix("skein.cancel.")?;

@@ -1,5 +1,6 @@
 //! Subagents as child runs of their task, with real NATS, Redis, a lead and a worker (the model
-//! scripted): cancelling a task stops its subagent in the middle of the subagent's own call, and
+//! scripted): cancelling a task stops its subagent in the middle of the subagent's own call;
+//! cancelling one child alone stops it and the runs under it while its caller goes on; and
 //! `skein runs tree` shows the task's runs nested as they called each other, with the process
 //! that ran each.
 
@@ -177,4 +178,65 @@ async fn cancelling_a_task_stops_its_subagents_in_the_middle_of_their_calls() {
         "{text}"
     );
     assert!(!text.contains("running"), "no run is left running: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_child_cancelled_alone_stops_with_its_own_children_and_its_caller_goes_on() {
+    let cluster = TestCluster::start();
+    let (scenario, agents) = nested(&cluster, "alone", 30_000);
+    let scopes = cluster.spawn_test_worker(cluster.worker_config(&["--scenario", &scenario]));
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &scenario, "--agents-dir", &agents]));
+    let task = submission("acme", &unique("s"), "delegate");
+    let running = cluster.run(&task);
+    let cancelling = async {
+        eventually(
+            "the grandchild's call running",
+            Duration::from_secs(30),
+            || async {
+                read_effects(&cluster.effects_file())
+                    .get("alone")
+                    .is_some_and(|c| c.started == 1)
+                    .then_some(())
+            },
+        )
+        .await;
+        // The planner's run (the lead's first call), and with it the researcher under it.
+        let (ok, text) = skein(
+            &cluster,
+            &["cancel", &task.task_id, "--call", "call_t1_s1_0"],
+        );
+        assert!(ok && text.contains("run call_t1_s1_0"), "{text}");
+    };
+    let ((result, events), ()) = tokio::join!(running, cancelling);
+    assert_eq!(
+        result.status,
+        TurnStatus::Completed,
+        "the task went on: {result:?}"
+    );
+    let answer = result.answer.unwrap_or_default();
+    assert!(
+        answer.starts_with("got error (stopped)"),
+        "the lead observed the stop: {answer}"
+    );
+    let stopped = events.iter().any(|e| {
+        e.source == "lead"
+            && matches!(
+                &e.event,
+                skein_common::protocol::EventKind::ToolFinished { ok: false, .. }
+            )
+    });
+    assert!(stopped, "the spawn ended failed");
+    eventually("every scope closed", Duration::from_secs(10), || async {
+        let counts = scopes.snapshot();
+        (counts.scopes_opened >= 1 && counts.scopes_opened == counts.scopes_closed).then_some(())
+    })
+    .await;
+    assert_eq!(
+        read_effects(&cluster.effects_file())
+            .get("alone")
+            .map(|c| c.done),
+        Some(0),
+        "the grandchild's call was stopped, not finished"
+    );
 }

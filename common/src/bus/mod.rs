@@ -353,12 +353,12 @@ impl Bus {
         request: &crate::protocol::CancelRequest,
     ) -> Result<(), BusError> {
         let payload = self.encode(request)?;
-        self.publish_durable(
-            subjects::cancel(&request.tenant, &request.task_id),
-            outgoing_headers(),
-            payload,
-        )
-        .await
+        let subject = match &request.call_id {
+            Some(call) => subjects::cancel_call(&request.tenant, &request.task_id, call),
+            None => subjects::cancel(&request.tenant, &request.task_id),
+        };
+        self.publish_durable(subject, outgoing_headers(), payload)
+            .await
     }
 
     /// Publishes an answer to a task's approval requests (durably: any lead records it, also one

@@ -158,6 +158,11 @@ pub struct CancelRequest {
     /// Why, for the record.
     #[serde(default)]
     pub reason: String,
+    /// Stop only this subagent run of the task (the call that started it, as its events'
+    /// source names it) and the runs under it; its caller observes `stopped` and goes on.
+    /// Published on `skein.cancel.{tenant}.{task_id}.{call_id}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
 }
 
 /// Who a piece of work belongs to; travels with every task so workers stay stateless.
@@ -422,6 +427,8 @@ pub enum FailureKind {
     /// The model refused the request as longer than its context.
     ContextOverflow,
     Cancelled,
+    /// A cancel request for this subagent run alone stopped it; the task goes on.
+    Stopped,
     /// An older task of the session was still unfinished and the submission asked not to wait
     /// (`multitask: reject`).
     SessionBusy,
@@ -449,6 +456,7 @@ impl FailureKind {
             FailureKind::BudgetExhausted => "budget_exhausted",
             FailureKind::ContextOverflow => "context_overflow",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::Stopped => "stopped",
             FailureKind::SessionBusy => "session_busy",
             FailureKind::DeadLettered => "dead_lettered",
             FailureKind::Internal => "internal",
@@ -707,18 +715,22 @@ pub fn child_session_id(parent_session: &str, call_id: &str) -> String {
 /// session, then `-sub-<call>` per level); a session id cut to its last 128 characters leaves
 /// only the call id.
 pub fn child_event_source(workspace: &str, child_session: &str, call_id: &str) -> String {
-    let lineage = child_session
+    let mut calls = ancestor_calls(workspace, child_session);
+    // The session's last call is this one (as its id reads in a session id): the raw id names it.
+    calls.pop();
+    calls.push(call_id);
+    format!("subagent:{}", calls.join("/"))
+}
+
+/// The calls that led to a session, outermost first: none for the user's session (or a child
+/// session cut to its last 128 characters, whose lineage is lost), `[c1]` for `{user}-sub-c1`,
+/// `[c1, c2]` one level down.
+pub fn ancestor_calls<'a>(workspace: &str, session: &'a str) -> Vec<&'a str> {
+    session
         .strip_prefix(workspace)
-        .and_then(|rest| rest.strip_prefix("-sub-"));
-    match lineage {
-        Some(lineage) => {
-            let mut calls: Vec<&str> = lineage.split("-sub-").collect();
-            calls.pop();
-            calls.push(call_id);
-            format!("subagent:{}", calls.join("/"))
-        }
-        None => format!("subagent:{call_id}"),
-    }
+        .and_then(|rest| rest.strip_prefix("-sub-"))
+        .map(|lineage| lineage.split("-sub-").collect())
+        .unwrap_or_default()
 }
 
 /// The key a call's result is recorded under in its session: unique across the session's turns

@@ -19,6 +19,10 @@ pub struct CancelArgs {
     /// Why, for the record.
     #[arg(long, default_value = "cancelled from the command line")]
     pub reason: String,
+    /// Stop only this subagent run of the task (the call that started it: `subagent:<call>` in
+    /// its events, or `skein runs tree`) and the runs under it; its caller observes `stopped`.
+    #[arg(long)]
+    pub call: Option<String>,
     /// The task to stop.
     pub task_id: String,
 }
@@ -70,13 +74,23 @@ pub async fn cancel(args: CancelArgs) -> ExitCode {
     let result = async {
         let client = SkeinClient::connect(&args.nats).await?;
         client
-            .cancel(&args.tenant, &args.task_id, &args.reason)
+            .cancel_run(
+                &args.tenant,
+                &args.task_id,
+                args.call.as_deref(),
+                &args.reason,
+            )
             .await
     };
     match result.await {
         Ok(()) => {
+            let run = args
+                .call
+                .as_ref()
+                .map(|call| format!("run {call} of "))
+                .unwrap_or_default();
             eprintln!(
-                "cancel requested for task {} of tenant {}",
+                "cancel requested for {run}task {} of tenant {}",
                 args.task_id, args.tenant
             );
             ExitCode::SUCCESS

@@ -95,6 +95,7 @@ impl Lead {
                         tenant: tenant.to_owned(),
                         task_id: task_id.to_owned(),
                         reason: format!("rolled back by task {me} (multitask: rollback)"),
+                        call_id: None,
                     };
                     match self.bus.request_cancel(&request).await {
                         Ok(()) => tracing::info!(

@@ -223,6 +223,7 @@ async fn one_task(bus: &Bus, dispatcher: &Dispatcher, batch: &str, i: usize, kin
                 tenant: origin.tenant.clone(),
                 task_id: origin.task_id.clone(),
                 reason: "soak".into(),
+                call_id: None,
             };
             if let Err(e) = bus.request_cancel(&request).await {
                 eprintln!("soak: cancel request not published: {e}");

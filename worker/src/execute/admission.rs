@@ -12,6 +12,7 @@ use skein_common::protocol::{
     PROTOCOL_VERSION,
 };
 use skein_common::store::{CallAdmission, RunMarker};
+use skein_common::subjects;
 use tokio_util::sync::CancellationToken;
 
 use super::marker::RunOwner;
@@ -32,7 +33,9 @@ pub(super) struct Admitted {
     pub(super) attempt: Attempt,
     pub(super) run: RunOwner,
     pub(super) stop: CancellationToken,
-    pub(super) _registration: skein_common::cancel::Registration,
+    /// Under the task, and under every subagent run the work belongs to (a cancel request for
+    /// one run stops the work under it).
+    pub(super) _registrations: Vec<skein_common::cancel::Registration>,
 }
 
 /// Decides whether a valid task runs now. `Err` with how the task settles when it was dealt with
@@ -74,9 +77,14 @@ pub(super) async fn admit(
         return Err(finish(ctx, call, outcome, Instant::now()).await);
     }
     let stop = abort.child_token();
-    let registration = ctx
-        .cancels
-        .register(&origin.tenant, &origin.task_id, stop.clone());
+    let registrations = std::iter::once(origin.task_id.clone())
+        .chain(
+            skein_common::protocol::ancestor_calls(&origin.workspace, &origin.session)
+                .into_iter()
+                .map(|call| subjects::run_cancel_key(&origin.task_id, call)),
+        )
+        .map(|key| ctx.cancels.register(&origin.tenant, &key, stop.clone()))
+        .collect();
     Ok(Admitted {
         attempt: Attempt {
             number: attempt,
@@ -84,7 +92,7 @@ pub(super) async fn admit(
         },
         run,
         stop,
-        _registration: registration,
+        _registrations: registrations,
     })
 }
 

@@ -131,7 +131,7 @@ async fn tool_task(
         attempt,
         run: marker,
         stop,
-        _registration,
+        _registrations,
     } = match admit(ctx, call, &abort).await {
         Ok(admitted) => admitted,
         Err(settled) => return settled,
@@ -199,7 +199,7 @@ async fn tool_task(
     let work = tokio::select! {
         // A stop that came before the work started wins: the tool is not polled at all.
         biased;
-        _ = stop.cancelled() => stopped(&abort),
+        _ = stop.cancelled() => stopped(ctx, &task.origin, &abort),
         outcome = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => Work::Done(outcome),
     };
     conclude(ctx, scope, work, call, started, attempt, &marker).await
@@ -216,11 +216,19 @@ async fn arguments(ctx: &WorkerContext, task: &ToolTask) -> Result<serde_json::V
 
 /// Work stopped early: by shutdown (handed back to run elsewhere) or by a cancel request (ends
 /// as a `cancelled` failure).
-fn stopped(abort: &CancellationToken) -> Work {
+fn stopped(ctx: &WorkerContext, origin: &TaskOrigin, abort: &CancellationToken) -> Work {
     if abort.is_cancelled() {
         Work::HandBack
-    } else {
+    } else if ctx.cancels.heard(&origin.tenant, &origin.task_id) {
         let failure = Failure::new(FailureKind::Cancelled, "the task was cancelled");
+        Work::Done(CallOutcome::Failed { failure })
+    } else {
+        // A cancel request for the subagent run this work belongs to, not for its task: the
+        // caller observes it and goes on.
+        let failure = Failure::new(
+            FailureKind::Stopped,
+            "stopped by a cancel request for this subagent run (the task goes on)",
+        );
         Work::Done(CallOutcome::Failed { failure })
     }
 }

@@ -65,11 +65,17 @@ pub(super) async fn subagent_task(
         attempt,
         run: marker,
         stop,
-        _registration,
+        _registrations,
     } = match admit(ctx, call, &abort).await {
         Ok(admitted) => admitted,
         Err(settled) => return settled,
     };
+    // A cancel request for this run alone (its call) stops it and the runs under it.
+    let _own = ctx.cancels.register(
+        &task.origin.tenant,
+        &skein_common::subjects::run_cancel_key(&task.origin.task_id, &task.call_id),
+        stop.clone(),
+    );
     let started = Instant::now();
     let scope = TaskScope::new(
         ctx.stats.clone(),
@@ -238,7 +244,7 @@ pub(super) async fn subagent_task(
             Ok(Ok(Err(TurnStop::Interrupted(failure))))
                 if failure.kind == FailureKind::Cancelled || stop.is_cancelled() =>
             {
-                return stopped(&abort)
+                return stopped(ctx, &task.origin, &abort)
             }
             // Trouble that may pass (the registry could not be read): another attempt, not a
             // cancel, which would stop the calling turn.
@@ -310,7 +316,7 @@ pub(super) async fn subagent_task(
     let work = tokio::select! {
         // A stop that came before the work started wins: the tool is not polled at all.
         biased;
-        _ = stop.cancelled() => stopped(&abort),
+        _ = stop.cancelled() => stopped(ctx, &task.origin, &abort),
         work = marker.hold(ctx, call, envelope.with_progress(ctx.progress_every, run)) => work,
     };
     // The next run of the type may start as soon as this one's work is over.
