@@ -56,7 +56,7 @@ pub enum Command {
     Trace(Box<ops::TraceArgs>),
     /// List, fetch or seed the files of a session's workspace (NATS object store).
     Workspace(Box<workspace::WorkspaceArgs>),
-    /// List a tenant's sessions, show one, or remove one.
+    /// List a tenant's sessions, show one, remove one, list its turns or fork it.
     Sessions(Box<sessions::SessionsArgs>),
     /// Run a recorded turn again in a fork of its session (`--cached`: matching calls from the
     /// record; `--live`: every call) and print what changed.
