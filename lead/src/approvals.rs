@@ -241,14 +241,14 @@ impl Lead {
             Received::Undecodable(undecodable) => {
                 let why = undecodable.body().to_string();
                 let (envelope, _) = undecodable.into_parts();
-                return self.refuse_decision(envelope, &why).await;
+                return self.refuse(envelope, "approval", &why).await;
             }
         };
         let on_subject = subjects::parse_approval(envelope.subject());
         let valid = validate_token("tenant", &decision.tenant)
             .and_then(|()| validate_token("task_id", &decision.task_id));
         if let Err(failure) = valid {
-            return self.refuse_decision(envelope, &failure.message).await;
+            return self.refuse(envelope, "approval", &failure.message).await;
         }
         if on_subject != Some((decision.tenant.as_str(), decision.task_id.as_str())) {
             let why = format!(
@@ -256,7 +256,7 @@ impl Lead {
                 envelope.subject(),
                 subjects::approval(&decision.tenant, &decision.task_id)
             );
-            return self.refuse_decision(envelope, &why).await;
+            return self.refuse(envelope, "approval", &why).await;
         }
         let disposition = match self.record_decision(&decision).await {
             Ok(()) => Disposition::Ack,
@@ -312,9 +312,10 @@ impl Lead {
         Ok(())
     }
 
-    /// A decision that cannot be read or belongs elsewhere: set aside, never retried.
-    async fn refuse_decision(&self, envelope: Envelope, why: &str) {
-        tracing::warn!(subject = %envelope.subject(), why, "approval decision refused");
+    /// A person's message (an approval decision, a control: `kind`) that cannot be read or
+    /// belongs elsewhere: set aside, never retried.
+    pub(crate) async fn refuse(&self, envelope: Envelope, kind: &'static str, why: &str) {
+        tracing::warn!(subject = %envelope.subject(), kind, why, "message refused");
         let applied = envelope
             .settle(Disposition::SetAside {
                 reason: format!("rejected: {why}"),
@@ -322,7 +323,7 @@ impl Lead {
             })
             .await;
         if matches!(applied, Disposition::SetAside { .. }) {
-            self.metrics.dead_lettered("approval");
+            self.metrics.dead_lettered(kind);
         }
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use skein_common::agent::seams::{ControlUpdate, TurnControls};
-use skein_common::bus::{Disposition, Envelope, Received};
+use skein_common::bus::{Disposition, Received};
 use skein_common::protocol::{Failure, RunControl};
 use skein_common::store::control::Controls;
 use skein_common::store::SessionStore;
@@ -139,11 +139,11 @@ impl Lead {
             Received::Undecodable(undecodable) => {
                 let why = undecodable.body().to_string();
                 let (envelope, _) = undecodable.into_parts();
-                return self.refuse_control(envelope, &why).await;
+                return self.refuse(envelope, "control", &why).await;
             }
         };
         if let Err(failure) = control.validate() {
-            return self.refuse_control(envelope, &failure.message).await;
+            return self.refuse(envelope, "control", &failure.message).await;
         }
         let on_subject = subjects::parse_control(envelope.subject());
         if on_subject != Some((control.tenant.as_str(), control.task_id.as_str())) {
@@ -152,7 +152,7 @@ impl Lead {
                 envelope.subject(),
                 subjects::control(&control.tenant, &control.task_id)
             );
-            return self.refuse_control(envelope, &why).await;
+            return self.refuse(envelope, "control", &why).await;
         }
         let recorded = self
             .store
@@ -189,20 +189,6 @@ impl Lead {
             // A parked turn still wakes at its expiry or redelivery; a running one reads its
             // controls at its next start.
             tracing::warn!(error = %e, "wake not published");
-        }
-    }
-
-    /// A control that cannot be read or belongs elsewhere: set aside, never retried.
-    async fn refuse_control(&self, envelope: Envelope, why: &str) {
-        tracing::warn!(subject = %envelope.subject(), why, "control refused");
-        let applied = envelope
-            .settle(Disposition::SetAside {
-                reason: format!("rejected: {why}"),
-                attempts: 1,
-            })
-            .await;
-        if matches!(applied, Disposition::SetAside { .. }) {
-            self.metrics.dead_lettered("control");
         }
     }
 }
