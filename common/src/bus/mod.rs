@@ -328,15 +328,8 @@ impl Bus {
         session: &str,
     ) -> Result<Option<u64>, BusError> {
         use async_nats::jetstream::stream::RawMessageErrorKind;
-        let stream_error = |message: String| BusError::Stream {
-            stream: subjects::SUBMIT_STREAM.into(),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::SUBMIT_STREAM)
-            .await
-            .map_err(|e| stream_error(e.to_string()))?;
+        let stream = self.stream_no_info(subjects::SUBMIT_STREAM).await?;
+        let stream_error = |message: String| stream_error(subjects::SUBMIT_STREAM, message);
         match stream
             .get_first_raw_message_by_subject(subjects::submit(tenant, session), 1)
             .await
@@ -390,18 +383,23 @@ impl Bus {
         .await
     }
 
+    /// A handle on stream `name` without asking the server for its info (one request less); a
+    /// failure names the stream.
+    pub(crate) async fn stream_no_info(
+        &self,
+        name: &str,
+    ) -> Result<jetstream::stream::Stream<()>, BusError> {
+        self.jetstream
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| stream_error(name, e.to_string()))
+    }
+
     /// Whether a cancel request for the task was published.
     pub async fn cancel_requested(&self, tenant: &str, task_id: &str) -> Result<bool, BusError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
-        let stream_error = |message: String| BusError::Stream {
-            stream: subjects::CANCEL_STREAM.into(),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::CANCEL_STREAM)
-            .await
-            .map_err(|e| stream_error(e.to_string()))?;
+        let stream = self.stream_no_info(subjects::CANCEL_STREAM).await?;
+        let stream_error = |message: String| stream_error(subjects::CANCEL_STREAM, message);
         match stream
             .get_last_raw_message_by_subject(&subjects::cancel(tenant, task_id))
             .await
@@ -653,6 +651,14 @@ pub(super) fn message_id(message: &async_nats::Message) -> Option<String> {
         .as_ref()
         .and_then(|h| h.get(NATS_MESSAGE_ID))
         .map(|v| v.as_str().to_owned())
+}
+
+/// A failure reading stream `stream`.
+fn stream_error(stream: &str, message: String) -> BusError {
+    BusError::Stream {
+        stream: stream.into(),
+        message,
+    }
 }
 
 #[cfg(test)]

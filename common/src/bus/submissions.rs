@@ -34,15 +34,8 @@ impl Bus {
         limit: usize,
     ) -> Result<Vec<QueuedSubmission>, BusError> {
         use async_nats::jetstream::stream::RawMessageErrorKind;
-        let stream_error = |message: String| BusError::Stream {
-            stream: subjects::SUBMIT_STREAM.into(),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::SUBMIT_STREAM)
-            .await
-            .map_err(|e| stream_error(e.to_string()))?;
+        let stream = self.stream_no_info(subjects::SUBMIT_STREAM).await?;
+        let stream_error = |message: String| super::stream_error(subjects::SUBMIT_STREAM, message);
         let subject = subjects::submit(tenant, session);
         let mut queued = Vec::new();
         let mut from = 1;
