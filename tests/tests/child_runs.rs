@@ -240,3 +240,146 @@ async fn one_child_cancelled_alone_stops_with_its_own_children_and_its_caller_go
         "the grandchild's call was stopped, not finished"
     );
 }
+
+/// The fields of a hash of the parent session's task (`keys::results` or `keys::attempts`).
+async fn task_hash(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: String,
+) -> std::collections::HashMap<String, String> {
+    redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("hgetall")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_turn_saved_before_its_result_was_recorded_is_not_run_again() {
+    use skein_common::store::keys;
+
+    let cluster = TestCluster::start();
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(agents.join("subagents")).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\nname = \"assistant\"\nsubagents = [\"researcher\"]\n+++\nDelegate.\n",
+    )
+    .expect("written");
+    std::fs::write(
+        agents.join("subagents/researcher.md"),
+        "+++\nname = \"researcher\"\ndescription = \"finds\"\n+++\nFind.\n",
+    )
+    .expect("written");
+    let spawn = json!({ "tool_calls": [ { "name": "spawn_agent", "arguments": { "agent": "researcher", "task": "go" } } ] });
+    let scenario = cluster.dir.join(format!("{}.json", unique("once")));
+    std::fs::write(
+        &scenario,
+        json!({ "agents": {
+            "assistant": { "turns": [ { "steps": [ spawn, { "answer": "got {{observations}}" } ] } ] },
+            "researcher": { "turns": [ { "steps": [ { "answer": "found" } ] } ] }
+        } })
+        .to_string(),
+    )
+    .expect("scenario written");
+    let scenario = scenario.display().to_string();
+
+    // The worker's Redis user may do everything but record a call's result (HSETNX): it saves
+    // the child session, then fails to record, as a worker that dies between the two would.
+    let client = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let acl = |change: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let () = redis::cmd("ACL")
+                .arg(&[
+                    "SETUSER",
+                    "skein-worker",
+                    "on",
+                    ">worker-pw",
+                    "~*",
+                    "&*",
+                    "+@all",
+                ])
+                .arg(change)
+                .query_async(&mut conn)
+                .await
+                .expect("acl setuser");
+        }
+    };
+    acl("-hsetnx").await;
+    let mut worker = cluster.worker_config(&["--scenario", &scenario]);
+    worker.redis.url = format!(
+        "redis://skein-worker:worker-pw@127.0.0.1:{}/",
+        cluster.redis.port()
+    );
+    cluster.spawn_test_worker(worker);
+    cluster.wait_for_workers(1).await;
+    let agents = agents.display().to_string();
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &scenario, "--agents-dir", &agents]));
+    let session = unique("s");
+    let task = submission("acme", &session, "delegate");
+    let (result, _) = cluster.run(&task).await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("got found"));
+
+    // Two more deliveries of the subagent task came and went (the first delivery is not
+    // counted; each later one is, when it is admitted, after the one before it settled).
+    let attempts = keys::attempts("acme", &session, &format!("{}:0:x", task.task_id));
+    eventually(
+        "two redeliveries of the subagent task",
+        Duration::from_secs(60),
+        || {
+            let (mut conn, attempts) = (conn.clone(), attempts.clone());
+            async move {
+                let counts = task_hash(&mut conn, attempts).await;
+                counts
+                    .iter()
+                    .any(|(field, n)| {
+                        !field.starts_with("turn:") && n.parse::<u64>().unwrap_or(0) >= 2
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    acl("+hsetnx").await;
+    let results = keys::results("acme", &session, &format!("{}:0:x", task.task_id));
+    let recorded = eventually(
+        "the call's result recorded",
+        Duration::from_secs(60),
+        || {
+            let (mut conn, results) = (conn.clone(), results.clone());
+            async move { task_hash(&mut conn, results).await.into_values().next() }
+        },
+    )
+    .await;
+    assert!(recorded.contains("found"), "{recorded}");
+
+    // The child turn ran once: its session holds one turn, one question and one answer.
+    let child = skein_common::protocol::child_session_id(&session, "call_t1_s1_0");
+    let store = cluster.store().await;
+    let loaded = store.load("acme", &child).await.expect("child session");
+    assert_eq!(loaded.state.turns, 1, "{:?}", loaded.state.history);
+    assert_eq!(loaded.state.history.len(), 2, "{:?}", loaded.state.history);
+    // What the child left for the next delivery goes once the result is recorded.
+    eventually(
+        "the child's leftovers dropped",
+        Duration::from_secs(30),
+        || {
+            let mut conn = conn.clone();
+            let pattern = format!("{}*", keys::call_outcome("acme", &child, ""));
+            async move {
+                let left: Vec<String> = redis::cmd("KEYS")
+                    .arg(pattern)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("keys");
+                left.is_empty().then_some(())
+            }
+        },
+    )
+    .await;
+}

@@ -1,7 +1,7 @@
 //! Call state on the store: a call's recorded result (the first write wins), its attempt count
 //! (admission in one trip), the marker of a run in progress (so a redelivered copy waits for the
-//! running one instead of running beside it), the checkpoints of a subagent call's child turn, and forgetting a
-//! call's outcome for a replay.
+//! running one instead of running beside it), the checkpoints of a subagent call's child turn and
+//! its outcome saved with the child session, and forgetting a call's outcome for a replay.
 
 use redis::{AsyncCommands, Script};
 
@@ -9,7 +9,18 @@ use super::{
     keys, parse_number, CallAdmission, SessionStore, StoreError, TurnCheckpoint, ATTEMPTS_TTL_SECS,
     CHECKPOINT_TTL_SECS, RESULTS_TTL_SECS,
 };
-use crate::protocol::ToolResult;
+use crate::protocol::{CallOutcome, ToolResult};
+
+/// What an earlier delivery of a subagent call left in its child session.
+#[derive(Debug)]
+pub enum ChildProgress {
+    /// Nothing: the child turn starts from the beginning.
+    Fresh,
+    /// The child turn's progress, to resume from.
+    Resume(TurnCheckpoint),
+    /// The child turn ended and was saved with this outcome: only its recording is left.
+    Ended(CallOutcome),
+}
 
 /// Admits a call on a worker in one trip: its recorded result if there is one; else, when
 /// another run holds the call's marker, who; else counts the attempt and takes the marker.
@@ -108,18 +119,54 @@ impl SessionStore {
         self.set_json(key, checkpoint, CHECKPOINT_TTL_SECS).await
     }
 
-    /// The saved progress of a subagent call's child turn, if an earlier delivery left any.
-    pub async fn call_checkpoint(
+    /// What an earlier delivery of a subagent call left in its child session: the child turn's
+    /// outcome, when it ended and was saved; else its progress, if it checkpointed any.
+    pub async fn child_progress(
         &self,
         tenant: &str,
         child_session: &str,
         call_key: &str,
-    ) -> Result<Option<TurnCheckpoint>, StoreError> {
-        self.get_json(keys::call_checkpoint(tenant, child_session, call_key))
-            .await
+    ) -> Result<ChildProgress, StoreError> {
+        let mut conn = self.connection.clone();
+        let (outcome, checkpoint): (Option<String>, Option<String>) = redis::pipe()
+            .get(keys::call_outcome(tenant, child_session, call_key))
+            .get(keys::call_checkpoint(tenant, child_session, call_key))
+            .query_async(&mut conn)
+            .await?;
+        Ok(match (outcome, checkpoint) {
+            (Some(outcome), _) => ChildProgress::Ended(parse_json(&outcome)?),
+            (None, Some(checkpoint)) => ChildProgress::Resume(parse_json(&checkpoint)?),
+            (None, None) => ChildProgress::Fresh,
+        })
     }
 
-    /// Drops a subagent call's checkpoint once its result is recorded.
+    /// Saves a subagent call's child session and the call's outcome in one write (one script on
+    /// the child session's slot): a worker that dies after it leaves the outcome for the next
+    /// delivery to record, which does not run the child turn again. `Conflict` when the child
+    /// session changed since it was loaded at `expected_version`; nothing is written then.
+    pub async fn save_child_turn(
+        &self,
+        tenant: &str,
+        child_session: &str,
+        expected_version: u64,
+        state: &super::SessionState,
+        call_key: &str,
+        outcome: &CallOutcome,
+    ) -> Result<u64, StoreError> {
+        let json = serde_json::to_string(outcome).map_err(StoreError::Corrupt)?;
+        let key = keys::call_outcome(tenant, child_session, call_key);
+        self.save_with(
+            tenant,
+            child_session,
+            expected_version,
+            state,
+            Some((key, json)),
+        )
+        .await
+    }
+
+    /// Drops what a subagent call's child turn left (its checkpoint, its saved outcome) once the
+    /// call's result is recorded.
     pub async fn drop_call_checkpoint(
         &self,
         tenant: &str,
@@ -128,7 +175,10 @@ impl SessionStore {
     ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
         let _: i64 = conn
-            .del(keys::call_checkpoint(tenant, child_session, call_key))
+            .del(&[
+                keys::call_checkpoint(tenant, child_session, call_key),
+                keys::call_outcome(tenant, child_session, call_key),
+            ])
             .await?;
         Ok(())
     }
@@ -250,4 +300,8 @@ impl SessionStore {
             .await?;
         Ok(())
     }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
+    serde_json::from_str(json).map_err(StoreError::Corrupt)
 }

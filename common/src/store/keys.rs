@@ -84,6 +84,12 @@ pub fn call_checkpoint(tenant: &str, child_session: &str, call_key: &str) -> Str
     format!("{}:call:{call_key}", tag(tenant, child_session))
 }
 
+/// The outcome of a subagent call's child turn, in the child session, written with the child
+/// session's save: a redelivered task finds it and records it instead of running the turn again.
+pub fn call_outcome(tenant: &str, child_session: &str, call_key: &str) -> String {
+    format!("{}:outcome:{call_key}", tag(tenant, child_session))
+}
+
 /// The delivery counter of a piece of work (a task's turn, or a subagent call by its key): each
 /// delivery that emits events takes the next number, which leads its events' sequence numbers.
 pub fn event_epoch(tenant: &str, session: &str, work: &str) -> String {

@@ -27,7 +27,7 @@ pub mod traffic;
 mod turn;
 mod workers;
 
-pub use calls::RunMarker;
+pub use calls::{ChildProgress, RunMarker};
 pub use sessions::{Removal, SessionSummary};
 pub use turn::TurnLease;
 
@@ -419,12 +419,36 @@ impl SessionStore {
         expected_version: u64,
         state: &SessionState,
     ) -> Result<u64, StoreError> {
+        self.save_with(tenant, session, expected_version, state, None)
+            .await
+    }
+
+    /// Saves a session as [`save`](Self::save) does, and with it `(key, value)` of the same
+    /// session (one write): a subagent call's outcome beside its child turn's messages.
+    pub(crate) async fn save_with(
+        &self,
+        tenant: &str,
+        session: &str,
+        expected_version: u64,
+        state: &SessionState,
+        also: Option<(String, String)>,
+    ) -> Result<u64, StoreError> {
         let mut conn = self.connection.clone();
         let write = HistoryWrite::of(state, self.session_max_messages)?;
         let next = next_version(expected_version)?;
-        let saved: i64 = Script::new(SAVE_SCRIPT)
+        let script = Script::new(SAVE_SCRIPT);
+        let mut invocation = script.prepare_invoke();
+        invocation
             .key(keys::session(tenant, session))
-            .key(keys::history(tenant, session))
+            .key(keys::history(tenant, session));
+        let (also_value, also_ttl) = match also {
+            Some((key, value)) => {
+                invocation.key(key);
+                (value, CHECKPOINT_TTL_SECS)
+            }
+            None => (String::new(), 0),
+        };
+        let saved: i64 = invocation
             .arg(expected_version)
             .arg(next)
             .arg(write.meta)
@@ -432,6 +456,8 @@ impl SessionStore {
             .arg(self.session_ttl_secs)
             .arg(write.offset)
             .arg(write.trim)
+            .arg(also_value)
+            .arg(also_ttl)
             .arg(write.messages)
             .invoke_async(&mut conn)
             .await?;

@@ -4,13 +4,14 @@
 /// Compare-and-set save: KEYS[1] session hash, KEYS[2] history list; ARGV expected version, new
 /// version, state (without history), 'replace' or 'append', idle ttl seconds (0: none), offset
 /// of the loaded history in the list afterwards, how many of the list's oldest messages to drop,
-/// then the messages to add.
+/// a value for KEYS[3] written with the save ('' for none; a subagent call's outcome), its ttl
+/// seconds, then the messages to add.
 pub(super) const SAVE_SCRIPT: &str = r#"
 local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '0') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'offset', ARGV[6])
 if ARGV[4] == 'replace' then redis.call('DEL', KEYS[2]) end
-for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 10, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 if ARGV[7] ~= '0' then redis.call('LTRIM', KEYS[2], ARGV[7], -1) end
 if ARGV[5] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[5])
@@ -19,6 +20,7 @@ else
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
+if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8], 'EX', ARGV[9]) end
 return 1
 "#;
 

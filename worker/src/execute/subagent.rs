@@ -1,7 +1,8 @@
 //! A subagent task: the child turn run on this worker's runtime in the child session, numbered
 //! after every earlier delivery's events, resumed from the call's checkpoint when an earlier
 //! delivery left one, bounded by the worker's subagent timeout, and saved to the child session
-//! when it completes. Its input may travel by reference (read from the payload store first);
+//! together with the call's outcome when it completes (a later delivery records that outcome
+//! and does not run the turn again). Its input may travel by reference (read from the payload store first);
 //! its answer is fitted to the output cap like a tool's output (`spill`). A type with a
 //! cluster-wide cap runs only in a slot of the cap (`agent_cap`), or waits in the stream; the
 //! turn lends its consumer's slot while it waits for its own subagents (`lending`).
@@ -17,7 +18,7 @@ use skein_common::protocol::{
     validate_token, BudgetScope, CallOutcome, EventKind, Failure, FailureKind, SubagentTask,
     TaskOrigin, TurnStatus,
 };
-use skein_common::store::{SessionState, SessionStore};
+use skein_common::store::ChildProgress;
 use skein_common::wiring::checkpoints::CallCheckpoints;
 use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
@@ -163,17 +164,25 @@ pub(super) async fn subagent_task(
                 return Work::HandBack;
             }
         };
-        // A delivery that may follow an earlier one resumes that one's progress, if it left any.
+        // A delivery that may follow an earlier one resumes that one's progress, if it left any;
+        // when that one's child turn ended and was saved, only its outcome is left to record.
         let (tenant, child_session) = (&child_origin.tenant, &child_origin.session);
         let resume = if first_run {
             None
         } else {
             match ctx
                 .store
-                .call_checkpoint(tenant, child_session, &task.call_key)
+                .child_progress(tenant, child_session, &task.call_key)
                 .await
             {
-                Ok(resume) => resume,
+                Ok(ChildProgress::Fresh) => None,
+                Ok(ChildProgress::Resume(checkpoint)) => Some(checkpoint),
+                Ok(ChildProgress::Ended(outcome)) => {
+                    tracing::info!(
+                        "the child turn ended and was saved before; recording its outcome"
+                    );
+                    return Work::Done(outcome);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "child checkpoint not read; handing the task back");
                     return Work::HandBack;
@@ -269,28 +278,7 @@ pub(super) async fn subagent_task(
                 return Work::Done(CallOutcome::Failed { failure });
             }
         };
-        // A child stopped by its budget keeps its work, as the lead's turns do.
-        if matches!(
-            output.status,
-            TurnStatus::Completed | TurnStatus::BudgetExhausted
-        ) {
-            let mut state = loaded.state;
-            if let Some(compaction) = &output.compaction {
-                state.compact(compaction);
-            }
-            state.history.extend(output.new_messages);
-            state.turns += 1;
-            for skill in output.loaded_skills {
-                if !state.skills.contains(&skill) {
-                    state.skills.push(skill);
-                }
-            }
-            if output.plan.is_some() {
-                state.plan = output.plan;
-            }
-            save_child(&ctx.store, &child_origin, loaded.version, &state).await;
-        }
-        Work::Done(match (output.answer, output.failure) {
+        let outcome = match (output.answer, output.failure) {
             (_, Some(failure)) => CallOutcome::Failed { failure },
             // An answer over the output cap is kept whole in the workspace, as a tool's output
             // is: the caller's model gets its head and tail and where the rest is, and the
@@ -309,7 +297,43 @@ pub(super) async fn subagent_task(
             (None, None) => CallOutcome::Failed {
                 failure: Failure::new(FailureKind::ModelFailed, "subagent gave no answer"),
             },
-        })
+        };
+        // A child stopped by its budget keeps its work, as the lead's turns do. Its session is
+        // saved with the call's outcome in one write.
+        if matches!(
+            output.status,
+            TurnStatus::Completed | TurnStatus::BudgetExhausted
+        ) {
+            let mut state = loaded.state;
+            if let Some(compaction) = &output.compaction {
+                state.compact(compaction);
+            }
+            state.history.extend(output.new_messages);
+            state.turns += 1;
+            for skill in output.loaded_skills {
+                if !state.skills.contains(&skill) {
+                    state.skills.push(skill);
+                }
+            }
+            if output.plan.is_some() {
+                state.plan = output.plan;
+            }
+            let saved = ctx
+                .store
+                .save_child_turn(
+                    tenant,
+                    child_session,
+                    loaded.version,
+                    &state,
+                    &task.call_key,
+                    &outcome,
+                )
+                .await;
+            if let Err(e) = saved {
+                tracing::warn!(error = %e, session = %child_session, "child session not saved");
+            }
+        }
+        Work::Done(outcome)
     };
     // Boxed: the child run's future is large; the cap, progress and marker layers move it.
     let run = agent_cap::holding(slot.as_ref(), Box::pin(run));
@@ -338,15 +362,6 @@ pub(super) async fn subagent_task(
         }
     }
     settled
-}
-
-async fn save_child(store: &SessionStore, origin: &TaskOrigin, version: u64, state: &SessionState) {
-    if let Err(e) = store
-        .save(&origin.tenant, &origin.session, version, state)
-        .await
-    {
-        tracing::warn!(error = %e, session = %origin.session, "child session not saved");
-    }
 }
 
 /// A worker that runs a list of types takes each from its own consumer: a task there must be of
