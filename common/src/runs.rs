@@ -1,7 +1,8 @@
 //! A task's runs as a tree, read from its events: the user's turn on the lead at the root, and
 //! under it every subagent run it started (a `spawn_agent` call or a plan step), theirs under
 //! them. Each run has its agent, the process that ran it, its status, when it started and ended,
-//! and the tokens the lead's turn reports.
+//! and the tokens of its own model calls (the lead's turn reports them in its final result, a
+//! subagent's run in its `run_ended` event).
 //!
 //! Where the links come from: a child's events carry `source = subagent:<call>` (one level down
 //! `subagent:<parent call>/<call>`: `protocol::child_event_source`), so each names its parent; the
@@ -35,7 +36,7 @@ pub struct Run {
     pub started_at_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at_ms: Option<u64>,
-    /// Tokens of the lead's turn (its subagents' own are not reported in events).
+    /// Tokens of this run's own model calls (its children's are on them); none until it ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
     pub children: Vec<Run>,
@@ -91,6 +92,11 @@ pub fn tree(events: &[TurnEvent]) -> Option<Run> {
                 // A plan step's child ends with its step (its call id is in the started event).
                 if let Some(call_id) = plan_call(events, event) {
                     end_run(&mut runs, &child_of(source, &call_id), *ok, event.at_ms);
+                }
+            }
+            EventKind::RunEnded { usage, .. } => {
+                if let Some(run) = runs.get_mut(source) {
+                    run.tokens = Some(usage.prompt_tokens.saturating_add(usage.completion_tokens));
                 }
             }
             EventKind::Final { result } if source == LEAD => {
@@ -188,10 +194,7 @@ fn end_run(runs: &mut HashMap<String, Run>, source: &str, ok: bool, at_ms: u64) 
 }
 
 fn status_name(status: TurnStatus) -> String {
-    serde_json::to_value(status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
+    status.as_str().to_owned()
 }
 
 /// The tree as indented lines: `agent on instance · status · 1.2 s · N tokens (call id)`.
@@ -315,6 +318,18 @@ mod tests {
             event("subagent:c1", 1, 1200, started("planner", "w1")),
             event("subagent:c1", 2, 1300, spawn("c2", "researcher")),
             event("subagent:c1/c2", 1, 1400, started("researcher", "w2")),
+            event(
+                "subagent:c1/c2",
+                2,
+                1850,
+                EventKind::RunEnded {
+                    status: TurnStatus::Completed,
+                    usage: crate::protocol::message::Usage {
+                        prompt_tokens: 7,
+                        completion_tokens: 3,
+                    },
+                },
+            ),
             event("subagent:c1", 3, 1900, finished("c2", true)),
             event("lead", 3, 2000, finished("c1", false)),
             event(
@@ -367,6 +382,8 @@ mod tests {
         assert_eq!(planner.children.len(), 1);
         assert_eq!(planner.children[0].agent, "researcher");
         assert_eq!(planner.children[0].status, "completed");
+        assert_eq!(planner.children[0].tokens, Some(10), "its own run_ended");
+        assert_eq!(planner.tokens, None, "it reported none");
         let step = &root.children[1];
         assert_eq!(
             (step.call_id.as_deref(), step.status.as_str()),
@@ -382,7 +399,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("│  └─ researcher on w2 · completed · 0.5 s (c2)\n"),
+            text.contains("│  └─ researcher on w2 · completed · 0.5 s · 10 tokens (c2)\n"),
             "{text}"
         );
         assert!(

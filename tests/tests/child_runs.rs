@@ -113,6 +113,13 @@ async fn the_runs_of_a_task_form_a_tree_of_the_processes_that_ran_them() {
     assert!(ok, "{json}");
     let tree: serde_json::Value = serde_json::from_str(json.trim()).expect("json tree");
     assert_eq!(tree["children"][0]["children"][0]["agent"], "researcher");
+    // Every run reports the tokens of its own model calls, subagents included.
+    let tokens = |run: &serde_json::Value| run["tokens"].as_u64().unwrap_or(0);
+    let planner = &tree["children"][0];
+    assert!(tokens(&tree) > 0, "{tree}");
+    assert!(tokens(planner) > 0, "{tree}");
+    assert!(tokens(&planner["children"][0]) > 0, "{tree}");
+    assert!(lines[2].contains(" tokens"), "{text}");
     let (ok, text) = skein(&cluster, &["runs", "tree", "no-such-task"]);
     assert!(!ok && text.contains("has no events"), "{text}");
 }

@@ -142,6 +142,12 @@ pub enum EventKind {
         worker_id: String,
         duration_ms: u64,
     },
+    /// A subagent's child turn ended (source `subagent:<call_id>`): how it ended and the tokens
+    /// of its own model calls (the runs under it report theirs on their own `run_ended`).
+    RunEnded {
+        status: TurnStatus,
+        usage: Usage,
+    },
     /// A recoverable problem the turn continued past.
     Warning {
         failure: Failure,
@@ -238,4 +244,17 @@ pub enum TurnStatus {
     /// Not run: an older task of the session was unfinished and the submission said
     /// `multitask: reject`. The failure (`session_busy`) names the task that holds the session.
     Rejected,
+}
+
+impl TurnStatus {
+    /// The status as it is written on the wire (`budget_exhausted`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnStatus::Completed => "completed",
+            TurnStatus::Failed => "failed",
+            TurnStatus::Cancelled => "cancelled",
+            TurnStatus::BudgetExhausted => "budget_exhausted",
+            TurnStatus::Rejected => "rejected",
+        }
+    }
 }

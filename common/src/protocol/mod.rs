@@ -780,6 +780,15 @@ mod tests {
     }
 
     #[test]
+    fn turn_statuses_name_themselves_as_on_the_wire() {
+        use TurnStatus::*;
+        for status in [Completed, Failed, Cancelled, BudgetExhausted, Rejected] {
+            let wire = serde_json::to_value(status).expect("encodes");
+            assert_eq!(wire.as_str(), Some(status.as_str()));
+        }
+    }
+
+    #[test]
     fn announcements_name_agent_types_compatibly() {
         let older = r#"{"v":1,"worker_id":"w1","pool":"p","version":"0","tools":[],"runs_subagents":true,"capacity":1,"heartbeat_ms":0,"heartbeat_every_ms":1000}"#;
         let every: WorkerAnnouncement = serde_json::from_str(older).expect("decodes");

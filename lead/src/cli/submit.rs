@@ -413,6 +413,10 @@ impl Progress {
                     *duration_ms as f64 / 1000.0
                 );
             }
+            EventKind::RunEnded { status, usage } => {
+                let tokens = usage.prompt_tokens.saturating_add(usage.completion_tokens);
+                let _ = writeln!(err, "\r{who}run {} ({tokens} tokens)", status.as_str());
+            }
             EventKind::Warning { failure } => {
                 let _ = writeln!(err, "\r{who}warning: {failure}");
             }

@@ -278,6 +278,12 @@ pub(super) async fn subagent_task(
                 return Work::Done(CallOutcome::Failed { failure });
             }
         };
+        events
+            .emit(EventKind::RunEnded {
+                status: output.status,
+                usage: output.usage,
+            })
+            .await;
         let outcome = match (output.answer, output.failure) {
             (_, Some(failure)) => CallOutcome::Failed { failure },
             // An answer over the output cap is kept whole in the workspace, as a tool's output
