@@ -12,7 +12,8 @@
 //! from its checkpoint, where the approval gate has the answer.
 //!
 //! Answer: any lead consumes `ApprovalDecision`s from `SKEIN_APPROVALS` (work queue, so one lead
-//! records each), records them (first answer per call wins), adds `--always` rules to the
+//! records each), records them (first answer per call wins) under the request they answer — the
+//! task's own turn's, or a waiting subagent run's (`run`) — adds `--always` rules to the
 //! session, and publishes the wake. A decision for a task with no stored request, or for a call it
 //! does not wait on, is logged and dropped: there is nothing to resume.
 
@@ -24,8 +25,8 @@ use skein_common::agent::permissions::always_rule;
 use skein_common::agent::runtime::Awaiting;
 use skein_common::bus::{Bus, BusError, Disposition, Envelope, Received};
 use skein_common::protocol::{
-    now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest, TaskSubmission,
-    PROTOCOL_VERSION,
+    approval_key, now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest,
+    TaskSubmission, PROTOCOL_VERSION,
 };
 use skein_common::store::approvals::Answered;
 use skein_common::subjects;
@@ -134,6 +135,8 @@ impl Lead {
             user: submission.user.clone(),
             agent: submission.agent.clone(),
             calls: awaiting.calls,
+            run: None,
+            lineage: Vec::new(),
             requested_at_ms: now_ms(),
             expires_at_ms: awaiting.expires_at_ms,
             answers: Default::default(),
@@ -246,7 +249,11 @@ impl Lead {
         };
         let on_subject = subjects::parse_approval(envelope.subject());
         let valid = validate_token("tenant", &decision.tenant)
-            .and_then(|()| validate_token("task_id", &decision.task_id));
+            .and_then(|()| validate_token("task_id", &decision.task_id))
+            .and_then(|()| match &decision.run {
+                Some(run) => validate_token("run", run),
+                None => Ok(()),
+            });
         if let Err(failure) = valid {
             return self.refuse(envelope, "approval", &failure.message).await;
         }
@@ -273,8 +280,9 @@ impl Lead {
         decision: &ApprovalDecision,
     ) -> Result<(), skein_common::store::StoreError> {
         let (tenant, task_id) = (decision.tenant.as_str(), decision.task_id.as_str());
-        let Some(request) = self.store.approval_request(tenant, task_id).await? else {
-            tracing::warn!(%tenant, %task_id, "approval decision for a task that waits for none; dropped");
+        let key = approval_key(task_id, decision.run.as_deref());
+        let Some(request) = self.store.approval_request(tenant, &key).await? else {
+            tracing::warn!(%tenant, %key, "approval decision for a task or run that waits for none; dropped");
             return Ok(());
         };
         if decision.approve && decision.always {
@@ -297,17 +305,18 @@ impl Lead {
         };
         let answered = self
             .store
-            .answer_approval(tenant, task_id, decision.call_id.as_deref(), &answer)
+            .answer_approval(tenant, &key, decision.call_id.as_deref(), &answer)
             .await?;
         match answered {
             Answered::Recorded(calls) => {
-                tracing::info!(%tenant, %task_id, call_id = ?decision.call_id, approve = decision.approve, by = %decision.by, calls, "approval decision recorded");
+                tracing::info!(%tenant, %key, call_id = ?decision.call_id, approve = decision.approve, by = %decision.by, calls, "approval decision recorded");
             }
             Answered::NoRequest | Answered::UnknownCall => {
-                tracing::warn!(%tenant, %task_id, call_id = ?decision.call_id, ?answered, "approval decision matches no waiting call; dropped");
+                tracing::warn!(%tenant, %key, call_id = ?decision.call_id, ?answered, "approval decision matches no waiting call; dropped");
                 return Ok(());
             }
         }
+        // A subagent run that waits looks for its answers itself; the wake tells it sooner.
         self.wake(tenant, task_id).await;
         Ok(())
     }

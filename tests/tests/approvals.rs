@@ -347,3 +347,206 @@ async fn a_deadline_ends_a_waiting_turn() {
         "a timed-out turn's request is cleared"
     );
 }
+
+/// An agents folder whose `assistant` hands its task to `deployer`, which must ask before
+/// `slow_effect` (effect `ship`) runs; returns the scenario and the agents folder.
+fn delegating_agents(cluster: &TestCluster) -> (String, String) {
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(agents.join("subagents")).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\nsubagents = [\"deployer\"]\n+++\nDelegate.\n",
+    )
+    .expect("AGENTS.md written");
+    std::fs::write(
+        agents.join("subagents/deployer.md"),
+        "+++\nname = \"deployer\"\ndescription = \"deploys\"\n[permissions]\nask = [\"slow_effect\"]\n+++\nDeploy.\n",
+    )
+    .expect("deployer written");
+    let spawn = json!({ "tool_calls": [ { "name": "spawn_agent", "arguments": { "agent": "deployer", "task": "ship" } } ] });
+    let scenario = cluster.dir.join(format!("{}.json", unique("deployer")));
+    std::fs::write(
+        &scenario,
+        json!({ "agents": {
+            "assistant": { "turns": [ { "steps": [ spawn, { "answer": "lead saw: {{observations}}" } ] } ] },
+            "deployer": { "turns": [ { "steps": [
+                { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "ship", "ms": 10 } } ] },
+                { "answer": "shipped: {{observations}}" }
+            ] } ] }
+        } })
+        .to_string(),
+    )
+    .expect("scenario written");
+    (scenario.display().to_string(), agents.display().to_string())
+}
+
+/// A test-worker process running the scenario's subagents.
+fn subagent_worker(cluster: &TestCluster, scenario: &str) -> ChildProcess {
+    let mut cmd = std::process::Command::new(NODE);
+    let mut args = cluster.process_args("worker");
+    args[0] = "test-worker".into();
+    cmd.args(args)
+        .args(["--scenario", scenario, "--ack-wait", "2s"])
+        .env("SKEIN_TEST_EFFECTS", cluster.effects_file());
+    ChildProcess::spawn(
+        cmd,
+        cluster.dir.join(unique("worker")).with_extension("log"),
+    )
+}
+
+/// Waits until a subagent run of the tenant waits for a person; returns its request.
+async fn wait_for_run_request(store: &skein_common::store::SessionStore) -> ApprovalRequest {
+    eventually("a subagent run's request", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move {
+            let requests = store.approval_requests("acme").await.ok()?;
+            requests.into_iter().find(|r| r.run.is_some())
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagent_waits_for_a_person_and_an_answer_resumes_it_after_its_worker_was_killed() {
+    let cluster = TestCluster::start();
+    let (scenario, agents) = delegating_agents(&cluster);
+    let mut first = subagent_worker(&cluster, &scenario);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &scenario, "--agents-dir", &agents]));
+
+    let task = submission("acme", &unique("s"), "ship it");
+    let running = cluster.run(&task);
+    let store = cluster.store().await;
+    let approving = async {
+        let request = wait_for_run_request(&store).await;
+        // The run that waits, with the calls that led to it; the task's own turn waits on it.
+        assert_eq!(request.task_id, task.task_id);
+        assert_eq!(request.agent, "deployer");
+        assert_eq!(request.lineage, ["call_t1_s1_0"], "{request:?}");
+        assert_eq!(request.calls.len(), 1, "{request:?}");
+        assert_eq!(request.calls[0].tool, "slow_effect");
+        let run = request.run.clone().expect("a run");
+        assert_eq!(request.session, run);
+        assert!(store
+            .approval_request("acme", &task.task_id)
+            .await
+            .expect("read")
+            .is_none());
+        let (listed, text) = skein(&cluster, &["approvals", "--tenant", "acme"]);
+        assert!(listed, "{text}");
+        assert!(
+            text.contains("subagent run call_t1_s1_0") && text.contains(&format!("--run {run}")),
+            "the CLI shows the run's lineage: {text}"
+        );
+
+        // The worker holding the waiting run dies; the answer comes while no worker runs.
+        first.kill();
+        let (approved, text) = skein(
+            &cluster,
+            &["approve", &task.task_id, "--tenant", "acme", "--by", "ops"],
+        );
+        assert!(approved, "{text}");
+        assert_eq!(effect_starts(&cluster, "ship"), 0, "nothing ran before");
+        subagent_worker(&cluster, &scenario)
+    };
+    let ((result, events), second) = tokio::join!(running, approving);
+
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let answer = result.answer.unwrap_or_default();
+    assert!(answer.contains("shipped"), "{answer}");
+    assert!(
+        second
+            .log()
+            .contains("resuming the child turn from its checkpoint"),
+        "the second worker resumed the waiting run"
+    );
+    assert_eq!(
+        effect_starts(&cluster, "ship"),
+        1,
+        "the approved call ran once"
+    );
+    let child_asked: Vec<&TurnEvent> = events
+        .iter()
+        .filter(|e| matches!(e.event, EventKind::ApprovalRequested { .. }))
+        .collect();
+    assert_eq!(
+        child_asked.len(),
+        1,
+        "asked once, also after the worker died"
+    );
+    assert_eq!(child_asked[0].source, "subagent:call_t1_s1_0");
+    assert!(events.iter().any(|e| e.source == "subagent:call_t1_s1_0"
+        && matches!(
+            &e.event,
+            EventKind::ApprovalResolved {
+                verdict: skein_common::protocol::Verdict::Approved,
+                by,
+                ..
+            } if by == "ops"
+        )));
+    eventually("the run's request cleared", Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            store
+                .approval_requests("acme")
+                .await
+                .ok()
+                .filter(|r| r.is_empty())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagent_waiting_for_a_person_hears_a_denial_at_once_and_goes_on() {
+    let cluster = TestCluster::start();
+    let (scenario, agents) = delegating_agents(&cluster);
+    let _worker = subagent_worker(&cluster, &scenario);
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &scenario, "--agents-dir", &agents]));
+
+    let task = submission("acme", &unique("s"), "ship it");
+    let running = cluster.run(&task);
+    let store = cluster.store().await;
+    let denying = async {
+        let request = wait_for_run_request(&store).await;
+        let call = request.calls[0].call_id.clone();
+        let run = request.run.clone().expect("a run");
+        let (denied, text) = skein(
+            &cluster,
+            &[
+                "deny",
+                &task.task_id,
+                "--tenant",
+                "acme",
+                "--call",
+                &call,
+                "--run",
+                &run,
+                "--reason",
+                "not on a friday",
+            ],
+        );
+        assert!(denied, "{text}");
+    };
+    let ((result, events), ()) = tokio::join!(running, denying);
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let answer = result.answer.unwrap_or_default();
+    assert!(
+        answer.contains("shipped") && answer.contains("not on a friday"),
+        "the run observed the denial and went on: {answer}"
+    );
+    assert_eq!(
+        effect_starts(&cluster, "ship"),
+        0,
+        "the denied call never ran"
+    );
+    assert!(events.iter().any(|e| e.source == "subagent:call_t1_s1_0"
+        && matches!(
+            &e.event,
+            EventKind::ApprovalResolved {
+                verdict: skein_common::protocol::Verdict::Refused,
+                ..
+            }
+        )));
+}

@@ -26,7 +26,7 @@ pub use control::{ControlAction, RunControl};
 pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnStatus};
 pub use payload::PayloadRef;
 pub use permissions::{
-    ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall, PermissionMode,
+    approval_key, ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall, PermissionMode,
     PermissionPolicy, ToolEffects, Verdict,
 };
 pub use plan::{Plan, PlanStep, StepOutcome, StepStatus};

@@ -123,6 +123,10 @@ pub struct ApprovalDecision {
     /// The call answered; absent answers every call of the task that waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
+    /// The subagent run answered, by its child session (as its request names it in `run`);
+    /// absent answers the task's own turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     pub approve: bool,
     /// With `approve`: also approve every later call of the same tool for the rest of the
     /// session (a deny rule still refuses it).
@@ -195,6 +199,14 @@ pub struct ApprovalRequest {
     pub agent: String,
     /// The calls that wait (of the step the turn stopped at).
     pub calls: Vec<PendingCall>,
+    /// When a subagent run waits (not the task's own turn): its child session, which `session`
+    /// is too. The request is stored under `approval_key(task_id, run)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// The calls that led from the task's turn to the waiting run, outermost first (its events'
+    /// source is `subagent:` and these joined by `/`); empty for the task's own turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lineage: Vec<String>,
     /// When the turn first asked (milliseconds since the Unix epoch).
     pub requested_at_ms: u64,
     /// When unanswered calls are denied; absent waits for ever (or until the task's deadline).
@@ -205,7 +217,21 @@ pub struct ApprovalRequest {
     pub answers: std::collections::BTreeMap<String, ApprovalAnswer>,
 }
 
+/// Where the approval request of a task's own turn (`run` none) or of one of its subagent runs
+/// (`run`: the run's child session) is stored, answered and cleared.
+pub fn approval_key(task_id: &str, run: Option<&str>) -> String {
+    match run {
+        None => task_id.to_owned(),
+        Some(run) => format!("{task_id}/{run}"),
+    }
+}
+
 impl ApprovalRequest {
+    /// The key it is stored under ([`approval_key`]).
+    pub fn key(&self) -> String {
+        approval_key(&self.task_id, self.run.as_deref())
+    }
+
     /// The calls still without an answer.
     pub fn unanswered(&self) -> impl Iterator<Item = &PendingCall> {
         self.calls

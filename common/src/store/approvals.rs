@@ -2,12 +2,15 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `skein:approvals:{tenant}` | hash task_id → `ApprovalRequest` (without answers) | the tenant's suspended turns |
-//! | `skein:answers:{tenant}:{task}` | hash call_id → `ApprovalAnswer` | answers, first answer wins (expire 30 days after the last) |
+//! | `skein:approvals:{tenant}` | hash request key → `ApprovalRequest` (without answers) | the tenant's suspended turns and waiting subagent runs |
+//! | `skein:answers:{tenant}:{key}` | hash call_id → `ApprovalAnswer` | answers, first answer wins (expire 30 days after the last) |
+//!
+//! A request's key is its task id for the task's own turn, `{task_id}/{child session}` for a
+//! subagent run of the task (`protocol::approval_key`).
 //! | `skein:{t:s}:approved` | set of rules | rules a person approved for the rest of a session (`--always`) |
 //!
-//! Invariants: a request is written only by the lead holding the session's lease (so two writes
-//! of one request never race); an answer is recorded only for a call the stored request waits on,
+//! Invariants: a request is written only by the lead holding the session's lease, or by the
+//! worker holding the subagent task's delivery (so two writes of one request never race); an answer is recorded only for a call the stored request waits on,
 //! and never replaced (the first answer wins, so a person's `deny` cannot be overturned by a late
 //! `approve`, nor the reverse); the two tenant keys share the hash tag `{tenant}`.
 
@@ -20,7 +23,7 @@ use crate::protocol::{ApprovalAnswer, ApprovalRequest};
 const ANSWERS_TTL_SECS: i64 = 30 * 24 * 3600;
 
 /// Records an answer for one call (`ARGV[2]`) or for every call of the request (`ARGV[2]` empty).
-/// KEYS: requests hash, answers hash. ARGV: task id, call id or '', answer JSON, ttl seconds.
+/// KEYS: requests hash, answers hash. ARGV: request key, call id or '', answer JSON, ttl seconds.
 /// Returns -1 when no request is stored, -2 when the call is not one it waits on, else how many
 /// calls got this answer (0: all were answered already).
 const ANSWER_SCRIPT: &str = r#"
@@ -59,8 +62,9 @@ impl SessionStore {
         request: &ApprovalRequest,
     ) -> Result<ApprovalRequest, StoreError> {
         let key = keys::approvals(&request.tenant);
+        let field = request.key();
         let mut conn = self.connection.clone();
-        let earlier: Option<String> = conn.hget(&key, &request.task_id).await?;
+        let earlier: Option<String> = conn.hget(&key, &field).await?;
         let mut stored = request.clone();
         stored.answers.clear();
         if let Some(earlier) = earlier {
@@ -70,20 +74,21 @@ impl SessionStore {
             }
         }
         let json = serde_json::to_string(&stored).map_err(StoreError::Corrupt)?;
-        let () = conn.hset(&key, &stored.task_id, json).await?;
+        let () = conn.hset(&key, &field, json).await?;
         Ok(stored)
     }
 
-    /// A task's request with its answers, if its turn waits.
+    /// A request with its answers, by its key (`protocol::approval_key`: the task id for the
+    /// task's own turn), if that turn or run waits.
     pub async fn approval_request(
         &self,
         tenant: &str,
-        task_id: &str,
+        key: &str,
     ) -> Result<Option<ApprovalRequest>, StoreError> {
         let mut conn = self.connection.clone();
         let (request, answers): (Option<String>, Vec<(String, String)>) = redis::pipe()
-            .hget(keys::approvals(tenant), task_id)
-            .hgetall(keys::answers(tenant, task_id))
+            .hget(keys::approvals(tenant), key)
+            .hgetall(keys::answers(tenant, key))
             .query_async(&mut conn)
             .await?;
         let Some(request) = request else {
@@ -104,11 +109,11 @@ impl SessionStore {
         let mut conn = self.connection.clone();
         let all: Vec<(String, String)> = conn.hgetall(keys::approvals(tenant)).await?;
         let mut requests = Vec::with_capacity(all.len());
-        for (task_id, json) in all {
+        for (key, json) in all {
             match decode::<ApprovalRequest>(&json) {
                 Ok(request) => requests.push(request),
                 Err(e) => {
-                    tracing::warn!(%task_id, error = %e, "unreadable approval request skipped")
+                    tracing::warn!(%key, error = %e, "unreadable approval request skipped")
                 }
             }
         }
@@ -116,11 +121,12 @@ impl SessionStore {
         Ok(requests)
     }
 
-    /// Records an answer to one call of a task (`call_id`) or to all its waiting calls.
+    /// Records an answer to one call (`call_id`) of the request under `key`, or to all its
+    /// waiting calls.
     pub async fn answer_approval(
         &self,
         tenant: &str,
-        task_id: &str,
+        key: &str,
         call_id: Option<&str>,
         answer: &ApprovalAnswer,
     ) -> Result<Answered, StoreError> {
@@ -128,8 +134,8 @@ impl SessionStore {
         let mut conn = self.connection.clone();
         let recorded: i64 = Script::new(ANSWER_SCRIPT)
             .key(keys::approvals(tenant))
-            .key(keys::answers(tenant, task_id))
-            .arg(task_id)
+            .key(keys::answers(tenant, key))
+            .arg(key)
             .arg(call_id.unwrap_or(""))
             .arg(json)
             .arg(ANSWERS_TTL_SECS)
@@ -142,13 +148,13 @@ impl SessionStore {
         })
     }
 
-    /// Forgets a task's request and answers (its turn ended, or was cancelled).
-    pub async fn clear_approval(&self, tenant: &str, task_id: &str) -> Result<(), StoreError> {
+    /// Forgets a request and its answers, by its key (its turn or run ended, or was cancelled).
+    pub async fn clear_approval(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
         let () = redis::pipe()
-            .hdel(keys::approvals(tenant), task_id)
+            .hdel(keys::approvals(tenant), key)
             .ignore()
-            .del(keys::answers(tenant, task_id))
+            .del(keys::answers(tenant, key))
             .ignore()
             .query_async(&mut conn)
             .await?;

@@ -124,8 +124,9 @@ pub fn approvals(tenant: &str) -> String {
     format!("skein:approvals:{{{tenant}}}")
 }
 
-pub fn answers(tenant: &str, task_id: &str) -> String {
-    format!("skein:answers:{{{tenant}}}:{task_id}")
+/// The answers to the approval request under `key` (`protocol::approval_key`).
+pub fn answers(tenant: &str, key: &str) -> String {
+    format!("skein:answers:{{{tenant}}}:{key}")
 }
 
 pub const WORKERS: &str = "skein:workers";

@@ -20,7 +20,7 @@ use clap::Args;
 use skein_common::client::{ClientError, SkeinClient};
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
 use skein_common::protocol::{
-    now_ms, validate_token, ApprovalDecision, ApprovalRequest, Failure, PendingCall,
+    approval_key, now_ms, validate_token, ApprovalDecision, ApprovalRequest, Failure, PendingCall,
     PROTOCOL_VERSION,
 };
 use skein_common::store::{SessionStore, StoreError};
@@ -62,6 +62,10 @@ pub struct ApproveArgs {
     /// Who decides, for the audit trail; `$USER` when unset.
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
+    /// The subagent run answered, by its child session (`skein approvals` shows it); needed
+    /// only when several runs of the task wait on calls with the same id.
+    #[arg(long, value_name = "CHILD_SESSION")]
+    pub run: Option<String>,
     /// The task whose turn waits.
     pub task_id: String,
 }
@@ -83,6 +87,10 @@ pub struct DenyArgs {
     /// Who decides, for the audit trail; `$USER` when unset.
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
+    /// The subagent run answered, by its child session (`skein approvals` shows it); needed
+    /// only when several runs of the task wait on calls with the same id.
+    #[arg(long, value_name = "CHILD_SESSION")]
+    pub run: Option<String>,
     /// The task whose turn waits.
     pub task_id: String,
 }
@@ -101,6 +109,8 @@ pub enum ApprovalError {
     Encode(#[source] serde_json::Error),
     #[error("no approval pending for task {task_id} of tenant {tenant}")]
     NoRequest { tenant: String, task_id: String },
+    #[error("several runs of task {task_id} wait ({runs}); say which with --run")]
+    SeveralRuns { task_id: String, runs: String },
     #[error("task {task_id} does not wait on call {call_id}; waiting calls: {waiting}")]
     UnknownCall {
         task_id: String,
@@ -136,6 +146,7 @@ struct Answering {
     tenant: String,
     task_id: String,
     call_id: Option<String>,
+    run: Option<String>,
     by: Option<String>,
     answer: Answer,
 }
@@ -174,6 +185,7 @@ pub async fn approve(args: ApproveArgs) -> ExitCode {
         tenant: args.tenant,
         task_id: args.task_id,
         call_id: args.call_id,
+        run: args.run,
         by: args.by,
         answer: Answer {
             approve: true,
@@ -191,6 +203,7 @@ pub async fn deny(args: DenyArgs) -> ExitCode {
         tenant: args.tenant,
         task_id: args.task_id,
         call_id: args.call_id,
+        run: args.run,
         by: args.by,
         answer: Answer {
             approve: false,
@@ -224,10 +237,7 @@ async fn list_requests(args: &ApprovalsArgs) -> Result<Vec<ApprovalRequest>, App
     let listed = store.approval_requests(&args.tenant).await?;
     let mut requests = Vec::with_capacity(listed.len());
     for request in listed {
-        if let Some(full) = store
-            .approval_request(&args.tenant, &request.task_id)
-            .await?
-        {
+        if let Some(full) = store.approval_request(&args.tenant, &request.key()).await? {
             requests.push(full);
         }
     }
@@ -239,20 +249,18 @@ impl Answering {
     async fn run(self) -> Result<String, ApprovalError> {
         validate_token("tenant", &self.tenant).map_err(ApprovalError::Invalid)?;
         validate_token("task_id", &self.task_id).map_err(ApprovalError::Invalid)?;
+        if let Some(run) = &self.run {
+            validate_token("run", run).map_err(ApprovalError::Invalid)?;
+        }
         let store = SessionStore::connect(&self.redis).await?;
-        let request = store
-            .approval_request(&self.tenant, &self.task_id)
-            .await?
-            .ok_or_else(|| ApprovalError::NoRequest {
-                tenant: self.tenant.clone(),
-                task_id: self.task_id.clone(),
-            })?;
+        let request = self.addressed(&store).await?;
         let answered = targets(&request, self.call_id.as_deref())?;
         let decision = ApprovalDecision {
             v: PROTOCOL_VERSION,
             tenant: self.tenant.clone(),
             task_id: self.task_id.clone(),
             call_id: self.call_id.clone(),
+            run: request.run.clone(),
             approve: self.answer.approve,
             always: self.answer.always,
             reason: self.answer.reason.clone(),
@@ -279,7 +287,56 @@ impl Answering {
             &answered,
             self.call_id.is_some(),
             still_waiting,
+            request.run.is_some(),
         ))
+    }
+
+    /// The request the decision answers: the run `--run` names; else the task's own turn's when
+    /// it waits on the call (or on any, without `--call`); else the one subagent run of the task
+    /// that does.
+    async fn addressed(&self, store: &SessionStore) -> Result<ApprovalRequest, ApprovalError> {
+        let (tenant, task_id) = (self.tenant.as_str(), self.task_id.as_str());
+        let missing = || ApprovalError::NoRequest {
+            tenant: tenant.to_owned(),
+            task_id: task_id.to_owned(),
+        };
+        if let Some(run) = &self.run {
+            let key = approval_key(task_id, Some(run));
+            return store
+                .approval_request(tenant, &key)
+                .await?
+                .ok_or_else(missing);
+        }
+        let waits_on = |request: &ApprovalRequest| {
+            self.call_id
+                .as_ref()
+                .is_none_or(|id| request.calls.iter().any(|c| c.call_id == *id))
+        };
+        let own = store.approval_request(tenant, task_id).await?;
+        if let Some(own) = own.as_ref().filter(|own| waits_on(own)) {
+            return Ok(own.clone());
+        }
+        let runs: Vec<ApprovalRequest> = store
+            .approval_requests(tenant)
+            .await?
+            .into_iter()
+            .filter(|r| r.task_id == task_id && r.run.is_some() && waits_on(r))
+            .collect();
+        match runs.as_slice() {
+            [] => own.ok_or_else(missing),
+            [run] => store
+                .approval_request(tenant, &run.key())
+                .await?
+                .ok_or_else(missing),
+            several => Err(ApprovalError::SeveralRuns {
+                task_id: task_id.to_owned(),
+                runs: several
+                    .iter()
+                    .filter_map(|r| r.run.as_deref())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
     }
 }
 
@@ -344,6 +401,7 @@ fn confirmation(
     answered: &[&PendingCall],
     one_call: bool,
     still_waiting: usize,
+    of_subagent: bool,
 ) -> String {
     let verb = if answer.approve { "approved" } else { "denied" };
     let mut line = match answered {
@@ -368,7 +426,9 @@ fn confirmation(
     if answer.always {
         line.push_str(", and for the rest of the session");
     }
-    if still_waiting == 0 {
+    if still_waiting == 0 && of_subagent {
+        line.push_str("; the subagent run goes on on its worker");
+    } else if still_waiting == 0 {
         line.push_str("; the turn resumes on a lead");
     } else {
         let others = if still_waiting == 1 {
@@ -387,6 +447,14 @@ pub fn describe(request: &ApprovalRequest, now_ms: u64) -> String {
         "{}  session {} · agent {}",
         request.task_id, request.session, request.agent
     );
+    if let Some(run) = &request.run {
+        // A subagent run: the calls that led to it from the task's turn, and how to name it.
+        let _ = write!(
+            out,
+            " · subagent run {} (--run {run})",
+            request.lineage.join(" → ")
+        );
+    }
     if !request.user.is_empty() {
         let _ = write!(out, " · user {}", request.user);
     }
@@ -490,6 +558,8 @@ mod tests {
                 ),
                 call("c2", "shell", json!({"cmd": "rm -r build"})),
             ],
+            run: None,
+            lineage: Vec::new(),
             requested_at_ms: 1_000_000,
             expires_at_ms: Some(1_000_000 + 3_600_000),
             answers: BTreeMap::new(),
@@ -663,13 +733,13 @@ mod tests {
         };
         let first = [&request.calls[0]];
         assert_eq!(
-            confirmation(&approve, "t1", &first, true, 1),
+            confirmation(&approve, "t1", &first, true, 1, false),
             "approved call c1 (write_file) of task t1; \
              the turn resumes once the other waiting call is answered"
         );
         let both = [&request.calls[0], &request.calls[1]];
         assert_eq!(
-            confirmation(&approve, "t1", &both, false, 0),
+            confirmation(&approve, "t1", &both, false, 0, false),
             "approved all 2 waiting calls of task t1 (c1 write_file, c2 shell); \
              the turn resumes on a lead"
         );
@@ -679,8 +749,12 @@ mod tests {
             reason: "no".into(),
         };
         assert_eq!(
-            confirmation(&deny, "t1", &[&request.calls[1]], true, 0),
+            confirmation(&deny, "t1", &[&request.calls[1]], true, 0, false),
             "denied call c2 (shell) of task t1; the turn resumes on a lead"
+        );
+        assert_eq!(
+            confirmation(&deny, "t1", &[&request.calls[1]], true, 0, true),
+            "denied call c2 (shell) of task t1; the subagent run goes on on its worker"
         );
     }
 

@@ -269,6 +269,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         bus,
         cancels,
         approvals: StoredApprovals {
+            run: None,
             store: store.clone(),
         },
         store,

@@ -49,6 +49,7 @@ use tracing::Instrument;
 
 mod admission;
 mod agent_cap;
+mod child_approval;
 mod marker;
 mod settling;
 mod spill;

@@ -15,16 +15,18 @@ use skein_common::agent::runtime::{TurnInput, TurnStop};
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{Delivery, Disposition};
 use skein_common::protocol::{
-    validate_token, BudgetScope, CallOutcome, EventKind, Failure, FailureKind, SubagentTask,
-    TaskOrigin, TurnStatus,
+    approval_key, validate_token, BudgetScope, CallOutcome, EventKind, Failure, FailureKind,
+    SubagentTask, TaskOrigin, TurnStatus,
 };
 use skein_common::store::ChildProgress;
+use skein_common::wiring::approvals::StoredApprovals;
 use skein_common::wiring::checkpoints::CallCheckpoints;
 use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{admit, check_task, refuse, Admitted};
 use super::agent_cap;
+use super::child_approval::{self, Waited};
 use super::settling::conclude;
 use super::spill;
 use super::{contain_panic, stopped, AgentIntake, CallRef, Work, WorkerContext};
@@ -224,60 +226,104 @@ pub(super) async fn subagent_task(
             call_key: task.call_key.clone(),
         };
         let skills = SkillCatalog::from_skills(task.skills.clone());
-        // Boxed: a turn's future is large, and inline it would sit in every caller's frame.
-        let turn = Box::pin(runtime.run_turn(TurnInput {
-            origin: child_origin.clone(),
-            agent: &task.agent,
-            history: &loaded.state.history,
-            summary: loaded.state.summary.as_ref(),
-            loaded_skills: &loaded.state.skills,
-            plan: loaded.state.plan.as_ref(),
-            // The skills its task carried (the worker has no agents folder of its own).
-            skills: Some(&skills),
-            input,
-            depth: task.depth,
-            events: events.clone(),
-            cancel: &stop,
-            resume,
-            // The child turn's calls can have run before only if this task ran before.
-            first_run,
-            checkpoints: Some(&checkpoints),
-            // Nobody answers a subagent's approval requests: a call that would ask is denied.
-            approvals: None,
-            controls: None,
-            recorded: None,
-        }));
-        let output = match tokio::time::timeout(timeout, contain_panic(turn)).await {
-            Ok(Ok(Ok(output))) => output,
-            // Stopped by its cancel request (or shutdown): as any cancelled call.
-            Ok(Ok(Err(TurnStop::Interrupted(failure))))
-                if failure.kind == FailureKind::Cancelled || stop.is_cancelled() =>
-            {
-                return stopped(ctx, &task.origin, &abort)
-            }
-            // Trouble that may pass (the registry could not be read): another attempt, not a
-            // cancel, which would stop the calling turn.
-            Ok(Ok(Err(TurnStop::Interrupted(failure)))) => {
-                tracing::warn!(%failure, "subagent turn interrupted; handing the task back");
-                return Work::HandBack;
-            }
-            // A subagent's loop has no approval gate and no controls, so it never suspends or
-            // pauses; should it, the call fails clearly rather than waiting for what nobody can
-            // give.
-            Ok(Ok(Err(TurnStop::AwaitingApproval(_) | TurnStop::Paused))) => {
-                let failure =
-                    Failure::new(FailureKind::Denied, "a subagent cannot wait for approval");
-                return Work::Done(CallOutcome::Failed { failure });
-            }
-            Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
-            Err(_) => {
-                let failure = Failure::new(
-                    FailureKind::TimedOut,
-                    format!("subagent ran longer than {timeout:?}"),
-                );
-                return Work::Done(CallOutcome::Failed { failure });
+        // A call an `ask` rule holds waits for a person: the run's request is stored and answered
+        // like a lead turn's, keyed by its child session.
+        let approvals = StoredApprovals {
+            store: ctx.store.clone(),
+            run: Some(child_session.clone()),
+        };
+        // The run's time counts from its start, also while it waits for a person.
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (mut resume, mut first_run) = (resume, first_run);
+        let output = loop {
+            // Boxed: a turn's future is large, and inline it would sit in every caller's frame.
+            let turn = Box::pin(runtime.run_turn(TurnInput {
+                origin: child_origin.clone(),
+                agent: &task.agent,
+                history: &loaded.state.history,
+                summary: loaded.state.summary.as_ref(),
+                loaded_skills: &loaded.state.skills,
+                plan: loaded.state.plan.as_ref(),
+                // The skills its task carried (the worker has no agents folder of its own).
+                skills: Some(&skills),
+                input: input.clone(),
+                depth: task.depth,
+                events: events.clone(),
+                cancel: &stop,
+                resume: resume.take(),
+                // The child turn's calls can have run before only if this task ran before.
+                first_run,
+                checkpoints: Some(&checkpoints),
+                approvals: Some(&approvals),
+                controls: None,
+                recorded: None,
+            }));
+            match tokio::time::timeout_at(deadline, contain_panic(turn)).await {
+                Ok(Ok(Ok(output))) => break output,
+                // Stopped by its cancel request (or shutdown): as any cancelled call.
+                Ok(Ok(Err(TurnStop::Interrupted(failure))))
+                    if failure.kind == FailureKind::Cancelled || stop.is_cancelled() =>
+                {
+                    return stopped(ctx, &task.origin, &abort)
+                }
+                // Trouble that may pass (the registry could not be read): another attempt, not a
+                // cancel, which would stop the calling turn.
+                Ok(Ok(Err(TurnStop::Interrupted(failure)))) => {
+                    tracing::warn!(%failure, "subagent turn interrupted; handing the task back");
+                    return Work::HandBack;
+                }
+                Ok(Ok(Err(TurnStop::AwaitingApproval(awaiting)))) => {
+                    let waited = child_approval::wait_for_answers(
+                        ctx,
+                        task,
+                        &child_origin,
+                        awaiting,
+                        &stop,
+                        deadline,
+                    )
+                    .await;
+                    match waited {
+                        Waited::Settled => {}
+                        Waited::Stopped => {
+                            clear_request(ctx, &child_origin).await;
+                            return stopped(ctx, &task.origin, &abort);
+                        }
+                        Waited::TimedOut => {
+                            clear_request(ctx, &child_origin).await;
+                            return timed_out(timeout);
+                        }
+                        Waited::Trouble => return Work::HandBack,
+                    }
+                    // The step that asked was checkpointed before its calls were decided: the
+                    // turn goes on from it, and its calls are settled from the answers.
+                    match ctx
+                        .store
+                        .child_progress(tenant, child_session, &task.call_key)
+                        .await
+                    {
+                        Ok(ChildProgress::Resume(checkpoint)) => resume = Some(checkpoint),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "child checkpoint not read; handing the task back");
+                            return Work::HandBack;
+                        }
+                    }
+                    first_run = false;
+                }
+                // A subagent's loop has no controls, so it never pauses; should it, the call
+                // fails clearly rather than waiting for what nobody can give.
+                Ok(Ok(Err(TurnStop::Paused))) => {
+                    let failure = Failure::new(FailureKind::Internal, "a subagent cannot pause");
+                    return Work::Done(CallOutcome::Failed { failure });
+                }
+                Ok(Err(panicked)) => return Work::Done(CallOutcome::Failed { failure: panicked }),
+                Err(_) => return timed_out(timeout),
             }
         };
+        if output.asked_approval {
+            // Its request (and answers) served their turn.
+            clear_request(ctx, &child_origin).await;
+        }
         events
             .emit(EventKind::RunEnded {
                 status: output.status,
@@ -368,6 +414,22 @@ pub(super) async fn subagent_task(
         }
     }
     settled
+}
+
+/// Forgets a subagent run's approval request and its answers (the run ended or stopped).
+async fn clear_request(ctx: &WorkerContext, child: &TaskOrigin) {
+    let key = approval_key(&child.task_id, Some(&child.session));
+    if let Err(e) = ctx.store.clear_approval(&child.tenant, &key).await {
+        tracing::warn!(error = %e, "the run's approval request not cleared");
+    }
+}
+
+fn timed_out(timeout: Duration) -> Work {
+    let failure = Failure::new(
+        FailureKind::TimedOut,
+        format!("subagent ran longer than {timeout:?}"),
+    );
+    Work::Done(CallOutcome::Failed { failure })
 }
 
 /// A worker that runs a list of types takes each from its own consumer: a task there must be of

@@ -159,7 +159,7 @@ impl Acting<'_, '_> {
                 Decision::Deny { reason } => settled_as(Verdict::Denied, reason),
                 Decision::Ask { reason } if self.turn.approvals.is_none() => settled_as(
                     Verdict::Denied,
-                    format!("{reason}; nobody can approve calls of a subagent"),
+                    format!("{reason}; nobody can approve calls of this run"),
                 ),
                 Decision::Ask { reason } => {
                     if let Some(rule) =

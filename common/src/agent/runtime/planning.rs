@@ -382,7 +382,7 @@ impl Acting<'_, '_> {
             Decision::Ask { reason } => {
                 let Some(gate) = self.turn.approvals else {
                     return denied(format!(
-                        "denied by {reason}; nobody can approve calls of a subagent"
+                        "denied by {reason}; nobody can approve calls of this run"
                     ));
                 };
                 if answers.is_none() {
