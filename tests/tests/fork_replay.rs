@@ -267,3 +267,69 @@ async fn a_cached_replay_repeats_no_side_effect_and_runs_only_the_calls_that_dif
     let (ok, text) = skein(&cluster, &["replay", "--session", &session, "--cached"]);
     assert!(!ok && text.contains("name the task"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_starts_from_the_plan_its_point_had() {
+    let cluster = TestCluster::start();
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(&agents).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\nname = \"assistant\"\nplanning = true\n+++\nPlan.\n",
+    )
+    .expect("AGENTS.md written");
+    let plan = |step: &str| {
+        json!({ "tool_calls": [ { "name": "update_plan", "arguments": {
+        "explanation": step, "plan": [ { "step": step, "status": "pending" } ] } } ] })
+    };
+    let script = cluster.scenario(json!([
+        { "steps": [ plan("draft"), { "answer": "planned" } ] },
+        { "steps": [ plan("revise"), { "answer": "replanned" } ] }
+    ]));
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    let agents = agents.display().to_string();
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &script, "--agents-dir", &agents]));
+    let session = unique("s");
+    for input in ["first", "second"] {
+        let (result, _) = cluster.run(&submission("acme", &session, input)).await;
+        assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    }
+    let store = cluster.store().await;
+    let step_of = |state: &skein_common::store::SessionState| {
+        state
+            .plan
+            .as_ref()
+            .map(|p| p.plan.iter().map(|s| s.step.clone()).collect::<Vec<_>>())
+    };
+    let source = store.load("acme", &session).await.expect("source");
+    assert_eq!(step_of(&source.state), Some(vec!["revise".to_owned()]));
+    // After turn 1, within turn 2 (its plan not yet revised as the turn found it), after turn 2.
+    for (at, expected) in [("1", "draft"), ("2.1", "draft"), ("2", "revise")] {
+        let fork = unique("f");
+        let (ok, text) = skein(
+            &cluster,
+            &["sessions", "fork", &session, "--at", at, "--to", &fork],
+        );
+        assert!(ok, "{text}");
+        let forked = store.load("acme", &fork).await.expect("fork");
+        assert_eq!(
+            step_of(&forked.state),
+            Some(vec![expected.to_owned()]),
+            "fork at {at}"
+        );
+    }
+    let (ok, text) = skein(
+        &cluster,
+        &[
+            "sessions",
+            "fork",
+            &session,
+            "--at",
+            "0",
+            "--to",
+            &unique("f"),
+        ],
+    );
+    assert!(ok, "{text}");
+}

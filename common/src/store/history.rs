@@ -8,6 +8,9 @@
 //! before. A step within a turn ends before the turn's next assistant message (its calls' results
 //! are part of it).
 //!
+//! Each record carries the session's plan as its turn left it, so a fork starts from the plan
+//! of its point.
+//!
 //! Invariants: records are kept for the last `SKEIN_SESSION_CHECKPOINTS` turns and expire with
 //! the session; a fork never changes its source and never overwrites a session that exists; a
 //! fork point whose messages were trimmed is refused, not approximated.
@@ -39,6 +42,10 @@ pub struct TurnRecord {
     pub tokens: u64,
     /// Messages the turn added to the history (its input first).
     pub messages: u32,
+    /// The session's plan as the turn left it (none when the session had none), so a fork at
+    /// this turn starts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::protocol::Plan>,
 }
 
 /// Where a fork of a session starts: after turn `turn` (0: before the first, an empty session),
@@ -223,12 +230,19 @@ impl SessionStore {
             }
             _ => (history, None),
         };
+        // The plan as the fork point found it: as the turn left it, or, within a turn, as the
+        // turn before left it (a step's own revisions are not recorded apart).
+        let plan_turn = if whole_turn { at.turn } else { at.turn - 1 };
+        let plan = records
+            .iter()
+            .find(|r| r.turn == plan_turn)
+            .and_then(|r| r.plan.clone());
         let state = SessionState {
             history,
             turns: if whole_turn { at.turn } else { at.turn - 1 },
             skills: loaded.state.skills.clone(),
             summary,
-            plan: None,
+            plan,
             forked_from,
             stored: Default::default(),
         };

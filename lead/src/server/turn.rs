@@ -537,6 +537,7 @@ impl Lead {
                 .prompt_tokens
                 .saturating_add(result.usage.completion_tokens),
             messages: output.new_messages.len() as u32,
+            plan: state.plan.clone(),
         });
         match lease
             .complete(loaded.version, state.as_ref(), &result, record.as_ref())
