@@ -44,11 +44,11 @@ pub enum Command {
     Resume(Box<control::ControlArgs>),
     /// Add a user message to a running task, before its next model call.
     Steer(Box<control::SteerArgs>),
-    /// List the tenant's turns that wait for approval, and the calls they wait on.
+    /// List the tenant's turns and subagent runs that wait for approval, and their calls.
     Approvals(Box<approvals::ApprovalsArgs>),
-    /// Approve a waiting call (or every waiting call) of a task; its turn resumes on a lead.
+    /// Approve a waiting call (or every waiting call) of a task or of one of its subagent runs.
     Approve(Box<approvals::ApproveArgs>),
-    /// Refuse a waiting call (or every waiting call) of a task; the model is told why.
+    /// Refuse a waiting call (or every waiting call) of a task or subagent run; the model is told why.
     Deny(Box<approvals::DenyArgs>),
     /// Inspect, replay or purge dead letters.
     Dlq(Box<ops::DlqArgs>),
