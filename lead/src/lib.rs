@@ -14,6 +14,8 @@
 //! - [`results`]: answers clients' lookups of stored final results.
 //! - [`turns`]: waiting for a session's turn — announcements that a session is free, and the
 //!   waiters they wake.
+//! - [`gateway`]: the HTTP gateway (OpenAI-compatible chat completions and models, keys per
+//!   tenant).
 //! - [`cli`]: the `skein` command (submit, workers, cancel, pause, resume, steer, approvals,
 //!   approve, deny, plan, dlq, trace, dev, lead, worker).
 
@@ -25,6 +27,7 @@ pub mod by_task;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod gateway;
 pub mod lease;
 pub mod results;
 pub mod server;

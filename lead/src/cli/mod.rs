@@ -1,7 +1,7 @@
 //! The `skein` command: submit tasks and watch them, cancel, pause, resume or steer them, answer
 //! the calls that wait for approval, list live workers, print a session's plan, manage dead
 //! letters, list, fork and replay sessions, list, fetch and seed session workspaces, run a local
-//! cluster, or run a lead or worker in the foreground.
+//! cluster, or run a lead, a worker or the HTTP gateway in the foreground.
 
 mod approvals;
 mod control;
@@ -69,6 +69,8 @@ pub enum Command {
     Dev(Box<dev::DevArgs>),
     /// Run a lead in the foreground.
     Lead(Box<crate::Config>),
+    /// Run the HTTP gateway in the foreground (OpenAI-compatible chat completions).
+    Gateway(Box<crate::gateway::GatewayConfig>),
     /// Run a worker in the foreground.
     Worker(Box<skein_worker::Config>),
 }
@@ -129,6 +131,7 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Replay(args) => replay::replay(*args).await,
             Command::Dev(args) => dev::dev(*args).await,
             Command::Lead(cfg) => run_lead(*cfg).await,
+            Command::Gateway(cfg) => run_gateway(*cfg).await,
             Command::Worker(cfg) => run_worker(*cfg).await,
         }
     })
@@ -143,6 +146,16 @@ pub async fn run_lead(mut cfg: crate::Config) -> ExitCode {
     let telemetry = cfg.telemetry.clone();
     serve_until_signal("skein-lead", &instance, &telemetry, validated, |shutdown| {
         crate::run(cfg, shutdown)
+    })
+    .await
+}
+
+/// Runs the gateway until SIGTERM/Ctrl-C (`skein gateway`).
+pub async fn run_gateway(cfg: crate::gateway::GatewayConfig) -> ExitCode {
+    let instance = format!("gateway-{}", uuid::Uuid::new_v4().simple());
+    let telemetry = cfg.telemetry.clone();
+    serve_until_signal("skein-gateway", &instance, &telemetry, Ok(()), |shutdown| {
+        crate::gateway::run(cfg, shutdown, None)
     })
     .await
 }

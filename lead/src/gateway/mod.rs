@@ -1,0 +1,147 @@
+//! `skein gateway`: Skein over HTTP for clients that speak the OpenAI API.
+//! Stateless: a request becomes NATS and Redis operations (a session seeded in Redis, a task
+//! submitted on `skein.submit.>`, its events read from `SKEIN_EVENTS`), so any number of gateways
+//! can serve behind a load balancer and any one can answer any request.
+//!
+//! Served today: `GET /v1/models` (the agents), `POST /v1/chat/completions` (streamed as SSE or
+//! not), `GET /healthz`. Every request but the health check carries a key
+//! (`Authorization: Bearer`, [`keys`]) whose tenant it acts for; errors come in OpenAI's shape
+//! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
+
+pub mod keys;
+mod openai;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use skein_common::agent::definition::AgentCatalog;
+use skein_common::client::SkeinClient;
+use skein_common::config::{NatsConfig, RedisConfig};
+use skein_common::store::SessionStore;
+use tokio_util::sync::CancellationToken;
+
+/// Where the gateway listens.
+pub const ENV_GATEWAY_ADDR: &str = "SKEIN_GATEWAY_ADDR";
+/// The keys file (TOML; see [`keys`]).
+pub const ENV_GATEWAY_KEYS: &str = "SKEIN_GATEWAY_KEYS";
+
+#[derive(Debug, Clone, Args)]
+pub struct GatewayConfig {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[command(flatten)]
+    pub redis: RedisConfig,
+    #[command(flatten)]
+    pub telemetry: skein_common::telemetry::TelemetryConfig,
+    /// Address to listen on.
+    #[arg(long = "gateway-addr", env = ENV_GATEWAY_ADDR, default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// The keys file: SHA-256 of each key with its tenant, principal and roles.
+    #[arg(long = "gateway-keys", env = ENV_GATEWAY_KEYS)]
+    pub keys: PathBuf,
+    /// The agents folder the leads run (its agents are the models); the bundled example when
+    /// unset.
+    #[arg(long, env = skein_common::config::ENV_AGENTS_DIR)]
+    pub agents_dir: Option<PathBuf>,
+    /// Largest request body.
+    #[arg(long = "gateway-max-body", default_value_t = 4 * 1024 * 1024)]
+    pub max_body: usize,
+    /// Longest a request waits for its run to end (a run that goes on longer keeps running).
+    #[arg(long = "gateway-run-timeout", default_value = "300s", value_parser = humantime::parse_duration)]
+    pub run_timeout: Duration,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{0}")]
+    Keys(String),
+    #[error("agents: {0}")]
+    Agents(String),
+    #[error("cannot reach NATS: {0}")]
+    Nats(String),
+    #[error("cannot reach Redis: {0}")]
+    Redis(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// What every request handler shares.
+pub(crate) struct Gateway {
+    pub client: SkeinClient,
+    pub store: SessionStore,
+    pub keys: keys::Keys,
+    pub agents: AgentCatalog,
+    pub run_timeout: Duration,
+}
+
+/// Connects, binds and serves until `shutdown`; `bound` hears the address once it listens.
+pub async fn run(
+    cfg: GatewayConfig,
+    shutdown: CancellationToken,
+    bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> Result<(), GatewayError> {
+    let keys = keys::Keys::load(&cfg.keys).map_err(GatewayError::Keys)?;
+    if keys.is_empty() {
+        tracing::warn!(file = %cfg.keys.display(), "the keys file lists no key: every request is refused");
+    }
+    let agents = match &cfg.agents_dir {
+        Some(dir) => AgentCatalog::load_dir(dir),
+        None => AgentCatalog::bundled(),
+    }
+    .map_err(|e| GatewayError::Agents(e.to_string()))?;
+    let client = SkeinClient::connect(&cfg.nats)
+        .await
+        .map_err(|e| GatewayError::Nats(e.to_string()))?;
+    let store = SessionStore::connect(&cfg.redis)
+        .await
+        .map_err(|e| GatewayError::Redis(e.to_string()))?;
+    let gateway = Arc::new(Gateway {
+        client,
+        store,
+        keys,
+        agents,
+        run_timeout: cfg.run_timeout,
+    });
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: cfg.addr,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| GatewayError::Bind {
+        addr: cfg.addr,
+        source,
+    })?;
+    tracing::info!(addr = %local, "gateway listening");
+    if let Some(bound) = bound {
+        let _ = bound.send(local);
+    }
+    let app = router(gateway, cfg.max_body);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: local,
+            source,
+        })
+}
+
+fn router(gateway: Arc<Gateway>, max_body: usize) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .fallback(openai::not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(gateway)
+}

@@ -1,0 +1,364 @@
+//! The HTTP gateway against a real cluster (NATS, Redis, a lead and a worker; the model
+//! scripted): OpenAI-compatible chat completions, streamed and not, with the conversation before
+//! the last message seeded into the run's session; the agents as models; keys that prove a
+//! tenant and its roles; `Idempotency-Key`; and a clear error in OpenAI's shape for every bad
+//! request.
+
+use std::net::SocketAddr;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use skein_lead::gateway::keys::key_hash;
+use skein_tests::support::cluster::TestCluster;
+use skein_tests::support::unique;
+
+const KEY: &str = "sk-test-alice";
+const READ_ONLY_KEY: &str = "sk-test-approver";
+
+/// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
+async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
+    let script = cluster.scenario(json!([{ "steps": [
+        { "answer": "you said {{input}} after {{previous_input}}" }
+    ] }]));
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &script]));
+    let keys = cluster.dir.join(unique("keys")).with_extension("toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "[[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"alice\"\nroles = [\"submit\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n",
+            key_hash(KEY),
+            key_hash(READ_ONLY_KEY)
+        ),
+    )
+    .expect("keys written");
+    let mut args = vec![
+        "gateway".to_owned(),
+        "--nats-url".into(),
+        cluster.nats.url.clone(),
+        "--redis-url".into(),
+        cluster.redis.url.clone(),
+        "--gateway-addr".into(),
+        "127.0.0.1:0".into(),
+        "--gateway-keys".into(),
+        keys.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        gateway: skein_lead::gateway::GatewayConfig,
+    }
+    let cfg = <Args as clap::Parser>::try_parse_from(args)
+        .expect("valid gateway flags")
+        .gateway;
+    let (bound, listening) = tokio::sync::oneshot::channel();
+    let shutdown = cluster.shutdown_token();
+    tokio::spawn(async move {
+        if let Err(e) = skein_lead::gateway::run(cfg, shutdown, Some(bound)).await {
+            panic!("gateway failed: {e}");
+        }
+    });
+    listening.await.expect("the gateway listens")
+}
+
+fn chat(addr: SocketAddr) -> String {
+    format!("http://{addr}/v1/chat/completions")
+}
+
+async fn error_of(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let body: Value = response.json().await.expect("a JSON error");
+    (status, body["error"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_completion_runs_the_agents_turn_on_the_conversation_it_was_given() {
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(&cluster, &[]).await;
+    let http = reqwest::Client::new();
+
+    let models: Value = http
+        .get(format!("http://{addr}/v1/models"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(models["object"], "list");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(ids.contains(&"assistant"), "{models}");
+
+    let request = json!({ "model": "assistant", "messages": [
+        { "role": "system", "content": "be brief" },
+        { "role": "user", "content": "hello" },
+        { "role": "assistant", "content": "hi" },
+        { "role": "user", "content": [ { "type": "text", "text": "what now" } ] }
+    ] });
+    let response = http
+        .post(chat(addr))
+        .bearer_auth(KEY)
+        .json(&request)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "assistant");
+    let answer = body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("an answer");
+    // The last user message is the input (the caller's instructions at its head), the earlier
+    // conversation is the session's history.
+    assert!(answer.contains("what now"), "{answer}");
+    assert!(answer.contains("be brief"), "{answer}");
+    assert!(answer.ends_with("after hello"), "{answer}");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert!(
+        body["usage"]["total_tokens"].as_u64().unwrap_or(0) > 0,
+        "{body}"
+    );
+    let id = body["id"].as_str().expect("an id");
+    let session = id.replacen("chatcmpl-", "chat-", 1);
+    let store = cluster.store().await;
+    let loaded = store.load("acme", &session).await.expect("the session");
+    assert_eq!(loaded.state.history.len(), 4, "two seeded, the turn's two");
+    assert_eq!(loaded.state.turns, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_chat_completion_sends_chunks_then_its_usage_and_done() {
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(&cluster, &[]).await;
+    let response = reqwest::Client::new()
+        .post(chat(addr))
+        .bearer_auth(KEY)
+        .json(&json!({ "model": "assistant", "stream": true,
+            "stream_options": { "include_usage": true },
+            "messages": [ { "role": "user", "content": "stream it" } ] }))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream")));
+    let text = response.text().await.expect("the stream");
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("a JSON chunk"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "you said stream it after ");
+    let finish = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .collect::<Vec<_>>();
+    assert_eq!(finish, ["stop"]);
+    let usage = chunks.last().expect("a usage chunk");
+    assert!(
+        usage["usage"]["total_tokens"].as_u64().unwrap_or(0) > 0,
+        "{usage}"
+    );
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_with_the_same_idempotency_key_is_the_same_run() {
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(&cluster, &[]).await;
+    let http = reqwest::Client::new();
+    let request = json!({ "model": "assistant", "messages": [
+        { "role": "user", "content": "first" },
+        { "role": "assistant", "content": "ok" },
+        { "role": "user", "content": "once" } ] });
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let body: Value = http
+            .post(chat(addr))
+            .bearer_auth(KEY)
+            .header("Idempotency-Key", "order-42")
+            .json(&request)
+            .send()
+            .await
+            .expect("answered")
+            .json()
+            .await
+            .expect("json");
+        answers.push(body);
+    }
+    assert_eq!(answers[0]["id"], answers[1]["id"]);
+    assert_eq!(
+        answers[0]["choices"][0]["message"]["content"],
+        answers[1]["choices"][0]["message"]["content"]
+    );
+    let session = answers[0]["id"]
+        .as_str()
+        .expect("an id")
+        .replacen("chatcmpl-", "chat-", 1);
+    let loaded = cluster
+        .store()
+        .await
+        .load("acme", &session)
+        .await
+        .expect("the session");
+    assert_eq!(loaded.state.turns, 1, "the run was not started twice");
+    assert_eq!(loaded.state.history.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_a_clear_error_in_openais_shape() {
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(&cluster, &["--gateway-max-body", "4096"]).await;
+    let http = reqwest::Client::new();
+    let hello =
+        json!({ "model": "assistant", "messages": [ { "role": "user", "content": "hi" } ] });
+
+    let (status, e) = error_of(
+        http.post(chat(addr))
+            .json(&hello)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("missing_api_key"))
+    );
+    let (status, e) = error_of(
+        http.post(chat(addr))
+            .bearer_auth("sk-wrong")
+            .json(&hello)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("invalid_api_key"))
+    );
+    let (status, e) = error_of(
+        http.post(chat(addr))
+            .bearer_auth(READ_ONLY_KEY)
+            .json(&hello)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{e}");
+    assert!(e["message"].as_str().unwrap_or("").contains("carol"), "{e}");
+
+    let cases = [
+        (
+            json!({ "model": "nobody", "messages": [ { "role": "user", "content": "hi" } ] }),
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+        ),
+        (
+            json!({ "model": "assistant", "messages": [] }),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            json!({ "model": "assistant", "messages": [ { "role": "assistant", "content": "hi" } ] }),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            json!({ "model": "assistant", "messages": [ { "role": "tool", "content": "x" }, { "role": "user", "content": "hi" } ] }),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            json!({ "model": "assistant", "messages": [ { "role": "user", "content": [ { "type": "image_url", "image_url": { "url": "x" } } ] } ] }),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            json!({ "messages": "no model" }),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            json!({ "model": "assistant", "messages": [ { "role": "user", "content": "x".repeat(5000) } ] }),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+        ),
+    ];
+    for (body, expected, code) in cases {
+        let (status, e) = error_of(
+            http.post(chat(addr))
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .expect("sent"),
+        )
+        .await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (expected, Some(code)),
+            "{body}: {e}"
+        );
+        assert!(!e["message"].as_str().unwrap_or("").is_empty(), "{e}");
+        assert!(e["type"].as_str().is_some());
+    }
+    let (status, e) = error_of(
+        http.post(chat(addr))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    let (status, e) = error_of(
+        http.get(format!("http://{addr}/v1/nothing"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    // Nothing was lost or left half-done: the gateway still answers.
+    let ok = http
+        .post(chat(addr))
+        .bearer_auth(KEY)
+        .json(&hello)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(ok.status(), StatusCode::OK);
+}
