@@ -1,6 +1,7 @@
 //! Going back in a session, with real NATS, Redis, a lead and a worker (the model scripted): a
 //! session keeps a record of each ended turn; `skein sessions fork` makes a new session from a
-//! turn or a step of it (with the workspace's files) and never changes the source; `skein replay
+//! turn or a step of it (with the workspace's files as they were then, from the versions the
+//! workspace keeps) and never changes the source; `skein replay
 //! --cached` runs a recorded turn again without repeating a side effect, runs only the calls that
 //! differ, and says what changed; `--live` runs every call; `--all` replays the whole session.
 
@@ -172,6 +173,102 @@ async fn a_session_forks_at_a_turn_or_a_step_and_the_source_stays_as_it_was() {
         ],
     );
     assert!(!ok && text.contains("exists already"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_gets_the_workspaces_files_as_they_were_at_its_point() {
+    let cluster = TestCluster::start();
+    let write = |path: &str, content: &str| json!({ "tool_calls": [ { "name": "write_file", "arguments": { "path": path, "content": content } } ] });
+    let script = cluster.scenario(json!([
+        { "steps": [
+            write("notes.txt", "v1"),
+            write("notes.txt", "v2"),
+            write("other.txt", "o"),
+            { "answer": "one" }
+        ] },
+        { "steps": [
+            write("notes.txt", "v3"),
+            write("new.txt", "n"),
+            { "answer": "two" }
+        ] }
+    ]));
+    // One earlier version kept per file: notes.txt's v1 is dropped when v3 replaces v2.
+    cluster.spawn_test_worker(cluster.worker_config(&["--workspace-versions", "1"]));
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", &script]));
+    let session = unique("s");
+    for input in ["first", "second"] {
+        let (result, _) = cluster.run(&submission("acme", &session, input)).await;
+        assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    }
+    let records = cluster
+        .store()
+        .await
+        .turn_records("acme", &session)
+        .await
+        .expect("records");
+    let steps: Vec<u32> = records[0].step_ends.iter().map(|end| end.step).collect();
+    assert_eq!(steps, [1, 2, 3], "{:?}", records[0]);
+
+    let cluster_ref = &cluster;
+    let files = |fork: String| async move {
+        let mut found = Vec::new();
+        for path in ["notes.txt", "other.txt", "new.txt"] {
+            found.push(cluster_ref.workspace_file("acme", &fork, path).await);
+        }
+        found
+    };
+    let fork = |at: &str, extra: &[&str]| {
+        let to = unique("f");
+        let mut args = vec!["sessions", "fork", &session, "--at", at, "--to", &to];
+        args.extend_from_slice(extra);
+        let (ok, text) = skein(&cluster, &args);
+        (ok, text, to)
+    };
+    let some = |text: &str| Some(text.to_owned());
+
+    // The end of turn 1, and of turn 2: each as it was.
+    let (ok, text, to) = fork("1", &[]);
+    assert!(
+        ok && text.contains("copied 2 workspace files as they were at"),
+        "{text}"
+    );
+    assert_eq!(files(to).await, [some("v2"), some("o"), None]);
+    let (ok, text, to) = fork("2", &[]);
+    assert!(ok && text.contains("copied 3 workspace files"), "{text}");
+    assert_eq!(files(to).await, [some("v3"), some("o"), some("n")]);
+    // Step 2 of turn 1: notes.txt's second version, other.txt not written yet.
+    let (ok, text, to) = fork("1.2", &[]);
+    assert!(ok, "{text}");
+    assert_eq!(files(to).await, [some("v2"), None, None]);
+    // Step 1 of turn 2: the new notes, written at that step.
+    let (ok, text, to) = fork("2.1", &[]);
+    assert!(ok, "{text}");
+    assert_eq!(files(to).await, [some("v3"), some("o"), None]);
+    // Before the first turn: nothing.
+    let (ok, text, to) = fork("0", &[]);
+    assert!(ok && text.contains("copied 0 workspace files"), "{text}");
+    assert_eq!(files(to).await, [None, None, None]);
+
+    // Step 1 of turn 1 held notes.txt's first version, no longer kept: refused, naming the
+    // file, and the fork is not kept; as they are now, it goes through.
+    let (ok, text, to) = fork("1.1", &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("keeps no version from then of notes.txt") && text.contains("--files-now"),
+        "{text}"
+    );
+    let gone = cluster.store().await.load("acme", &to).await.expect("load");
+    assert_eq!(gone.version, 0, "the refused fork is not kept");
+    let (ok, text, to) = fork("1.1", &["--files-now"]);
+    assert!(ok && text.contains("as they are now"), "{text}");
+    assert_eq!(files(to).await, [some("v3"), some("o"), some("n")]);
+
+    // The source's files are as the second turn left them.
+    assert_eq!(
+        files(session.clone()).await,
+        [some("v3"), some("o"), some("n")]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

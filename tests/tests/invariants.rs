@@ -110,6 +110,7 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
         compaction: None,
         plan: None,
         steered: 0,
+        step_ends: Vec::new(),
     };
     assert!(store
         .save_checkpoint("acme", &session, &task, "b", &progress(2))

@@ -165,7 +165,7 @@ async fn attempts_are_bounded_and_a_checkpoint_comes_back_with_the_lease() {
             ..
         } => {
             assert_eq!(attempt, 2);
-            assert_eq!(checkpoint, Some(progress));
+            assert_eq!(checkpoint, Some(Box::new(progress)));
         }
         other => panic!("expected a resumable start, got {other:?}"),
     }

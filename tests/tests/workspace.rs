@@ -373,7 +373,12 @@ async fn writes_over_the_caps_are_refused_with_clear_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_sees_the_old_or_the_new_content_never_a_mix() {
     let nats = NatsServer::start();
-    let writer = store(&nats).await;
+    // No earlier versions kept: a replaced version's chunks go at once.
+    let no_versions = WorkspaceStoreConfig {
+        versions: 0,
+        ..WorkspaceStoreConfig::default()
+    };
+    let writer = object_store(&nats.url, &no_versions, 16 << 20).await;
     let session = session("acme", &unique("s"));
     let file = path("data.bin");
     // Five chunks each; every version is one byte value repeated, so a mix is visible.
@@ -424,6 +429,87 @@ async fn a_reader_sees_the_old_or_the_new_content_never_a_mix() {
     // Replaced versions leave no chunks behind: one version's worth of messages remains.
     let stream = writer_stream_messages(&nats.url, "acme").await;
     assert_eq!(stream, 5 + 1, "five chunks and one metadata message");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn earlier_versions_are_kept_up_to_the_limit_and_give_a_sessions_files_at_an_instant() {
+    let nats = NatsServer::start();
+    let two_versions = WorkspaceStoreConfig {
+        versions: 2,
+        ..WorkspaceStoreConfig::default()
+    };
+    let objects = object_store(&nats.url, &two_versions, 0).await;
+    let source = session("acme", &unique("s"));
+    let file = path("notes.txt");
+    let instant = || async {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let at = skein_common::protocol::now_ms();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        at
+    };
+    let mut instants = vec![instant().await];
+    for version in 1..=5 {
+        objects
+            .write(
+                &source,
+                &file,
+                Bytes::from(format!("v{version}")),
+                Expect::Any,
+            )
+            .await
+            .expect("written");
+        instants.push(instant().await);
+    }
+    assert!(objects
+        .remove(&source, &file, Expect::Any)
+        .await
+        .expect("removed"));
+    instants.push(instant().await);
+
+    // What a copy of the session at each instant holds: the file's content, none, or an error.
+    let copy_at = |at: u64| {
+        let objects = &objects;
+        let source = source.clone();
+        async move {
+            let target = session("acme", &unique("f"));
+            match objects.copy_session_as_of(&source, &target, at).await {
+                Ok(0) => Ok(None),
+                Ok(_) => {
+                    let (content, _) = objects
+                        .read(&target, &path("notes.txt"))
+                        .await
+                        .expect("read");
+                    Ok(Some(String::from_utf8(content.to_vec()).expect("text")))
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    assert_eq!(
+        copy_at(instants[0]).await,
+        Ok(None),
+        "before the first write"
+    );
+    // v1 to v3 were dropped (two versions are kept besides the removal's mark).
+    for &dropped in &instants[1..=3] {
+        let error = copy_at(dropped).await.expect_err("no longer kept");
+        assert!(
+            error.contains("no version from then of notes.txt"),
+            "{error}"
+        );
+    }
+    assert_eq!(copy_at(instants[4]).await, Ok(Some("v4".into())));
+    assert_eq!(copy_at(instants[5]).await, Ok(Some("v5".into())));
+    assert_eq!(copy_at(instants[6]).await, Ok(None), "after its removal");
+
+    // What remains of the source's file: the removal's mark, and two kept versions with one
+    // chunk each; the dropped versions' chunks are gone. The two copies that held the file
+    // added a chunk and a metadata message each.
+    let copies_written = 2;
+    assert_eq!(
+        writer_stream_messages(&nats.url, "acme").await,
+        1 + 2 * 2 + 2 * copies_written
+    );
 }
 
 /// Messages in the tenant's workspace stream.

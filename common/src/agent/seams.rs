@@ -175,6 +175,19 @@ pub struct TurnCheckpoint {
     /// Steer messages the turn has taken so far (they are among `new_messages`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub steered: u32,
+    /// When each step so far had all its calls answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_ends: Vec<StepEnd>,
+}
+
+/// When a step of a turn ended: every call of its model response answered, before the next
+/// model call. A fork at the step gets the workspace's files as they were then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepEnd {
+    /// The step (the turn's model response it follows, from 1).
+    pub step: u32,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -46,6 +46,10 @@ pub struct TurnRecord {
     /// this turn starts from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::protocol::Plan>,
+    /// When each of its steps that made calls ended (a fork at a step takes the workspace's
+    /// files of then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_ends: Vec<crate::agent::seams::StepEnd>,
 }
 
 /// Where a fork of a session starts: after turn `turn` (0: before the first, an empty session),
@@ -98,6 +102,8 @@ pub enum ForkError {
     Trimmed(u64),
     #[error("session {0} exists already; name a new one")]
     TargetExists(String),
+    #[error("{0}")]
+    NoInstant(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -176,6 +182,18 @@ impl SessionStore {
             messages: decoded(&listed[start as usize..end as usize])?,
             record,
         })
+    }
+
+    /// The instant whose workspace files a fork of `source` at `at` gets (milliseconds since the
+    /// Unix epoch; see [`files_instant`]).
+    pub async fn fork_instant(
+        &self,
+        tenant: &str,
+        source: &str,
+        at: ForkPoint,
+    ) -> Result<u64, ForkError> {
+        let records = self.turn_records(tenant, source).await?;
+        files_instant(&records, at).map_err(ForkError::NoInstant)
     }
 
     /// Makes session `to` from `source` as it was at `at`: its history up to that point, its
@@ -264,6 +282,34 @@ impl SessionStore {
     }
 }
 
+/// When the point `at` was, among a session's turn records: a turn's end; a step's end (every
+/// call of it answered), or the turn's end for its answering step; for `0`, the start of the
+/// first turn.
+pub fn files_instant(records: &[TurnRecord], at: ForkPoint) -> Result<u64, String> {
+    let record_of = |turn: u64| {
+        records.iter().find(|r| r.turn == turn).ok_or_else(|| {
+            format!("turn {turn} has no record any more, so when it ran is not known")
+        })
+    };
+    if at.turn == 0 {
+        let first = record_of(1)?;
+        return Ok(first.ended_at_ms.saturating_sub(first.duration_ms));
+    }
+    let record = record_of(at.turn)?;
+    match at.step {
+        None => Ok(record.ended_at_ms),
+        Some(step) => match record.step_ends.iter().find(|end| end.step == step) {
+            Some(end) => Ok(end.at_ms),
+            None if step >= record.steps => Ok(record.ended_at_ms),
+            None => Err(format!(
+                "when step {step} of turn {} ended is not recorded (the turn ran before step \
+                 times were kept)",
+                at.turn
+            )),
+        },
+    }
+}
+
 /// How many of a turn's messages end with step `step` (its first `step` model responses and the
 /// results of their calls): everything before the turn's `step + 1`-th assistant message.
 pub fn step_end(messages: &[Message], step: u32) -> usize {
@@ -309,6 +355,67 @@ mod tests {
             assert!(ForkPoint::parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(ForkPoint::parse("4.1").expect("valid").to_string(), "4.1");
+    }
+
+    #[test]
+    fn a_fork_takes_the_files_of_its_turns_end_or_its_steps_end() {
+        use crate::agent::seams::StepEnd;
+        let record =
+            |turn: u64, ended_at_ms: u64, steps: u32, step_ends: Vec<StepEnd>| TurnRecord {
+                turn,
+                task_id: format!("t{turn}"),
+                agent: "a".into(),
+                model: "m".into(),
+                status: TurnStatus::Completed,
+                ended_at_ms,
+                duration_ms: 100,
+                steps,
+                calls: 0,
+                tokens: 0,
+                messages: 0,
+                plan: None,
+                step_ends,
+            };
+        let records = [
+            record(1, 1_000, 1, vec![]),
+            record(
+                2,
+                2_000,
+                3,
+                vec![
+                    StepEnd {
+                        step: 1,
+                        at_ms: 1_500,
+                    },
+                    StepEnd {
+                        step: 2,
+                        at_ms: 1_700,
+                    },
+                ],
+            ),
+            record(
+                3,
+                3_000,
+                3,
+                vec![StepEnd {
+                    step: 2,
+                    at_ms: 2_800,
+                }],
+            ),
+        ];
+        let at = |text: &str| files_instant(&records, ForkPoint::parse(text).expect("point"));
+        assert_eq!(at("0"), Ok(900), "before the first turn started");
+        assert_eq!(at("1"), Ok(1_000));
+        assert_eq!(at("2.1"), Ok(1_500));
+        assert_eq!(at("2.2"), Ok(1_700));
+        assert_eq!(
+            at("2.3"),
+            Ok(2_000),
+            "the answering step ends with the turn"
+        );
+        let unrecorded = at("3.1").expect_err("step 1 of turn 3 has no time");
+        assert!(unrecorded.contains("step 1 of turn 3"), "{unrecorded}");
+        assert!(at("4").is_err());
     }
 
     #[test]

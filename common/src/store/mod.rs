@@ -309,7 +309,7 @@ pub enum TurnStart {
     Started {
         attempt: u64,
         session: LoadedSession,
-        checkpoint: Option<TurnCheckpoint>,
+        checkpoint: Option<Box<TurnCheckpoint>>,
         /// What was asked of the task (pause, steer, interrupt) before this start.
         controls: control::Controls,
     },

@@ -23,7 +23,7 @@ use clap::Args;
 
 use crate::config::{
     ENV_WORKSPACE_MAX_FILE_BYTES, ENV_WORKSPACE_MAX_SESSION_BYTES, ENV_WORKSPACE_REPLICAS,
-    MAX_REPLICAS,
+    ENV_WORKSPACE_VERSIONS, MAX_REPLICAS,
 };
 use crate::protocol::validate_token;
 
@@ -36,6 +36,11 @@ pub const DEFAULT_MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Largest total of a session's files unless configured otherwise.
 pub const DEFAULT_MAX_SESSION_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Earlier versions kept per file unless configured otherwise: as many as the turns a session
+/// keeps records of (`SKEIN_SESSION_CHECKPOINTS`), so a file written once a turn reaches every
+/// fork point.
+pub const DEFAULT_WORKSPACE_VERSIONS: usize = 50;
 
 /// Why a workspace operation failed, by condition.
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +184,10 @@ pub struct WorkspaceStoreConfig {
     /// (`SKEIN_STREAM_REPLICAS`).
     #[arg(long = "workspace-replicas", env = ENV_WORKSPACE_REPLICAS)]
     pub replicas: Option<usize>,
+    /// Earlier versions kept per file (object mode), so a fork gets a session's files as they
+    /// were at its point; 0 keeps none (a replaced version is purged at once).
+    #[arg(long = "workspace-versions", env = ENV_WORKSPACE_VERSIONS, default_value_t = DEFAULT_WORKSPACE_VERSIONS)]
+    pub versions: usize,
 }
 
 impl Default for WorkspaceStoreConfig {
@@ -187,6 +196,7 @@ impl Default for WorkspaceStoreConfig {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             replicas: None,
+            versions: DEFAULT_WORKSPACE_VERSIONS,
         }
     }
 }

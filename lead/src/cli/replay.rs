@@ -32,7 +32,7 @@ use skein_common::store::SessionStore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::sessions::{copy_files, ForkWorkspace};
+use super::sessions::{copy_files, undo_fork_on_failure, ForkWorkspace};
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -200,22 +200,21 @@ impl Replayer {
             .map(|m| m.content.clone())
             .ok_or_else(|| format!("turn {} has no user input on record", record.turn))?;
         let fork = format!("{session}-replay-{}-{}", record.turn, now_ms() % 1_000_000);
+        let point = ForkPoint {
+            turn: record.turn - 1,
+            step: None,
+        };
+        let files = args
+            .workspace
+            .files_instant(&self.store, tenant, session, point)
+            .await?;
         let forked = self
             .store
-            .fork_session(
-                tenant,
-                session,
-                ForkPoint {
-                    turn: record.turn - 1,
-                    step: None,
-                },
-                &fork,
-            )
+            .fork_session(tenant, session, point, &fork)
             .await
             .map_err(|e| e.to_string())?;
-        if !args.workspace.no_files {
-            copy_files(tenant, session, &fork, &args.workspace).await?;
-        }
+        let copied = copy_files(tenant, session, &fork, &args.workspace, files).await;
+        undo_fork_on_failure(&self.store, tenant, &fork, copied).await?;
         let overrides = args.with_model.clone().map(|model| AgentOverrides {
             model: Some(model),
             ..AgentOverrides::default()

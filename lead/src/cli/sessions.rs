@@ -1,6 +1,7 @@
 //! `skein sessions ls|show|rm|history|fork`: what sessions a tenant has, one session's history,
 //! removing one (refused while a turn runs in it), the records of its ended turns, and forking a
-//! new session from one of them (history, summary, skills and workspace files).
+//! new session from one of them (history, summary, skills, and the workspace's files as they
+//! were at that point).
 
 use std::process::ExitCode;
 
@@ -71,6 +72,46 @@ pub struct ForkWorkspace {
     /// Do not copy the workspace's files.
     #[arg(long)]
     pub no_files: bool,
+    /// Copy the workspace's files as they are now, not as they were at the fork's point (for a
+    /// point older than the versions the workspace keeps).
+    #[arg(long, conflicts_with = "no_files")]
+    pub files_now: bool,
+}
+
+impl ForkWorkspace {
+    /// The instant whose files a fork of `session` at `at` copies: `None` for none, or as now.
+    pub async fn files_instant(
+        &self,
+        store: &SessionStore,
+        tenant: &str,
+        session: &str,
+        at: ForkPoint,
+    ) -> Result<FilesAsOf, String> {
+        if self.no_files {
+            return Ok(FilesAsOf::None);
+        }
+        if self.files_now {
+            return Ok(FilesAsOf::Now);
+        }
+        store
+            .fork_instant(tenant, session, at)
+            .await
+            .map(FilesAsOf::Then)
+            .map_err(|e| {
+                format!(
+                    "{e}: fork with --files-now to copy the files as they are now, or --no-files"
+                )
+            })
+    }
+}
+
+/// Which of the workspace's files a fork copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilesAsOf {
+    None,
+    Now,
+    /// As they were at this instant (milliseconds since the Unix epoch).
+    Then(u64),
 }
 
 pub async fn sessions(args: SessionsArgs) -> ExitCode {
@@ -186,6 +227,9 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
                 ),
             };
             validate_token("new session", &to).map_err(|f| f.message)?;
+            let files = workspace
+                .files_instant(&store, tenant, &session, at)
+                .await?;
             let forked = store
                 .fork_session(tenant, &session, at, &to)
                 .await
@@ -200,13 +244,8 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
                     ""
                 }
             );
-            if !workspace.no_files {
-                let copied = copy_files(tenant, &session, &to, &workspace).await?;
-                println!(
-                    "copied {copied} workspace files (as they are now: a workspace keeps no history)"
-                );
-            }
-            Ok(())
+            let copied = copy_files(tenant, &session, &to, &workspace, files).await;
+            undo_fork_on_failure(&store, tenant, &to, copied).await
         }
         SessionsAction::Rm { session } => {
             validate_token("session", &session).map_err(|f| f.message)?;
@@ -228,13 +267,52 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
     }
 }
 
-/// Copies the workspace files of `from` into `to`.
+/// Keeps a fork whose files were copied (saying what was copied); removes it, so the same name
+/// can be used again, when they could not be.
+pub(super) async fn undo_fork_on_failure(
+    store: &SessionStore,
+    tenant: &str,
+    fork: &str,
+    copied: Result<Option<(usize, FilesAsOf)>, String>,
+) -> Result<(), String> {
+    match copied {
+        Ok(None) => Ok(()),
+        Ok(Some((count, FilesAsOf::Then(at_ms)))) => {
+            println!(
+                "copied {count} workspace files as they were at {}",
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(at_ms)
+                )
+            );
+            Ok(())
+        }
+        Ok(Some((count, _))) => {
+            println!("copied {count} workspace files as they are now");
+            Ok(())
+        }
+        Err(why) => {
+            if let Err(e) = store.remove_session(tenant, fork).await {
+                tracing::warn!(error = %e, fork, "the fork whose files could not be copied was not removed");
+            }
+            Err(format!(
+                "{why}\nthe fork {fork} was not kept: fork with --files-now to copy the files as \
+                 they are now, or --no-files"
+            ))
+        }
+    }
+}
+
+/// Copies the workspace files of `from` into `to` as `files` says; how many, and as of when.
 pub(super) async fn copy_files(
     tenant: &str,
     from: &str,
     to: &str,
     workspace: &ForkWorkspace,
-) -> Result<usize, String> {
+    files: FilesAsOf,
+) -> Result<Option<(usize, FilesAsOf)>, String> {
+    if files == FilesAsOf::None {
+        return Ok(None);
+    }
     workspace.store.validate()?;
     let client = SkeinClient::connect(&workspace.nats)
         .await
@@ -243,8 +321,11 @@ pub(super) async fn copy_files(
     let objects = ObjectWorkspaces::new(client.bus(), &workspace.store, 0);
     let from = SessionRef::new(tenant, from).map_err(|e| e.to_string())?;
     let to = SessionRef::new(tenant, to).map_err(|e| e.to_string())?;
-    objects
-        .copy_session(&from, &to)
-        .await
+    let copied = match files {
+        FilesAsOf::Then(at_ms) => objects.copy_session_as_of(&from, &to, at_ms).await,
+        _ => objects.copy_session(&from, &to).await,
+    };
+    copied
+        .map(|count| Some((count, files)))
         .map_err(|e| e.describe())
 }

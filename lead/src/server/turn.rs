@@ -198,7 +198,7 @@ impl Lead {
             // Only the first delivery's first attempt can be sure that no earlier run dispatched
             // the turn's calls.
             first_run: delivery.first && attempt == 1 && resume.is_none(),
-            resume,
+            resume: resume.map(|checkpoint| *checkpoint),
             controls,
         };
         let settled = self
@@ -467,6 +467,7 @@ impl Lead {
                     compaction: None,
                     plan: None,
                     steered: 0,
+                    step_ends: Vec::new(),
                 }
             }
         };
@@ -538,6 +539,7 @@ impl Lead {
                 .saturating_add(result.usage.completion_tokens),
             messages: output.new_messages.len() as u32,
             plan: state.plan.clone(),
+            step_ends: output.step_ends.clone(),
         });
         match lease
             .complete(loaded.version, state.as_ref(), &result, record.as_ref())

@@ -33,7 +33,7 @@ use crate::agent::middleware::{Middleware, ModelService, ToolService};
 use crate::agent::permissions::CompiledPolicy;
 use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::seams::{
-    ApprovalGate, CheckpointSink, ControlUpdate, EventSink, ToolDirectory, TurnCheckpoint,
+    ApprovalGate, CheckpointSink, ControlUpdate, EventSink, StepEnd, ToolDirectory, TurnCheckpoint,
     TurnControls,
 };
 use crate::agent::skills::SkillCatalog;
@@ -165,6 +165,8 @@ pub struct TurnOutput {
     pub plan: Option<Plan>,
     /// Steer messages the turn took (among `new_messages`).
     pub steered: u32,
+    /// When each step that made calls ended (a fork at a step takes the files of then).
+    pub step_ends: Vec<StepEnd>,
 }
 
 impl TurnOutput {
@@ -182,6 +184,7 @@ impl TurnOutput {
             compaction: None,
             plan: None,
             steered: 0,
+            step_ends: Vec::new(),
         }
     }
 }
@@ -343,6 +346,7 @@ impl Runtime {
             out.compaction = resumed.compaction;
             out.plan = resumed.plan.or(out.plan);
             out.steered = resumed.steered;
+            out.step_ends = resumed.step_ends;
         }
         // Without the tool catalog the turn cannot know what its model may call: it stops, to
         // run again, rather than answer with no tools.
@@ -408,6 +412,13 @@ impl Runtime {
                         out.new_messages
                             .push(Message::tool_result(&call.id, observation.text));
                     }
+                    // Again after a resume (the step's calls answered from their records): the
+                    // later time, after every write the step made.
+                    out.step_ends.retain(|end| end.step != out.iterations);
+                    out.step_ends.push(StepEnd {
+                        step: out.iterations,
+                        at_ms: crate::protocol::now_ms(),
+                    });
                     // No checkpoint here: the results are recorded by call key, so a turn that
                     // resumes from the checkpoint of these calls gets them back without running
                     // them again; the next step's checkpoint carries them.
@@ -693,6 +704,7 @@ async fn checkpoint(turn: &TurnInput<'_>, out: &TurnOutput) -> Result<(), TurnSt
         compaction: out.compaction.clone(),
         plan: out.plan.clone(),
         steered: out.steered,
+        step_ends: out.step_ends.clone(),
     };
     checkpoints
         .save(&state)

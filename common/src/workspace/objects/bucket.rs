@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use async_nats::header::{
     HeaderMap, HeaderValue, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_ROLLUP,
 };
+use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::object_store::{self, ObjectInfo};
 use async_nats::jetstream::stream::{RawMessageErrorKind, StorageType};
@@ -144,7 +145,20 @@ impl Bucket {
     /// concurrent write rolls up the message it was waiting for: under concurrent writes such a
     /// listing hangs.
     pub async fn list_metadata(&self) -> Result<Vec<ObjectInfo>, WorkspaceError> {
-        use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+        self.read_metadata(DeliverPolicy::LastPerSubject).await
+    }
+
+    /// Every metadata message the bucket holds, oldest first: the current ones and the earlier
+    /// versions kept apart (see `history`).
+    pub async fn all_metadata(&self) -> Result<Vec<ObjectInfo>, WorkspaceError> {
+        self.read_metadata(DeliverPolicy::All).await
+    }
+
+    async fn read_metadata(
+        &self,
+        deliver_policy: DeliverPolicy,
+    ) -> Result<Vec<ObjectInfo>, WorkspaceError> {
+        use async_nats::jetstream::consumer::{pull, AckPolicy};
         use futures::StreamExt;
         let failed = |e: &dyn std::fmt::Display| WorkspaceError::Unavailable {
             message: format!("cannot list {}: {e}", self.name),
@@ -154,7 +168,7 @@ impl Bucket {
             .stream
             .create_consumer(pull::Config {
                 filter_subject: format!("$O.{}.M.>", self.name),
-                deliver_policy: DeliverPolicy::LastPerSubject,
+                deliver_policy,
                 ack_policy: AckPolicy::None,
                 inactive_threshold: std::time::Duration::from_secs(30),
                 ..Default::default()
@@ -219,12 +233,31 @@ impl Bucket {
 
     /// The latest metadata message of `object` (live or deleted).
     pub async fn meta(&self, object: &str) -> Result<Option<Meta>, WorkspaceError> {
-        let message = self
+        let request = self
             .stream
             .raw_message_builder()
-            .last_by_subject(meta_subject(&self.name, object))
-            .send()
-            .await;
+            .last_by_subject(meta_subject(&self.name, object));
+        self.meta_message(object, request.send().await)
+    }
+
+    /// The oldest metadata message of `object` the stream holds.
+    pub async fn first_meta(&self, object: &str) -> Result<Option<Meta>, WorkspaceError> {
+        let request = self
+            .stream
+            .raw_message_builder()
+            .sequence(1)
+            .next_by_subject(meta_subject(&self.name, object));
+        self.meta_message(object, request.send().await)
+    }
+
+    fn meta_message(
+        &self,
+        object: &str,
+        message: Result<
+            async_nats::jetstream::message::StreamMessage,
+            async_nats::jetstream::stream::RawMessageError,
+        >,
+    ) -> Result<Option<Meta>, WorkspaceError> {
         let message = match message {
             Ok(message) => message,
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
@@ -367,6 +400,33 @@ impl Bucket {
             .await
             .map_err(failed)?;
         Ok(ack.sequence)
+    }
+
+    /// Appends `info` to the metadata messages of its name, without rolling up the earlier ones or
+    /// expecting any (the earlier versions a name keeps apart; see `history`).
+    pub async fn append_meta(&self, info: &ObjectInfo) -> Result<u64, WorkspaceError> {
+        let failed = |e: &dyn std::fmt::Display| WorkspaceError::Unavailable {
+            message: format!("cannot store the metadata of {}: {e}", info.name),
+            source: None,
+        };
+        let payload = serde_json::to_vec(info).map_err(|e| failed(&e))?;
+        let ack = self
+            .jetstream
+            .publish(meta_subject(&self.name, &info.name), payload.into())
+            .await
+            .map_err(|e| failed(&e))?
+            .await
+            .map_err(|e| failed(&e))?;
+        Ok(ack.sequence)
+    }
+
+    /// Deletes the message at `seq` (a metadata message no longer kept).
+    pub async fn delete_message(&self, seq: u64) -> Result<(), WorkspaceError> {
+        self.stream
+            .delete_message(seq)
+            .await
+            .map(|_| ())
+            .map_err(|e| WorkspaceError::unavailable(format!("cannot trim {}", self.name), e))
     }
 
     /// Removes the chunks of version `nuid`; a failure only leaves unreachable data behind, so

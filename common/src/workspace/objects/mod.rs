@@ -26,7 +26,11 @@
 //!   under its cap, and the path must not clash with a file (`a` a file and `a/b` wanted) or a
 //!   directory (`a/b` present and `a` wanted);
 //! - **cache.** Contents read or written are kept in a [`ContentCache`] by object name, used only
-//!   when the metadata read just before names the same `nuid` and digest.
+//!   when the metadata read just before names the same `nuid` and digest;
+//! - **earlier versions.** With `SKEIN_WORKSPACE_VERSIONS` above 0, a replaced version (or a
+//!   removal's mark) is kept apart with its chunks instead of purged, up to that many per file,
+//!   so a fork can copy a session's files as they were at an instant ([`history`],
+//!   [`ObjectWorkspaces::copy_session_as_of`]).
 //!
 //! Works on nats-server 2.9: `create_object_store` creates the stream directly (unlike
 //! `create_key_value`, it does not query the account first); buckets are created on the first
@@ -35,9 +39,10 @@
 //! cost grows with the tenant's file count.
 //!
 //! Layout: this module is the files' view (list, read, write, remove, the checks); `bucket` is the
-//! tenant's bucket and the stream requests a file is made of.
+//! tenant's bucket and the stream requests a file is made of; `history` the versions kept apart.
 
 mod bucket;
+mod history;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -46,6 +51,7 @@ use async_nats::jetstream::{object_store::ObjectInfo, object_store::ObjectOption
 use bytes::Bytes;
 
 use self::bucket::{Bucket, Buckets, Fetch, Meta, MetaPublish, CHUNK_BYTES};
+use self::history::SessionVersions;
 use super::cache::{ContentCache, ContentId};
 use super::path::{clean_relative, WorkspacePath};
 use super::{digest, human_size, Limits, SessionRef, WorkspaceError, WorkspaceStoreConfig};
@@ -104,6 +110,8 @@ pub struct ObjectWorkspaces {
     limits: Limits,
     buckets: Buckets,
     cache: ContentCache,
+    /// Replaced versions kept per file (0: purged at once).
+    versions: usize,
 }
 
 impl std::fmt::Debug for ObjectWorkspaces {
@@ -112,6 +120,7 @@ impl std::fmt::Debug for ObjectWorkspaces {
             .field("limits", &self.limits)
             .field("replicas", &self.buckets.replicas())
             .field("cache", &self.cache)
+            .field("versions", &self.versions)
             .finish()
     }
 }
@@ -127,6 +136,7 @@ impl ObjectWorkspaces {
                 cfg.bucket_replicas(bus.stream_replicas()),
             ),
             cache: ContentCache::new(cache_bytes),
+            versions: cfg.versions,
         }
     }
 
@@ -140,6 +150,7 @@ impl ObjectWorkspaces {
             limits,
             buckets: Buckets::of_kind(bus.jetstream().clone(), bus.stream_replicas(), kind),
             cache: ContentCache::new(0),
+            versions: 0,
         }
     }
 
@@ -175,8 +186,7 @@ impl ObjectWorkspaces {
                 let Some(path) = info.name.strip_prefix(&prefix) else {
                     continue;
                 };
-                let is_link = info.options.as_ref().is_some_and(|o| o.link.is_some());
-                if is_link || clean_relative(path).ok().as_deref() != Some(path) {
+                if is_link(&info) || !is_workspace_path(path) {
                     tracing::debug!(object = %info.name, "object not addressable as a workspace file; skipped");
                     continue;
                 }
@@ -212,6 +222,58 @@ impl ObjectWorkspaces {
             let path = WorkspacePath::parse(&file.path)
                 .map_err(|e| WorkspaceError::Invalid(e.to_string()))?;
             let (content, _) = self.read(from, &path).await?;
+            self.write(to, &path, content, Expect::Any).await?;
+        }
+        Ok(files.len())
+    }
+
+    /// Copies the files `from` held at `at_ms` (Unix time in milliseconds) into `to`, from the
+    /// versions kept apart ([`history`]); returns how many. A file whose version then is not
+    /// known (its history does not reach that far, or was not kept) fails the copy before
+    /// anything is written, naming every such file.
+    pub async fn copy_session_as_of(
+        &self,
+        from: &SessionRef,
+        to: &SessionRef,
+        at_ms: u64,
+    ) -> Result<usize, WorkspaceError> {
+        let Some(bucket) = self.buckets.get(from.tenant(), false).await? else {
+            return Ok(0);
+        };
+        let messages = match tokio::time::timeout(LIST_TIMEOUT, bucket.all_metadata()).await {
+            Ok(messages) => self.forget_bucket_on_failure(from.tenant(), messages)?,
+            Err(_) => {
+                return Err(WorkspaceError::Unavailable {
+                    message: format!(
+                        "reading the versions in {} took longer than {LIST_TIMEOUT:?}",
+                        bucket.name
+                    ),
+                    source: None,
+                })
+            }
+        };
+        let messages = messages.into_iter().filter(|info| !is_link(info)).collect();
+        let versions = SessionVersions::collect(from.session(), messages, is_workspace_path);
+        let (files, unknown) = versions.at(i128::from(at_ms) * 1_000_000);
+        if !unknown.is_empty() {
+            return Err(WorkspaceError::NotFound(format!(
+                "the workspace keeps no version from then of {} (a file keeps its last \
+                 SKEIN_WORKSPACE_VERSIONS earlier versions)",
+                unknown.join(", ")
+            )));
+        }
+        for (path, info) in &files {
+            let content = match bucket.fetch(info).await {
+                Ok(content) => content,
+                Err(Fetch::Replaced(why)) => {
+                    return Err(WorkspaceError::NotFound(format!(
+                        "the version of {path} from then is no longer kept ({why})"
+                    )))
+                }
+                Err(Fetch::Failed(error)) => return Err(error),
+            };
+            let path =
+                WorkspacePath::parse(path).map_err(|e| WorkspaceError::Invalid(e.to_string()))?;
             self.write(to, &path, content, Expect::Any).await?;
         }
         Ok(files.len())
@@ -390,7 +452,7 @@ impl ObjectWorkspaces {
             }
         };
         let digest = digest(&content);
-        let info = ObjectInfo {
+        let mut info = ObjectInfo {
             name: name.to_owned(),
             description: None,
             metadata: HashMap::new(),
@@ -409,11 +471,10 @@ impl ObjectWorkspaces {
         };
         for _ in 0..WRITE_ATTEMPTS {
             let expected_seq = current.as_ref().map_or(0, |m| m.seq);
+            history::mark_replacing(&mut info, current.as_ref().map(|m| &m.info));
             match bucket.publish_meta(&info, expected_seq).await {
                 Ok(seq) => {
-                    if let Some(replaced) = current.filter(|m| !m.info.deleted) {
-                        bucket.purge_chunks(&replaced.info.nuid).await;
-                    }
+                    self.retire(bucket, current).await;
                     let id = ContentId {
                         nuid: nuid.clone(),
                         digest: digest.clone(),
@@ -439,9 +500,7 @@ impl ObjectWorkspaces {
                     // stay if the metadata names them.
                     match bucket.meta(name).await {
                         Ok(Some(now)) if now.info.nuid == nuid => {
-                            if let Some(replaced) = current.filter(|m| !m.info.deleted) {
-                                bucket.purge_chunks(&replaced.info.nuid).await;
-                            }
+                            self.retire(bucket, current).await;
                             return Ok(now.version());
                         }
                         Ok(_) => bucket.purge_chunks(&nuid).await,
@@ -494,14 +553,28 @@ impl ObjectWorkspaces {
         info.size = 0;
         info.digest = None;
         info.modified = now();
+        history::mark_replacing(&mut info, Some(&current.info));
         match bucket.publish_meta(&info, current.seq).await {
             Ok(_) => {}
             Err(MetaPublish::Conflict) => return Err(changed(path)),
             Err(MetaPublish::Failed(error)) => return Err(error),
         }
         self.cache.forget(&bucket.cache_key(&name));
-        bucket.purge_chunks(&current.info.nuid).await;
+        self.retire(bucket, Some(current)).await;
         Ok(true)
+    }
+
+    /// What becomes of the metadata a write or removal replaced: kept apart with its chunks
+    /// while versions are kept, otherwise its chunks purged.
+    async fn retire(&self, bucket: &Bucket, replaced: Option<Meta>) {
+        let Some(replaced) = replaced else {
+            return;
+        };
+        if self.versions > 0 {
+            history::keep_replaced(bucket, replaced, self.versions).await;
+        } else if !replaced.info.deleted {
+            bucket.purge_chunks(&replaced.info.nuid).await;
+        }
     }
 
     /// Drops the handle of `tenant`'s bucket when `result` says the store failed (the bucket
@@ -516,6 +589,16 @@ impl ObjectWorkspaces {
         }
         result
     }
+}
+
+fn is_link(info: &ObjectInfo) -> bool {
+    info.options.as_ref().is_some_and(|o| o.link.is_some())
+}
+
+/// Whether a name below a session is a path a tool could name (objects written by other tools
+/// may not be).
+fn is_workspace_path(path: &str) -> bool {
+    clean_relative(path).ok().as_deref() == Some(path)
 }
 
 fn not_found(path: &WorkspacePath) -> WorkspaceError {

@@ -52,6 +52,13 @@ pub(crate) async fn checkpoint_cost(
         compaction: None,
         plan: None,
         steered: 0,
+        // The steps before the checkpoint's one ended, as a real turn's checkpoint records.
+        step_ends: (1..3)
+            .map(|step| skein_common::agent::seams::StepEnd {
+                step,
+                at_ms: skein_common::protocol::now_ms(),
+            })
+            .collect(),
     };
     let mut taken = Vec::with_capacity(samples);
     for i in 0..samples {
