@@ -20,6 +20,7 @@
 //! | `skein:{t:s}:turns` | list | records of the session's ended turns (turn, task, time, model, steps, calls, tokens, messages), at most `SKEIN_SESSION_CHECKPOINTS` |
 //! | `skein:{t:s}:steer:{task}` | list | the messages `task` was steered with, in order |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
+//! | `skein:responses:{t}:{id}` | string | a run started through the gateway's Responses API: its session, agent, metadata (`ResponseRecord`; expires as sessions do) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
@@ -45,6 +46,11 @@ pub fn session(tenant: &str, session: &str) -> String {
 /// The session's history, one message per element.
 pub fn history(tenant: &str, session: &str) -> String {
     format!("{}:history", tag(tenant, session))
+}
+
+/// A response of the gateway's Responses API.
+pub fn response(tenant: &str, id: &str) -> String {
+    format!("skein:responses:{{{tenant}}}:{id}")
 }
 
 pub fn lease(tenant: &str, session: &str) -> String {

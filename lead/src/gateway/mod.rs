@@ -4,12 +4,15 @@
 //! can serve behind a load balancer and any one can answer any request.
 //!
 //! Served today: `GET /v1/models` (the agents), `POST /v1/chat/completions` (streamed as SSE or
-//! not), `GET /healthz`. Every request but the health check carries a key
+//! not), the Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`, `POST
+//! /v1/responses/{id}/cancel`; [`responses`]), `GET /healthz`. Every request but the health check carries a key
 //! (`Authorization: Bearer`, [`keys`]) whose tenant it acts for; errors come in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
 
 pub mod keys;
 mod openai;
+mod request;
+mod responses;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -141,6 +144,9 @@ fn router(gateway: Arc<Gateway>, max_body: usize) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::read))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(gateway)

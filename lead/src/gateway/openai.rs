@@ -16,13 +16,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use skein_common::protocol::message::Message;
 use skein_common::protocol::{
     EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
@@ -30,10 +29,8 @@ use skein_common::protocol::{
 use skein_common::store::SessionState;
 
 use super::keys::{Principal, Role};
+use super::request::{self, authenticate, error, invalid, json_response, ApiError, Content};
 use super::Gateway;
-
-/// Longest `Idempotency-Key` taken.
-const MAX_IDEMPOTENCY_KEY: usize = 255;
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
@@ -56,132 +53,6 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
-}
-
-/// A message's content: a string, or parts of which the text ones are read.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Value>),
-}
-
-impl Content {
-    fn text(&self) -> Result<String, String> {
-        match self {
-            Content::Text(text) => Ok(text.clone()),
-            Content::Parts(parts) => {
-                let mut text = String::new();
-                for part in parts {
-                    match part.get("type").and_then(Value::as_str) {
-                        Some("text") => {
-                            text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
-                        }
-                        other => {
-                            return Err(format!(
-                                "content parts of type {} are not accepted; send text",
-                                other.unwrap_or("(none)")
-                            ))
-                        }
-                    }
-                }
-                Ok(text)
-            }
-        }
-    }
-}
-
-/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with its status.
-pub(super) struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    code: String,
-    message: String,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({ "error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": Value::Null,
-            "code": self.code,
-        } });
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response()
-    }
-}
-
-pub(super) fn error(
-    status: StatusCode,
-    kind: &'static str,
-    code: &str,
-    message: impl Into<String>,
-) -> ApiError {
-    ApiError {
-        status,
-        kind,
-        code: code.to_owned(),
-        message: message.into(),
-    }
-}
-
-fn invalid(message: impl Into<String>) -> ApiError {
-    error(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        "invalid_request",
-        message,
-    )
-}
-
-fn json_response(body: Value) -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-/// The caller a request's key proves, with `role`; or the 401/403 that says why not.
-fn authenticate(gateway: &Gateway, headers: &HeaderMap, role: Role) -> Result<Principal, ApiError> {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(key) = presented.filter(|k| !k.is_empty()) else {
-        return Err(error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "missing_api_key",
-            "no API key: send Authorization: Bearer <key>",
-        ));
-    };
-    let Some(principal) = gateway.keys.verify(key) else {
-        return Err(error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "invalid_api_key",
-            "the API key is not known",
-        ));
-    };
-    if !principal.may(role) {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            "permission_error",
-            "forbidden",
-            format!(
-                "principal {} may not {role:?} in tenant {}",
-                principal.name, principal.tenant
-            ),
-        ));
-    }
-    Ok(principal.clone())
 }
 
 pub(super) async fn models(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
@@ -222,18 +93,9 @@ pub(super) async fn chat_completions(
         Ok(principal) => principal,
         Err(refused) => return refused.into_response(),
     };
-    let body = match body {
+    let body = match request::body(body) {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                "request_too_large",
-                "the request body is larger than the gateway takes",
-            )
-            .into_response()
-        }
-        Err(rejection) => return invalid(rejection.body_text()).into_response(),
+        Err(refused) => return refused.into_response(),
     };
     let planned = match plan(&gateway, &principal, &headers, &body) {
         Ok(planned) => planned,
@@ -274,19 +136,7 @@ fn plan(
 ) -> Result<Planned, ApiError> {
     let request: ChatRequest = serde_json::from_slice(body)
         .map_err(|e| invalid(format!("the request is not a chat completion request: {e}")))?;
-    if !gateway.agents.names().any(|name| name == request.model) {
-        let known: Vec<&str> = gateway.agents.names().collect();
-        return Err(error(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!(
-                "the model {:?} is no agent of this cluster; models: {}",
-                request.model,
-                known.join(", ")
-            ),
-        ));
-    }
+    request::check_agent(gateway, &request.model)?;
     let Some((last, earlier)) = request.messages.split_last() else {
         return Err(invalid("messages is empty"));
     };
@@ -323,18 +173,7 @@ fn plan(
             instructions.join("\n\n")
         );
     }
-    let id = match headers.get("idempotency-key") {
-        Some(key) => {
-            let key = key
-                .to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY)
-                .ok_or_else(|| invalid("Idempotency-Key must be 1 to 255 visible characters"))?;
-            let hash = Sha256::digest(format!("{}\n{key}", principal.tenant).as_bytes());
-            hash.iter().take(16).map(|b| format!("{b:02x}")).collect()
-        }
-        None => uuid::Uuid::new_v4().simple().to_string(),
-    };
+    let id = request::request_id(principal, headers)?;
     let submission = TaskSubmission {
         v: PROTOCOL_VERSION,
         task_id: format!("chatcmpl-{id}"),
@@ -348,20 +187,7 @@ fn plan(
         budget: None,
         multitask: MultitaskPolicy::default(),
     };
-    submission
-        .validate(gateway.client.bus().max_payload())
-        .map_err(|failure| {
-            if failure.kind == skein_common::protocol::FailureKind::TooLarge {
-                error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "invalid_request_error",
-                    "request_too_large",
-                    failure.message,
-                )
-            } else {
-                invalid(failure.message)
-            }
-        })?;
+    let submission = request::checked(gateway, submission)?;
     Ok(Planned {
         submission,
         history,
@@ -383,11 +209,9 @@ async fn seed(gateway: &Gateway, planned: &Planned) -> Result<(), ApiError> {
     let (tenant, session) = (&planned.submission.tenant, &planned.submission.session);
     match gateway.store.save(tenant, session, 0, &state).await {
         Ok(_) | Err(skein_common::store::StoreError::Conflict { .. }) => Ok(()),
-        Err(e) => Err(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "unavailable",
-            format!("the conversation could not be stored: {e}"),
+        Err(e) => Err(request::unavailable(
+            "the conversation could not be stored",
+            e,
         )),
     }
 }

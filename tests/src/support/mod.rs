@@ -13,6 +13,7 @@ pub mod nats_cluster;
 pub mod node;
 pub mod otlp;
 pub mod proxy;
+pub mod python_sdk;
 pub mod redis_ha;
 pub mod servers;
 pub mod slow_http;

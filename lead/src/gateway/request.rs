@@ -1,0 +1,226 @@
+//! What every request of the gateway shares: errors in OpenAI's shape, the key a request
+//! carries ([`authenticate`]), its body within the size limit ([`body`]), the agent its `model`
+//! names ([`check_agent`]), the id an `Idempotency-Key` makes ([`request_id`]) and the checks a
+//! submission passes before it is sent ([`checked`]).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use skein_common::protocol::TaskSubmission;
+
+use super::keys::{Principal, Role};
+use super::Gateway;
+
+/// A message's content: a string, or parts of which the text ones are read.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Content {
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+impl Content {
+    pub(crate) fn text(&self) -> Result<String, String> {
+        match self {
+            Content::Text(text) => Ok(text.clone()),
+            Content::Parts(parts) => {
+                let mut text = String::new();
+                for part in parts {
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("text" | "input_text" | "output_text") => {
+                            text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                        }
+                        other => {
+                            return Err(format!(
+                                "content parts of type {} are not accepted; send text",
+                                other.unwrap_or("(none)")
+                            ))
+                        }
+                    }
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+/// Longest `Idempotency-Key` taken.
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with its status.
+pub(crate) struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    code: String,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": Value::Null,
+            "code": self.code,
+        } });
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+pub(crate) fn error(
+    status: StatusCode,
+    kind: &'static str,
+    code: &str,
+    message: impl Into<String>,
+) -> ApiError {
+    ApiError {
+        status,
+        kind,
+        code: code.to_owned(),
+        message: message.into(),
+    }
+}
+
+pub(crate) fn invalid(message: impl Into<String>) -> ApiError {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_request",
+        message,
+    )
+}
+
+pub(crate) fn json_response(body: Value) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The caller a request's key proves, with `role`; or the 401/403 that says why not.
+pub(crate) fn authenticate(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    role: Role,
+) -> Result<Principal, ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(key) = presented.filter(|k| !k.is_empty()) else {
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "missing_api_key",
+            "no API key: send Authorization: Bearer <key>",
+        ));
+    };
+    let Some(principal) = gateway.keys.verify(key) else {
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "the API key is not known",
+        ));
+    };
+    if !principal.may(role) {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "forbidden",
+            format!(
+                "principal {} may not {role:?} in tenant {}",
+                principal.name, principal.tenant
+            ),
+        ));
+    }
+    Ok(principal.clone())
+}
+
+/// The request's body, or the 413 (over the limit) or 400 that says why not.
+pub(crate) fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    match body {
+        Ok(body) => Ok(body),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            "the request body is larger than the gateway takes",
+        )),
+        Err(rejection) => Err(invalid(rejection.body_text())),
+    }
+}
+
+/// Refuses a `model` that names no agent of the cluster (404, listing the agents).
+pub(crate) fn check_agent(gateway: &Gateway, model: &str) -> Result<(), ApiError> {
+    if gateway.agents.names().any(|name| name == model) {
+        return Ok(());
+    }
+    let known: Vec<&str> = gateway.agents.names().collect();
+    Err(error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        format!(
+            "the model {model:?} is no agent of this cluster; models: {}",
+            known.join(", ")
+        ),
+    ))
+}
+
+/// The id of a request's run: from its `Idempotency-Key` within the tenant (a retry is the same
+/// run), else new.
+pub(crate) fn request_id(principal: &Principal, headers: &HeaderMap) -> Result<String, ApiError> {
+    match headers.get("idempotency-key") {
+        Some(key) => {
+            let key = key
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY)
+                .ok_or_else(|| invalid("Idempotency-Key must be 1 to 255 visible characters"))?;
+            let hash = Sha256::digest(format!("{}\n{key}", principal.tenant).as_bytes());
+            Ok(hash.iter().take(16).map(|b| format!("{b:02x}")).collect())
+        }
+        None => Ok(uuid::Uuid::new_v4().simple().to_string()),
+    }
+}
+
+/// `submission` once it passes the protocol's checks (413 for an input over the limit).
+pub(crate) fn checked(
+    gateway: &Gateway,
+    submission: TaskSubmission,
+) -> Result<TaskSubmission, ApiError> {
+    match submission.validate(gateway.client.bus().max_payload()) {
+        Ok(()) => Ok(submission),
+        Err(failure) if failure.kind == skein_common::protocol::FailureKind::TooLarge => {
+            Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "request_too_large",
+                failure.message,
+            ))
+        }
+        Err(failure) => Err(invalid(failure.message)),
+    }
+}
+
+/// A store that could not be reached, as a 503.
+pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> ApiError {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "unavailable",
+        format!("{what}: {e}"),
+    )
+}

@@ -1,0 +1,530 @@
+//! OpenAI's Responses API: `POST /v1/responses` runs one turn of the agent its `model` names,
+//! `GET /v1/responses/{id}` reads a response (streamed again from any point with
+//! `stream=true&starting_after=N`, or `Last-Event-ID`), `POST /v1/responses/{id}/cancel` cancels
+//! its run.
+//!
+//! A response is a task whose id is the response id, in a session of its own or, with
+//! `previous_response_id`, in that response's session, so the agent remembers the conversation.
+//! Its record (`store::responses`) keeps which session, agent and metadata it has, so any gateway
+//! serves any response. Streams, live or read again, are the task's events folded by
+//! [`fold::ResponseFold`]: the same events give the same sequence numbers. `background: true`
+//! answers at once with the queued response; a client that goes away never stops its run (only
+//! `cancel` does).
+
+mod fold;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use skein_common::protocol::message::Message;
+use skein_common::protocol::{
+    EventKind, FinalResult, MultitaskPolicy, TaskSubmission, PROTOCOL_VERSION,
+};
+use skein_common::store::responses::ResponseRecord;
+use skein_common::store::SessionState;
+
+use self::fold::ResponseFold;
+use super::keys::{Principal, Role};
+use super::request::{self, authenticate, error, invalid, json_response, ApiError, Content};
+use super::Gateway;
+
+/// Most metadata pairs, and the longest key and value, as OpenAI takes them.
+const MAX_METADATA: usize = 16;
+const MAX_METADATA_KEY: usize = 64;
+const MAX_METADATA_VALUE: usize = 512;
+
+/// How long a cancel waits for the run to end before it answers with the response as it stands.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug, Deserialize)]
+struct CreateRequest {
+    model: String,
+    input: Input,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    background: bool,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Input {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+#[derive(Debug, Deserialize)]
+struct InputItem {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+/// What a create request asks Skein to run.
+struct Planned {
+    record: ResponseRecord,
+    submission: TaskSubmission,
+    /// The conversation before the input, for a new session.
+    history: Vec<Message>,
+    stream: bool,
+}
+
+pub(super) async fn create(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match create_response(gateway, headers, body).await {
+        Ok(response) => response,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+async fn create_response(
+    gateway: Arc<Gateway>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let principal = authenticate(&gateway, &headers, Role::Submit)?;
+    let body = request::body(body)?;
+    let planned = plan(&gateway, &principal, &headers, &body).await?;
+    let record = gateway
+        .store
+        .put_response(&principal.tenant, &planned.record)
+        .await
+        .map_err(|e| request::unavailable("the response could not be recorded", e))?;
+    if record.session != planned.record.session || record.agent != planned.record.agent {
+        return Err(error(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            "idempotency_key_reused",
+            "this Idempotency-Key was used for another request",
+        ));
+    }
+    if !planned.history.is_empty() {
+        let state = SessionState {
+            history: planned.history.clone(),
+            ..SessionState::default()
+        };
+        match gateway
+            .store
+            .save(&principal.tenant, &record.session, 0, &state)
+            .await
+        {
+            // A retry finds it seeded.
+            Ok(_) | Err(skein_common::store::StoreError::Conflict { .. }) => {}
+            Err(e) => {
+                return Err(request::unavailable(
+                    "the conversation could not be stored",
+                    e,
+                ))
+            }
+        }
+    }
+    gateway
+        .client
+        .submit(&planned.submission)
+        .await
+        .map_err(|e| request::unavailable("the run could not be submitted", e))?;
+    if planned.stream {
+        return Ok(sse(gateway, principal.tenant, record, None));
+    }
+    if record.background {
+        return Ok(json_response(ResponseFold::new(record).response(None)));
+    }
+    let last = followed(gateway, principal.tenant, record.clone(), None)
+        .fold(None, |_, event| async move { Some(event) })
+        .await;
+    Ok(json_response(response_of(last, record)))
+}
+
+/// Reads and checks a create request; names its response, task and session.
+async fn plan(
+    gateway: &Gateway,
+    principal: &Principal,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Planned, ApiError> {
+    let request: CreateRequest = serde_json::from_slice(body)
+        .map_err(|e| invalid(format!("the request is not a response request: {e}")))?;
+    request::check_agent(gateway, &request.model)?;
+    if request
+        .tools
+        .as_ref()
+        .is_some_and(|tools| !tools.is_empty())
+    {
+        return Err(invalid(
+            "tools are not accepted: the agent runs its own tools (they appear as skein_tool_call \
+             output items)",
+        ));
+    }
+    let metadata = request.metadata.unwrap_or_default();
+    if metadata.len() > MAX_METADATA
+        || metadata
+            .iter()
+            .any(|(k, v)| k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE)
+    {
+        return Err(invalid(format!(
+            "metadata takes at most {MAX_METADATA} pairs, keys of at most {MAX_METADATA_KEY} \
+             characters and values of at most {MAX_METADATA_VALUE}"
+        )));
+    }
+    let (input, earlier) = match request.input {
+        Input::Text(text) => (text, Vec::new()),
+        Input::Items(items) => split_items(items)?,
+    };
+    let id = format!("resp_{}", request::request_id(principal, headers)?);
+    let session = match &request.previous_response_id {
+        Some(previous) => {
+            if !earlier.is_empty() {
+                return Err(invalid(
+                    "with previous_response_id, send only the new user message: the earlier \
+                     ones are in its session",
+                ));
+            }
+            let found = gateway
+                .store
+                .response(&principal.tenant, previous)
+                .await
+                .map_err(|e| request::unavailable("responses could not be read", e))?;
+            match found {
+                Some(previous) => previous.session,
+                None => return Err(no_such_response(previous)),
+            }
+        }
+        None => id.replace('_', "-"),
+    };
+    let mut instructions: Vec<String> = request.instructions.clone().into_iter().collect();
+    let mut history = Vec::new();
+    for (role, text) in earlier {
+        match role.as_str() {
+            "system" | "developer" => instructions.push(text),
+            "user" => history.push(Message::user(text)),
+            _ => history.push(Message::assistant(text)),
+        }
+    }
+    let input = if instructions.is_empty() {
+        input
+    } else {
+        format!(
+            "The caller's instructions:\n{}\n\n{input}",
+            instructions.join("\n\n")
+        )
+    };
+    let submission = request::checked(
+        gateway,
+        TaskSubmission {
+            v: PROTOCOL_VERSION,
+            task_id: id.clone(),
+            tenant: principal.tenant.clone(),
+            user: principal.name.clone(),
+            session: session.clone(),
+            agent: request.model.clone(),
+            input,
+            overrides: None,
+            deadline_ms: None,
+            budget: None,
+            multitask: MultitaskPolicy::Enqueue,
+        },
+    )?;
+    let record = ResponseRecord {
+        id,
+        session,
+        agent: request.model,
+        created_at: skein_common::protocol::now_ms() / 1000,
+        previous_response_id: request.previous_response_id,
+        instructions: request.instructions,
+        metadata,
+        background: request.background,
+    };
+    Ok(Planned {
+        record,
+        submission,
+        history,
+        stream: request.stream,
+    })
+}
+
+/// The last user message's text, and the `(role, text)` of the messages before it.
+fn split_items(items: Vec<InputItem>) -> Result<(String, Vec<(String, String)>), ApiError> {
+    let mut messages = Vec::new();
+    for item in items {
+        if item.kind.as_deref().is_some_and(|kind| kind != "message") {
+            return Err(invalid(format!(
+                "input items of type {} are not accepted: send messages (the agent runs its own \
+                 tools)",
+                item.kind.unwrap_or_default()
+            )));
+        }
+        let role = item
+            .role
+            .ok_or_else(|| invalid("every input message needs a role"))?;
+        if !matches!(role.as_str(), "user" | "assistant" | "system" | "developer") {
+            return Err(invalid(format!("unknown message role {role:?}")));
+        }
+        let text = item
+            .content
+            .as_ref()
+            .map_or(Ok(String::new()), Content::text)
+            .map_err(invalid)?;
+        messages.push((role, text));
+    }
+    match messages.pop() {
+        Some((role, text)) if role == "user" => Ok((text, messages)),
+        Some(_) => Err(invalid("the last input message must be the user's")),
+        None => Err(invalid("input is empty")),
+    }
+}
+
+fn no_such_response(id: &str) -> ApiError {
+    error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "response_not_found",
+        format!("no response {id:?} in this tenant"),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ReadQuery {
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    starting_after: Option<u64>,
+}
+
+pub(super) async fn read(
+    State(gateway): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let found = async {
+        let principal = authenticate(&gateway, &headers, Role::Submit)?;
+        let Query(query) = query.map_err(|e| invalid(e.body_text()))?;
+        let record = record_of(&gateway, &principal, &id).await?;
+        Ok::<_, ApiError>((principal, record, query))
+    };
+    let (principal, record, query) = match found.await {
+        Ok(found) => found,
+        Err(refused) => return refused.into_response(),
+    };
+    if query.stream {
+        let resume_after = query.starting_after.or_else(|| {
+            headers
+                .get("last-event-id")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse().ok())
+        });
+        return sse(gateway, principal.tenant, record, resume_after);
+    }
+    let ended = gateway
+        .client
+        .stored_final(&principal.tenant, &record.session, &record.id)
+        .await;
+    match ended {
+        // Ended: its events give its output (a stream that no longer holds them, the answer).
+        Ok(Some(result)) => {
+            let last = followed(gateway, principal.tenant, record.clone(), Some(result))
+                .fold(None, |_, event| async move { Some(event) })
+                .await;
+            json_response(response_of(last, record))
+        }
+        Ok(None) => {
+            let mut fold = ResponseFold::new(record);
+            fold.opening();
+            json_response(fold.response(None))
+        }
+        Err(e) => request::unavailable("the run's result could not be read", e).into_response(),
+    }
+}
+
+pub(super) async fn cancel(
+    State(gateway): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let cancelled = async {
+        let principal = authenticate(&gateway, &headers, Role::Submit)?;
+        let record = record_of(&gateway, &principal, &id).await?;
+        gateway
+            .client
+            .cancel(
+                &principal.tenant,
+                &record.id,
+                &format!("cancelled over the Responses API by {}", principal.name),
+            )
+            .await
+            .map_err(|e| request::unavailable("the cancel could not be sent", e))?;
+        let events = followed(gateway.clone(), principal.tenant, record.clone(), None);
+        let last = tokio::time::timeout(
+            CANCEL_WAIT,
+            events.fold(None, |_, event| async move { Some(event) }),
+        )
+        .await
+        .ok()
+        .flatten();
+        Ok::<_, ApiError>(json_response(response_of(last, record)))
+    };
+    match cancelled.await {
+        Ok(response) => response,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+async fn record_of(
+    gateway: &Gateway,
+    principal: &Principal,
+    id: &str,
+) -> Result<ResponseRecord, ApiError> {
+    gateway
+        .store
+        .response(&principal.tenant, id)
+        .await
+        .map_err(|e| request::unavailable("responses could not be read", e))?
+        .ok_or_else(|| no_such_response(id))
+}
+
+/// The response the last stream event carries, or the record's as it stands.
+fn response_of(last: Option<Value>, record: ResponseRecord) -> Value {
+    match last {
+        Some(mut event) if event.get("response").is_some() => event["response"].take(),
+        _ => {
+            let mut fold = ResponseFold::new(record);
+            fold.opening();
+            fold.response(None)
+        }
+    }
+}
+
+/// The response's stream events from its task's events, ending with its end (or, when the run
+/// does not end within the gateway's run timeout, an `error` event; the run goes on). With
+/// `ended`, a run known to be over whose final event the events stream no longer holds still
+/// ends, with that result.
+fn followed(
+    gateway: Arc<Gateway>,
+    tenant: String,
+    record: ResponseRecord,
+    ended: Option<FinalResult>,
+) -> impl futures::Stream<Item = Value> + Send + 'static {
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Value>(64);
+    tokio::spawn(async move {
+        let mut fold = ResponseFold::new(record.clone());
+        for event in fold.opening() {
+            if sender.send(event).await.is_err() {
+                return;
+            }
+        }
+        let follow = async {
+            let mut events = gateway.client.watch(&tenant, &record.id).await?;
+            while let Some(event) = events.next().await {
+                let event = event?;
+                let out = match &event.event {
+                    EventKind::Final { result } => {
+                        let result = gateway.client.whole_answer(result.clone()).await?;
+                        let out = fold.finish(&result);
+                        for value in out {
+                            if sender.send(value).await.is_err() {
+                                return Ok(true);
+                            }
+                        }
+                        return Ok(true);
+                    }
+                    _ => fold.event(&event),
+                };
+                for value in out {
+                    if sender.send(value).await.is_err() {
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok::<_, skein_common::client::ClientError>(false)
+        };
+        let wait = match &ended {
+            // Over already: what the stream holds, briefly.
+            Some(_) => CANCEL_WAIT,
+            None => gateway.run_timeout,
+        };
+        let finished = matches!(tokio::time::timeout(wait, follow).await, Ok(Ok(true)));
+        if finished {
+            return;
+        }
+        let result = match ended {
+            Some(result) => Some(result),
+            None => gateway
+                .client
+                .stored_final(&tenant, &record.session, &record.id)
+                .await
+                .ok()
+                .flatten(),
+        };
+        let last = match result {
+            Some(result) => fold.finish(&result),
+            None => vec![json!({
+                "type": "error",
+                "code": "run_not_finished",
+                "message": format!("response {} did not end in time; it keeps running", record.id),
+                "param": null,
+            })],
+        };
+        for value in last {
+            if sender.send(value).await.is_err() {
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|value| (value, receiver))
+    })
+}
+
+/// The response's stream as SSE, each event named by its type, its id its sequence number;
+/// events up to `resume_after` are left out.
+fn sse(
+    gateway: Arc<Gateway>,
+    tenant: String,
+    record: ResponseRecord,
+    resume_after: Option<u64>,
+) -> Response {
+    let events = followed(gateway, tenant, record, None)
+        .filter(move |value| {
+            let seen = match (resume_after, value["sequence_number"].as_u64()) {
+                (Some(after), Some(n)) => n <= after,
+                _ => false,
+            };
+            futures::future::ready(!seen)
+        })
+        .map(|value| {
+            let mut event = Event::default()
+                .event(value["type"].as_str().unwrap_or("message"))
+                .data(value.to_string());
+            if let Some(n) = value["sequence_number"].as_u64() {
+                event = event.id(n.to_string());
+            }
+            Ok::<_, Infallible>(event)
+        });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
