@@ -10,27 +10,36 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use skein_lead::gateway::keys::key_hash;
 use skein_tests::support::cluster::TestCluster;
+use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::{python_sdk, unique};
 
 const KEY: &str = "sk-test-alice";
 const READ_ONLY_KEY: &str = "sk-test-approver";
+const OTHER_TENANT_KEY: &str = "sk-test-globex";
 
 /// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
 async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
     let script = cluster.scenario(json!([{ "steps": [
         { "answer": "you said {{input}} after {{previous_input}}" }
     ] }]));
+    gateway_before(cluster, &script, extra).await
+}
+
+/// [`cluster_with_gateway`] whose lead runs the scenario `script`.
+async fn gateway_before(cluster: &TestCluster, script: &str, extra: &[&str]) -> SocketAddr {
     cluster.spawn_test_worker(cluster.worker_config(&[]));
     cluster.wait_for_workers(1).await;
-    cluster.spawn_lead(cluster.lead_config(&["--scenario", &script]));
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", script]));
     let keys = cluster.dir.join(unique("keys")).with_extension("toml");
     std::fs::write(
         &keys,
         format!(
             "[[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"alice\"\nroles = [\"submit\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n",
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n",
             key_hash(KEY),
-            key_hash(READ_ONLY_KEY)
+            key_hash(READ_ONLY_KEY),
+            key_hash(OTHER_TENANT_KEY)
         ),
     )
     .expect("keys written");
@@ -462,4 +471,147 @@ async fn the_official_openai_library_speaks_responses_and_chat_to_the_gateway() 
     );
     assert_eq!(chat["finish_reason"], "stop");
     assert!(chat["usage"].is_u64(), "{seen}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_is_cancelled_and_bad_response_requests_get_clear_errors() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "slow-{{turn}}", "ms": 20000 } } ] },
+        { "answer": "finished" }
+    ] }]));
+    let addr = gateway_before(&cluster, &script, &[]).await;
+    let http = reqwest::Client::new();
+    let responses = format!("http://{addr}/v1/responses");
+
+    let created: Value = http
+        .post(&responses)
+        .bearer_auth(KEY)
+        .json(&json!({ "model": "assistant", "input": "slowly", "background": true }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(created["status"], "queued", "{created}");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    // Cancelled once its call runs.
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(30)
+        && read_effects(&cluster.effects_file()).is_empty()
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let cancelled: Value = http
+        .post(format!("{responses}/{id}/cancel"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["output"][0]["type"], "skein_tool_call", "{cancelled}");
+    assert_eq!(cancelled["output"][0]["name"], "slow_effect", "{cancelled}");
+    let read: Value = http
+        .get(format!("{responses}/{id}"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(read["status"], "cancelled", "{read}");
+    // Another tenant's key does not find it, nor cancel it.
+    for request in [
+        http.get(format!("{responses}/{id}")),
+        http.post(format!("{responses}/{id}/cancel")),
+    ] {
+        let (status, e) = error_of(
+            request
+                .bearer_auth(OTHER_TENANT_KEY)
+                .send()
+                .await
+                .expect("sent"),
+        )
+        .await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("response_not_found"))
+        );
+    }
+
+    let refused = [
+        (json!({ "model": "assistant" }), "input"),
+        (json!({ "model": "assistant", "input": [] }), "input is empty"),
+        (
+            json!({ "model": "assistant", "input": "x", "tools": [ { "type": "function", "name": "f" } ] }),
+            "tools are not accepted",
+        ),
+        (
+            json!({ "model": "assistant", "input": [ { "type": "function_call_output", "call_id": "c", "output": "o" } ] }),
+            "function_call_output",
+        ),
+        (
+            json!({ "model": "assistant", "input": [ { "role": "assistant", "content": "hi" } ] }),
+            "must be the user's",
+        ),
+        (
+            json!({ "model": "assistant", "input": "x", "metadata": (0..17).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>() }),
+            "metadata takes at most 16",
+        ),
+        (
+            json!({ "model": "assistant", "input": [ { "role": "user", "content": "earlier" }, { "role": "user", "content": "x" } ], "previous_response_id": id }),
+            "only the new user message",
+        ),
+    ];
+    for (body, says) in refused {
+        let (status, e) = error_of(
+            http.post(&responses)
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .expect("sent"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {e}");
+        assert!(
+            e["message"].as_str().is_some_and(|m| m.contains(says)),
+            "{body}: {e}"
+        );
+    }
+    let (status, e) = error_of(
+        http.post(&responses)
+            .bearer_auth(KEY)
+            .json(&json!({ "model": "assistant", "input": "x", "previous_response_id": "resp_none" }))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("response_not_found"))
+    );
+    let (status, e) = error_of(
+        http.get(format!("{responses}/{id}?stream=true&starting_after=soon"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    let (status, _) = error_of(
+        http.get(format!("{responses}/{id}"))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
