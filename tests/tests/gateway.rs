@@ -513,7 +513,10 @@ async fn a_background_response_is_cancelled_and_bad_response_requests_get_clear_
         .await
         .expect("json");
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
-    assert_eq!(cancelled["output"][0]["type"], "skein_tool_call", "{cancelled}");
+    assert_eq!(
+        cancelled["output"][0]["type"], "skein_tool_call",
+        "{cancelled}"
+    );
     assert_eq!(cancelled["output"][0]["name"], "slow_effect", "{cancelled}");
     let read: Value = http
         .get(format!("{responses}/{id}"))
@@ -546,7 +549,10 @@ async fn a_background_response_is_cancelled_and_bad_response_requests_get_clear_
 
     let refused = [
         (json!({ "model": "assistant" }), "input"),
-        (json!({ "model": "assistant", "input": [] }), "input is empty"),
+        (
+            json!({ "model": "assistant", "input": [] }),
+            "input is empty",
+        ),
         (
             json!({ "model": "assistant", "input": "x", "tools": [ { "type": "function", "name": "f" } ] }),
             "tools are not accepted",
@@ -587,7 +593,9 @@ async fn a_background_response_is_cancelled_and_bad_response_requests_get_clear_
     let (status, e) = error_of(
         http.post(&responses)
             .bearer_auth(KEY)
-            .json(&json!({ "model": "assistant", "input": "x", "previous_response_id": "resp_none" }))
+            .json(
+                &json!({ "model": "assistant", "input": "x", "previous_response_id": "resp_none" }),
+            )
             .send()
             .await
             .expect("sent"),
@@ -614,4 +622,154 @@ async fn a_background_response_is_cancelled_and_bad_response_requests_get_clear_
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_route_is_documented()
+{
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(
+        &cluster,
+        &[
+            "--gateway-requests-per-minute",
+            "3",
+            "--gateway-cors-origins",
+            "https://console.example.com",
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+
+    // Every documented route exists: asked without a key, a keyed one says 401, never 404.
+    let document: Value = http
+        .get(format!("http://{addr}/openapi.json"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(document["openapi"], "3.1.0");
+    let paths = document["paths"].as_object().expect("paths");
+    assert!(paths.contains_key("/v1/responses/{id}"), "{document}");
+    for (path, operations) in paths {
+        for (method, operation) in operations.as_object().expect("operations") {
+            let url = format!("http://{addr}{}", path.replace("{id}", "resp_x"));
+            let request = match method.as_str() {
+                "get" => http.get(&url),
+                "post" => http.post(&url),
+                other => panic!("undocumented method {other}"),
+            };
+            let status = request.send().await.expect("sent").status();
+            let keyed = operation["security"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty());
+            let expected = if keyed {
+                StatusCode::UNAUTHORIZED
+            } else {
+                StatusCode::OK
+            };
+            assert_eq!(status, expected, "{method} {path}");
+        }
+    }
+
+    // Three requests a minute per key, counted across gateways in Redis. A minute about to
+    // turn would restart the count: start in a fresh one.
+    let second = skein_common::protocol::now_ms() / 1000 % 60;
+    if second > 50 {
+        tokio::time::sleep(std::time::Duration::from_secs(61 - second)).await;
+    }
+    let models = format!("http://{addr}/v1/models");
+    for _ in 0..3 {
+        let status = http
+            .get(&models)
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("sent")
+            .status();
+        assert_eq!(status, StatusCode::OK);
+    }
+    let refused = http
+        .get(&models)
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("sent");
+    let retry_after: u64 = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After");
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let (status, e) = error_of(refused).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("rate_limit_exceeded"))
+    );
+    // Another key has its own count.
+    let status = http
+        .get(&models)
+        .bearer_auth(OTHER_TENANT_KEY)
+        .send()
+        .await
+        .expect("sent")
+        .status();
+    assert_eq!(status, StatusCode::OK);
+
+    // A listed origin's preflight is answered; another origin's is refused.
+    let preflight = |origin: &str| {
+        http.request(
+            reqwest::Method::OPTIONS,
+            format!("http://{addr}/v1/responses"),
+        )
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type, idempotency-key",
+        )
+        .send()
+    };
+    let allowed = preflight("https://console.example.com")
+        .await
+        .expect("sent");
+    assert_eq!(allowed.status(), StatusCode::NO_CONTENT);
+    let header = |response: &reqwest::Response, name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        header(&allowed, "access-control-allow-origin").as_deref(),
+        Some("https://console.example.com")
+    );
+    assert!(header(&allowed, "access-control-allow-headers")
+        .is_some_and(|h| h.contains("idempotency-key")));
+    let other = preflight("https://elsewhere.example.com")
+        .await
+        .expect("sent");
+    assert_eq!(other.status(), StatusCode::FORBIDDEN);
+    // A simple answer carries the header only for a listed origin.
+    for (origin, expected) in [
+        (
+            "https://console.example.com",
+            Some("https://console.example.com"),
+        ),
+        ("https://elsewhere.example.com", None),
+    ] {
+        let response = http
+            .get(format!("http://{addr}/healthz"))
+            .header("origin", origin)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(
+            header(&response, "access-control-allow-origin").as_deref(),
+            expected
+        );
+    }
 }

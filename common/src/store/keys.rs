@@ -20,6 +20,7 @@
 //! | `skein:{t:s}:turns` | list | records of the session's ended turns (turn, task, time, model, steps, calls, tokens, messages), at most `SKEIN_SESSION_CHECKPOINTS` |
 //! | `skein:{t:s}:steer:{task}` | list | the messages `task` was steered with, in order |
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
+//! | `skein:requests:{t}:{key}:{window}` | counter | requests of one gateway key (the head of its hash) in one minute since the Unix epoch, for the rate limit (expires) |
 //! | `skein:responses:{t}:{id}` | string | a run started through the gateway's Responses API: its session, agent, metadata (`ResponseRecord`; expires as sessions do) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
@@ -46,6 +47,11 @@ pub fn session(tenant: &str, session: &str) -> String {
 /// The session's history, one message per element.
 pub fn history(tenant: &str, session: &str) -> String {
     format!("{}:history", tag(tenant, session))
+}
+
+/// The requests of gateway key `key_id` in minute `window` since the Unix epoch.
+pub fn requests(tenant: &str, key_id: &str, window: u64) -> String {
+    format!("skein:requests:{{{tenant}}}:{key_id}:{window}")
 }
 
 /// A response of the gateway's Responses API.

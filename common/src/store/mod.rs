@@ -20,6 +20,7 @@ mod connection;
 pub mod control;
 pub mod history;
 pub mod keys;
+pub mod rate;
 pub mod responses;
 mod scripts;
 mod sessions;

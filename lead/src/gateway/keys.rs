@@ -10,6 +10,7 @@
 //! tenant = "acme"
 //! principal = "alice"
 //! roles = ["submit"]
+//! requests_per_minute = 120   # optional: this key's own limit (else the gateway's)
 //! ```
 
 use std::collections::HashMap;
@@ -36,6 +37,10 @@ pub struct Principal {
     pub tenant: String,
     pub name: String,
     pub roles: Vec<Role>,
+    /// Names the key in counters (the head of its hash), never the key itself.
+    pub key_id: String,
+    /// This key's own request limit, when the file sets one.
+    pub requests_per_minute: Option<u32>,
 }
 
 impl Principal {
@@ -59,6 +64,8 @@ struct KeyEntry {
     principal: String,
     #[serde(default)]
     roles: Vec<Role>,
+    #[serde(default)]
+    requests_per_minute: Option<u32>,
 }
 
 /// The gateway's keys, by the SHA-256 of each.
@@ -93,6 +100,8 @@ impl Keys {
                 tenant: entry.tenant,
                 name: entry.principal,
                 roles: entry.roles,
+                key_id: entry.sha256.trim()[..16].to_ascii_lowercase(),
+                requests_per_minute: entry.requests_per_minute,
             };
             if by_hash.insert(hash, principal).is_some() {
                 return Err(format!("{which}: the same key is listed twice"));

@@ -9,8 +9,10 @@
 //! (`Authorization: Bearer`, [`keys`]) whose tenant it acts for; errors come in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
 
+mod cors;
 pub mod keys;
 mod openai;
+mod openapi;
 mod request;
 mod responses;
 
@@ -33,6 +35,10 @@ use tokio_util::sync::CancellationToken;
 pub const ENV_GATEWAY_ADDR: &str = "SKEIN_GATEWAY_ADDR";
 /// The keys file (TOML; see [`keys`]).
 pub const ENV_GATEWAY_KEYS: &str = "SKEIN_GATEWAY_KEYS";
+/// Requests a key may make a minute, across every gateway (0: no limit).
+pub const ENV_GATEWAY_REQUESTS_PER_MINUTE: &str = "SKEIN_GATEWAY_REQUESTS_PER_MINUTE";
+/// Origins browsers may call the gateway from (comma-separated).
+pub const ENV_GATEWAY_CORS_ORIGINS: &str = "SKEIN_GATEWAY_CORS_ORIGINS";
 
 #[derive(Debug, Clone, Args)]
 pub struct GatewayConfig {
@@ -58,6 +64,14 @@ pub struct GatewayConfig {
     /// Longest a request waits for its run to end (a run that goes on longer keeps running).
     #[arg(long = "gateway-run-timeout", default_value = "300s", value_parser = humantime::parse_duration)]
     pub run_timeout: Duration,
+    /// Requests a key may make a minute, counted in Redis across every gateway (a key's own
+    /// `requests_per_minute` in the keys file wins); 0: no limit.
+    #[arg(long = "gateway-requests-per-minute", env = ENV_GATEWAY_REQUESTS_PER_MINUTE, default_value_t = 600)]
+    pub requests_per_minute: u32,
+    /// Origins (`https://console.example.com`) browsers may call the gateway from; none: no
+    /// cross-origin calls.
+    #[arg(long = "gateway-cors-origins", env = ENV_GATEWAY_CORS_ORIGINS, value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
 }
 
 /// Why the gateway could not start.
@@ -85,6 +99,7 @@ pub(crate) struct Gateway {
     pub keys: keys::Keys,
     pub agents: AgentCatalog,
     pub run_timeout: Duration,
+    pub requests_per_minute: u32,
 }
 
 /// Connects, binds and serves until `shutdown`; `bound` hears the address once it listens.
@@ -114,6 +129,7 @@ pub async fn run(
         keys,
         agents,
         run_timeout: cfg.run_timeout,
+        requests_per_minute: cfg.requests_per_minute,
     });
     let listener = tokio::net::TcpListener::bind(cfg.addr)
         .await
@@ -129,7 +145,7 @@ pub async fn run(
     if let Some(bound) = bound {
         let _ = bound.send(local);
     }
-    let app = router(gateway, cfg.max_body);
+    let app = router(gateway, cfg.max_body, cors::Cors::new(&cfg.cors_origins));
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
@@ -139,9 +155,13 @@ pub async fn run(
         })
 }
 
-fn router(gateway: Arc<Gateway>, max_body: usize) -> Router {
+fn router(gateway: Arc<Gateway>, max_body: usize, cors: cors::Cors) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/openapi.json",
+            get(|| async { request::json_response(openapi::document()) }),
+        )
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/responses", post(responses::create))
@@ -149,5 +169,9 @@ fn router(gateway: Arc<Gateway>, max_body: usize) -> Router {
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(cors),
+            cors::cors,
+        ))
         .with_state(gateway)
 }

@@ -29,7 +29,7 @@ use skein_common::protocol::{
 use skein_common::store::SessionState;
 
 use super::keys::{Principal, Role};
-use super::request::{self, authenticate, error, invalid, json_response, ApiError, Content};
+use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
 use super::Gateway;
 
 #[derive(Debug, Deserialize)]
@@ -56,7 +56,7 @@ struct ChatMessage {
 }
 
 pub(super) async fn models(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(refused) = authenticate(&gateway, &headers, Role::Submit) {
+    if let Err(refused) = admit(&gateway, &headers, Role::Submit).await {
         return refused.into_response();
     }
     let data: Vec<Value> = gateway
@@ -89,7 +89,7 @@ pub(super) async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let principal = match authenticate(&gateway, &headers, Role::Submit) {
+    let principal = match admit(&gateway, &headers, Role::Submit).await {
         Ok(principal) => principal,
         Err(refused) => return refused.into_response(),
     };

@@ -57,6 +57,8 @@ pub(crate) struct ApiError {
     kind: &'static str,
     code: String,
     message: String,
+    /// Seconds a refused caller waits before it asks again (`Retry-After`, a 429's).
+    retry_after: Option<u64>,
 }
 
 impl IntoResponse for ApiError {
@@ -67,12 +69,18 @@ impl IntoResponse for ApiError {
             "param": Value::Null,
             "code": self.code,
         } });
-        (
+        let mut response = (
             self.status,
             [(header::CONTENT_TYPE, "application/json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -87,6 +95,7 @@ pub(crate) fn error(
         kind,
         code: code.to_owned(),
         message: message.into(),
+        retry_after: None,
     }
 }
 
@@ -107,12 +116,51 @@ pub(crate) fn json_response(body: Value) -> Response {
         .into_response()
 }
 
-/// The caller a request's key proves, with `role`; or the 401/403 that says why not.
-pub(crate) fn authenticate(
+/// The caller a request's key proves, with `role`, within its key's request limit; or the
+/// 401/403/429 that says why not. A limit that cannot be counted (Redis unreachable) lets the
+/// request through, with a warning: the limit protects the cluster, it does not gate it.
+pub(crate) async fn admit(
     gateway: &Gateway,
     headers: &HeaderMap,
     role: Role,
 ) -> Result<Principal, ApiError> {
+    let principal = authenticate(gateway, headers, role)?;
+    let limit = principal
+        .requests_per_minute
+        .unwrap_or(gateway.requests_per_minute);
+    if limit == 0 {
+        return Ok(principal);
+    }
+    let now = skein_common::protocol::now_ms() / 1000;
+    match gateway
+        .store
+        .count_request(&principal.tenant, &principal.key_id, now)
+        .await
+    {
+        Ok(count) if count > u64::from(limit) => {
+            let window = skein_common::store::rate::WINDOW_SECS;
+            let mut refused = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                "rate_limit_exceeded",
+                format!(
+                    "this key may make {limit} requests a minute; try again in {} s",
+                    window - now % window
+                ),
+            );
+            refused.retry_after = Some(window - now % window);
+            Err(refused)
+        }
+        Ok(_) => Ok(principal),
+        Err(e) => {
+            tracing::warn!(error = %e, "requests could not be counted; the request goes through");
+            Ok(principal)
+        }
+    }
+}
+
+/// The caller a request's key proves, with `role`; or the 401/403 that says why not.
+fn authenticate(gateway: &Gateway, headers: &HeaderMap, role: Role) -> Result<Principal, ApiError> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -35,7 +35,7 @@ use skein_common::store::SessionState;
 
 use self::fold::ResponseFold;
 use super::keys::{Principal, Role};
-use super::request::{self, authenticate, error, invalid, json_response, ApiError, Content};
+use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
 use super::Gateway;
 
 /// Most metadata pairs, and the longest key and value, as OpenAI takes them.
@@ -106,7 +106,7 @@ async fn create_response(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let principal = authenticate(&gateway, &headers, Role::Submit)?;
+    let principal = admit(&gateway, &headers, Role::Submit).await?;
     let body = request::body(body)?;
     let planned = plan(&gateway, &principal, &headers, &body).await?;
     let record = gateway
@@ -321,7 +321,7 @@ pub(super) async fn read(
     headers: HeaderMap,
 ) -> Response {
     let found = async {
-        let principal = authenticate(&gateway, &headers, Role::Submit)?;
+        let principal = admit(&gateway, &headers, Role::Submit).await?;
         let Query(query) = query.map_err(|e| invalid(e.body_text()))?;
         let record = record_of(&gateway, &principal, &id).await?;
         Ok::<_, ApiError>((principal, record, query))
@@ -366,7 +366,7 @@ pub(super) async fn cancel(
     headers: HeaderMap,
 ) -> Response {
     let cancelled = async {
-        let principal = authenticate(&gateway, &headers, Role::Submit)?;
+        let principal = admit(&gateway, &headers, Role::Submit).await?;
         let record = record_of(&gateway, &principal, &id).await?;
         gateway
             .client
