@@ -1,7 +1,9 @@
 //! `skein dev`: a local cluster in one command. Uses NATS and Redis where they answer (the
 //! configured URLs, by default the standard local ports), otherwise starts `nats-server` and
 //! `redis-server` as child processes on free ports; then starts a lead and two workers as separate
-//! processes, answers the example task with them, and shuts everything down in order.
+//! processes, answers the example task with them, and shuts everything down in order. With
+//! `--serve` it also starts an HTTP gateway with a key of its own, prints its URL and key, and
+//! keeps everything up until Ctrl-C.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -224,10 +226,55 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
     .await;
     eprintln!("answered in {:?}", began.elapsed());
     if args.serve {
+        let (url, key) = start_gateway(cluster, &exe, &nats_url, &redis_url).await?;
         eprintln!("cluster running: NATS {nats_url} · Redis {redis_url}; Ctrl-C to stop");
+        eprintln!("gateway at {url}/v1 · key {key} (tenant dev)");
+        eprintln!(
+            "  curl {url}/v1/responses -H 'Authorization: Bearer {key}' \\\n    -d '{{\"model\": \"assistant\", \"input\": \"hello\"}}'"
+        );
         let _ = tokio::signal::ctrl_c().await;
     }
     Ok(code)
+}
+
+/// Starts `skein gateway` on a free loopback port (or `SKEIN_GATEWAY_ADDR`) with a key made for
+/// this run (its hash in a keys file in the run's directory) and waits until it answers; returns
+/// its URL and the key.
+async fn start_gateway(
+    cluster: &mut Cluster,
+    exe: &Path,
+    nats_url: &str,
+    redis_url: &str,
+) -> Result<(String, String), String> {
+    use crate::gateway::{keys::key_hash, ENV_GATEWAY_ADDR, ENV_GATEWAY_KEYS};
+    let key = format!("sk-dev-{}", uuid::Uuid::new_v4().simple());
+    let keys = cluster.dir.join("gateway-keys.toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "[[keys]]\nsha256 = \"{}\"\ntenant = \"dev\"\nprincipal = \"you\"\nroles = [\"submit\", \"approve\", \"operate\"]\n",
+            key_hash(&key)
+        ),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", keys.display()))?;
+    let addr = match std::env::var(ENV_GATEWAY_ADDR) {
+        Ok(addr) => addr,
+        Err(_) => format!("127.0.0.1:{}", free_port()?),
+    };
+    let port: u16 = addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("{ENV_GATEWAY_ADDR}={addr} is not HOST:PORT"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("gateway")
+        .env(ENV_GATEWAY_ADDR, &addr)
+        .env(ENV_GATEWAY_KEYS, &keys)
+        .env(ENV_NATS_URL, nats_url)
+        .env(ENV_REDIS_URL, redis_url);
+    spawn(cluster, "gateway", cmd)?;
+    wait_for_port(port, "the gateway").await?;
+    Ok((format!("http://127.0.0.1:{port}"), key))
 }
 
 /// Whether a server answers at `url` (TCP connect within a short time).
