@@ -146,6 +146,12 @@ pub async fn run(
         let _ = bound.send(local);
     }
     let app = router(gateway, cfg.max_body, cors::Cors::new(&cfg.cors_origins));
+    // Streamed events go out as they come, not held back for more to fill a segment.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

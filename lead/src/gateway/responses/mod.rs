@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::message::Message;
 use skein_common::protocol::{
-    EventKind, FinalResult, MultitaskPolicy, TaskSubmission, PROTOCOL_VERSION,
+    EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnEvent, PROTOCOL_VERSION,
 };
 use skein_common::store::responses::ResponseRecord;
 use skein_common::store::SessionState;
@@ -142,18 +142,20 @@ async fn create_response(
             }
         }
     }
-    gateway
-        .client
-        .submit(&planned.submission)
-        .await
-        .map_err(|e| request::unavailable("the run could not be submitted", e))?;
-    if planned.stream {
-        return Ok(sse(gateway, principal.tenant, record, None));
-    }
-    if record.background {
+    if record.background && !planned.stream {
+        gateway
+            .client
+            .submit(&planned.submission)
+            .await
+            .map_err(|e| request::unavailable("the run could not be submitted", e))?;
         return Ok(json_response(ResponseFold::new(record).response(None)));
     }
-    let last = followed(gateway, principal.tenant, record.clone(), None)
+    // Submitted by the run itself, which listens before it submits: the events come live.
+    let source = Source::Submit(Box::new(planned.submission));
+    if planned.stream {
+        return Ok(sse(gateway, principal.tenant, record, source, None));
+    }
+    let last = followed(gateway, principal.tenant, record.clone(), source)
         .fold(None, |_, event| async move { Some(event) })
         .await;
     Ok(json_response(response_of(last, record)))
@@ -337,7 +339,13 @@ pub(super) async fn read(
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse().ok())
         });
-        return sse(gateway, principal.tenant, record, resume_after);
+        return sse(
+            gateway,
+            principal.tenant,
+            record,
+            Source::Stored(None),
+            resume_after,
+        );
     }
     let ended = gateway
         .client
@@ -346,9 +354,14 @@ pub(super) async fn read(
     match ended {
         // Ended: its events give its output (a stream that no longer holds them, the answer).
         Ok(Some(result)) => {
-            let last = followed(gateway, principal.tenant, record.clone(), Some(result))
-                .fold(None, |_, event| async move { Some(event) })
-                .await;
+            let last = followed(
+                gateway,
+                principal.tenant,
+                record.clone(),
+                Source::Stored(Some(Box::new(result))),
+            )
+            .fold(None, |_, event| async move { Some(event) })
+            .await;
             json_response(response_of(last, record))
         }
         Ok(None) => {
@@ -377,7 +390,12 @@ pub(super) async fn cancel(
             )
             .await
             .map_err(|e| request::unavailable("the cancel could not be sent", e))?;
-        let events = followed(gateway.clone(), principal.tenant, record.clone(), None);
+        let events = followed(
+            gateway.clone(),
+            principal.tenant,
+            record.clone(),
+            Source::Stored(None),
+        );
         let last = tokio::time::timeout(
             CANCEL_WAIT,
             events.fold(None, |_, event| async move { Some(event) }),
@@ -418,77 +436,114 @@ fn response_of(last: Option<Value>, record: ResponseRecord) -> Value {
     }
 }
 
+/// Where a response's events come from.
+enum Source {
+    /// A run this request submits and follows live (`SkeinClient::run`: listening before it
+    /// submits, the stream after a gap, the stored result at the end).
+    Submit(Box<TaskSubmission>),
+    /// A run submitted before, read from the events stream from its first event; with a result,
+    /// a run known to be over (whose final event the stream may no longer hold).
+    Stored(Option<Box<FinalResult>>),
+}
+
 /// The response's stream events from its task's events, ending with its end (or, when the run
-/// does not end within the gateway's run timeout, an `error` event; the run goes on). With
-/// `ended`, a run known to be over whose final event the events stream no longer holds still
-/// ends, with that result.
+/// does not end within the gateway's run timeout, an `error` event; the run goes on).
 fn followed(
     gateway: Arc<Gateway>,
     tenant: String,
     record: ResponseRecord,
-    ended: Option<FinalResult>,
+    source: Source,
 ) -> impl futures::Stream<Item = Value> + Send + 'static {
     let (sender, receiver) = tokio::sync::mpsc::channel::<Value>(64);
     tokio::spawn(async move {
         let mut fold = ResponseFold::new(record.clone());
-        for event in fold.opening() {
-            if sender.send(event).await.is_err() {
-                return;
+        let mut out = fold.opening();
+        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
+        let (ended, wait) = match source {
+            Source::Submit(submission) => {
+                let runner = gateway.clone();
+                // Its outcome arrives as its final event (a stored result it finds included);
+                // a run that does not end in time is looked up below.
+                tokio::spawn(async move {
+                    let timeout = runner.run_timeout;
+                    let run = runner.client.run(&submission, timeout, move |event| {
+                        let _ = events.send(event.clone());
+                    });
+                    if let Err(e) = run.await {
+                        tracing::warn!(task_id = %submission.task_id, error = %e, "a response's run could not be followed");
+                    }
+                });
+                (None, gateway.run_timeout)
             }
-        }
-        let follow = async {
-            let mut events = gateway.client.watch(&tenant, &record.id).await?;
-            while let Some(event) = events.next().await {
-                let event = event?;
-                let out = match &event.event {
-                    EventKind::Final { result } => {
-                        let result = gateway.client.whole_answer(result.clone()).await?;
-                        let out = fold.finish(&result);
-                        for value in out {
-                            if sender.send(value).await.is_err() {
-                                return Ok(true);
-                            }
+            Source::Stored(ended) => {
+                let reader = gateway.clone();
+                let (tenant, id) = (tenant.clone(), record.id.clone());
+                tokio::spawn(async move {
+                    let Ok(mut stream) = reader.client.watch(&tenant, &id).await else {
+                        return;
+                    };
+                    while let Some(Ok(event)) = stream.next().await {
+                        let last = matches!(event.event, EventKind::Final { .. });
+                        if events.send(event).is_err() || last {
+                            return;
                         }
-                        return Ok(true);
                     }
-                    _ => fold.event(&event),
+                });
+                let wait = if ended.is_some() {
+                    // Over already: what the stream holds, briefly.
+                    CANCEL_WAIT
+                } else {
+                    gateway.run_timeout
                 };
-                for value in out {
-                    if sender.send(value).await.is_err() {
-                        return Ok(true);
-                    }
+                (ended, wait)
+            }
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let finished = loop {
+            for value in out.drain(..) {
+                if sender.send(value).await.is_err() {
+                    return;
                 }
             }
-            Ok::<_, skein_common::client::ClientError>(false)
+            match tokio::time::timeout_at(deadline, heard.recv()).await {
+                Ok(Some(event)) => match event.event {
+                    EventKind::Final { result } => {
+                        let result = match gateway.client.whole_answer(result).await {
+                            Ok(result) => result,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "a long answer could not be read whole");
+                                break false;
+                            }
+                        };
+                        out = fold.finish(&result);
+                        break true;
+                    }
+                    _ => out = fold.event(&event),
+                },
+                Ok(None) | Err(_) => break false,
+            }
         };
-        let wait = match &ended {
-            // Over already: what the stream holds, briefly.
-            Some(_) => CANCEL_WAIT,
-            None => gateway.run_timeout,
-        };
-        let finished = matches!(tokio::time::timeout(wait, follow).await, Ok(Ok(true)));
-        if finished {
-            return;
+        if !finished {
+            let result = match ended {
+                Some(result) => Some(*result),
+                None => gateway
+                    .client
+                    .stored_final(&tenant, &record.session, &record.id)
+                    .await
+                    .ok()
+                    .flatten(),
+            };
+            out = match result {
+                Some(result) => fold.finish(&result),
+                None => vec![json!({
+                    "type": "error",
+                    "code": "run_not_finished",
+                    "message": format!("response {} did not end in time; it keeps running", record.id),
+                    "param": null,
+                })],
+            };
         }
-        let result = match ended {
-            Some(result) => Some(result),
-            None => gateway
-                .client
-                .stored_final(&tenant, &record.session, &record.id)
-                .await
-                .ok()
-                .flatten(),
-        };
-        let last = match result {
-            Some(result) => fold.finish(&result),
-            None => vec![json!({
-                "type": "error",
-                "code": "run_not_finished",
-                "message": format!("response {} did not end in time; it keeps running", record.id),
-                "param": null,
-            })],
-        };
-        for value in last {
+        for value in out {
             if sender.send(value).await.is_err() {
                 return;
             }
@@ -505,9 +560,10 @@ fn sse(
     gateway: Arc<Gateway>,
     tenant: String,
     record: ResponseRecord,
+    source: Source,
     resume_after: Option<u64>,
 ) -> Response {
-    let events = followed(gateway, tenant, record, None)
+    let events = followed(gateway, tenant, record, source)
         .filter(move |value| {
             let seen = match (resume_after, value["sequence_number"].as_u64()) {
                 (Some(after), Some(n)) => n <= after,

@@ -10,6 +10,7 @@
 //! - `nodes`: the lead and worker processes, and what is read from them while they run.
 //! - `calls`: a step's checkpoint and no-op tool calls through the dispatcher.
 //! - `turns`: whole turns, then a burst of sessions.
+//! - `gateway`: the same turn streamed over HTTP through the gateway, many at once, its memory.
 //! - `plans`: a plan's steps across two workers (speed-up), and its overhead against plain
 //!   subagent calls.
 //! - `celery`: the Celery peer.
@@ -19,6 +20,7 @@
 mod calls;
 mod celery;
 mod floor;
+mod gateway;
 mod nodes;
 mod plans;
 mod report;
@@ -75,6 +77,9 @@ struct Args {
     /// Steps of the plan bench (a plan of independent steps on two workers); 0 skips it.
     #[arg(long, default_value_t = 20)]
     plan_steps: usize,
+    /// Turns streamed through the HTTP gateway with 256 open at once (0 skips the gateway).
+    #[arg(long, default_value_t = 2000)]
+    gateway_runs: usize,
     /// Run only the soak: tool tasks of every outcome against two workers, and what the
     /// workers hold before and after.
     #[arg(long)]
@@ -212,6 +217,17 @@ async fn run(args: Args) -> Result<(), Failed> {
         &mut report,
     )
     .await?;
+    // After the burst, whose memory figures it would otherwise move.
+    if args.gateway_runs > 0 {
+        eprintln!("gateway");
+        gateway::gateway(
+            &cluster,
+            args.samples.min(500),
+            args.gateway_runs,
+            &mut report,
+        )
+        .await?;
+    }
     let _ = ready;
     lead.kill();
     first.kill();

@@ -49,6 +49,19 @@ impl Nodes {
         cmd
     }
 
+    /// A gateway on `port` with the keys file `keys`, without a rate limit.
+    pub(crate) fn gateway(&self, keys: &std::path::Path, port: u16) -> ChildProcess {
+        let exe = std::env::current_exe().unwrap_or_else(|_| "skein-bench".into());
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["node", "gateway", "--nats-url", &self.nats])
+            .args(["--redis-url", &self.redis])
+            .args(["--gateway-addr", &format!("127.0.0.1:{port}")])
+            .args(["--gateway-keys", &keys.display().to_string()])
+            .args(["--gateway-requests-per-minute", "0"])
+            .env("SKEIN_LOG", "warn");
+        ChildProcess::spawn(cmd, self.dir.join("gateway.log"))
+    }
+
     pub(crate) fn worker(&self, id: &str) -> ChildProcess {
         let mut cmd = self.command("test-worker", id, "off");
         cmd.args(["--concurrency", "64", "--subagents", "false"])

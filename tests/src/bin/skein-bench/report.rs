@@ -76,6 +76,12 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
             "<= 12",
         ),
         ratio(
+            "turn streamed over HTTP p50 / same turn on NATS p50",
+            report.get("gateway: whole turn streamed over HTTP p50")
+                / report.get("skein: whole turn (two tool calls) p50"),
+            "<= 1.3",
+        ),
+        ratio(
             "checkpoint p50 / Redis SET p50",
             report.get("skein: checkpoint of a step p50") / set,
             "<= 1.5",
