@@ -5,13 +5,15 @@
       schemas in this folder (the Kubernetes schemas do not cover them), writes the built-in
       resources to BUILTIN_OUT for kubernetes-validate, and checks that the resources fit
       together: references resolve, selectors select, probes and the autoscalers point at what
-      exists (triggers only for consumers the pool creates, scale-down one pod a minute), the
-      grace period outlasts SKEIN_GRACE, every pod is locked down, images are pinned, no secret
-      is on a command line, pods reading an external Secret carry its hash, DNS and egress
-      policies work with NodeLocal DNSCache, IPv6 and 100.64.0.0/10; NATS and Redis as
-      stateful.py says, alerts and dashboards as monitoring.py says. With --prod, also what
-      production promises: replicated NATS and Redis, autoscaled leads and workers, a collector in
-      front of the tracing backend, monitoring.
+      exists (triggers only for consumers the pool creates, the gateways on CPU, scale-down one
+      pod a minute), the grace period outlasts SKEIN_GRACE, every pod is locked down, images are
+      pinned, no secret is on a command line, pods reading an external Secret carry its hash, the
+      gateways listen where their port, probes and Service say and find their keys file on the
+      mounted Secret, Ingresses lead to a Service port, DNS and egress policies work with
+      NodeLocal DNSCache, IPv6 and 100.64.0.0/10; NATS and Redis as stateful.py says, alerts and
+      dashboards as monitoring.py says. With --prod, also what production promises: replicated
+      NATS and Redis, autoscaled leads, workers and gateways, a collector in front of the tracing
+      backend, monitoring.
 
   checks.py compose COMPOSE DOCKERFILE RENDERED_DEV
       Checks that the compose file starts the same processes as the dev overlay: the same images
@@ -57,7 +59,13 @@ BUILTIN_GROUPS = {
 }
 
 # Secrets the prod overlay expects to exist in the cluster rather than rendering them.
-EXTERNAL_SECRETS = {"skein-secrets"}
+EXTERNAL_SECRETS = {"skein-secrets", "skein-gateway-keys"}
+
+# The binaries that serve the admin server (SKEIN_ADMIN_ADDR: /metrics, /healthz, /readyz). The
+# gateway serves /healthz on its own port (SKEIN_GATEWAY_ADDR) and has no admin server.
+ADMIN_BINARIES = {"skein-lead", "skein-worker"}
+GATEWAY_BINARY = "skein-gateway"
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]"}
 
 # Variables Kubernetes sets per pod, which compose has no counterpart for.
 POD_ONLY_VARIABLES = {"SKEIN_INSTANCE_ID", "SKEIN_K8S_POD", "SKEIN_K8S_NAMESPACE"}
@@ -75,7 +83,7 @@ PRIVATE_RANGES = [ipaddress.ip_network(n) for n in (
 NODE_LOCAL_DNS = ipaddress.ip_network("169.254.20.10/32")
 
 # Images built here (any tag but latest); every other image is pinned to a full version.
-OWN_IMAGES = re.compile(r"^(.*/)?skein(-lead|-worker)?$")
+OWN_IMAGES = re.compile(r"^(.*/)?skein(-lead|-worker|-gateway)?$")
 FULL_VERSION = re.compile(r"^v?\d+\.\d+\.\d+([-.+][0-9A-Za-z.-]+)?$")
 
 # What a scale-down may remove: one pod a minute.
@@ -139,6 +147,11 @@ def selector_matches(selector, labels):
 
 def where(doc):
     return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+def binary_of(c):
+    """The program a container runs: the base name of its command's first word."""
+    return os.path.basename((c.get("command") or [""])[0])
 
 
 class Rendered:
@@ -228,6 +241,9 @@ def check_workload(r, w, problems):
         cm = (volume.get("configMap") or {}).get("name")
         if cm and cm not in r.kind("ConfigMap"):
             problems.add(name, f"config map volume {cm} is not rendered")
+        secret = (volume.get("secret") or {}).get("secretName")
+        if secret and secret not in r.kind("Secret") and secret not in EXTERNAL_SECRETS:
+            problems.add(name, f"secret volume {secret} is not rendered")
     for c in pod_spec["containers"]:
         check_container(r, w, c, volumes, problems)
     for c in pod_spec.get("initContainers") or []:
@@ -282,9 +298,9 @@ def check_command_line(name, c, problems):
 
 
 def check_secret_hash(r, w, problems):
-    """A pod reading a Secret that is not rendered here (created beforehand) carries a hash of it
-    in its template, so that rotating it restarts the pod; a rendered Secret's generated name
-    changes with its content, which does the same."""
+    """A pod reading a Secret that is not rendered here (created beforehand), from its environment
+    or a volume, carries a hash of it in its template, so that rotating it restarts the pod; a
+    rendered Secret's generated name changes with its content, which does the same."""
     pod = w["spec"]["template"]
     read = set()
     for c in pod["spec"]["containers"] + (pod["spec"].get("initContainers") or []):
@@ -293,6 +309,8 @@ def check_secret_hash(r, w, problems):
             if ref:
                 read.add(ref["name"])
         read |= {s["secretRef"]["name"] for s in c.get("envFrom") or [] if "secretRef" in s}
+    # A mounted Secret too: its files change in place, but Skein reads them once, at start.
+    read |= {v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if "secret" in v}
     annotations = pod["metadata"].get("annotations") or {}
     for secret in sorted(read - set(r.kind("Secret"))):
         if SECRET_HASH_ANNOTATION.format(secret) not in annotations:
@@ -345,17 +363,70 @@ def check_container(r, w, c, volumes, problems):
         period = pod_spec.get("terminationGracePeriodSeconds", 30)
         if period <= grace:
             problems.add(name, f"terminationGracePeriodSeconds {period} is not longer than SKEIN_GRACE {grace:g}s")
-    if env.get("SKEIN_ADMIN_ADDR"):
+    binary = binary_of(c)
+    if env.get("SKEIN_ADMIN_ADDR") and binary in ADMIN_BINARIES:
         admin_port = int(env["SKEIN_ADMIN_ADDR"].rsplit(":", 1)[1])
         if ports.get("admin") != admin_port:
             problems.add(name, f"port `admin` is {ports.get('admin')}, SKEIN_ADMIN_ADDR says {admin_port}")
         annotations = w["spec"]["template"]["metadata"].get("annotations") or {}
         if annotations.get("prometheus.io/port") != str(admin_port):
             problems.add(name, "prometheus.io/port does not name the admin port")
+    if binary == GATEWAY_BINARY:
+        check_gateway(r, w, c, env, ports, mounts, volumes, problems)
+        return
     for variable in ("SKEIN_WORKSPACE_ROOT", "SKEIN_SCRATCH_DIR"):
         if env.get(variable) and env[variable] not in mounts:
             problems.add(name, f"{variable}={env[variable]} is not a mounted volume (the root is read-only)")
     check_workspace_mode(r, name, env, mounts, volumes, problems)
+
+
+def check_gateway(r, w, c, env, ports, mounts, volumes, problems):
+    """The gateway listens on SKEIN_GATEWAY_ADDR, which must be reachable from outside the pod and
+    be its port `http`, the one the probes (/healthz) and a Service use; it reads its keys file
+    (SKEIN_GATEWAY_KEYS) once at start, from a mounted Secret; it has no admin server to scrape."""
+    name = f"{where(w)} container {c['name']}"
+    addr = env.get("SKEIN_GATEWAY_ADDR")
+    if not addr:
+        problems.add(name, "no SKEIN_GATEWAY_ADDR: the gateway's default, 127.0.0.1, is out of reach")
+    else:
+        host, _, port = addr.rpartition(":")
+        if host in LOOPBACK_HOSTS or host.startswith("127."):
+            problems.add(name, f"SKEIN_GATEWAY_ADDR {addr} is the loopback interface, out of reach of "
+                         "the probes and the Service")
+        if not port.isdigit() or ports.get("http") != int(port):
+            problems.add(name, f"port `http` is {ports.get('http')}, SKEIN_GATEWAY_ADDR says {addr}")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        action = (c.get(probe) or {}).get("httpGet") or {}
+        if action.get("port") != "http" or action.get("path") != "/healthz":
+            problems.add(name, f"{probe} must get /healthz on port `http` (the gateway has no admin port)")
+    labels = w["spec"]["template"]["metadata"].get("labels", {})
+    serving = [svc for svc in r.kind("Service").values()
+               if svc["spec"].get("selector") and selector_matches({"matchLabels": svc["spec"]["selector"]}, labels)
+               and any(p.get("targetPort") in ("http", ports.get("http")) for p in svc["spec"]["ports"])]
+    if not serving:
+        problems.add(where(w), "no Service sends requests to port `http`")
+    annotations = w["spec"]["template"]["metadata"].get("annotations") or {}
+    if any(a.startswith("prometheus.io/") for a in annotations):
+        problems.add(where(w), "prometheus.io/* annotations: the gateway has no admin server to scrape")
+
+    keys = env.get("SKEIN_GATEWAY_KEYS")
+    if not keys:
+        problems.add(name, "no SKEIN_GATEWAY_KEYS: the gateway does not start without its keys file")
+        return
+    directory, _, file = keys.rpartition("/")
+    volume = volumes.get(mounts.get(directory))
+    secret = (volume or {}).get("secret")
+    if secret is None:
+        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: {directory} is not a mounted Secret")
+        return
+    items = secret.get("items")
+    if items is not None and file not in {i["path"] for i in items}:
+        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: Secret {secret['secretName']} is mounted "
+                     f"without {file} ({sorted(i['path'] for i in items)})")
+    key = next((i["key"] for i in items or [] if i["path"] == file), file)
+    rendered = r.kind("Secret").get(secret["secretName"])
+    if rendered is not None and key not in set(rendered.get("data") or {}) | set(rendered.get("stringData") or {}):
+        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: Secret {secret['secretName']} has no key {key}")
 
 
 def check_workspace_mode(r, name, env, mounts, volumes, problems):
@@ -379,6 +450,20 @@ def check_workspace_mode(r, name, env, mounts, volumes, problems):
 
 
 def check_services(r, problems):
+    for ingress in r.kind("Ingress").values():
+        rules = ingress["spec"].get("rules") or []
+        backends = [path["backend"] for rule in rules for path in (rule.get("http") or {}).get("paths") or []]
+        if ingress["spec"].get("defaultBackend"):
+            backends.append(ingress["spec"]["defaultBackend"])
+        for backend in backends:
+            service = backend.get("service") or {}
+            svc = r.kind("Service").get(service.get("name"))
+            port = service.get("port") or {}
+            if svc is None:
+                problems.add(where(ingress), f"backend Service {service.get('name')} is not rendered")
+            elif not any(p.get("name") == port.get("name") if "name" in port else p["port"] == port.get("number")
+                         for p in svc["spec"]["ports"]):
+                problems.add(where(ingress), f"backend port {port} is not a port of Service {svc['metadata']['name']}")
     for svc in r.kind("Service").values():
         selector = svc["spec"].get("selector")
         matched = [w for w in r.workloads()
@@ -486,7 +571,15 @@ def check_autoscalers(r, problems):
                                      or {}).get("behavior"), problems)
         c = target["spec"]["template"]["spec"]["containers"][0]
         env = r.container_env(c)
-        binary = os.path.basename((c.get("command") or [""])[0])
+        binary = binary_of(c)
+        if binary == GATEWAY_BINARY:
+            # Stateless HTTP: it consumes no stream, so its backlog is nowhere to read.
+            types = sorted({t["type"] for t in so["spec"]["triggers"]})
+            if types != ["cpu"]:
+                problems.add(where(so), f"triggers {types}: {binary} consumes no stream; scale it on cpu")
+            if so["spec"].get("minReplicaCount", 0) < 1:
+                problems.add(where(so), "minReplicaCount below 1: a cpu trigger cannot scale to zero")
+            continue
         if binary == "skein-worker":
             try:
                 stream, consumers = "SKEIN_WORK", pool_consumers(env)
@@ -497,7 +590,8 @@ def check_autoscalers(r, problems):
         elif binary == "skein-lead":
             stream, consumers = "SKEIN_SUBMIT", {"skein-leads"}
         else:
-            problems.add(where(so), f"scales {where(target)}, which runs neither skein-lead nor skein-worker")
+            problems.add(where(so), f"scales {where(target)}, which runs neither skein-lead, skein-worker "
+                         f"nor {GATEWAY_BINARY}")
             continue
         watched = set()
         for trigger in so["spec"]["triggers"]:
@@ -593,7 +687,7 @@ def check_outside(np, blocks, problems):
 
 def check_prod(r, scaled, problems):
     """What the prod overlay promises beyond consistency."""
-    for name in ("skein-lead", "skein-worker"):
+    for name in ("skein-lead", "skein-worker", GATEWAY_BINARY):
         if name not in scaled:
             problems.add("prod", f"nothing autoscales {name}")
     for w in r.kind("Deployment").values():
@@ -656,7 +750,8 @@ def compose(compose_path, dockerfile_path, rendered_dev):
     for w in r.workloads():
         for c in w["spec"]["template"]["spec"]["containers"]:
             k8s[w["metadata"]["name"]] = (w, c)
-    counterpart = {"nats": "nats", "redis": "redis", "jaeger": "jaeger", "lead": "skein-lead", "worker": "skein-worker"}
+    counterpart = {"nats": "nats", "redis": "redis", "jaeger": "jaeger", "lead": "skein-lead", "worker": "skein-worker",
+                   "gateway": GATEWAY_BINARY}
 
     for name, svc in spec["services"].items():
         at = f"service {name}"

@@ -1,6 +1,6 @@
 """The Dockerfile checks of deploy/validate (checkov scans it for the rest).
 
-The images Skein deploys (targets lead, worker, cli) run on a distroless base, the builder and
+The images Skein deploys (targets lead, worker, gateway, cli) run on a distroless base, the builder and
 the runtime on the same Debian release (the binaries link against its glibc), every base image is
 named by a version (never latest), and every final image carries the OCI labels, its version the
 workspace's.
@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CARGO_TOML = os.path.join(HERE, "..", "..", "Cargo.toml")
 
 # Targets that must be small: distroless, no shell or package manager.
-DISTROLESS_TARGETS = ("lead", "worker", "cli")
+DISTROLESS_TARGETS = ("lead", "worker", "gateway", "cli")
 # Every final image (a target someone builds) carries these.
 OCI_LABELS = ("title", "description", "licenses", "version", "revision", "source")
 DEBIAN_VERSIONS = {"bullseye": "11", "bookworm": "12", "trixie": "13"}

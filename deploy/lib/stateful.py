@@ -332,12 +332,12 @@ def check_redis_url(r, sts, url, problems, prod, skein_env):
 
 
 def check(r, problems, prod):
-    # The environment of every lead and worker container, secrets marked as such.
+    # The environment of every lead, worker and gateway container, secrets marked as such.
     skein_env, worker_env = [], []
     for w in r.kind("Deployment").values():
         for c in w["spec"]["template"]["spec"]["containers"]:
             binary = os.path.basename((c.get("command") or [""])[0])
-            if binary in ("skein-lead", "skein-worker"):
+            if binary in ("skein-lead", "skein-worker", "skein-gateway"):
                 skein_env.append(r.container_env(c))
             if binary == "skein-worker":
                 worker_env.append(r.container_env(c))

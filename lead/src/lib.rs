@@ -17,7 +17,8 @@
 //! - [`gateway`]: the HTTP gateway (OpenAI-compatible chat completions and models, keys per
 //!   tenant).
 //! - [`cli`]: the `skein` command (submit, workers, cancel, pause, resume, steer, approvals,
-//!   approve, deny, plan, dlq, trace, dev, lead, worker).
+//!   approve, deny, plan, dlq, trace, dev, lead, gateway, worker), and what the `skein-lead` and
+//!   `skein-gateway` binaries run.
 
 // The worker that `skein worker` runs in this crate is one deep future.
 #![recursion_limit = "256"]

@@ -1,8 +1,8 @@
 //! The deployment files say what the code does: every `SKEIN_*` and `OTEL_*` variable that
 //! `deploy/` sets is one the binaries read, the admin port that probes, services and scrape
-//! annotations use is the admin server's default, the binaries the images and containers run
-//! exist, the autoscaler watches a stream and consumers the code creates, and pods get longer to
-//! stop than the drain takes. Text only: fast and offline (`deploy/validate` renders and checks the
+//! annotations use is the admin server's default, the gateway's port is the same everywhere and
+//! its default's, the binaries the images and containers run exist, the autoscaler watches a
+//! stream and consumers the code creates, and pods get longer to stop than the drain takes. Text only: fast and offline (`deploy/validate` renders and checks the
 //! manifests themselves).
 
 use std::collections::BTreeSet;
@@ -166,6 +166,27 @@ fn admin_port() -> u64 {
         .unwrap_or_else(|| panic!("port in {default:?}"))
 }
 
+/// The gateway's settings (`SKEIN_GATEWAY_*`), declared beside its code.
+const GATEWAY_SETTINGS: &str = "lead/src/gateway/mod.rs";
+
+/// The port in an address (`0.0.0.0:8080`).
+fn port_of(addr: &str) -> u64 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("port in {addr:?}"))
+}
+
+fn gateway_default_port() -> u64 {
+    let gateway = repo_file(GATEWAY_SETTINGS);
+    let default = gateway
+        .split("env = ENV_GATEWAY_ADDR, default_value = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("GatewayConfig has a default address");
+    port_of(default)
+}
+
 fn binaries() -> BTreeSet<String> {
     let mut bins = BTreeSet::new();
     for manifest in ["lead/Cargo.toml", "worker/Cargo.toml"] {
@@ -186,8 +207,9 @@ fn binaries() -> BTreeSet<String> {
 
 #[test]
 fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
-    let variables = const_values(&repo_file("common/src/config.rs"), "ENV_");
+    let mut variables = const_values(&repo_file("common/src/config.rs"), "ENV_");
     assert!(variables.len() > 20, "found the constants: {variables:?}");
+    variables.extend(const_values(&repo_file(GATEWAY_SETTINGS), "ENV_GATEWAY_"));
     let streams = const_values(&repo_file("common/src/subjects.rs"), "");
     let mut used = BTreeSet::new();
     for (path, text) in deploy_files() {
@@ -199,8 +221,8 @@ fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
                 || family.is_some_and(|f| variables.iter().any(|v| v.starts_with(f)));
             assert!(
                 known,
-                "{path} uses {name}, which is neither a variable in common/src/config.rs nor a \
-                 stream in common/src/subjects.rs"
+                "{path} uses {name}, which is neither a variable in common/src/config.rs or \
+                 {GATEWAY_SETTINGS} nor a stream in common/src/subjects.rs"
             );
             used.insert(name);
         }
@@ -217,6 +239,8 @@ fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
         "SKEIN_WORKSPACE",
         "SKEIN_WORKSPACE_ROOT",
         "SKEIN_SCRATCH_DIR",
+        "SKEIN_GATEWAY_ADDR",
+        "SKEIN_GATEWAY_KEYS",
     ] {
         assert!(used.contains(essential), "deploy/ sets {essential}");
     }
@@ -291,8 +315,12 @@ fn the_admin_port_in_deploy_is_the_admin_servers_default() {
                 checked += 1;
             }
         }
-        // The probes of leads and workers use that port, by name.
-        if text.contains("/usr/local/bin/skein-") && path.ends_with(".yaml") {
+        // The probes of leads and workers use that port, by name; the gateway, which has no
+        // admin server, its own (`http`, checked below).
+        if text.contains("/usr/local/bin/skein-")
+            && !text.contains("/usr/local/bin/skein-gateway")
+            && path.ends_with(".yaml")
+        {
             for (i, line) in lines.iter().enumerate() {
                 let trimmed = line.trim();
                 if trimmed == "path: /healthz" || trimmed == "path: /readyz" {
@@ -304,8 +332,79 @@ fn the_admin_port_in_deploy_is_the_admin_servers_default() {
         }
     }
     let dockerfile = deploy_file(&files, "docker/Dockerfile");
-    assert_eq!(numbers_after(dockerfile, "EXPOSE"), vec![port], "EXPOSE");
+    assert_eq!(
+        numbers_after(dockerfile, "EXPOSE"),
+        vec![port, gateway_default_port()],
+        "EXPOSE: the admin port in the runtime, the gateway's in its image"
+    );
     assert!(checked >= 12, "found the admin port {checked} times");
+}
+
+#[test]
+fn the_gateway_listens_where_deploy_sends_its_requests() {
+    let port = gateway_default_port();
+    let files = deploy_files();
+    // The gateway's settings, read by the manifests and the compose file alike.
+    let gateway_env = deploy_file(&files, "k8s/base/config/gateway.env");
+    let addr = env_value(gateway_env, "SKEIN_GATEWAY_ADDR").expect("SKEIN_GATEWAY_ADDR is set");
+    assert_eq!(port_of(&addr), port, "SKEIN_GATEWAY_ADDR {addr}");
+    assert!(
+        !addr.starts_with("127.") && !addr.starts_with("localhost"),
+        "SKEIN_GATEWAY_ADDR {addr} is reachable from outside the pod"
+    );
+    let keys = env_value(gateway_env, "SKEIN_GATEWAY_KEYS").expect("SKEIN_GATEWAY_KEYS is set");
+
+    // The image: the same address, its port exposed.
+    let dockerfile = deploy_file(&files, "docker/Dockerfile");
+    assert!(
+        dockerfile.contains(&format!("ENV SKEIN_GATEWAY_ADDR={addr}")),
+        "the gateway image listens on {addr}"
+    );
+
+    // The Deployment: port `http`, probed on /healthz; the keys Secret mounted where
+    // SKEIN_GATEWAY_KEYS points.
+    let deployment = deploy_file(&files, "k8s/base/skein/gateway.yaml");
+    assert!(deployment.contains("command: [\"/usr/local/bin/skein-gateway\"]"));
+    let lines: Vec<&str> = deployment.lines().map(str::trim).collect();
+    let http = lines
+        .iter()
+        .position(|l| *l == "- name: http")
+        .expect("the gateway names its port `http`");
+    assert_eq!(numbers_after(lines[http + 1], "containerPort"), vec![port]);
+    let mut probes = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.starts_with("path: /") {
+            assert_eq!(*line, "path: /healthz", "the gateway serves /healthz only");
+            assert_eq!(lines[i + 1], "port: http", "probe on the gateway's port");
+            probes += 1;
+        }
+    }
+    assert_eq!(probes, 3, "startup, liveness and readiness probes");
+    let (directory, file) = keys.rsplit_once('/').expect("SKEIN_GATEWAY_KEYS is a path");
+    assert!(
+        deployment.contains(&format!("mountPath: {directory}"))
+            && deployment.contains("secretName: skein-gateway-keys")
+            && deployment.contains(&format!("path: {file}")),
+        "Secret skein-gateway-keys is mounted at {directory} with {file}"
+    );
+
+    // The Service and compose reach that port.
+    let services = deploy_file(&files, "k8s/base/skein/services.yaml");
+    let service = services
+        .split("\n---\n")
+        .find(|doc| doc.contains("name: skein-gateway\n"))
+        .expect("a Service for the gateways");
+    assert!(service.contains("targetPort: http"));
+    assert_eq!(numbers_after(service, "port:"), vec![port]);
+    let compose = deploy_file(&files, "compose.yaml");
+    assert!(
+        compose.contains(&format!(":{port}:{port}\"")),
+        "compose publishes the gateway's port"
+    );
+    assert!(
+        compose.contains(&format!(":{keys}:ro")),
+        "compose mounts a keys file at {keys}"
+    );
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The `skein` command: submit tasks and watch them, cancel, pause, resume or steer them, answer
 //! the calls that wait for approval, list live workers, print a session's plan, manage dead
 //! letters, list, fork and replay sessions, list, fetch and seed session workspaces, run a local
-//! cluster, or run a lead, a worker or the HTTP gateway in the foreground.
+//! cluster, or run a lead, a worker or the HTTP gateway in the foreground. Also what the server
+//! binaries share: [`block_on`], [`run_lead`], [`run_gateway`] (with [`GatewayCommand`], the
+//! `skein-gateway` command line), [`run_worker`].
 
 mod approvals;
 mod control;
@@ -15,6 +17,7 @@ mod sessions;
 mod submit;
 mod workspace;
 
+use std::future::Future;
 use std::process::ExitCode;
 
 use skein_common::protocol::ControlAction;
@@ -75,6 +78,18 @@ pub enum Command {
     Worker(Box<skein_worker::Config>),
 }
 
+/// The `skein-gateway` command line: the settings of `skein gateway`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "skein-gateway",
+    version,
+    about = "Skein's HTTP gateway (OpenAI-compatible), until SIGTERM or Ctrl-C."
+)]
+pub struct GatewayCommand {
+    #[command(flatten)]
+    pub gateway: crate::gateway::GatewayConfig,
+}
+
 /// The exit code of a command that ran to `result`: success, or its error on stderr.
 fn exit_code(result: Result<(), String>) -> ExitCode {
     match result {
@@ -94,17 +109,7 @@ pub fn main() -> ExitCode {
 /// Parses `args` (the program name first) and runs the command.
 pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
     let cli = Cli::parse_from(args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("skein: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
+    block_on("skein", async move {
         match cli.command {
             Command::Submit(args) => submit::submit(*args).await,
             Command::Workers(args) => submit::workers(args).await,
@@ -137,6 +142,21 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
     })
 }
 
+/// Runs `serve` to its end on a multi-threaded runtime: the body of every `main` in this crate.
+/// `program` names the binary in the message when the runtime cannot start.
+pub fn block_on(program: &str, serve: impl Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(serve),
+        Err(e) => {
+            eprintln!("{program}: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs a lead until SIGTERM/Ctrl-C (the `skein-lead` binary and `skein lead`).
 pub async fn run_lead(mut cfg: crate::Config) -> ExitCode {
     // One id for the process: its telemetry and its work carry the same.
@@ -150,7 +170,8 @@ pub async fn run_lead(mut cfg: crate::Config) -> ExitCode {
     .await
 }
 
-/// Runs the gateway until SIGTERM/Ctrl-C (`skein gateway`).
+/// Runs the gateway until SIGTERM/Ctrl-C (the `skein-gateway` binary and `skein gateway`): it
+/// stops accepting connections and ends once the requests it holds are answered.
 pub async fn run_gateway(cfg: crate::gateway::GatewayConfig) -> ExitCode {
     let instance = format!("gateway-{}", uuid::Uuid::new_v4().simple());
     let telemetry = cfg.telemetry.clone();
@@ -185,6 +206,7 @@ mod tests {
     fn command_line_is_well_formed() {
         super::Cli::command().debug_assert();
         crate::Config::command().debug_assert();
+        super::GatewayCommand::command().debug_assert();
         skein_worker::Config::command().debug_assert();
     }
 }
