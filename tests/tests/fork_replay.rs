@@ -233,6 +233,20 @@ async fn a_fork_gets_the_workspaces_files_as_they_were_at_its_point() {
         ok && text.contains("copied 2 workspace files as they were at"),
         "{text}"
     );
+    assert_eq!(files(to.clone()).await, [some("v2"), some("o"), None]);
+    // A fork of that fork at a point it took from the source: the source's files of then
+    // (the fork's own were written when it was made).
+    let first_fork = to;
+    let to = unique("f");
+    let (ok, text) = skein(
+        &cluster,
+        &["sessions", "fork", &first_fork, "--at", "1", "--to", &to],
+    );
+    assert!(
+        ok && text.contains("copied 2 workspace files as they were at")
+            && text.contains(&format!("(from {session})")),
+        "{text}"
+    );
     assert_eq!(files(to).await, [some("v2"), some("o"), None]);
     let (ok, text, to) = fork("2", &[]);
     assert!(ok && text.contains("copied 3 workspace files"), "{text}");

@@ -16,6 +16,8 @@ use skein_tests::support::{python_sdk, unique};
 const KEY: &str = "sk-test-alice";
 const READ_ONLY_KEY: &str = "sk-test-approver";
 const OTHER_TENANT_KEY: &str = "sk-test-globex";
+/// A second key of the same tenant as [`KEY`].
+const SECOND_KEY: &str = "sk-test-bob";
 
 /// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
 async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
@@ -36,10 +38,12 @@ async fn gateway_before(cluster: &TestCluster, script: &str, extra: &[&str]) -> 
         format!(
             "[[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"alice\"\nroles = [\"submit\"]\n\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n",
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"bob\"\nroles = [\"submit\"]\n",
             key_hash(KEY),
             key_hash(READ_ONLY_KEY),
-            key_hash(OTHER_TENANT_KEY)
+            key_hash(OTHER_TENANT_KEY),
+            key_hash(SECOND_KEY)
         ),
     )
     .expect("keys written");
@@ -708,10 +712,10 @@ async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_r
         (status, e["code"].as_str()),
         (StatusCode::TOO_MANY_REQUESTS, Some("rate_limit_exceeded"))
     );
-    // Another key has its own count.
+    // Another key of the same tenant has its own count.
     let status = http
         .get(&models)
-        .bearer_auth(OTHER_TENANT_KEY)
+        .bearer_auth(SECOND_KEY)
         .send()
         .await
         .expect("sent")

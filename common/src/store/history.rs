@@ -184,16 +184,28 @@ impl SessionStore {
         })
     }
 
-    /// The instant whose workspace files a fork of `source` at `at` gets (milliseconds since the
-    /// Unix epoch; see [`files_instant`]).
+    /// Whose workspace files, and as of which instant (milliseconds since the Unix epoch; see
+    /// [`files_instant`]), a fork of `source` at `at` gets: `source`'s, or — when `source` is a
+    /// fork and the point lies in what it took from its own source — that session's, since a
+    /// fork's files were written when it was made.
     pub async fn fork_instant(
         &self,
         tenant: &str,
         source: &str,
         at: ForkPoint,
-    ) -> Result<u64, ForkError> {
-        let records = self.turn_records(tenant, source).await?;
-        files_instant(&records, at).map_err(ForkError::NoInstant)
+    ) -> Result<(String, u64), ForkError> {
+        let mut session = source.to_owned();
+        for _ in 0..MAX_FORK_CHAIN {
+            let loaded = self.load(tenant, &session).await?;
+            match loaded.state.forked_from {
+                Some(from) if inherited(at, from.at) => session = from.session,
+                _ => break,
+            }
+        }
+        let records = self.turn_records(tenant, &session).await?;
+        files_instant(&records, at)
+            .map(|instant| (session, instant))
+            .map_err(ForkError::NoInstant)
     }
 
     /// Makes session `to` from `source` as it was at `at`: its history up to that point, its
@@ -280,6 +292,19 @@ impl SessionStore {
         }
         Ok(state)
     }
+}
+
+/// Forks of forks followed back at most this far to find whose files a point had.
+const MAX_FORK_CHAIN: usize = 32;
+
+/// Whether point `at` of a fork made at `forked_at` lies in what the fork took from its source:
+/// its whole turns (a fork at a step holds the turns before that one whole).
+fn inherited(at: ForkPoint, forked_at: ForkPoint) -> bool {
+    let whole_turns = match forked_at.step {
+        None => forked_at.turn,
+        Some(_) => forked_at.turn.saturating_sub(1),
+    };
+    at.turn <= whole_turns
 }
 
 /// When the point `at` was, among a session's turn records: a turn's end; a step's end (every
@@ -416,6 +441,19 @@ mod tests {
         let unrecorded = at("3.1").expect_err("step 1 of turn 3 has no time");
         assert!(unrecorded.contains("step 1 of turn 3"), "{unrecorded}");
         assert!(at("4").is_err());
+    }
+
+    #[test]
+    fn a_forks_point_before_its_own_turns_lies_in_its_source() {
+        let point = |text: &str| ForkPoint::parse(text).expect("point");
+        assert!(inherited(point("2"), point("3")));
+        assert!(inherited(point("3.1"), point("3")));
+        assert!(inherited(point("0"), point("1.2")));
+        assert!(
+            !inherited(point("3"), point("3.2")),
+            "turn 3 of the fork is its own"
+        );
+        assert!(!inherited(point("4"), point("3")));
     }
 
     #[test]

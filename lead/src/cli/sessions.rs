@@ -96,7 +96,7 @@ impl ForkWorkspace {
         store
             .fork_instant(tenant, session, at)
             .await
-            .map(FilesAsOf::Then)
+            .map(|(from, at_ms)| FilesAsOf::Then { from, at_ms })
             .map_err(|e| {
                 format!(
                     "{e}: fork with --files-now to copy the files as they are now, or --no-files"
@@ -106,12 +106,16 @@ impl ForkWorkspace {
 }
 
 /// Which of the workspace's files a fork copies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FilesAsOf {
     None,
     Now,
-    /// As they were at this instant (milliseconds since the Unix epoch).
-    Then(u64),
+    /// As session `from` held them at `at_ms` (milliseconds since the Unix epoch): the session
+    /// forked, or the one it was forked from when the point lies in what it took from it.
+    Then {
+        from: String,
+        at_ms: u64,
+    },
 }
 
 pub async fn sessions(args: SessionsArgs) -> ExitCode {
@@ -277,9 +281,9 @@ pub(super) async fn undo_fork_on_failure(
 ) -> Result<(), String> {
     match copied {
         Ok(None) => Ok(()),
-        Ok(Some((count, FilesAsOf::Then(at_ms)))) => {
+        Ok(Some((count, FilesAsOf::Then { from, at_ms }))) => {
             println!(
-                "copied {count} workspace files as they were at {}",
+                "copied {count} workspace files as they were at {} (from {from})",
                 humantime::format_rfc3339_millis(
                     std::time::UNIX_EPOCH + std::time::Duration::from_millis(at_ms)
                 )
@@ -321,8 +325,11 @@ pub(super) async fn copy_files(
     let objects = ObjectWorkspaces::new(client.bus(), &workspace.store, 0);
     let from = SessionRef::new(tenant, from).map_err(|e| e.to_string())?;
     let to = SessionRef::new(tenant, to).map_err(|e| e.to_string())?;
-    let copied = match files {
-        FilesAsOf::Then(at_ms) => objects.copy_session_as_of(&from, &to, at_ms).await,
+    let copied = match &files {
+        FilesAsOf::Then { from, at_ms } => {
+            let from = SessionRef::new(tenant, from).map_err(|e| e.to_string())?;
+            objects.copy_session_as_of(&from, &to, *at_ms).await
+        }
         _ => objects.copy_session(&from, &to).await,
     };
     copied

@@ -14,7 +14,7 @@ use super::request::error;
 
 /// Seconds a browser may keep a preflight's answer.
 const PREFLIGHT_MAX_AGE: &str = "600";
-const METHODS: &str = "GET, POST, PATCH, DELETE, OPTIONS";
+const METHODS: &str = "GET, POST, OPTIONS";
 /// Headers a page may read from an answer besides the simple ones.
 const EXPOSED: &str = "retry-after, content-type";
 

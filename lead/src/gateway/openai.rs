@@ -26,7 +26,6 @@ use skein_common::protocol::message::Message;
 use skein_common::protocol::{
     EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
-use skein_common::store::SessionState;
 
 use super::keys::{Principal, Role};
 use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
@@ -101,7 +100,8 @@ pub(super) async fn chat_completions(
         Ok(planned) => planned,
         Err(refused) => return refused.into_response(),
     };
-    if let Err(refused) = seed(&gateway, &planned).await {
+    let (tenant, session) = (&planned.submission.tenant, &planned.submission.session);
+    if let Err(refused) = request::seed(&gateway, tenant, session, &planned.history).await {
         return refused.into_response();
     }
     if planned.stream {
@@ -166,13 +166,7 @@ fn plan(
             other => return Err(invalid(format!("unknown message role {other:?}"))),
         }
     }
-    let mut input = text_of(last)?;
-    if !instructions.is_empty() {
-        input = format!(
-            "The caller's instructions:\n{}\n\n{input}",
-            instructions.join("\n\n")
-        );
-    }
+    let input = request::with_instructions(text_of(last)?, &instructions);
     let id = request::request_id(principal, headers)?;
     let submission = TaskSubmission {
         v: PROTOCOL_VERSION,
@@ -194,26 +188,6 @@ fn plan(
         stream: request.stream,
         include_usage: request.stream_options.is_some_and(|o| o.include_usage),
     })
-}
-
-/// Writes the conversation before the last message into the request's new session. A retry with
-/// the same `Idempotency-Key` finds it written and leaves it.
-async fn seed(gateway: &Gateway, planned: &Planned) -> Result<(), ApiError> {
-    if planned.history.is_empty() {
-        return Ok(());
-    }
-    let state = SessionState {
-        history: planned.history.clone(),
-        ..SessionState::default()
-    };
-    let (tenant, session) = (&planned.submission.tenant, &planned.submission.session);
-    match gateway.store.save(tenant, session, 0, &state).await {
-        Ok(_) | Err(skein_common::store::StoreError::Conflict { .. }) => Ok(()),
-        Err(e) => Err(request::unavailable(
-            "the conversation could not be stored",
-            e,
-        )),
-    }
 }
 
 fn created() -> u64 {

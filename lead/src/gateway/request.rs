@@ -272,3 +272,37 @@ pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> ApiError {
         format!("{what}: {e}"),
     )
 }
+
+/// `input` with the caller's instructions (system and developer messages, `instructions`) at its
+/// head: the agent keeps its own system prompt.
+pub(crate) fn with_instructions(input: String, instructions: &[String]) -> String {
+    if instructions.is_empty() {
+        input
+    } else {
+        format!(
+            "The caller's instructions:\n{}\n\n{input}",
+            instructions.join("\n\n")
+        )
+    }
+}
+
+/// Writes the conversation before a request's input into its new session. A retry with the same
+/// `Idempotency-Key` finds it written and leaves it.
+pub(crate) async fn seed(
+    gateway: &Gateway,
+    tenant: &str,
+    session: &str,
+    history: &[skein_common::protocol::message::Message],
+) -> Result<(), ApiError> {
+    if history.is_empty() {
+        return Ok(());
+    }
+    let state = skein_common::store::SessionState {
+        history: history.to_vec(),
+        ..Default::default()
+    };
+    match gateway.store.save(tenant, session, 0, &state).await {
+        Ok(_) | Err(skein_common::store::StoreError::Conflict { .. }) => Ok(()),
+        Err(e) => Err(unavailable("the conversation could not be stored", e)),
+    }
+}

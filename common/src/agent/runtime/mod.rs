@@ -488,6 +488,7 @@ impl Runtime {
                 }
             };
             out.iterations += 1;
+            settle_step_end(&mut out);
             out.usage.add(response.usage);
             let asks_for_tools = !response.message.tool_calls.is_empty();
             out.new_messages.push(response.message);
@@ -516,6 +517,7 @@ impl Runtime {
         {
             Ok(response) => {
                 out.iterations += 1;
+                settle_step_end(&mut out);
                 out.usage.add(response.usage);
                 let mut message = response.message;
                 message.tool_calls.clear();
@@ -688,6 +690,17 @@ fn interrupted_if_cancelled(turn: &TurnInput<'_>) -> Result<(), TurnStop> {
         Err(TurnStop::cancelled())
     } else {
         Ok(())
+    }
+}
+
+/// Puts the end of the step before the model response just received halfway between its calls'
+/// last answer and this response: the workers that wrote files for that step and for the next
+/// stamp them with their own clocks, and the middle leaves half a model call of slack each way.
+fn settle_step_end(out: &mut TurnOutput) {
+    let previous = out.iterations.saturating_sub(1);
+    if let Some(end) = out.step_ends.last_mut().filter(|end| end.step == previous) {
+        let now = crate::protocol::now_ms();
+        end.at_ms = end.at_ms + now.saturating_sub(end.at_ms) / 2;
     }
 }
 

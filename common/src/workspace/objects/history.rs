@@ -205,13 +205,19 @@ mod tests {
     fn a_files_version_at_an_instant_is_the_last_written_before_it() {
         let versions = [
             version("v1", 10, Some(""), false),
-            version("v1", 20, Some("v1"), true),
-            version("v3", 30, Some("v1"), false),
+            version("gone", 20, Some("v1"), true),
+            version("v3", 30, Some("gone"), false),
         ];
         assert_eq!(nuid_at(&versions, 5), Ok(None), "not created yet");
         assert_eq!(nuid_at(&versions, 10), Ok(Some("v1".into())));
         assert_eq!(nuid_at(&versions, 25), Ok(None), "removed then");
         assert_eq!(nuid_at(&versions, 40), Ok(Some("v3".into())));
+        // The removal's mark was not kept: when v1 ended is not known, so neither is anything
+        // before v3 (never v1 inside the removal).
+        let lost_mark = [versions[0].clone(), versions[2].clone()];
+        assert_eq!(nuid_at(&lost_mark, 25), Err(()));
+        assert_eq!(nuid_at(&lost_mark, 15), Err(()));
+        assert_eq!(nuid_at(&lost_mark, 35), Ok(Some("v3".into())));
     }
 
     #[test]

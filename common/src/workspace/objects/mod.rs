@@ -548,6 +548,9 @@ impl ObjectWorkspaces {
         };
         check_expectation(path, Some(&current), expect)?;
         let mut info = current.info.clone();
+        // A mark of its own, holding no chunks: the next version names it as the one it
+        // replaced, so a mark whose keeping failed shows as a gap, never as the removed version.
+        info.nuid = uuid::Uuid::new_v4().simple().to_string();
         info.deleted = true;
         info.chunks = 0;
         info.size = 0;

@@ -31,7 +31,6 @@ use skein_common::protocol::{
     EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnEvent, PROTOCOL_VERSION,
 };
 use skein_common::store::responses::ResponseRecord;
-use skein_common::store::SessionState;
 
 use self::fold::ResponseFold;
 use super::keys::{Principal, Role};
@@ -122,26 +121,13 @@ async fn create_response(
             "this Idempotency-Key was used for another request",
         ));
     }
-    if !planned.history.is_empty() {
-        let state = SessionState {
-            history: planned.history.clone(),
-            ..SessionState::default()
-        };
-        match gateway
-            .store
-            .save(&principal.tenant, &record.session, 0, &state)
-            .await
-        {
-            // A retry finds it seeded.
-            Ok(_) | Err(skein_common::store::StoreError::Conflict { .. }) => {}
-            Err(e) => {
-                return Err(request::unavailable(
-                    "the conversation could not be stored",
-                    e,
-                ))
-            }
-        }
-    }
+    request::seed(
+        &gateway,
+        &principal.tenant,
+        &record.session,
+        &planned.history,
+    )
+    .await?;
     if record.background && !planned.stream {
         gateway
             .client
@@ -155,9 +141,13 @@ async fn create_response(
     if planned.stream {
         return Ok(sse(gateway, principal.tenant, record, source, None));
     }
-    let last = followed(gateway, principal.tenant, record.clone(), source)
-        .fold(None, |_, event| async move { Some(event) })
-        .await;
+    let last = last_of(followed(gateway, principal.tenant, record.clone(), source)).await;
+    if let Some(failed) = last.as_ref().filter(|e| e["code"] == "unavailable") {
+        return Err(request::unavailable(
+            "the run could not be submitted",
+            failed["message"].as_str().unwrap_or_default(),
+        ));
+    }
     Ok(json_response(response_of(last, record)))
 }
 
@@ -226,14 +216,7 @@ async fn plan(
             _ => history.push(Message::assistant(text)),
         }
     }
-    let input = if instructions.is_empty() {
-        input
-    } else {
-        format!(
-            "The caller's instructions:\n{}\n\n{input}",
-            instructions.join("\n\n")
-        )
-    };
+    let input = request::with_instructions(input, &instructions);
     let submission = request::checked(
         gateway,
         TaskSubmission {
@@ -332,36 +315,26 @@ pub(super) async fn read(
         Ok(found) => found,
         Err(refused) => return refused.into_response(),
     };
-    if query.stream {
-        let resume_after = query.starting_after.or_else(|| {
-            headers
-                .get("last-event-id")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse().ok())
-        });
-        return sse(
-            gateway,
-            principal.tenant,
-            record,
-            Source::Stored(None),
-            resume_after,
-        );
-    }
+    let resume_after = query.starting_after.or_else(|| {
+        headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+    });
     let ended = gateway
         .client
         .stored_final(&principal.tenant, &record.session, &record.id)
         .await;
     match ended {
+        Ok(ended) if query.stream => {
+            // A run known to be over is read to the end of what the stream holds.
+            let source = Source::Stored(ended.map(Box::new));
+            sse(gateway, principal.tenant, record, source, resume_after)
+        }
         // Ended: its events give its output (a stream that no longer holds them, the answer).
         Ok(Some(result)) => {
-            let last = followed(
-                gateway,
-                principal.tenant,
-                record.clone(),
-                Source::Stored(Some(Box::new(result))),
-            )
-            .fold(None, |_, event| async move { Some(event) })
-            .await;
+            let source = Source::Stored(Some(Box::new(result)));
+            let last = last_of(followed(gateway, principal.tenant, record.clone(), source)).await;
             json_response(response_of(last, record))
         }
         Ok(None) => {
@@ -381,28 +354,28 @@ pub(super) async fn cancel(
     let cancelled = async {
         let principal = admit(&gateway, &headers, Role::Submit).await?;
         let record = record_of(&gateway, &principal, &id).await?;
-        gateway
+        let ended = gateway
             .client
-            .cancel(
-                &principal.tenant,
-                &record.id,
-                &format!("cancelled over the Responses API by {}", principal.name),
-            )
+            .stored_final(&principal.tenant, &record.session, &record.id)
             .await
-            .map_err(|e| request::unavailable("the cancel could not be sent", e))?;
-        let events = followed(
-            gateway.clone(),
-            principal.tenant,
-            record.clone(),
-            Source::Stored(None),
-        );
-        let last = tokio::time::timeout(
-            CANCEL_WAIT,
-            events.fold(None, |_, event| async move { Some(event) }),
-        )
-        .await
-        .ok()
-        .flatten();
+            .map_err(|e| request::unavailable("the run's result could not be read", e))?;
+        if ended.is_none() {
+            gateway
+                .client
+                .cancel(
+                    &principal.tenant,
+                    &record.id,
+                    &format!("cancelled over the Responses API by {}", principal.name),
+                )
+                .await
+                .map_err(|e| request::unavailable("the cancel could not be sent", e))?;
+        }
+        let source = Source::Stored(ended.map(Box::new));
+        let events = followed(gateway.clone(), principal.tenant, record.clone(), source);
+        let last = tokio::time::timeout(CANCEL_WAIT, last_of(events))
+            .await
+            .ok()
+            .flatten();
         Ok::<_, ApiError>(json_response(response_of(last, record)))
     };
     match cancelled.await {
@@ -446,80 +419,105 @@ enum Source {
     Stored(Option<Box<FinalResult>>),
 }
 
-/// The response's stream events from its task's events, ending with its end (or, when the run
-/// does not end within the gateway's run timeout, an `error` event; the run goes on).
+/// What the fold hears from the run it follows.
+enum Heard {
+    Event(Box<TurnEvent>),
+    /// The run could not be submitted or followed.
+    Failed(String),
+}
+
+/// How long a run known to be over may go without an event before what the stream held is taken
+/// as all there is (its events aged out of the stream).
+const ENDED_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The response's stream events from its task's events, in batches (the events one task event
+/// makes go out together), ending with its end — or, when the run does not end within the
+/// gateway's run timeout, an `error` event (the run goes on); when it could not be submitted, an
+/// `error` event with code `unavailable`. A follower whose client went away stops.
 fn followed(
     gateway: Arc<Gateway>,
     tenant: String,
     record: ResponseRecord,
     source: Source,
 ) -> impl futures::Stream<Item = Value> + Send + 'static {
-    let (sender, receiver) = tokio::sync::mpsc::channel::<Value>(64);
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Vec<Value>>(16);
     tokio::spawn(async move {
         let mut fold = ResponseFold::new(record.clone());
         let mut out = fold.opening();
-        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
-        let (ended, wait) = match source {
+        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel::<Heard>();
+        let (ended, idle) = match source {
             Source::Submit(submission) => {
                 let runner = gateway.clone();
-                // Its outcome arrives as its final event (a stored result it finds included);
-                // a run that does not end in time is looked up below.
                 tokio::spawn(async move {
                     let timeout = runner.run_timeout;
+                    let passed = events.clone();
                     let run = runner.client.run(&submission, timeout, move |event| {
-                        let _ = events.send(event.clone());
+                        let _ = passed.send(Heard::Event(Box::new(event.clone())));
                     });
                     if let Err(e) = run.await {
-                        tracing::warn!(task_id = %submission.task_id, error = %e, "a response's run could not be followed");
+                        let _ = events.send(Heard::Failed(e.to_string()));
                     }
                 });
-                (None, gateway.run_timeout)
+                (None, None)
             }
             Source::Stored(ended) => {
                 let reader = gateway.clone();
                 let (tenant, id) = (tenant.clone(), record.id.clone());
                 tokio::spawn(async move {
-                    let Ok(mut stream) = reader.client.watch(&tenant, &id).await else {
-                        return;
+                    let mut stream = match reader.client.watch(&tenant, &id).await {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            let _ = events.send(Heard::Failed(e.to_string()));
+                            return;
+                        }
                     };
-                    while let Some(Ok(event)) = stream.next().await {
+                    loop {
+                        let event = tokio::select! {
+                            event = stream.next() => event,
+                            // Nobody folds any more: stop reading.
+                            () = events.closed() => return,
+                        };
+                        let Some(Ok(event)) = event else { return };
                         let last = matches!(event.event, EventKind::Final { .. });
-                        if events.send(event).is_err() || last {
+                        if events.send(Heard::Event(Box::new(event))).is_err() || last {
                             return;
                         }
                     }
                 });
-                let wait = if ended.is_some() {
-                    // Over already: what the stream holds, briefly.
-                    CANCEL_WAIT
-                } else {
-                    gateway.run_timeout
-                };
-                (ended, wait)
+                let idle = ended.is_some().then_some(ENDED_IDLE);
+                (ended, idle)
             }
         };
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = tokio::time::Instant::now() + gateway.run_timeout;
+        let mut failure = None;
         let finished = loop {
-            for value in out.drain(..) {
-                if sender.send(value).await.is_err() {
-                    return;
-                }
+            if !out.is_empty() && sender.send(std::mem::take(&mut out)).await.is_err() {
+                return;
             }
-            match tokio::time::timeout_at(deadline, heard.recv()).await {
-                Ok(Some(event)) => match event.event {
+            let until = match idle {
+                Some(idle) => deadline.min(tokio::time::Instant::now() + idle),
+                None => deadline,
+            };
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(until, heard.recv()) => next,
+                // The client went away: the run goes on without a follower.
+                () = sender.closed() => return,
+            };
+            match next {
+                Ok(Some(Heard::Event(event))) => match event.event {
                     EventKind::Final { result } => {
-                        let result = match gateway.client.whole_answer(result).await {
-                            Ok(result) => result,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "a long answer could not be read whole");
-                                break false;
-                            }
-                        };
-                        out = fold.finish(&result);
-                        break true;
+                        match gateway.client.whole_answer(result).await {
+                            Ok(result) => out = fold.finish(&result),
+                            Err(e) => failure = Some(e.to_string()),
+                        }
+                        break failure.is_none();
                     }
                     _ => out = fold.event(&event),
                 },
+                Ok(Some(Heard::Failed(why))) => {
+                    failure = Some(why);
+                    break false;
+                }
                 Ok(None) | Err(_) => break false,
             }
         };
@@ -533,9 +531,15 @@ fn followed(
                     .ok()
                     .flatten(),
             };
-            out = match result {
-                Some(result) => fold.finish(&result),
-                None => vec![json!({
+            out = match (result, failure) {
+                (Some(result), _) => fold.finish(&result),
+                (None, Some(why)) => vec![json!({
+                    "type": "error",
+                    "code": "unavailable",
+                    "message": format!("response {} could not be run or followed: {why}", record.id),
+                    "param": null,
+                })],
+                (None, None) => vec![json!({
                     "type": "error",
                     "code": "run_not_finished",
                     "message": format!("response {} did not end in time; it keeps running", record.id),
@@ -543,15 +547,19 @@ fn followed(
                 })],
             };
         }
-        for value in out {
-            if sender.send(value).await.is_err() {
-                return;
-            }
-        }
+        let _ = sender.send(out).await;
     });
     futures::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|value| (value, receiver))
+        receiver.recv().await.map(|batch| (batch, receiver))
     })
+    .flat_map(futures::stream::iter)
+}
+
+/// The last of a response's stream events.
+async fn last_of(events: impl futures::Stream<Item = Value>) -> Option<Value> {
+    events
+        .fold(None, |_, event| async move { Some(event) })
+        .await
 }
 
 /// The response's stream as SSE, each event named by its type, its id its sequence number;
