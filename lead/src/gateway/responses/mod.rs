@@ -108,19 +108,41 @@ async fn create_response(
     let principal = admit(&gateway, &headers, Role::Submit).await?;
     let body = request::body(body)?;
     let planned = plan(&gateway, &principal, &headers, &body).await?;
-    let record = gateway
-        .store
-        .put_response(&principal.tenant, &planned.record)
-        .await
-        .map_err(|e| request::unavailable("the response could not be recorded", e))?;
-    if record.session != planned.record.session || record.agent != planned.record.agent {
-        return Err(error(
-            StatusCode::CONFLICT,
-            "invalid_request_error",
-            "idempotency_key_reused",
-            "this Idempotency-Key was used for another request",
-        ));
-    }
+    // A followed run with a new id (no Idempotency-Key) cannot meet an earlier record: it is
+    // recorded while the run starts, and its stream waits for the record before it names the
+    // response. Otherwise the record that stands decides first.
+    let waited_for_or_streamed = planned.stream || !planned.record.background;
+    let followed_fresh = waited_for_or_streamed && !headers.contains_key("idempotency-key");
+    let (record, recording) = if followed_fresh {
+        let (store, tenant, record) = (
+            gateway.store.clone(),
+            principal.tenant.clone(),
+            planned.record.clone(),
+        );
+        let recording = tokio::spawn(async move {
+            store
+                .put_response(&tenant, &record)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        });
+        (planned.record.clone(), Some(recording))
+    } else {
+        let record = gateway
+            .store
+            .put_response(&principal.tenant, &planned.record)
+            .await
+            .map_err(|e| request::unavailable("the response could not be recorded", e))?;
+        if record.session != planned.record.session || record.agent != planned.record.agent {
+            return Err(error(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "idempotency_key_reused",
+                "this Idempotency-Key was used for another request",
+            ));
+        }
+        (record, None)
+    };
     request::seed(
         &gateway,
         &principal.tenant,
@@ -137,7 +159,7 @@ async fn create_response(
         return Ok(json_response(ResponseFold::new(record).response(None)));
     }
     // Submitted by the run itself, which listens before it submits: the events come live.
-    let source = Source::Submit(Box::new(planned.submission));
+    let source = Source::Submit(Box::new(planned.submission), recording);
     if planned.stream {
         return Ok(sse(gateway, principal.tenant, record, source, None));
     }
@@ -412,8 +434,12 @@ fn response_of(last: Option<Value>, record: ResponseRecord) -> Value {
 /// Where a response's events come from.
 enum Source {
     /// A run this request submits and follows live (`SkeinClient::run`: listening before it
-    /// submits, the stream after a gap, the stored result at the end).
-    Submit(Box<TaskSubmission>),
+    /// submits, the stream after a gap, the stored result at the end), with the writing of its
+    /// record when that runs beside it.
+    Submit(
+        Box<TaskSubmission>,
+        Option<tokio::task::JoinHandle<Result<(), String>>>,
+    ),
     /// A run submitted before, read from the events stream from its first event; with a result,
     /// a run known to be over (whose final event the stream may no longer hold).
     Stored(Option<Box<FinalResult>>),
@@ -445,8 +471,10 @@ fn followed(
         let mut fold = ResponseFold::new(record.clone());
         let mut out = fold.opening();
         let (events, mut heard) = tokio::sync::mpsc::unbounded_channel::<Heard>();
+        let mut recording = None;
         let (ended, idle) = match source {
-            Source::Submit(submission) => {
+            Source::Submit(submission, writing) => {
+                recording = writing;
                 let runner = gateway.clone();
                 tokio::spawn(async move {
                     let timeout = runner.run_timeout;
@@ -489,6 +517,18 @@ fn followed(
             }
         };
         let deadline = tokio::time::Instant::now() + gateway.run_timeout;
+        if let Some(recording) = recording {
+            // A response not recorded cannot be read again or continued; its run goes on.
+            match recording.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(response = %record.id, error = %e, "the response was not recorded")
+                }
+                Err(e) => {
+                    tracing::warn!(response = %record.id, error = %e, "the response was not recorded")
+                }
+            }
+        }
         let mut failure = None;
         let finished = loop {
             if !out.is_empty() && sender.send(std::mem::take(&mut out)).await.is_err() {
