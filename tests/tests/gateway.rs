@@ -777,3 +777,69 @@ async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_r
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_a2a_library_sends_messages_streams_and_reads_tasks() {
+    let python = tokio::task::spawn_blocking(|| python_sdk::python_with(&[python_sdk::A2A]))
+        .await
+        .expect("the install ran")
+        .unwrap_or_else(|e| panic!("the a2a library could not be installed: {e}"));
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(&cluster, &[]).await;
+    let base_url = format!("http://{addr}");
+    let seen = tokio::task::spawn_blocking(move || {
+        python_sdk::run_script(&python, "a2a_check.py", &[&base_url, KEY])
+    })
+    .await
+    .expect("the script ran")
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    assert_eq!(seen["card"]["name"], "Skein", "{seen}");
+    assert!(
+        seen["card"]["skills"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!("assistant"))),
+        "{seen}"
+    );
+    assert_eq!(seen["card"]["streaming"], true);
+    let sent = &seen["sent"];
+    assert_eq!(sent["state"], "TASK_STATE_COMPLETED", "{seen}");
+    assert!(
+        sent["answer"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("you said hello")),
+        "{seen}"
+    );
+    // The same contextId is the same session: the agent saw the earlier message.
+    assert_eq!(seen["same_context"]["context_id"], sent["context_id"]);
+    assert_eq!(
+        seen["same_context"]["answer"], "you said and again after hello",
+        "{seen}"
+    );
+    assert_eq!(seen["get_task"]["state"], "TASK_STATE_COMPLETED", "{seen}");
+    assert_eq!(seen["get_task"]["answer"], sent["answer"]);
+    assert_ne!(seen["missing"], "no error", "{seen}");
+    let streamed = &seen["streamed"];
+    let kinds: Vec<&str> = streamed["kinds"]
+        .as_array()
+        .expect("kinds")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(kinds.first(), Some(&"task"), "{seen}");
+    assert!(kinds.contains(&"artifact_update"), "{seen}");
+    assert_eq!(kinds.last(), Some(&"status_update"), "{seen}");
+    assert_eq!(streamed["last_state"], "TASK_STATE_COMPLETED", "{seen}");
+    assert!(
+        streamed["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("you said streamed")),
+        "{seen}"
+    );
+    assert!(
+        seen["wrong_key"]
+            .as_str()
+            .is_some_and(|e| e.contains("401")),
+        "{seen}"
+    );
+}

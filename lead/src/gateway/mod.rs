@@ -9,6 +9,7 @@
 //! (`Authorization: Bearer`, [`keys`]) whose tenant it acts for; errors come in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
 
+mod a2a;
 mod cors;
 pub mod keys;
 mod openai;
@@ -173,6 +174,9 @@ fn router(gateway: Arc<Gateway>, max_body: usize, cors: cors::Cors) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::read))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/.well-known/agent-card.json", get(a2a::card))
+        .route("/.well-known/agent.json", get(a2a::card))
+        .route("/a2a", post(a2a::rpc))
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(

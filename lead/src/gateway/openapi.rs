@@ -58,6 +58,24 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
         summary: "Cancels a response's run; answers with the response once it ended",
         keyed: true,
     },
+    Endpoint {
+        method: "get",
+        path: "/.well-known/agent-card.json",
+        summary: "The A2A agent card: the agents as skills (no key)",
+        keyed: false,
+    },
+    Endpoint {
+        method: "get",
+        path: "/.well-known/agent.json",
+        summary: "The A2A agent card, at its older address (no key)",
+        keyed: false,
+    },
+    Endpoint {
+        method: "post",
+        path: "/a2a",
+        summary: "A2A 1.0 over JSON-RPC: SendMessage, SendStreamingMessage (SSE), GetTask, CancelTask",
+        keyed: true,
+    },
 ];
 
 /// The document.

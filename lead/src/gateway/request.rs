@@ -61,6 +61,13 @@ pub(crate) struct ApiError {
     retry_after: Option<u64>,
 }
 
+impl ApiError {
+    /// What went wrong, for a protocol that reports it in its own shape.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": {

@@ -9,6 +9,9 @@ use std::process::Command;
 /// The `openai` library the gateway's OpenAI surface is checked with.
 pub const OPENAI: &str = "openai==3.51.0";
 
+/// The A2A library the gateway's A2A surface is checked with (its HTTP client included).
+pub const A2A: &str = "a2a-sdk[http-server]==1.3.0";
+
 /// The Python of a virtual environment holding `packages`, made if missing.
 pub fn python_with(packages: &[&str]) -> Result<PathBuf, String> {
     let mut name = packages.join("_");
