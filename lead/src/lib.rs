@@ -14,8 +14,8 @@
 //! - [`results`]: answers clients' lookups of stored final results.
 //! - [`turns`]: waiting for a session's turn — announcements that a session is free, and the
 //!   waiters they wake.
-//! - [`gateway`]: the HTTP gateway (OpenAI-compatible chat completions and models, keys per
-//!   tenant).
+//! - [`gateway`]: the HTTP gateway (OpenAI's Chat Completions, models and Responses; A2A; keys
+//!   per tenant, rate limits, CORS).
 //! - [`cli`]: the `skein` command (submit, workers, cancel, pause, resume, steer, approvals,
 //!   approve, deny, plan, dlq, trace, dev, lead, gateway, worker), and what the `skein-lead` and
 //!   `skein-gateway` binaries run.

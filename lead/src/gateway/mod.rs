@@ -5,7 +5,9 @@
 //!
 //! Served today: `GET /v1/models` (the agents), `POST /v1/chat/completions` (streamed as SSE or
 //! not), the Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`, `POST
-//! /v1/responses/{id}/cancel`; [`responses`]), `GET /healthz`. Every request but the health check carries a key
+//! /v1/responses/{id}/cancel`; [`responses`]), A2A 1.0 (the agent card, `POST /a2a`; [`a2a`]),
+//! `GET /openapi.json` ([`openapi`]), `GET /healthz`. Every keyed request is rate-limited per key
+//! ([`request`]) and answered to the origins CORS allows ([`cors`]). Every request but the health check carries a key
 //! (`Authorization: Bearer`, [`keys`]) whose tenant it acts for; errors come in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
 
