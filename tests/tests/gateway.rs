@@ -2,90 +2,17 @@
 //! scripted): OpenAI-compatible chat completions, streamed and not, with the conversation before
 //! the last message seeded into the run's session; the agents as models; keys that prove a
 //! tenant and its roles; `Idempotency-Key`; and a clear error in OpenAI's shape for every bad
-//! request.
-
-use std::net::SocketAddr;
+//! request; a background response cancelled; rate limits, CORS and the OpenAPI document.
+//! `gateway_sdks.rs` drives it with the official client libraries.
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use skein_lead::gateway::keys::key_hash;
 use skein_tests::support::cluster::TestCluster;
+use skein_tests::support::gateway::{
+    chat, cluster_with_gateway, error_of, gateway_before, KEY, OTHER_TENANT_KEY, READ_ONLY_KEY,
+    SECOND_KEY,
+};
 use skein_tests::support::test_tools::read_effects;
-use skein_tests::support::{python_sdk, unique};
-
-const KEY: &str = "sk-test-alice";
-const READ_ONLY_KEY: &str = "sk-test-approver";
-const OTHER_TENANT_KEY: &str = "sk-test-globex";
-/// A second key of the same tenant as [`KEY`].
-const SECOND_KEY: &str = "sk-test-bob";
-
-/// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
-async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
-    let script = cluster.scenario(json!([{ "steps": [
-        { "answer": "you said {{input}} after {{previous_input}}" }
-    ] }]));
-    gateway_before(cluster, &script, extra).await
-}
-
-/// [`cluster_with_gateway`] whose lead runs the scenario `script`.
-async fn gateway_before(cluster: &TestCluster, script: &str, extra: &[&str]) -> SocketAddr {
-    cluster.spawn_test_worker(cluster.worker_config(&[]));
-    cluster.wait_for_workers(1).await;
-    cluster.spawn_lead(cluster.lead_config(&["--scenario", script]));
-    let keys = cluster.dir.join(unique("keys")).with_extension("toml");
-    std::fs::write(
-        &keys,
-        format!(
-            "[[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"alice\"\nroles = [\"submit\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"bob\"\nroles = [\"submit\"]\n",
-            key_hash(KEY),
-            key_hash(READ_ONLY_KEY),
-            key_hash(OTHER_TENANT_KEY),
-            key_hash(SECOND_KEY)
-        ),
-    )
-    .expect("keys written");
-    let mut args = vec![
-        "gateway".to_owned(),
-        "--nats-url".into(),
-        cluster.nats.url.clone(),
-        "--redis-url".into(),
-        cluster.redis.url.clone(),
-        "--gateway-addr".into(),
-        "127.0.0.1:0".into(),
-        "--gateway-keys".into(),
-        keys.display().to_string(),
-    ];
-    args.extend(extra.iter().map(|a| a.to_string()));
-    #[derive(clap::Parser)]
-    struct Args {
-        #[command(flatten)]
-        gateway: skein_lead::gateway::GatewayConfig,
-    }
-    let cfg = <Args as clap::Parser>::try_parse_from(args)
-        .expect("valid gateway flags")
-        .gateway;
-    let (bound, listening) = tokio::sync::oneshot::channel();
-    let shutdown = cluster.shutdown_token();
-    tokio::spawn(async move {
-        if let Err(e) = skein_lead::gateway::run(cfg, shutdown, Some(bound)).await {
-            panic!("gateway failed: {e}");
-        }
-    });
-    listening.await.expect("the gateway listens")
-}
-
-fn chat(addr: SocketAddr) -> String {
-    format!("http://{addr}/v1/chat/completions")
-}
-
-async fn error_of(response: reqwest::Response) -> (StatusCode, Value) {
-    let status = response.status();
-    let body: Value = response.json().await.expect("a JSON error");
-    (status, body["error"].clone())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_completion_runs_the_agents_turn_on_the_conversation_it_was_given() {
@@ -374,107 +301,6 @@ async fn bad_requests_get_a_clear_error_in_openais_shape() {
         .await
         .expect("sent");
     assert_eq!(ok.status(), StatusCode::OK);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_openai_library_speaks_responses_and_chat_to_the_gateway() {
-    let python = tokio::task::spawn_blocking(|| python_sdk::python_with(&[python_sdk::OPENAI]))
-        .await
-        .expect("the install ran")
-        .unwrap_or_else(|e| panic!("the openai library could not be installed: {e}"));
-    let cluster = TestCluster::start();
-    let addr = cluster_with_gateway(&cluster, &[]).await;
-    let base_url = format!("http://{addr}/v1");
-    let seen = tokio::task::spawn_blocking(move || {
-        python_sdk::run_script(&python, "openai_check.py", &[&base_url, KEY, "assistant"])
-    })
-    .await
-    .expect("the script ran")
-    .unwrap_or_else(|e| panic!("{e}"));
-
-    let plain = &seen["plain"];
-    assert_eq!(plain["status"], "completed", "{seen}");
-    assert!(
-        plain["output_text"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("you said hello")),
-        "{seen}"
-    );
-    assert_eq!(plain["metadata"], json!({ "case": "plain" }));
-    assert_eq!(plain["item_types"], json!(["message"]));
-    assert!(plain["total_tokens"].is_u64(), "{seen}");
-    // previous_response_id continued the first response's session.
-    let continued = &seen["continued"];
-    assert_eq!(continued["status"], "completed");
-    assert_eq!(continued["output_text"], "you said and again after hello");
-
-    let streamed = &seen["streamed"];
-    let types: Vec<&str> = streamed["types"]
-        .as_array()
-        .expect("types")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    assert_eq!(
-        types.first().zip(types.get(1)),
-        Some((&"response.created", &"response.in_progress")),
-        "{seen}"
-    );
-    assert_eq!(types.last(), Some(&"response.completed"), "{seen}");
-    for kind in [
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-    ] {
-        assert!(types.contains(&kind), "{kind} missing: {seen}");
-    }
-    let numbers: Vec<u64> = streamed["sequence_numbers"]
-        .as_array()
-        .expect("numbers")
-        .iter()
-        .filter_map(Value::as_u64)
-        .collect();
-    assert_eq!(numbers, (0..types.len() as u64).collect::<Vec<_>>());
-    assert_eq!(streamed["final_status"], "completed");
-    assert_eq!(streamed["deltas"], streamed["final_text"], "{seen}");
-    assert!(
-        streamed["final_text"]
-            .as_str()
-            .is_some_and(|t| t.contains("streamed")),
-        "{seen}"
-    );
-    // Read again after its third event: the same events from the fourth on.
-    assert_eq!(seen["resumed"]["first_sequence_number"], 3, "{seen}");
-    assert_eq!(seen["resumed"]["same_as_live"], true, "{seen}");
-
-    let background = &seen["background"];
-    let statuses = background["statuses"].as_array().expect("statuses");
-    assert_eq!(statuses.first(), Some(&json!("queued")), "{seen}");
-    assert_eq!(statuses.last(), Some(&json!("completed")), "{seen}");
-    assert_eq!(background["background"], true);
-    assert!(
-        background["output_text"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("you said later")),
-        "{seen}"
-    );
-
-    assert_eq!(seen["missing"], 404, "{seen}");
-    assert_eq!(seen["unknown_model"], "model_not_found", "{seen}");
-    assert_eq!(seen["wrong_key"], 401, "{seen}");
-
-    let chat = &seen["chat"];
-    assert!(
-        chat["text"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("you said chat")),
-        "{seen}"
-    );
-    assert_eq!(chat["finish_reason"], "stop");
-    assert!(chat["usage"].is_u64(), "{seen}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -776,70 +602,4 @@ async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_r
             expected
         );
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_a2a_library_sends_messages_streams_and_reads_tasks() {
-    let python = tokio::task::spawn_blocking(|| python_sdk::python_with(&[python_sdk::A2A]))
-        .await
-        .expect("the install ran")
-        .unwrap_or_else(|e| panic!("the a2a library could not be installed: {e}"));
-    let cluster = TestCluster::start();
-    let addr = cluster_with_gateway(&cluster, &[]).await;
-    let base_url = format!("http://{addr}");
-    let seen = tokio::task::spawn_blocking(move || {
-        python_sdk::run_script(&python, "a2a_check.py", &[&base_url, KEY])
-    })
-    .await
-    .expect("the script ran")
-    .unwrap_or_else(|e| panic!("{e}"));
-
-    assert_eq!(seen["card"]["name"], "Skein", "{seen}");
-    assert!(
-        seen["card"]["skills"]
-            .as_array()
-            .is_some_and(|s| s.contains(&json!("assistant"))),
-        "{seen}"
-    );
-    assert_eq!(seen["card"]["streaming"], true);
-    let sent = &seen["sent"];
-    assert_eq!(sent["state"], "TASK_STATE_COMPLETED", "{seen}");
-    assert!(
-        sent["answer"]
-            .as_str()
-            .is_some_and(|a| a.starts_with("you said hello")),
-        "{seen}"
-    );
-    // The same contextId is the same session: the agent saw the earlier message.
-    assert_eq!(seen["same_context"]["context_id"], sent["context_id"]);
-    assert_eq!(
-        seen["same_context"]["answer"], "you said and again after hello",
-        "{seen}"
-    );
-    assert_eq!(seen["get_task"]["state"], "TASK_STATE_COMPLETED", "{seen}");
-    assert_eq!(seen["get_task"]["answer"], sent["answer"]);
-    assert_ne!(seen["missing"], "no error", "{seen}");
-    let streamed = &seen["streamed"];
-    let kinds: Vec<&str> = streamed["kinds"]
-        .as_array()
-        .expect("kinds")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    assert_eq!(kinds.first(), Some(&"task"), "{seen}");
-    assert!(kinds.contains(&"artifact_update"), "{seen}");
-    assert_eq!(kinds.last(), Some(&"status_update"), "{seen}");
-    assert_eq!(streamed["last_state"], "TASK_STATE_COMPLETED", "{seen}");
-    assert!(
-        streamed["text"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("you said streamed")),
-        "{seen}"
-    );
-    assert!(
-        seen["wrong_key"]
-            .as_str()
-            .is_some_and(|e| e.contains("401")),
-        "{seen}"
-    );
 }

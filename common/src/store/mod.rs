@@ -31,7 +31,7 @@ mod workers;
 
 pub use calls::{ChildProgress, RunMarker};
 pub use sessions::{Removal, SessionSummary};
-pub use turn::TurnLease;
+pub use turn::{Ended, TurnClaim, TurnLease, TurnStart};
 
 use std::time::Duration;
 
@@ -296,45 +296,6 @@ pub enum CallAdmission {
     /// Another run of the call is in progress (its marker is held by `owner` and renewed): wait
     /// for its result rather than run beside it. Nothing was counted.
     RunningElsewhere { owner: String },
-}
-
-/// How a lead's attempt to start a turn came out ([`SessionStore::begin_turn`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum TurnStart {
-    /// The task already ended: its stored result.
-    Finished(FinalResult),
-    /// Another lead holds the session's lease; nothing was counted.
-    Busy,
-    /// This attempt (its number given) is over the limit; the lease was not taken.
-    Exhausted(u64),
-    /// The lease is held: the attempt's number, the session and any checkpoint to resume from.
-    Started {
-        attempt: u64,
-        session: LoadedSession,
-        checkpoint: Option<Box<TurnCheckpoint>>,
-        /// What was asked of the task (pause, steer, interrupt) before this start.
-        controls: control::Controls,
-    },
-}
-
-/// How storing a task's final result came out: a task's final result is written once.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Ended {
-    /// This final result is stored now.
-    Stored,
-    /// The task had ended already: this is the final result that stands.
-    Earlier(Box<FinalResult>),
-}
-
-/// Who starts a turn and under which limits ([`SessionStore::begin_turn`]).
-#[derive(Debug, Clone, Copy)]
-pub struct TurnClaim<'a> {
-    pub tenant: &'a str,
-    pub session: &'a str,
-    pub task_id: &'a str,
-    pub lease_token: &'a str,
-    pub lease_ttl: Duration,
-    pub max_attempts: u64,
 }
 
 /// A session as loaded, with the version a save must name.

@@ -1,4 +1,5 @@
-//! `TurnLease`: the life of one lead turn under its session's lease, as one type. A turn is
+//! `TurnLease`: the life of one lead turn under its session's lease, as one type, with who claims
+//! it (`TurnClaim`), how its start came out (`TurnStart`) and how its end was stored (`Ended`). A turn is
 //! begun (its attempt counted, the lease taken, the session and any checkpoint loaded, in one
 //! trip), renewed and checkpointed while it runs, and ended one way: completed (session, final
 //! result and lease release in one atomic step), or given up — the lease released, and the
@@ -12,9 +13,48 @@
 use std::time::Duration;
 
 use super::{
-    keys, Ended, FinalResult, SessionState, SessionStore, StoreError, TurnCheckpoint, TurnClaim,
-    TurnStart,
+    control, keys, FinalResult, LoadedSession, SessionState, SessionStore, StoreError,
+    TurnCheckpoint,
 };
+
+/// How a lead's attempt to start a turn came out ([`SessionStore::begin_turn`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnStart {
+    /// The task already ended: its stored result.
+    Finished(FinalResult),
+    /// Another lead holds the session's lease; nothing was counted.
+    Busy,
+    /// This attempt (its number given) is over the limit; the lease was not taken.
+    Exhausted(u64),
+    /// The lease is held: the attempt's number, the session and any checkpoint to resume from.
+    Started {
+        attempt: u64,
+        session: LoadedSession,
+        checkpoint: Option<Box<TurnCheckpoint>>,
+        /// What was asked of the task (pause, steer, interrupt) before this start.
+        controls: control::Controls,
+    },
+}
+
+/// How storing a task's final result came out: a task's final result is written once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ended {
+    /// This final result is stored now.
+    Stored,
+    /// The task had ended already: this is the final result that stands.
+    Earlier(Box<FinalResult>),
+}
+
+/// Who starts a turn and under which limits ([`SessionStore::begin_turn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TurnClaim<'a> {
+    pub tenant: &'a str,
+    pub session: &'a str,
+    pub task_id: &'a str,
+    pub lease_token: &'a str,
+    pub lease_ttl: Duration,
+    pub max_attempts: u64,
+}
 
 /// One turn of one task on one session, claimed by one lead (its lease token).
 #[derive(Clone)]

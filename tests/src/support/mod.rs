@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod effects_http;
 pub mod fake_openai;
+pub mod gateway;
 pub mod hostile;
 pub mod mcp_fixture;
 pub mod nats_cluster;

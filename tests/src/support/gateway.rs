@@ -1,0 +1,86 @@
+//! The HTTP gateway in tests: a cluster (one worker, a lead on a scripted model) with a gateway in
+//! front of it on a free port, keys for two tenants and a key without the `submit` role, and
+//! reading an error in OpenAI's shape.
+
+use std::net::SocketAddr;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use skein_lead::gateway::keys::key_hash;
+
+use super::cluster::TestCluster;
+use super::unique;
+
+pub const KEY: &str = "sk-test-alice";
+pub const READ_ONLY_KEY: &str = "sk-test-approver";
+pub const OTHER_TENANT_KEY: &str = "sk-test-globex";
+/// A second key of the same tenant as [`KEY`].
+pub const SECOND_KEY: &str = "sk-test-bob";
+
+/// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
+pub async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
+    let script = cluster.scenario(json!([{ "steps": [
+        { "answer": "you said {{input}} after {{previous_input}}" }
+    ] }]));
+    gateway_before(cluster, &script, extra).await
+}
+
+/// [`cluster_with_gateway`] whose lead runs the scenario `script`.
+pub async fn gateway_before(cluster: &TestCluster, script: &str, extra: &[&str]) -> SocketAddr {
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    cluster.spawn_lead(cluster.lead_config(&["--scenario", script]));
+    let keys = cluster.dir.join(unique("keys")).with_extension("toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "[[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"alice\"\nroles = [\"submit\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"bob\"\nroles = [\"submit\"]\n",
+            key_hash(KEY),
+            key_hash(READ_ONLY_KEY),
+            key_hash(OTHER_TENANT_KEY),
+            key_hash(SECOND_KEY)
+        ),
+    )
+    .expect("keys written");
+    let mut args = vec![
+        "gateway".to_owned(),
+        "--nats-url".into(),
+        cluster.nats.url.clone(),
+        "--redis-url".into(),
+        cluster.redis.url.clone(),
+        "--gateway-addr".into(),
+        "127.0.0.1:0".into(),
+        "--gateway-keys".into(),
+        keys.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        gateway: skein_lead::gateway::GatewayConfig,
+    }
+    let cfg = <Args as clap::Parser>::try_parse_from(args)
+        .expect("valid gateway flags")
+        .gateway;
+    let (bound, listening) = tokio::sync::oneshot::channel();
+    let shutdown = cluster.shutdown_token();
+    tokio::spawn(async move {
+        if let Err(e) = skein_lead::gateway::run(cfg, shutdown, Some(bound)).await {
+            panic!("gateway failed: {e}");
+        }
+    });
+    listening.await.expect("the gateway listens")
+}
+
+pub fn chat(addr: SocketAddr) -> String {
+    format!("http://{addr}/v1/chat/completions")
+}
+
+pub async fn error_of(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let body: Value = response.json().await.expect("a JSON error");
+    (status, body["error"].clone())
+}
