@@ -21,13 +21,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{json, Value};
-use skein_common::protocol::{
-    EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
-};
+use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnStatus};
 use skein_common::store::responses::ResponseRecord;
 
-use super::keys::{Principal, Role};
-use super::request::{self, admit, json_response, ApiError};
+use super::keys::Principal;
+use super::request::{self, json_response, ApiError};
 use super::Gateway;
 
 /// The protocol version the card announces.
@@ -92,12 +90,8 @@ pub(super) async fn rpc(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let principal = match admit(&gateway, &headers, Role::Submit).await {
-        Ok(principal) => principal,
-        Err(refused) => return refused.into_response(),
-    };
-    let body = match request::body(body) {
-        Ok(body) => body,
+    let (principal, body) = match request::admitted_body(&gateway, &headers, body).await {
+        Ok(admitted) => admitted,
         Err(refused) => return refused.into_response(),
     };
     let request: Value = match serde_json::from_slice(&body) {
@@ -198,20 +192,14 @@ async fn start(
         Some(context) => context.to_owned(),
         None => format!("a2a-ctx-{}", uuid::Uuid::new_v4().simple()),
     };
-    let submission = request::checked(
+    let submission = request::submission(
         gateway,
-        TaskSubmission {
-            v: PROTOCOL_VERSION,
+        principal,
+        request::RunSpec {
             task_id: id.clone(),
-            tenant: principal.tenant.clone(),
-            user: principal.name.clone(),
             session: session.clone(),
             agent: agent.clone(),
             input,
-            overrides: None,
-            deadline_ms: None,
-            budget: None,
-            multitask: MultitaskPolicy::Enqueue,
         },
     )?;
     let record = ResponseRecord {

@@ -23,9 +23,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::message::Message;
-use skein_common::protocol::{
-    EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
-};
+use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnStatus};
 
 use super::keys::{Principal, Role};
 use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
@@ -88,12 +86,8 @@ pub(super) async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let principal = match admit(&gateway, &headers, Role::Submit).await {
-        Ok(principal) => principal,
-        Err(refused) => return refused.into_response(),
-    };
-    let body = match request::body(body) {
-        Ok(body) => body,
+    let (principal, body) = match request::admitted_body(&gateway, &headers, body).await {
+        Ok(admitted) => admitted,
         Err(refused) => return refused.into_response(),
     };
     let planned = match plan(&gateway, &principal, &headers, &body) {
@@ -168,20 +162,16 @@ fn plan(
     }
     let input = request::with_instructions(text_of(last)?, &instructions);
     let id = request::request_id(principal, headers)?;
-    let submission = TaskSubmission {
-        v: PROTOCOL_VERSION,
-        task_id: format!("chatcmpl-{id}"),
-        tenant: principal.tenant.clone(),
-        user: principal.name.clone(),
-        session: format!("chat-{id}"),
-        agent: request.model,
-        input,
-        overrides: None,
-        deadline_ms: None,
-        budget: None,
-        multitask: MultitaskPolicy::default(),
-    };
-    let submission = request::checked(gateway, submission)?;
+    let submission = request::submission(
+        gateway,
+        principal,
+        request::RunSpec {
+            task_id: format!("chatcmpl-{id}"),
+            session: format!("chat-{id}"),
+            agent: request.model,
+            input,
+        },
+    )?;
     Ok(Planned {
         submission,
         history,

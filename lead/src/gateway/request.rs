@@ -1,7 +1,8 @@
 //! What every request of the gateway shares: errors in OpenAI's shape, the key a request
-//! carries ([`authenticate`]), its body within the size limit ([`body`]), the agent its `model`
-//! names ([`check_agent`]), the id an `Idempotency-Key` makes ([`request_id`]) and the checks a
-//! submission passes before it is sent ([`checked`]).
+//! carries and its rate limit ([`admit`]), its body within the size limit ([`body`]), the agent
+//! its `model` names ([`check_agent`]), the id an `Idempotency-Key` makes ([`request_id`]), a
+//! run's submission built and checked ([`submission`]), the conversation seeded before it
+//! ([`seed`]).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -10,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use skein_common::protocol::TaskSubmission;
+use skein_common::protocol::{MultitaskPolicy, TaskSubmission, PROTOCOL_VERSION};
 
 use super::keys::{Principal, Role};
 use super::Gateway;
@@ -217,6 +218,17 @@ pub(crate) fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiErro
     }
 }
 
+/// The caller (within its key's limit, with the `submit` role) and the body of a request that
+/// starts runs.
+pub(crate) async fn admitted_body(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Principal, Bytes), ApiError> {
+    let principal = admit(gateway, headers, Role::Submit).await?;
+    Ok((principal, self::body(body)?))
+}
+
 /// Refuses a `model` that names no agent of the cluster (404, listing the agents).
 pub(crate) fn check_agent(gateway: &Gateway, model: &str) -> Result<(), ApiError> {
     if gateway.agents.names().any(|name| name == model) {
@@ -251,11 +263,34 @@ pub(crate) fn request_id(principal: &Principal, headers: &HeaderMap) -> Result<S
     }
 }
 
-/// `submission` once it passes the protocol's checks (413 for an input over the limit).
-pub(crate) fn checked(
+/// What a gateway run is: its task and session ids, the agent and the input.
+pub(crate) struct RunSpec {
+    pub task_id: String,
+    pub session: String,
+    pub agent: String,
+    pub input: String,
+}
+
+/// The submission of `principal`'s run `spec` (queued behind a running turn of its session),
+/// once it passes the protocol's checks (413 for an input over the limit).
+pub(crate) fn submission(
     gateway: &Gateway,
-    submission: TaskSubmission,
+    principal: &Principal,
+    spec: RunSpec,
 ) -> Result<TaskSubmission, ApiError> {
+    let submission = TaskSubmission {
+        v: PROTOCOL_VERSION,
+        task_id: spec.task_id,
+        tenant: principal.tenant.clone(),
+        user: principal.name.clone(),
+        session: spec.session,
+        agent: spec.agent,
+        input: spec.input,
+        overrides: None,
+        deadline_ms: None,
+        budget: None,
+        multitask: MultitaskPolicy::Enqueue,
+    };
     match submission.validate(gateway.client.bus().max_payload()) {
         Ok(()) => Ok(submission),
         Err(failure) if failure.kind == skein_common::protocol::FailureKind::TooLarge => {

@@ -27,9 +27,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::message::Message;
-use skein_common::protocol::{
-    EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnEvent, PROTOCOL_VERSION,
-};
+use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent};
 use skein_common::store::responses::ResponseRecord;
 
 use self::fold::ResponseFold;
@@ -105,8 +103,7 @@ async fn create_response(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let principal = admit(&gateway, &headers, Role::Submit).await?;
-    let body = request::body(body)?;
+    let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
     let planned = plan(&gateway, &principal, &headers, &body).await?;
     // A followed run with a new id (no Idempotency-Key) cannot meet an earlier record: it is
     // recorded while the run starts, and its stream waits for the record before it names the
@@ -239,20 +236,14 @@ async fn plan(
         }
     }
     let input = request::with_instructions(input, &instructions);
-    let submission = request::checked(
+    let submission = request::submission(
         gateway,
-        TaskSubmission {
-            v: PROTOCOL_VERSION,
+        principal,
+        request::RunSpec {
             task_id: id.clone(),
-            tenant: principal.tenant.clone(),
-            user: principal.name.clone(),
             session: session.clone(),
             agent: request.model.clone(),
             input,
-            overrides: None,
-            deadline_ms: None,
-            budget: None,
-            multitask: MultitaskPolicy::Enqueue,
         },
     )?;
     let record = ResponseRecord {
