@@ -22,6 +22,9 @@
 //! | `skein:{t:s}:approved` | set of rules | rules approved for the rest of the session (`--always`) |
 //! | `skein:requests:{t}:{key}:{window}` | counter | requests of one gateway key (the head of its hash) in one minute since the Unix epoch, for the rate limit (expires) |
 //! | `skein:responses:{t}:{id}` | string | a run started through the gateway's Responses API: its session, agent, metadata (`ResponseRecord`; expires as sessions do) |
+//! | `skein:{t:s}:thread` | string | a session as a thread of the gateway's Agent Protocol: when it was made and changed, its metadata (`ThreadRecord`; expires as sessions do) |
+//! | `skein:{t:s}:runs` | hash run_id → `RunRecord` | the thread's runs: which task each follows, its assistant, metadata, multitask strategy (expires as sessions do) |
+//! | `skein:threads:{t}` | sorted set thread id → creation (ms) | the tenant's threads, for search (an id whose record expired is dropped when met) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
@@ -57,6 +60,21 @@ pub fn requests(tenant: &str, key_id: &str, window: u64) -> String {
 /// A response of the gateway's Responses API.
 pub fn response(tenant: &str, id: &str) -> String {
     format!("skein:responses:{{{tenant}}}:{id}")
+}
+
+/// A session's thread record (the gateway's Agent Protocol).
+pub fn thread(tenant: &str, session: &str) -> String {
+    format!("{}:thread", tag(tenant, session))
+}
+
+/// A thread's runs.
+pub fn thread_runs(tenant: &str, session: &str) -> String {
+    format!("{}:runs", tag(tenant, session))
+}
+
+/// The tenant's threads by creation time.
+pub fn threads(tenant: &str) -> String {
+    format!("skein:threads:{{{tenant}}}")
 }
 
 pub fn lease(tenant: &str, session: &str) -> String {

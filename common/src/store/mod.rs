@@ -24,6 +24,7 @@ pub mod rate;
 pub mod responses;
 mod scripts;
 mod sessions;
+pub mod threads;
 pub(crate) mod topology;
 pub mod traffic;
 mod turn;

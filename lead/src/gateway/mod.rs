@@ -12,7 +12,10 @@
 //! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
 
 mod a2a;
+mod agent_protocol;
+mod approvals;
 mod cors;
+mod follow;
 pub mod keys;
 mod openai;
 mod openapi;
@@ -32,6 +35,7 @@ use skein_common::agent::definition::AgentCatalog;
 use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig};
 use skein_common::store::SessionStore;
+use skein_common::workspace::{ObjectWorkspaces, SessionRef, WorkspaceStoreConfig};
 use tokio_util::sync::CancellationToken;
 
 /// Where the gateway listens.
@@ -51,6 +55,9 @@ pub struct GatewayConfig {
     pub redis: RedisConfig,
     #[command(flatten)]
     pub telemetry: skein_common::telemetry::TelemetryConfig,
+    /// The workspaces a copied thread's files are copied in.
+    #[command(flatten)]
+    pub workspace: WorkspaceStoreConfig,
     /// Address to listen on.
     #[arg(long = "gateway-addr", env = ENV_GATEWAY_ADDR, default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
@@ -86,6 +93,8 @@ pub enum GatewayError {
     Agents(String),
     #[error("cannot reach NATS: {0}")]
     Nats(String),
+    #[error("workspace settings: {0}")]
+    Workspace(String),
     #[error("cannot reach Redis: {0}")]
     Redis(String),
     #[error("cannot listen on {addr}: {source}")]
@@ -103,6 +112,24 @@ pub(crate) struct Gateway {
     pub agents: AgentCatalog,
     pub run_timeout: Duration,
     pub requests_per_minute: u32,
+    pub workspaces: ObjectWorkspaces,
+}
+
+impl Gateway {
+    /// Copies the workspace files of session `from` into session `to`, as they are now.
+    pub(crate) async fn copy_files(
+        &self,
+        tenant: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<usize, String> {
+        let from = SessionRef::new(tenant, from).map_err(|e| e.to_string())?;
+        let to = SessionRef::new(tenant, to).map_err(|e| e.to_string())?;
+        self.workspaces
+            .copy_session(&from, &to)
+            .await
+            .map_err(|e| e.describe())
+    }
 }
 
 /// Connects, binds and serves until `shutdown`; `bound` hears the address once it listens.
@@ -126,7 +153,11 @@ pub async fn run(
     let store = SessionStore::connect(&cfg.redis)
         .await
         .map_err(|e| GatewayError::Redis(e.to_string()))?;
+    cfg.workspace.validate().map_err(GatewayError::Workspace)?;
+    // Files are copied once each: no content cache.
+    let workspaces = ObjectWorkspaces::new(client.bus(), &cfg.workspace, 0);
     let gateway = Arc::new(Gateway {
+        workspaces,
         client,
         store,
         keys,
@@ -179,6 +210,7 @@ fn router(gateway: Arc<Gateway>, max_body: usize, cors: cors::Cors) -> Router {
         .route("/.well-known/agent-card.json", get(a2a::card))
         .route("/.well-known/agent.json", get(a2a::card))
         .route("/a2a", post(a2a::rpc))
+        .merge(agent_protocol::routes())
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(

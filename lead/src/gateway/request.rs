@@ -67,6 +67,23 @@ impl ApiError {
     pub(crate) fn message(&self) -> &str {
         &self.message
     }
+
+    /// The error in the shape of the Agent Protocol's server (`{"detail": message}`), with its
+    /// status and `Retry-After`.
+    pub(crate) fn into_detail(self) -> Response {
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({ "detail": self.message, "code": self.code }).to_string(),
+        )
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -169,17 +186,19 @@ pub(crate) async fn admit(
 
 /// The caller a request's key proves, with `role`; or the 401/403 that says why not.
 fn authenticate(gateway: &Gateway, headers: &HeaderMap, role: Role) -> Result<Principal, ApiError> {
+    // `Authorization: Bearer`, or `x-api-key` as LangGraph's and Anthropic's clients send it.
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     let Some(key) = presented.filter(|k| !k.is_empty()) else {
         return Err(error(
             StatusCode::UNAUTHORIZED,
             "invalid_request_error",
             "missing_api_key",
-            "no API key: send Authorization: Bearer <key>",
+            "no API key: send Authorization: Bearer <key> (or x-api-key: <key>)",
         ));
     };
     let Some(principal) = gateway.keys.verify(key) else {

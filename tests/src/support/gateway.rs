@@ -16,6 +16,8 @@ pub const READ_ONLY_KEY: &str = "sk-test-approver";
 pub const OTHER_TENANT_KEY: &str = "sk-test-globex";
 /// A second key of the same tenant as [`KEY`].
 pub const SECOND_KEY: &str = "sk-test-bob";
+/// A key of [`KEY`]'s tenant that may start runs and answer calls waiting for a person.
+pub const SUBMIT_AND_APPROVE_KEY: &str = "sk-test-dave";
 
 /// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
 pub async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
@@ -27,9 +29,19 @@ pub async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> Sock
 
 /// [`cluster_with_gateway`] whose lead runs the scenario `script`.
 pub async fn gateway_before(cluster: &TestCluster, script: &str, extra: &[&str]) -> SocketAddr {
+    gateway_with_lead(cluster, &["--scenario", script], extra).await
+}
+
+/// A worker with the test tools, a lead started with `lead_flags`, and a gateway (with `extra`
+/// flags) in front of them; returns its address.
+pub async fn gateway_with_lead(
+    cluster: &TestCluster,
+    lead_flags: &[&str],
+    extra: &[&str],
+) -> SocketAddr {
     cluster.spawn_test_worker(cluster.worker_config(&[]));
     cluster.wait_for_workers(1).await;
-    cluster.spawn_lead(cluster.lead_config(&["--scenario", script]));
+    cluster.spawn_lead(cluster.lead_config(lead_flags));
     let keys = cluster.dir.join(unique("keys")).with_extension("toml");
     std::fs::write(
         &keys,
@@ -37,11 +49,13 @@ pub async fn gateway_before(cluster: &TestCluster, script: &str, extra: &[&str])
             "[[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"alice\"\nroles = [\"submit\"]\n\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"bob\"\nroles = [\"submit\"]\n",
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"bob\"\nroles = [\"submit\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"dave\"\nroles = [\"submit\", \"approve\"]\n",
             key_hash(KEY),
             key_hash(READ_ONLY_KEY),
             key_hash(OTHER_TENANT_KEY),
-            key_hash(SECOND_KEY)
+            key_hash(SECOND_KEY),
+            key_hash(SUBMIT_AND_APPROVE_KEY)
         ),
     )
     .expect("keys written");

@@ -248,6 +248,25 @@ impl ResponseFold {
 }
 
 /// A finished run's status, error and incomplete details in the Responses API's terms.
+impl crate::gateway::follow::Fold for ResponseFold {
+    fn opening(&mut self) -> Vec<Value> {
+        ResponseFold::opening(self)
+    }
+
+    fn event(&mut self, event: &TurnEvent) -> Vec<Value> {
+        ResponseFold::event(self, event)
+    }
+
+    fn finish(&mut self, result: &FinalResult) -> Vec<Value> {
+        ResponseFold::finish(self, result)
+    }
+
+    /// An `error` stream event (the response's run goes on, or could not start).
+    fn failure(&mut self, code: &str, message: String) -> Vec<Value> {
+        vec![json!({ "type": "error", "code": code, "message": message, "param": null })]
+    }
+}
+
 fn ended(result: &FinalResult) -> (&'static str, Value, Value) {
     let failure = || {
         let (code, message) = match &result.failure {

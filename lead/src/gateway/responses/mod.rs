@@ -25,12 +25,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use skein_common::protocol::message::Message;
-use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent};
+use skein_common::protocol::TaskSubmission;
 use skein_common::store::responses::ResponseRecord;
 
 use self::fold::ResponseFold;
+use super::follow::{self, last_of, Followed, Source};
 use super::keys::{Principal, Role};
 use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
 use super::Gateway;
@@ -422,175 +423,22 @@ fn response_of(last: Option<Value>, record: ResponseRecord) -> Value {
     }
 }
 
-/// Where a response's events come from.
-enum Source {
-    /// A run this request submits and follows live (`SkeinClient::run`: listening before it
-    /// submits, the stream after a gap, the stored result at the end), with the writing of its
-    /// record when that runs beside it.
-    Submit(
-        Box<TaskSubmission>,
-        Option<tokio::task::JoinHandle<Result<(), String>>>,
-    ),
-    /// A run submitted before, read from the events stream from its first event; with a result,
-    /// a run known to be over (whose final event the stream may no longer hold).
-    Stored(Option<Box<FinalResult>>),
-}
-
-/// What the fold hears from the run it follows.
-enum Heard {
-    Event(Box<TurnEvent>),
-    /// The run could not be submitted or followed.
-    Failed(String),
-}
-
-/// How long a run known to be over may go without an event before what the stream held is taken
-/// as all there is (its events aged out of the stream).
-const ENDED_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The response's stream events from its task's events, in batches (the events one task event
-/// makes go out together), ending with its end — or, when the run does not end within the
-/// gateway's run timeout, an `error` event (the run goes on); when it could not be submitted, an
-/// `error` event with code `unavailable`. A follower whose client went away stops.
+/// The response's stream events from its task's events ([`follow::followed`] with a
+/// [`ResponseFold`]), ending with its end — or, when the run does not end within the gateway's run
+/// timeout, an `error` event (the run goes on); when it could not be submitted, an `error` event
+/// with code `unavailable`.
 fn followed(
     gateway: Arc<Gateway>,
     tenant: String,
     record: ResponseRecord,
     source: Source,
 ) -> impl futures::Stream<Item = Value> + Send + 'static {
-    let (sender, receiver) = tokio::sync::mpsc::channel::<Vec<Value>>(16);
-    tokio::spawn(async move {
-        let mut fold = ResponseFold::new(record.clone());
-        let mut out = fold.opening();
-        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel::<Heard>();
-        let mut recording = None;
-        let (ended, idle) = match source {
-            Source::Submit(submission, writing) => {
-                recording = writing;
-                let runner = gateway.clone();
-                tokio::spawn(async move {
-                    let timeout = runner.run_timeout;
-                    let passed = events.clone();
-                    let run = runner.client.run(&submission, timeout, move |event| {
-                        let _ = passed.send(Heard::Event(Box::new(event.clone())));
-                    });
-                    if let Err(e) = run.await {
-                        let _ = events.send(Heard::Failed(e.to_string()));
-                    }
-                });
-                (None, None)
-            }
-            Source::Stored(ended) => {
-                let reader = gateway.clone();
-                let (tenant, id) = (tenant.clone(), record.id.clone());
-                tokio::spawn(async move {
-                    let mut stream = match reader.client.watch(&tenant, &id).await {
-                        Ok(stream) => stream,
-                        Err(e) => {
-                            let _ = events.send(Heard::Failed(e.to_string()));
-                            return;
-                        }
-                    };
-                    loop {
-                        let event = tokio::select! {
-                            event = stream.next() => event,
-                            // Nobody folds any more: stop reading.
-                            () = events.closed() => return,
-                        };
-                        let Some(Ok(event)) = event else { return };
-                        let last = matches!(event.event, EventKind::Final { .. });
-                        if events.send(Heard::Event(Box::new(event))).is_err() || last {
-                            return;
-                        }
-                    }
-                });
-                let idle = ended.is_some().then_some(ENDED_IDLE);
-                (ended, idle)
-            }
-        };
-        let deadline = tokio::time::Instant::now() + gateway.run_timeout;
-        if let Some(recording) = recording {
-            // A response not recorded cannot be read again or continued; its run goes on.
-            match recording.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(response = %record.id, error = %e, "the response was not recorded")
-                }
-                Err(e) => {
-                    tracing::warn!(response = %record.id, error = %e, "the response was not recorded")
-                }
-            }
-        }
-        let mut failure = None;
-        let finished = loop {
-            if !out.is_empty() && sender.send(std::mem::take(&mut out)).await.is_err() {
-                return;
-            }
-            let until = match idle {
-                Some(idle) => deadline.min(tokio::time::Instant::now() + idle),
-                None => deadline,
-            };
-            let next = tokio::select! {
-                next = tokio::time::timeout_at(until, heard.recv()) => next,
-                // The client went away: the run goes on without a follower.
-                () = sender.closed() => return,
-            };
-            match next {
-                Ok(Some(Heard::Event(event))) => match event.event {
-                    EventKind::Final { result } => {
-                        match gateway.client.whole_answer(result).await {
-                            Ok(result) => out = fold.finish(&result),
-                            Err(e) => failure = Some(e.to_string()),
-                        }
-                        break failure.is_none();
-                    }
-                    _ => out = fold.event(&event),
-                },
-                Ok(Some(Heard::Failed(why))) => {
-                    failure = Some(why);
-                    break false;
-                }
-                Ok(None) | Err(_) => break false,
-            }
-        };
-        if !finished {
-            let result = match ended {
-                Some(result) => Some(*result),
-                None => gateway
-                    .client
-                    .stored_final(&tenant, &record.session, &record.id)
-                    .await
-                    .ok()
-                    .flatten(),
-            };
-            out = match (result, failure) {
-                (Some(result), _) => fold.finish(&result),
-                (None, Some(why)) => vec![json!({
-                    "type": "error",
-                    "code": "unavailable",
-                    "message": format!("response {} could not be run or followed: {why}", record.id),
-                    "param": null,
-                })],
-                (None, None) => vec![json!({
-                    "type": "error",
-                    "code": "run_not_finished",
-                    "message": format!("response {} did not end in time; it keeps running", record.id),
-                    "param": null,
-                })],
-            };
-        }
-        let _ = sender.send(out).await;
-    });
-    futures::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|batch| (batch, receiver))
-    })
-    .flat_map(futures::stream::iter)
-}
-
-/// The last of a response's stream events.
-async fn last_of(events: impl futures::Stream<Item = Value>) -> Option<Value> {
-    events
-        .fold(None, |_, event| async move { Some(event) })
-        .await
+    let run = Followed {
+        tenant,
+        session: record.session.clone(),
+        task_id: record.id.clone(),
+    };
+    follow::followed(gateway, run, source, ResponseFold::new(record))
 }
 
 /// The response's stream as SSE, each event named by its type, its id its sequence number;

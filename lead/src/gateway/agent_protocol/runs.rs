@@ -1,0 +1,1037 @@
+//! Runs: a run starts a task on its thread (the thread's session) or, with `command: {"resume":
+//! …}`, answers the calls its thread's interrupted run waits on and goes on with that run's task.
+//! Background (`POST …/runs`), streamed (`…/runs/stream`, SSE parts numbered for
+//! `Last-Event-ID`, `on_disconnect=cancel` cancelling a run whose client left) or waited for
+//! (`…/runs/wait`, the thread's values at the run's end, its interrupt, or `__error__`); read,
+//! joined and rejoined later on any gateway, and cancelled (`action=interrupt` keeps the work done,
+//! `rollback` leaves the thread as it was).
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use skein_common::protocol::{now_ms, MultitaskPolicy, TurnStatus};
+use skein_common::store::threads::{RunRecord, ThreadRecord};
+
+use super::super::approvals::{self, Answer, Verdict};
+use super::super::follow::{followed, Followed, Source};
+use super::super::keys::Principal;
+use super::super::request::{self, error, json_response, ApiError};
+use super::fold::{Modes, RunFold, RunShape};
+use super::threads::{self, record_of};
+use super::{accepted, answer, caller, messages, not_found, time};
+use crate::gateway::Gateway;
+
+/// How long a cancel with `wait=true` waits for the run to end.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug, Deserialize)]
+struct RunRequest {
+    assistant_id: String,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    command: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Value>,
+    #[serde(default)]
+    stream_mode: Option<Value>,
+    #[serde(default)]
+    multitask_strategy: Option<String>,
+    #[serde(default)]
+    if_not_exists: Option<String>,
+    #[serde(default)]
+    on_disconnect: Option<String>,
+    #[serde(default)]
+    on_completion: Option<String>,
+    #[serde(default)]
+    interrupt_before: Option<Value>,
+    #[serde(default)]
+    interrupt_after: Option<Value>,
+    #[serde(default)]
+    webhook: Option<Value>,
+    #[serde(default)]
+    after_seconds: Option<Value>,
+    #[serde(default)]
+    checkpoint: Option<Value>,
+    #[serde(default)]
+    checkpoint_id: Option<Value>,
+}
+
+/// A run this request started (or resumed), and how to follow it.
+struct Started {
+    run: RunRecord,
+    tenant: String,
+    /// Its task submitted by the follower (`Submit`), or running already (`Stored`).
+    source: Source,
+    modes: Modes,
+    before: Vec<Value>,
+    cancel_on_disconnect: bool,
+    /// A stateless run's thread, removed once the run ends.
+    remove_thread: bool,
+}
+
+impl Started {
+    fn fold(&self, modes: Modes) -> RunFold {
+        RunFold::new(RunShape {
+            run_id: self.run.run_id.clone(),
+            thread_id: self.run.thread_id.clone(),
+            modes,
+            before: self.before.clone(),
+            input: self.run.input.clone(),
+            after_interrupts: self.run.after_interrupts,
+        })
+    }
+
+    fn followed(self, gateway: Arc<Gateway>, modes: Modes) -> impl futures::Stream<Item = Value> {
+        let fold = self.fold(modes);
+        let run = Followed {
+            tenant: self.tenant,
+            session: self.run.thread_id.clone(),
+            task_id: self.run.task_id.clone(),
+        };
+        followed(gateway, run, self.source, fold)
+    }
+}
+
+fn refuse_unless_absent(value: &Option<Value>, what: &str, why: &str) -> Result<(), ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(list)) if list.is_empty() => Ok(()),
+        Some(Value::Number(n)) if n.as_u64() == Some(0) => Ok(()),
+        Some(_) => Err(request::invalid(format!("{what} is not served: {why}"))),
+    }
+}
+
+fn policy_of(strategy: Option<&str>) -> Result<MultitaskPolicy, ApiError> {
+    match strategy.unwrap_or("reject") {
+        "reject" => Ok(MultitaskPolicy::Reject),
+        "enqueue" => Ok(MultitaskPolicy::Enqueue),
+        "interrupt" => Ok(MultitaskPolicy::Interrupt),
+        "rollback" => Ok(MultitaskPolicy::Rollback),
+        other => Err(request::invalid(format!(
+            "multitask_strategy {other:?} is not one of reject, enqueue, interrupt, rollback"
+        ))),
+    }
+}
+
+fn conflict(code: &str, message: String) -> ApiError {
+    error(StatusCode::CONFLICT, "invalid_request_error", code, message)
+}
+
+/// Reads a run request, checks it, records the run and answers a resume; the task is not
+/// submitted yet.
+async fn start(
+    gateway: &Gateway,
+    principal: &Principal,
+    thread: Option<String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Started, ApiError> {
+    let request: RunRequest = serde_json::from_slice(body)
+        .map_err(|e| request::invalid(format!("the request is not a run request: {e}")))?;
+    let skein_interrupts =
+        "a run stops where the agent's permission rules ask a person about a call";
+    refuse_unless_absent(
+        &request.interrupt_before,
+        "interrupt_before",
+        skein_interrupts,
+    )?;
+    refuse_unless_absent(
+        &request.interrupt_after,
+        "interrupt_after",
+        skein_interrupts,
+    )?;
+    refuse_unless_absent(
+        &request.webhook,
+        "webhook",
+        "follow the run's stream or join it",
+    )?;
+    refuse_unless_absent(
+        &request.after_seconds,
+        "after_seconds",
+        "submit the run when it is due",
+    )?;
+    let fork =
+        "copy the thread (POST /threads/{id}/copy) or fork it at a turn (skein sessions fork)";
+    refuse_unless_absent(&request.checkpoint, "checkpoint", fork)?;
+    refuse_unless_absent(&request.checkpoint_id, "checkpoint_id", fork)?;
+    request::check_agent(gateway, &request.assistant_id)?;
+    let modes = Modes::parse(request.stream_mode.as_ref()).map_err(request::invalid)?;
+    let policy = policy_of(request.multitask_strategy.as_deref())?;
+    let cancel_on_disconnect = match request.on_disconnect.as_deref() {
+        None | Some("continue") => false,
+        Some("cancel") => true,
+        Some(other) => {
+            return Err(request::invalid(format!(
+                "on_disconnect {other:?} is not cancel or continue"
+            )))
+        }
+    };
+    let metadata = match request.metadata {
+        None | Some(Value::Null) => json!({}),
+        Some(metadata @ Value::Object(_)) => metadata,
+        Some(_) => return Err(request::invalid("metadata must be an object")),
+    };
+    let tenant = principal.tenant.as_str();
+    let stateless = thread.is_none();
+    let record: ThreadRecord = match thread {
+        Some(id) => match record_of(gateway, tenant, &id).await {
+            Err(_) if request.if_not_exists.as_deref() == Some("create") => {
+                if skein_common::protocol::validate_token("thread_id", &id).is_err() {
+                    return Err(request::invalid(format!("{id:?} cannot name a thread")));
+                }
+                threads::make(gateway, principal, &id, json!({})).await?.0
+            }
+            found => found?,
+        },
+        None => {
+            let id = uuid::Uuid::new_v4().to_string();
+            threads::make(gateway, principal, &id, json!({})).await?.0
+        }
+    };
+    let seen = threads::seen(gateway, tenant, record).await?;
+    let thread_id = seen.record.thread_id.clone();
+    let remove_thread = stateless && request.on_completion.as_deref() != Some("keep");
+    if let Some(command) = &request.command {
+        if request.input.as_ref().is_some_and(|i| !i.is_null()) {
+            return Err(request::invalid("send input or command, not both"));
+        }
+        let resume = command.get("resume").ok_or_else(|| {
+            request::invalid("command needs resume (goto and update are not served)")
+        })?;
+        let mut interrupted = None;
+        for run in seen.runs.iter().filter(|r| r.resumed_by.is_none()) {
+            let waiting = approvals::waiting(gateway, tenant, &run.task_id).await?;
+            if !waiting.is_empty() {
+                interrupted = Some((run.clone(), waiting));
+                break;
+            }
+        }
+        let Some((mut interrupted, waiting)) = interrupted else {
+            return Err(conflict(
+                "not_interrupted",
+                format!("thread {thread_id} waits on no interrupt to resume"),
+            ));
+        };
+        let calls: Vec<&str> = waiting
+            .iter()
+            .flat_map(|r| r.unanswered().map(|c| c.call_id.as_str()))
+            .collect();
+        let answer = read_resume(resume, &calls)?;
+        approvals::answer(gateway, principal, &interrupted.task_id, &answer).await?;
+        let asked: usize = waiting.iter().map(|r| r.calls.len()).sum();
+        let run = RunRecord {
+            run_id: run_id(principal, headers)?,
+            thread_id: thread_id.clone(),
+            assistant_id: interrupted.assistant_id.clone(),
+            task_id: interrupted.task_id.clone(),
+            created_at_ms: now_ms(),
+            metadata,
+            multitask_strategy: policy.as_str().to_owned(),
+            input: interrupted.input.clone(),
+            after_interrupts: interrupted.after_interrupts + asked as u32,
+            resumed_by: None,
+        };
+        put_run(gateway, tenant, &run).await?;
+        interrupted.resumed_by = Some(run.run_id.clone());
+        put_run(gateway, tenant, &interrupted).await?;
+        let before = before_of(gateway, tenant, &run).await?;
+        return Ok(Started {
+            run,
+            tenant: tenant.to_owned(),
+            source: Source::Stored(None),
+            modes,
+            before,
+            cancel_on_disconnect,
+            remove_thread,
+        });
+    }
+    let input = request
+        .input
+        .as_ref()
+        .filter(|i| !i.is_null())
+        .ok_or_else(|| request::invalid("a run needs input (or command to resume an interrupt)"))?;
+    let (text, earlier) = messages::read_input(input).map_err(request::invalid)?;
+    if policy == MultitaskPolicy::Reject && matches!(seen.status, "busy" | "interrupted") {
+        return Err(conflict(
+            "thread_busy",
+            format!(
+                "thread {thread_id} is {}; multitask_strategy enqueue, interrupt or rollback \
+                 runs beside it{}",
+                seen.status,
+                if seen.status == "interrupted" {
+                    ", or resume its interrupt with command.resume"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    if !earlier.is_empty() {
+        if !seen.history.is_empty() {
+            return Err(request::invalid(
+                "the thread has messages: send only the new user message",
+            ));
+        }
+        request::seed(gateway, tenant, &thread_id, &earlier).await?;
+    }
+    let run = RunRecord {
+        run_id: run_id(principal, headers)?,
+        thread_id: thread_id.clone(),
+        assistant_id: request.assistant_id.clone(),
+        task_id: String::new(),
+        created_at_ms: now_ms(),
+        metadata,
+        multitask_strategy: policy.as_str().to_owned(),
+        input: text,
+        after_interrupts: 0,
+        resumed_by: None,
+    };
+    let run = RunRecord {
+        task_id: run.run_id.clone(),
+        ..run
+    };
+    let mut submission = request::submission(
+        gateway,
+        principal,
+        request::RunSpec {
+            task_id: run.task_id.clone(),
+            session: thread_id.clone(),
+            agent: run.assistant_id.clone(),
+            input: run.input.clone(),
+        },
+    )?;
+    submission.multitask = policy;
+    put_run(gateway, tenant, &run).await?;
+    let before = messages::thread_messages(
+        &thread_id,
+        &if earlier.is_empty() {
+            seen.history
+        } else {
+            earlier
+        },
+    );
+    Ok(Started {
+        run,
+        tenant: tenant.to_owned(),
+        source: Source::Submit(Box::new(submission), None),
+        modes,
+        before,
+        cancel_on_disconnect,
+        remove_thread,
+    })
+}
+
+/// A run's id: from the request's `Idempotency-Key` (a retry is the same run), else new.
+fn run_id(principal: &Principal, headers: &HeaderMap) -> Result<String, ApiError> {
+    if !headers.contains_key("idempotency-key") {
+        return Ok(uuid::Uuid::new_v4().to_string());
+    }
+    let hex = request::request_id(principal, headers)?;
+    let bytes: Vec<u8> = (0..16)
+        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| request::invalid("the Idempotency-Key could not name a run"))?;
+    Ok(uuid::Uuid::from_bytes(bytes).to_string())
+}
+
+async fn put_run(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<(), ApiError> {
+    gateway
+        .store
+        .put_run(tenant, run)
+        .await
+        .map_err(|e| request::unavailable("the run could not be recorded", e))
+}
+
+/// A resume value as answers to the calls waiting (`calls`): `true`/`false`, `"approve"`/`"deny"`,
+/// `{"approve": bool, "reason": …}`, `{"decisions": [{"type": "approve"|"reject", "message": …},
+/// …]}` in the calls' order, or an object keyed by interrupt (call) id with one of those each.
+fn read_resume(resume: &Value, calls: &[&str]) -> Result<Answer, ApiError> {
+    if let Some(verdict) = verdict_of(resume) {
+        return Ok(Answer::All(verdict));
+    }
+    let bad = || {
+        request::invalid(
+            "command.resume is true, false, \"approve\", \"deny\", {\"approve\": bool, \"reason\": \
+             text}, {\"decisions\": [{\"type\": \"approve\" | \"reject\", \"message\": text}]}, or \
+             an object of those by interrupt id",
+        )
+    };
+    let fields = resume.as_object().ok_or_else(bad)?;
+    if let Some(decisions) = fields.get("decisions").and_then(Value::as_array) {
+        if decisions.len() != calls.len() {
+            return Err(request::invalid(format!(
+                "command.resume.decisions has {} decisions for {} waiting calls",
+                decisions.len(),
+                calls.len()
+            )));
+        }
+        let answers = calls
+            .iter()
+            .zip(decisions)
+            .map(|(call, d)| verdict_of(d).map(|v| (call.to_string(), v)).ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        return Ok(Answer::Calls(answers));
+    }
+    let answers = fields
+        .iter()
+        .map(|(call, d)| verdict_of(d).map(|v| (call.clone(), v)).ok_or_else(bad))
+        .collect::<Result<Vec<_>, _>>()?;
+    if answers.is_empty() {
+        return Err(bad());
+    }
+    Ok(Answer::Calls(answers))
+}
+
+fn verdict_of(value: &Value) -> Option<Verdict> {
+    let plain = |approve: bool| Verdict {
+        approve,
+        reason: String::new(),
+    };
+    match value {
+        Value::Bool(approve) => Some(plain(*approve)),
+        Value::String(word) => match word.to_ascii_lowercase().as_str() {
+            "approve" | "approved" | "accept" | "yes" => Some(plain(true)),
+            "deny" | "denied" | "reject" | "no" => Some(plain(false)),
+            _ => None,
+        },
+        Value::Object(fields) => {
+            let approve = match (fields.get("approve"), fields.get("type")) {
+                (Some(Value::Bool(approve)), _) => *approve,
+                (None, Some(Value::String(kind))) => verdict_of(&json!(kind))?.approve,
+                _ => return None,
+            };
+            let reason = fields
+                .get("reason")
+                .or_else(|| fields.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            Some(Verdict { approve, reason })
+        }
+        _ => None,
+    }
+}
+
+/// The thread's messages before the run's task began: before its recorded turn, or (a turn not
+/// ended yet) the thread's history now.
+async fn before_of(
+    gateway: &Gateway,
+    tenant: &str,
+    run: &RunRecord,
+) -> Result<Vec<Value>, ApiError> {
+    let unreadable = |e| request::unavailable("the thread could not be read", e);
+    let thread = run.thread_id.as_str();
+    let records = gateway
+        .store
+        .turn_records(tenant, thread)
+        .await
+        .map_err(unreadable)?;
+    let before = match records.iter().find(|r| r.task_id == run.task_id) {
+        Some(record) => match gateway
+            .store
+            .turn_messages(tenant, thread, record.turn)
+            .await
+        {
+            Ok(split) => split.before,
+            Err(_) => Vec::new(),
+        },
+        None => {
+            gateway
+                .store
+                .load(tenant, thread)
+                .await
+                .map_err(unreadable)?
+                .state
+                .history
+        }
+    };
+    Ok(messages::thread_messages(thread, &before))
+}
+
+/// `pending`, `running`, `interrupted` (waiting for a person, resumed by a later run, or
+/// cancelled), `success` or `error`.
+async fn status_of(
+    gateway: &Gateway,
+    tenant: &str,
+    run: &RunRecord,
+) -> Result<&'static str, ApiError> {
+    if run.resumed_by.is_some() {
+        return Ok("interrupted");
+    }
+    let unreadable = |e| request::unavailable("the run could not be read", e);
+    if let Some(ended) = gateway
+        .store
+        .final_result(tenant, &run.thread_id, &run.task_id)
+        .await
+        .map_err(unreadable)?
+    {
+        return Ok(match ended.status {
+            TurnStatus::Completed | TurnStatus::BudgetExhausted => "success",
+            TurnStatus::Cancelled => "interrupted",
+            TurnStatus::Failed | TurnStatus::Rejected => "error",
+        });
+    }
+    if !approvals::waiting(gateway, tenant, &run.task_id)
+        .await?
+        .is_empty()
+    {
+        return Ok("interrupted");
+    }
+    let running = gateway
+        .store
+        .running_turn(tenant, &run.thread_id)
+        .await
+        .map_err(unreadable)?;
+    Ok(match running {
+        Some((task, _)) if task == run.task_id => "running",
+        _ => "pending",
+    })
+}
+
+async fn shown(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<Value, ApiError> {
+    Ok(json!({
+        "run_id": run.run_id,
+        "thread_id": run.thread_id,
+        "assistant_id": run.assistant_id,
+        "created_at": time(run.created_at_ms),
+        "updated_at": time(run.created_at_ms),
+        "status": status_of(gateway, tenant, run).await?,
+        "metadata": run.metadata,
+        "multitask_strategy": run.multitask_strategy,
+        "kwargs": { "input": { "messages": [ { "role": "user", "content": run.input } ] } },
+    }))
+}
+
+/// Where a run is read (`Content-Location`) and where its output is read again (`Location`).
+fn locate(response: &mut Response, run: &RunRecord, again: &str) {
+    let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
+    for (name, value) in [
+        (header::CONTENT_LOCATION, base.clone()),
+        (header::LOCATION, format!("{base}/{again}")),
+    ] {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+}
+
+/// Cancels its run when dropped before the run's stream ended (its client left), for
+/// `on_disconnect=cancel`.
+struct CancelOnDisconnect {
+    gateway: Arc<Gateway>,
+    tenant: String,
+    task_id: String,
+    by: String,
+    ended: AtomicBool,
+}
+
+impl Drop for CancelOnDisconnect {
+    fn drop(&mut self) {
+        if self.ended.load(Ordering::Relaxed) {
+            return;
+        }
+        let (gateway, tenant, task) = (
+            self.gateway.clone(),
+            self.tenant.clone(),
+            self.task_id.clone(),
+        );
+        let reason = format!(
+            "the client of {} left its stream (on_disconnect=cancel)",
+            self.by
+        );
+        tokio::spawn(async move {
+            if let Err(e) = gateway.client.cancel(&tenant, &task, &reason).await {
+                tracing::warn!(task, error = %e, "the run whose client left was not cancelled");
+            }
+        });
+    }
+}
+
+/// Parts as SSE, each named by its mode and numbered; those up to `resume_after` left out.
+fn sse(
+    parts: impl futures::Stream<Item = Value> + Send + 'static,
+    resume_after: Option<u64>,
+    guard: Option<CancelOnDisconnect>,
+) -> Response {
+    let events = parts
+        .filter(move |part| {
+            let seen =
+                resume_after.is_some_and(|after| part["id"].as_u64().is_some_and(|n| n <= after));
+            futures::future::ready(!seen)
+        })
+        .map(move |part| {
+            if let Some(guard) = &guard {
+                if matches!(part["event"].as_str(), Some("end" | "error")) {
+                    guard.ended.store(true, Ordering::Relaxed);
+                }
+            }
+            let mut event = Event::default()
+                .event(part["event"].as_str().unwrap_or("message"))
+                .data(part["data"].to_string());
+            if let Some(n) = part["id"].as_u64() {
+                event = event.id(n.to_string());
+            }
+            Ok::<_, Infallible>(event)
+        });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// What a waited-for run left: the thread's values (with `__interrupt__` when it stopped for a
+/// person), or `{"__error__": …}`.
+async fn outcome(parts: impl futures::Stream<Item = Value>) -> Value {
+    let mut parts = std::pin::pin!(parts);
+    let mut values = json!({});
+    let mut failed = None;
+    while let Some(part) = parts.next().await {
+        match part["event"].as_str() {
+            Some("values") => values = part["data"].clone(),
+            Some("error") => failed = Some(part["data"].clone()),
+            _ => {}
+        }
+    }
+    match failed {
+        Some(error) => json!({ "__error__": error }),
+        None => values,
+    }
+}
+
+/// Submits a background run's task (a resumed run's task goes on by itself).
+async fn submit(gateway: &Gateway, started: &Started) -> Result<(), ApiError> {
+    if let Source::Submit(submission, _) = &started.source {
+        gateway
+            .client
+            .submit(submission)
+            .await
+            .map_err(|e| request::unavailable("the run could not be submitted", e))?;
+    }
+    Ok(())
+}
+
+async fn remove_finished_thread(gateway: &Gateway, started_tenant: &str, thread: &str) {
+    match gateway.store.remove_session(started_tenant, thread).await {
+        Ok(skein_common::store::Removal::Removed(_)) => {
+            if let Err(e) = gateway.store.forget_thread(started_tenant, thread).await {
+                tracing::warn!(thread, error = %e, "a stateless run's thread stays listed");
+            }
+        }
+        Ok(skein_common::store::Removal::Busy) => {
+            tracing::debug!(
+                thread,
+                "a stateless run's thread is busy; it expires as sessions do"
+            )
+        }
+        Err(e) => tracing::warn!(thread, error = %e, "a stateless run's thread was not removed"),
+    }
+}
+
+async fn create_background(
+    gateway: Arc<Gateway>,
+    headers: HeaderMap,
+    thread: Option<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
+    let started = start(&gateway, &principal, thread, &headers, &body).await?;
+    submit(&gateway, &started).await?;
+    let mut response = json_response(shown(&gateway, &principal.tenant, &started.run).await?);
+    locate(&mut response, &started.run, "stream");
+    Ok(response)
+}
+
+async fn create_stream(
+    gateway: Arc<Gateway>,
+    headers: HeaderMap,
+    thread: Option<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
+    let started = start(&gateway, &principal, thread, &headers, &body).await?;
+    let run = started.run.clone();
+    let guard = started.cancel_on_disconnect.then(|| CancelOnDisconnect {
+        gateway: gateway.clone(),
+        tenant: principal.tenant.clone(),
+        task_id: run.task_id.clone(),
+        by: principal.name.clone(),
+        ended: AtomicBool::new(false),
+    });
+    let remove = started.remove_thread;
+    let modes = started.modes;
+    let parts = started.followed(gateway.clone(), modes);
+    let parts = if remove {
+        let (gateway, tenant, thread) = (
+            gateway.clone(),
+            principal.tenant.clone(),
+            run.thread_id.clone(),
+        );
+        let removal = futures::stream::once(async move {
+            remove_finished_thread(&gateway, &tenant, &thread).await;
+            None
+        });
+        parts
+            .map(Some)
+            .chain(removal)
+            .filter_map(futures::future::ready)
+            .boxed()
+    } else {
+        parts.boxed()
+    };
+    let mut response = sse(parts, None, guard);
+    locate(&mut response, &run, "stream");
+    Ok(response)
+}
+
+async fn create_wait(
+    gateway: Arc<Gateway>,
+    headers: HeaderMap,
+    thread: Option<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
+    let started = start(&gateway, &principal, thread, &headers, &body).await?;
+    let run = started.run.clone();
+    let remove = started.remove_thread;
+    let values_only = Modes {
+        values: true,
+        ..Modes::default()
+    };
+    let result = outcome(started.followed(gateway.clone(), values_only)).await;
+    if remove && result.get("__interrupt__").is_none() {
+        remove_finished_thread(&gateway, &principal.tenant, &run.thread_id).await;
+    }
+    let mut response = json_response(result);
+    locate(&mut response, &run, "join");
+    Ok(response)
+}
+
+pub(super) async fn background(
+    State(gateway): State<Arc<Gateway>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(create_background(gateway, headers, Some(thread), body).await)
+}
+
+pub(super) async fn stream(
+    State(gateway): State<Arc<Gateway>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(create_stream(gateway, headers, Some(thread), body).await)
+}
+
+pub(super) async fn wait(
+    State(gateway): State<Arc<Gateway>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(create_wait(gateway, headers, Some(thread), body).await)
+}
+
+pub(super) async fn stateless_background(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(create_background(gateway, headers, None, body).await)
+}
+
+pub(super) async fn stateless_stream(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(create_stream(gateway, headers, None, body).await)
+}
+
+pub(super) async fn stateless_wait(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(create_wait(gateway, headers, None, body).await)
+}
+
+/// The query's pairs (a name may come more than once: `stream_mode=values&stream_mode=updates`).
+fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect()
+}
+
+fn flag(pairs: &[(String, String)], name: &str) -> bool {
+    pairs
+        .iter()
+        .any(|(k, v)| k == name && matches!(v.as_str(), "true" | "1" | "True"))
+}
+
+/// `GET /threads/{id}/runs`: newest first (`limit`, `offset`, `status`).
+pub(super) async fn list(
+    State(gateway): State<Arc<Gateway>>,
+    Path(thread): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let principal = caller(&gateway, &headers).await?;
+            let tenant = principal.tenant.as_str();
+            record_of(&gateway, tenant, &thread).await?;
+            let pairs = query_pairs(query.as_deref());
+            let number = |name: &str, default: usize| -> Result<usize, ApiError> {
+                match pairs.iter().find(|(k, _)| k == name) {
+                    None => Ok(default),
+                    Some((_, v)) => v
+                        .parse()
+                        .map_err(|_| request::invalid(format!("{name} must be a whole number"))),
+                }
+            };
+            let (limit, offset) = (number("limit", 10)?.min(1000), number("offset", 0)?);
+            let status = pairs
+                .iter()
+                .find(|(k, _)| k == "status")
+                .map(|(_, v)| v.as_str());
+            let runs = gateway
+                .store
+                .runs(tenant, &thread)
+                .await
+                .map_err(|e| request::unavailable("runs could not be read", e))?;
+            let mut found = Vec::new();
+            for run in &runs {
+                let run = shown(&gateway, tenant, run).await?;
+                if status.is_none_or(|s| run["status"] == s) {
+                    found.push(run);
+                }
+            }
+            let found: Vec<Value> = found.into_iter().skip(offset).take(limit).collect();
+            Ok(json_response(Value::Array(found)))
+        }
+        .await,
+    )
+}
+
+/// The run `run_id` of thread `thread` of the caller's tenant, or 404.
+async fn run_of(
+    gateway: &Gateway,
+    principal: &Principal,
+    thread: &str,
+    run_id: &str,
+) -> Result<RunRecord, ApiError> {
+    record_of(gateway, &principal.tenant, thread).await?;
+    gateway
+        .store
+        .run(&principal.tenant, thread, run_id)
+        .await
+        .map_err(|e| request::unavailable("runs could not be read", e))?
+        .ok_or_else(|| not_found("run", run_id))
+}
+
+/// A run recorded before, followed from its task's first event.
+async fn again(
+    gateway: &Gateway,
+    tenant: &str,
+    run: RunRecord,
+    modes: Modes,
+) -> Result<Started, ApiError> {
+    let ended = gateway
+        .client
+        .stored_final(tenant, &run.thread_id, &run.task_id)
+        .await
+        .map_err(|e| request::unavailable("the run's result could not be read", e))?;
+    let before = before_of(gateway, tenant, &run).await?;
+    Ok(Started {
+        run,
+        tenant: tenant.to_owned(),
+        source: Source::Stored(ended.map(Box::new)),
+        modes,
+        before,
+        cancel_on_disconnect: false,
+        remove_thread: false,
+    })
+}
+
+/// `GET /threads/{id}/runs/{run_id}`.
+pub(super) async fn read(
+    State(gateway): State<Arc<Gateway>>,
+    Path((thread, run_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let principal = caller(&gateway, &headers).await?;
+            let run = run_of(&gateway, &principal, &thread, &run_id).await?;
+            Ok(json_response(
+                shown(&gateway, &principal.tenant, &run).await?,
+            ))
+        }
+        .await,
+    )
+}
+
+/// `GET …/join`: waits for the run to end (or stop at an interrupt); its values.
+pub(super) async fn join(
+    State(gateway): State<Arc<Gateway>>,
+    Path((thread, run_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let principal = caller(&gateway, &headers).await?;
+            let run = run_of(&gateway, &principal, &thread, &run_id).await?;
+            let values_only = Modes {
+                values: true,
+                ..Modes::default()
+            };
+            let started = again(&gateway, &principal.tenant, run, values_only).await?;
+            Ok(json_response(
+                outcome(started.followed(gateway.clone(), values_only)).await,
+            ))
+        }
+        .await,
+    )
+}
+
+/// `GET …/stream`: the run's stream again (`stream_mode`, all served modes when absent), after
+/// the part `Last-Event-ID` names; `cancel_on_disconnect=true` cancels the run if the client
+/// leaves before its end.
+pub(super) async fn rejoin(
+    State(gateway): State<Arc<Gateway>>,
+    Path((thread, run_id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let principal = caller(&gateway, &headers).await?;
+            let run = run_of(&gateway, &principal, &thread, &run_id).await?;
+            let pairs = query_pairs(query.as_deref());
+            let asked: Vec<Value> = pairs
+                .iter()
+                .filter(|(k, _)| k == "stream_mode")
+                .map(|(_, v)| json!(v))
+                .collect();
+            let modes = if asked.is_empty() {
+                Modes {
+                    values: true,
+                    updates: true,
+                    messages: true,
+                    custom: false,
+                }
+            } else {
+                Modes::parse(Some(&Value::Array(asked))).map_err(request::invalid)?
+            };
+            let resume_after = headers
+                .get("last-event-id")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse().ok());
+            let guard = flag(&pairs, "cancel_on_disconnect").then(|| CancelOnDisconnect {
+                gateway: gateway.clone(),
+                tenant: principal.tenant.clone(),
+                task_id: run.task_id.clone(),
+                by: principal.name.clone(),
+                ended: AtomicBool::new(false),
+            });
+            let started = again(&gateway, &principal.tenant, run, modes).await?;
+            Ok(sse(
+                started.followed(gateway.clone(), modes),
+                resume_after,
+                guard,
+            ))
+        }
+        .await,
+    )
+}
+
+/// `POST …/cancel` (`action=interrupt`, the default: the run stops at its next step keeping its
+/// work; `rollback`: it stops and the thread stays as it was; a run waiting for a person is
+/// cancelled either way). `wait=true` answers once the run ended (204), else at once (202).
+pub(super) async fn cancel(
+    State(gateway): State<Arc<Gateway>>,
+    Path((thread, run_id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    answer(
+        async {
+            let principal = request::admit(&gateway, &headers, super::super::keys::Role::Submit).await?;
+            let run = run_of(&gateway, &principal, &thread, &run_id).await?;
+            let pairs = query_pairs(query.as_deref());
+            let action = pairs
+                .iter()
+                .find(|(k, _)| k == "action")
+                .map_or("interrupt", |(_, v)| v.as_str());
+            let tenant = principal.tenant.as_str();
+            let status = status_of(&gateway, tenant, &run).await?;
+            if matches!(status, "success" | "error") || run.resumed_by.is_some() {
+                return Err(conflict(
+                    "run_ended",
+                    format!("run {run_id} has ended ({status})"),
+                ));
+            }
+            let reason = format!("cancelled over the Agent Protocol by {}", principal.name);
+            match action {
+                "interrupt" if status != "interrupted" => {
+                    gateway
+                        .store
+                        .request_interrupt(tenant, &thread, &run.task_id, &format!("cancel-{}", run.run_id))
+                        .await
+                        .map_err(|e| request::unavailable("the interrupt could not be recorded", e))?;
+                    if let Err(e) = gateway
+                        .client
+                        .bus()
+                        .client()
+                        .publish(skein_common::subjects::wake(tenant, &run.task_id), Bytes::new())
+                        .await
+                    {
+                        tracing::warn!(error = %e, "wake not published; the run reads its interrupt at its next step");
+                    }
+                }
+                "interrupt" | "rollback" => gateway
+                    .client
+                    .cancel(tenant, &run.task_id, &reason)
+                    .await
+                    .map_err(|e| request::unavailable("the cancel could not be sent", e))?,
+                other => {
+                    return Err(request::invalid(format!(
+                        "action {other:?} is not interrupt or rollback"
+                    )))
+                }
+            }
+            if !flag(&pairs, "wait") {
+                return Ok(accepted());
+            }
+            let started = tokio::time::Instant::now();
+            while started.elapsed() < CANCEL_WAIT {
+                if gateway
+                    .store
+                    .final_result(tenant, &thread, &run.task_id)
+                    .await
+                    .map_err(|e| request::unavailable("the run could not be read", e))?
+                    .is_some()
+                {
+                    return Ok(StatusCode::NO_CONTENT.into_response());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Ok(accepted())
+        }
+        .await,
+    )
+}

@@ -1,0 +1,157 @@
+//! Calls that wait for a person, as the gateway's protocols show and answer them: the requests a
+//! task waits on (its own turn's and its subagent runs'), and a caller's answer published as
+//! `ApprovalDecision`s on `skein.approval.>` with the caller's proven principal as `by` — the same
+//! path `skein approve` takes, so the lead records the first answer and resumes the turn.
+
+use axum::http::StatusCode;
+use skein_common::protocol::{ApprovalDecision, ApprovalRequest, PROTOCOL_VERSION};
+
+use super::keys::{Principal, Role};
+use super::request::{self, error, ApiError};
+use super::Gateway;
+
+/// One answer: approve or refuse, and why (shown to the model when refused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub approve: bool,
+    pub reason: String,
+}
+
+/// What a caller answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Every call that waits.
+    All(Verdict),
+    /// Named calls (by call id).
+    Calls(Vec<(String, Verdict)>),
+}
+
+/// The requests task `task_id` of `tenant` waits on, its own turn's first, each with the answers
+/// recorded so far; empty when it waits on nobody.
+pub(crate) async fn waiting(
+    gateway: &Gateway,
+    tenant: &str,
+    task_id: &str,
+) -> Result<Vec<ApprovalRequest>, ApiError> {
+    let unreadable = |e| request::unavailable("approval requests could not be read", e);
+    let listed = gateway
+        .store
+        .approval_requests(tenant)
+        .await
+        .map_err(unreadable)?;
+    let mut requests = Vec::new();
+    for listed in listed.iter().filter(|r| r.task_id == task_id) {
+        if let Some(full) = gateway
+            .store
+            .approval_request(tenant, &listed.key())
+            .await
+            .map_err(unreadable)?
+        {
+            requests.push(full);
+        }
+    }
+    requests.sort_by_key(|r| r.run.is_some());
+    Ok(requests)
+}
+
+/// Publishes `principal`'s `answer` to the calls task `task_id` waits on; returns how many calls
+/// it answers. 403 without the `approve` role, 409 when the task waits on nobody (or not on a
+/// named call).
+pub(crate) async fn answer(
+    gateway: &Gateway,
+    principal: &Principal,
+    task_id: &str,
+    answer: &Answer,
+) -> Result<usize, ApiError> {
+    if !principal.may(Role::Approve) {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "forbidden",
+            format!(
+                "principal {} may not answer calls waiting for approval in tenant {}",
+                principal.name, principal.tenant
+            ),
+        ));
+    }
+    let requests = waiting(gateway, &principal.tenant, task_id).await?;
+    let mut decisions = Vec::new();
+    for request in &requests {
+        let unanswered: Vec<&str> = request.unanswered().map(|c| c.call_id.as_str()).collect();
+        match answer {
+            Answer::All(verdict) if !unanswered.is_empty() => decisions.push((
+                decision(principal, request, None, verdict),
+                unanswered.len(),
+            )),
+            Answer::All(_) => {}
+            Answer::Calls(calls) => {
+                for (call_id, verdict) in calls {
+                    if unanswered.contains(&call_id.as_str()) {
+                        decisions.push((decision(principal, request, Some(call_id), verdict), 1));
+                    }
+                }
+            }
+        }
+    }
+    if let Answer::Calls(calls) = answer {
+        let known: usize = decisions.iter().map(|(_, n)| n).sum();
+        if known < calls.len() {
+            let waiting: Vec<&str> = requests
+                .iter()
+                .flat_map(|r| r.unanswered().map(|c| c.call_id.as_str()))
+                .collect();
+            return Err(not_waiting(format!(
+                "task {task_id} does not wait on every call named; it waits on: {}",
+                if waiting.is_empty() {
+                    "none".to_owned()
+                } else {
+                    waiting.join(", ")
+                }
+            )));
+        }
+    }
+    if decisions.is_empty() {
+        return Err(not_waiting(format!(
+            "task {task_id} waits on no call for approval"
+        )));
+    }
+    let mut answered = 0;
+    for (decision, calls) in decisions {
+        gateway
+            .client
+            .bus()
+            .publish_decision(&decision)
+            .await
+            .map_err(|e| request::unavailable("the answer could not be sent", e))?;
+        answered += calls;
+    }
+    Ok(answered)
+}
+
+fn decision(
+    principal: &Principal,
+    request: &ApprovalRequest,
+    call_id: Option<&str>,
+    verdict: &Verdict,
+) -> ApprovalDecision {
+    ApprovalDecision {
+        v: PROTOCOL_VERSION,
+        tenant: principal.tenant.clone(),
+        task_id: request.task_id.clone(),
+        call_id: call_id.map(str::to_owned),
+        run: request.run.clone(),
+        approve: verdict.approve,
+        always: false,
+        reason: verdict.reason.clone(),
+        by: principal.name.clone(),
+    }
+}
+
+fn not_waiting(message: String) -> ApiError {
+    error(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "not_waiting",
+        message,
+    )
+}
