@@ -9,6 +9,9 @@ use std::process::Command;
 /// The `openai` library the gateway's OpenAI surface is checked with.
 pub const OPENAI: &str = "openai==3.51.0";
 
+/// LangGraph's client library the gateway's Agent Protocol is checked with.
+pub const LANGGRAPH: &str = "langgraph-sdk==0.4.14";
+
 /// The A2A library the gateway's A2A surface is checked with (its HTTP client included).
 pub const A2A: &str = "a2a-sdk[http-server]==1.3.0";
 
