@@ -2,7 +2,8 @@
 //! scripted): OpenAI-compatible chat completions, streamed and not, with the conversation before
 //! the last message seeded into the run's session; the agents as models; keys that prove a
 //! tenant and its roles; `Idempotency-Key`; and a clear error in OpenAI's shape for every bad
-//! request; a background response cancelled; rate limits, CORS and the OpenAPI document.
+//! request; a background response cancelled; rate limits, CORS, the OpenAPI document and the
+//! header timeout that closes slow and idle connections.
 //! `gateway_sdks.rs` drives it with the official client libraries.
 
 use reqwest::StatusCode;
@@ -488,6 +489,8 @@ async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_r
             let request = match method.as_str() {
                 "get" => http.get(&url),
                 "post" => http.post(&url),
+                "patch" => http.patch(&url),
+                "delete" => http.delete(&url),
                 other => panic!("undocumented method {other}"),
             };
             let status = request.send().await.expect("sent").status();
@@ -602,4 +605,52 @@ async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_r
             expected
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_does_not_send_its_headers_in_time_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = TestCluster::start();
+    let addr = cluster_with_gateway(&cluster, &["--gateway-header-timeout", "1s"]).await;
+    // Half a request, then nothing: the gateway closes the connection (the bound below only
+    // keeps a broken gateway from hanging the test).
+    let mut slow = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connected");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("written");
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        slow.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the gateway closes a connection whose headers do not come");
+    assert!(
+        closed.is_err() || !String::from_utf8_lossy(&answer).contains("200 OK"),
+        "no answer to half a request: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    // An idle keep-alive connection is closed the same way after its response.
+    let mut idle = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connected");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("written");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        idle.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the idle connection is closed")
+    .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(
+        answer.ends_with("ok"),
+        "one answer, then the connection closed: {answer}"
+    );
 }

@@ -21,6 +21,7 @@ mod openai;
 mod openapi;
 mod request;
 mod responses;
+mod serve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +45,9 @@ pub const ENV_GATEWAY_ADDR: &str = "SKEIN_GATEWAY_ADDR";
 pub const ENV_GATEWAY_KEYS: &str = "SKEIN_GATEWAY_KEYS";
 /// Requests a key may make a minute, across every gateway (0: no limit).
 pub const ENV_GATEWAY_REQUESTS_PER_MINUTE: &str = "SKEIN_GATEWAY_REQUESTS_PER_MINUTE";
+/// How long a connection may take to send a request's headers (and an idle keep-alive
+/// connection is kept).
+pub const ENV_GATEWAY_HEADER_TIMEOUT: &str = "SKEIN_GATEWAY_HEADER_TIMEOUT";
 /// Origins browsers may call the gateway from (comma-separated).
 pub const ENV_GATEWAY_CORS_ORIGINS: &str = "SKEIN_GATEWAY_CORS_ORIGINS";
 
@@ -78,6 +82,12 @@ pub struct GatewayConfig {
     /// `requests_per_minute` in the keys file wins); 0: no limit.
     #[arg(long = "gateway-requests-per-minute", env = ENV_GATEWAY_REQUESTS_PER_MINUTE, default_value_t = 600)]
     pub requests_per_minute: u32,
+    /// Longest a connection may take to send a request's headers, counted from when it is ready
+    /// for a request: a new connection's first, or a keep-alive connection's next (so it is also
+    /// how long an idle keep-alive connection is kept: above the 60 s idle timeout of most load
+    /// balancers, so they close first).
+    #[arg(long = "gateway-header-timeout", env = ENV_GATEWAY_HEADER_TIMEOUT, default_value = "75s", value_parser = humantime::parse_duration)]
+    pub header_timeout: Duration,
     /// Origins (`https://console.example.com`) browsers may call the gateway from; none: no
     /// cross-origin calls.
     #[arg(long = "gateway-cors-origins", env = ENV_GATEWAY_CORS_ORIGINS, value_delimiter = ',')]
@@ -180,14 +190,7 @@ pub async fn run(
         let _ = bound.send(local);
     }
     let app = router(gateway, cfg.max_body, cors::Cors::new(&cfg.cors_origins));
-    // Streamed events go out as they come, not held back for more to fill a segment.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    serve::serve(listener, app, cfg.header_timeout, shutdown)
         .await
         .map_err(|source| GatewayError::Bind {
             addr: local,

@@ -11,7 +11,7 @@ pub(crate) struct Endpoint {
     /// In OpenAPI's form (`{id}`), which is also axum's.
     pub path: &'static str,
     pub summary: &'static str,
-    /// Whether it needs `Authorization: Bearer <key>`.
+    /// Whether it needs a key (`Authorization: Bearer <key>` or `x-api-key: <key>`).
     pub keyed: bool,
 }
 
@@ -76,6 +76,132 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
         summary: "A2A 1.0 over JSON-RPC: SendMessage, SendStreamingMessage (SSE), GetTask, CancelTask",
         keyed: true,
     },
+    Endpoint {
+        method: "post",
+        path: "/assistants/search",
+        summary: "Agent Protocol: the agents as assistants, by `graph_id`, `name`, `metadata`",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/assistants/{id}",
+        summary: "Agent Protocol: an assistant (an agent)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads",
+        summary: "Agent Protocol: makes a thread (a session): `thread_id`, `metadata`, `if_exists`",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/search",
+        summary: "Agent Protocol: the tenant's threads by `metadata`, `status`, `ids`; newest first, paged",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/threads/{id}",
+        summary: "Agent Protocol: a thread with its status, values and interrupts",
+        keyed: true,
+    },
+    Endpoint {
+        method: "patch",
+        path: "/threads/{id}",
+        summary: "Agent Protocol: merges `metadata` into a thread's",
+        keyed: true,
+    },
+    Endpoint {
+        method: "delete",
+        path: "/threads/{id}",
+        summary: "Agent Protocol: removes a thread (its session) unless a run goes on",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/{id}/copy",
+        summary: "Agent Protocol: a new thread forked after this one's last turn, with its workspace's files",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/threads/{id}/state",
+        summary: "Agent Protocol: the thread's values now, with the calls it waits on as interrupts",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/{id}/history",
+        summary: "Agent Protocol: the state after each recorded turn, newest first (`limit`, `before`)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/{id}/runs",
+        summary: "Agent Protocol: starts a run in the background (`input`, or `command.resume` to answer an interrupt; `multitask_strategy`)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/threads/{id}/runs",
+        summary: "Agent Protocol: a thread's runs, newest first (`limit`, `offset`, `status`)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/{id}/runs/stream",
+        summary: "Agent Protocol: starts a run and streams it (SSE; `stream_mode` values, updates, messages-tuple, custom; `on_disconnect`)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/{id}/runs/wait",
+        summary: "Agent Protocol: starts a run and answers with the thread's values at its end or interrupt",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/threads/{id}/runs/{run_id}",
+        summary: "Agent Protocol: a run and its status",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/threads/{id}/runs/{run_id}/join",
+        summary: "Agent Protocol: waits for a run's end; its values",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/threads/{id}/runs/{run_id}/stream",
+        summary: "Agent Protocol: a run's stream again, after `Last-Event-ID`",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/threads/{id}/runs/{run_id}/cancel",
+        summary: "Agent Protocol: cancels a run (`action` interrupt or rollback, `wait`)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/runs",
+        summary: "Agent Protocol: a stateless run in the background, on a thread of its own",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/runs/stream",
+        summary: "Agent Protocol: a stateless run, streamed; its thread removed at its end unless `on_completion: keep`",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/runs/wait",
+        summary: "Agent Protocol: a stateless run, waited for; its thread removed at its end unless `on_completion: keep`",
+        keyed: true,
+    },
 ];
 
 /// The document.
@@ -87,20 +213,24 @@ pub(crate) fn document() -> Value {
             "responses": {
                 "200": { "description": "OK" },
                 "default": {
-                    "description": "An error in OpenAI's shape",
+                    "description": "An error: in OpenAI's shape under /v1, as `{\"detail\"}` on the Agent Protocol's routes, as a JSON-RPC error on /a2a",
                     "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } }
                 }
             }
         });
         if endpoint.keyed {
-            operation["security"] = json!([{ "key": [] }]);
+            operation["security"] = json!([{ "key": [] }, { "apiKey": [] }]);
         } else {
             operation["security"] = json!([]);
         }
-        if endpoint.path.contains("{id}") {
-            operation["parameters"] = json!([{
-                "name": "id", "in": "path", "required": true, "schema": { "type": "string" }
-            }]);
+        let named: Vec<Value> = endpoint
+            .path
+            .split('/')
+            .filter_map(|part| part.strip_prefix('{')?.strip_suffix('}'))
+            .map(|name| json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } }))
+            .collect();
+        if !named.is_empty() {
+            operation["parameters"] = Value::Array(named);
         }
         if endpoint.method == "post" {
             operation["parameters"] = {
@@ -126,11 +256,14 @@ pub(crate) fn document() -> Value {
         "info": {
             "title": "Skein gateway",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Skein's agents over HTTP for clients that speak OpenAI's APIs. Every keyed request acts for the tenant its key names."
+            "description": "Skein's agents over HTTP for clients that speak OpenAI's APIs, LangGraph's Agent Protocol and A2A. Every keyed request acts for the tenant its key names."
         },
         "paths": paths,
         "components": {
-            "securitySchemes": { "key": { "type": "http", "scheme": "bearer" } },
+            "securitySchemes": {
+                "key": { "type": "http", "scheme": "bearer" },
+                "apiKey": { "type": "apiKey", "in": "header", "name": "x-api-key" }
+            },
             "schemas": {
                 "Error": {
                     "type": "object",
