@@ -168,6 +168,68 @@ async fn a_retried_request_with_the_same_idempotency_key_is_the_same_run() {
         .expect("the session");
     assert_eq!(loaded.state.turns, 1, "the run was not started twice");
     assert_eq!(loaded.state.history.len(), 4);
+
+    // A stream retried with its Idempotency-Key and the Last-Event-ID it saw resumes after it.
+    let streamed = json!({ "model": "assistant", "stream": true, "messages": [
+        { "role": "user", "content": "stream me" } ] });
+    let chunks = |text: String| -> Vec<(u64, Value)> {
+        let mut chunks = Vec::new();
+        for block in text.split("\n\n") {
+            let id = block
+                .lines()
+                .find_map(|l| l.strip_prefix("id: ")?.parse().ok());
+            let data = block.lines().find_map(|l| l.strip_prefix("data: "));
+            if let (Some(id), Some(data)) = (id, data) {
+                let mut chunk: Value = serde_json::from_str(data).unwrap_or(json!(data));
+                // When each chunk was made is not part of what is compared.
+                chunk.as_object_mut().map(|c| c.remove("created"));
+                chunks.push((id, chunk));
+            }
+        }
+        chunks
+    };
+    let mut seen = Vec::new();
+    for last_event_id in [None, Some("2")] {
+        let mut post = http
+            .post(chat(addr))
+            .bearer_auth(KEY)
+            .header("Idempotency-Key", "stream-7")
+            .json(&streamed);
+        if let Some(last) = last_event_id {
+            post = post.header("Last-Event-ID", last);
+        }
+        let text = post.send().await.expect("sent").text().await.expect("text");
+        seen.push(chunks(text));
+    }
+    let ids: Vec<u64> = seen[0].iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        ids,
+        (1..=seen[0].len() as u64).collect::<Vec<_>>(),
+        "numbered chunks"
+    );
+    assert!(seen[0].len() > 3, "{:?}", seen[0]);
+    assert_eq!(
+        seen[1],
+        seen[0][2..],
+        "the retry resumes after the second chunk"
+    );
+    let (status, e) = error_of(
+        http.post(chat(addr))
+            .bearer_auth(KEY)
+            .header("Last-Event-ID", "2")
+            .json(&streamed)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Idempotency-Key")),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

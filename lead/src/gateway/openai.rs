@@ -99,7 +99,10 @@ pub(super) async fn chat_completions(
         return refused.into_response();
     }
     if planned.stream {
-        stream(gateway, planned)
+        match resumed_after(&headers) {
+            Ok(after) => stream(gateway, planned, after),
+            Err(refused) => refused.into_response(),
+        }
     } else {
         let result = gateway
             .client
@@ -248,8 +251,29 @@ enum Streamed {
     Ended(Result<FinalResult, String>),
 }
 
-/// Runs the task in the background and streams its text; the run goes on if the client leaves.
-fn stream(gateway: Arc<Gateway>, planned: Planned) -> Response {
+/// The chunk a retried streamed request resumes after (`Last-Event-ID`), which names a chunk of
+/// the same run only with the `Idempotency-Key` of the request that started it.
+fn resumed_after(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(last) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    if !headers.contains_key("idempotency-key") {
+        return Err(request::invalid(
+            "Last-Event-ID resumes a stream only with the Idempotency-Key of the request that \
+             started it",
+        ));
+    }
+    last.to_str()
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| request::invalid("Last-Event-ID names a chunk by its number"))
+}
+
+/// Runs the task in the background and streams its text, each chunk numbered (its SSE id) so a
+/// retry with the same `Idempotency-Key` and the `Last-Event-ID` it saw resumes after it: the
+/// same run's events give the same chunks. The run goes on if the client leaves.
+fn stream(gateway: Arc<Gateway>, planned: Planned, resume_after: Option<u64>) -> Response {
     let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
     let submission = planned.submission.clone();
     tokio::spawn(async move {
@@ -315,7 +339,11 @@ fn stream(gateway: Arc<Gateway>, planned: Planned) -> Response {
     });
     let events = first
         .chain(rest)
-        .map(|value| Ok::<_, Infallible>(Event::default().data(value.to_string())))
+        .zip(futures::stream::iter(1u64..))
+        .filter(move |(_, n)| futures::future::ready(resume_after.is_none_or(|after| *n > after)))
+        .map(|(value, n)| {
+            Ok::<_, Infallible>(Event::default().id(n.to_string()).data(value.to_string()))
+        })
         .chain(futures::stream::once(async {
             Ok(Event::default().data("[DONE]"))
         }));
