@@ -290,7 +290,12 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
         .as_array()
         .expect("runs")
         .iter()
-        .map(|r| (r["run_id"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .map(|r| {
+            (
+                r["run_id"].as_str().expect("present"),
+                r["status"].as_str().expect("present"),
+            )
+        })
         .collect();
     assert_eq!(
         listed,
@@ -336,7 +341,7 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
             (
                 s["checkpoint"]["checkpoint_id"]
                     .as_str()
-                    .unwrap()
+                    .expect("present")
                     .to_owned(),
                 contents(&s["values"]).len(),
             )
@@ -370,7 +375,7 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
         .await;
     assert!(found
         .as_array()
-        .unwrap()
+        .expect("present")
         .iter()
         .any(|t| t["thread_id"] == thread.as_str()));
     let none = api
@@ -383,7 +388,7 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
         .await;
     assert!(!none
         .as_array()
-        .unwrap()
+        .expect("present")
         .iter()
         .any(|t| t["thread_id"] == thread.as_str()));
     let theirs = api
@@ -392,7 +397,7 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
     assert!(
         !theirs
             .as_array()
-            .unwrap()
+            .expect("present")
             .iter()
             .any(|t| t["thread_id"] == thread.as_str()),
         "fenced by tenant"
@@ -547,7 +552,7 @@ async fn bad_run_and_thread_requests_get_clear_errors() {
         .await;
     assert_eq!(bad_id, StatusCode::BAD_REQUEST);
     // Nothing was lost: the thread's runs that were refused left no trace, the one made ran.
-    let listed = api.ok("GET", &format!("{runs}"), KEY, None).await;
+    let listed = api.ok("GET", &runs, KEY, None).await;
     assert_eq!(listed, json!([]), "refused runs are not recorded");
 }
 

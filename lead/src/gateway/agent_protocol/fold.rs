@@ -442,7 +442,10 @@ mod tests {
     }
 
     fn names(parts: &[Value]) -> Vec<&str> {
-        parts.iter().map(|p| p["event"].as_str().unwrap()).collect()
+        parts
+            .iter()
+            .map(|p| p["event"].as_str().expect("present"))
+            .collect()
     }
 
     #[test]
@@ -459,7 +462,10 @@ mod tests {
             names(&parts),
             ["metadata", "values", "messages", "updates", "updates", "values", "end"]
         );
-        let ids: Vec<u64> = parts.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+        let ids: Vec<u64> = parts
+            .iter()
+            .map(|p| p["id"].as_u64().expect("present"))
+            .collect();
         assert_eq!(ids, (1..=7).collect::<Vec<_>>(), "numbered in order");
         assert_eq!(parts[4]["data"]["__interrupt__"][0]["id"], "c1");
         assert_eq!(
@@ -483,9 +489,9 @@ mod tests {
         let last = &parts[5]["data"]["messages"];
         let kinds: Vec<&str> = last
             .as_array()
-            .unwrap()
+            .expect("present")
             .iter()
-            .map(|m| m["type"].as_str().unwrap())
+            .map(|m| m["type"].as_str().expect("present"))
             .collect();
         assert_eq!(kinds, ["human", "human", "ai", "tool", "ai"]);
         assert_eq!(last[1]["content"], "deploy it");
@@ -497,16 +503,19 @@ mod tests {
 
     #[test]
     fn a_failed_run_ends_with_an_error_and_modes_are_checked() {
-        let mut fold = RunFold::new(shape(0, Modes::parse(Some(&json!("updates"))).unwrap()));
+        let mut fold = RunFold::new(shape(
+            0,
+            Modes::parse(Some(&json!("updates"))).expect("present"),
+        ));
         let mut parts = fold.opening();
         parts.extend(fold.finish(&result(TurnStatus::Cancelled)));
         assert_eq!(names(&parts), ["metadata", "error", "end"]);
         assert_eq!(parts[1]["data"]["status"], "cancelled");
         assert!(Modes::parse(Some(&json!(["values", "debug"])))
-            .unwrap_err()
+            .expect_err("refused")
             .contains("debug"));
         assert_eq!(
-            Modes::parse(Some(&json!(["messages-tuple", "custom"]))).unwrap(),
+            Modes::parse(Some(&json!(["messages-tuple", "custom"]))).expect("present"),
             Modes {
                 values: false,
                 updates: false,

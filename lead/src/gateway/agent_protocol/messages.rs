@@ -160,7 +160,10 @@ mod tests {
                 Message::assistant("done"),
             ],
         );
-        let kinds: Vec<&str> = shown.iter().map(|m| m["type"].as_str().unwrap()).collect();
+        let kinds: Vec<&str> = shown
+            .iter()
+            .map(|m| m["type"].as_str().expect("present"))
+            .collect();
         assert_eq!(kinds, ["human", "ai", "tool", "ai"]);
         assert_eq!(shown[1]["tool_calls"][0]["name"], "echo");
         assert_eq!(shown[1]["tool_calls"][0]["args"]["text"], "x");

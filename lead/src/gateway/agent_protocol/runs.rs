@@ -209,15 +209,8 @@ async fn start(
         let resume = command.get("resume").ok_or_else(|| {
             request::invalid("command needs resume (goto and update are not served)")
         })?;
-        let mut interrupted = None;
-        for run in seen.runs.iter().filter(|r| r.resumed_by.is_none()) {
-            let waiting = approvals::waiting(gateway, tenant, &run.task_id).await?;
-            if !waiting.is_empty() {
-                interrupted = Some((run.clone(), waiting));
-                break;
-            }
-        }
-        let Some((mut interrupted, waiting)) = interrupted else {
+        let Some((mut interrupted, waiting)) = interrupted_run(gateway, tenant, &seen.runs).await?
+        else {
             return Err(conflict(
                 "not_interrupted",
                 format!("thread {thread_id} waits on no interrupt to resume"),
@@ -330,6 +323,40 @@ async fn start(
         cancel_on_disconnect,
         remove_thread,
     })
+}
+
+/// How long a resume waits for the request of a call whose interrupt its client saw: the lead
+/// announces the interrupt as the turn suspends and stores the request as it releases the turn.
+const INTERRUPT_SETTLES: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The thread's run whose task waits for a person, with the requests it waits on; while a run
+/// that has not ended has stored none yet, looked for again until it stores one, ends, or
+/// [`INTERRUPT_SETTLES`] passes.
+async fn interrupted_run(
+    gateway: &Gateway,
+    tenant: &str,
+    runs: &[RunRecord],
+) -> Result<Option<(RunRecord, Vec<skein_common::protocol::ApprovalRequest>)>, ApiError> {
+    let settles = tokio::time::Instant::now() + INTERRUPT_SETTLES;
+    loop {
+        let mut open = false;
+        for run in runs.iter().filter(|r| r.resumed_by.is_none()) {
+            let waiting = approvals::waiting(gateway, tenant, &run.task_id).await?;
+            if !waiting.is_empty() {
+                return Ok(Some((run.clone(), waiting)));
+            }
+            open |= gateway
+                .store
+                .final_result(tenant, &run.thread_id, &run.task_id)
+                .await
+                .map_err(|e| request::unavailable("the run could not be read", e))?
+                .is_none();
+        }
+        if !open || tokio::time::Instant::now() >= settles {
+            return Ok(None);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// A run's id: from the request's `Idempotency-Key` (a retry is the same run), else new.
