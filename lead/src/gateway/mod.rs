@@ -1,15 +1,17 @@
-//! `skein gateway`: Skein over HTTP for clients that speak the OpenAI API.
-//! Stateless: a request becomes NATS and Redis operations (a session seeded in Redis, a task
-//! submitted on `skein.submit.>`, its events read from `SKEIN_EVENTS`), so any number of gateways
-//! can serve behind a load balancer and any one can answer any request.
+//! `skein gateway`: Skein over HTTP for clients that speak LangGraph's Agent Protocol, the OpenAI
+//! API or A2A. Stateless: a request becomes NATS and Redis operations (a session seeded in Redis,
+//! a task submitted on `skein.submit.>`, its events read from `SKEIN_EVENTS`), so any number of
+//! gateways can serve behind a load balancer and any one can answer any request.
 //!
-//! Served today: `GET /v1/models` (the agents), `POST /v1/chat/completions` (streamed as SSE or
-//! not), the Responses API (`POST /v1/responses`, `GET /v1/responses/{id}`, `POST
-//! /v1/responses/{id}/cancel`; [`responses`]), A2A 1.0 (the agent card, `POST /a2a`; [`a2a`]),
-//! `GET /openapi.json` ([`openapi`]), `GET /healthz`. Every keyed request is rate-limited per key
-//! ([`request`]) and answered to the origins CORS allows ([`cors`]). Every request but the health check carries a key
-//! (`Authorization: Bearer`, [`keys`]) whose tenant it acts for; errors come in OpenAI's shape
-//! (`{"error": {"message", "type", "param", "code"}}`) with the matching status.
+//! Served: the Agent Protocol (assistants, threads, runs; [`agent_protocol`]), `GET /v1/models`
+//! (the agents), `POST /v1/chat/completions` (streamed as SSE or not), the Responses API (`POST
+//! /v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`; [`responses`]),
+//! A2A 1.0 and 0.3 (the agent card, `POST /a2a`; [`a2a`]), `GET /openapi.json` ([`openapi`]),
+//! `GET /healthz`, over the server of [`serve`]. Every keyed request is rate-limited per key
+//! ([`request`]) and answered to the origins CORS allows ([`cors`]). Every request but the
+//! health check, the card and the document carries a key (`Authorization: Bearer` or
+//! `x-api-key`, [`keys`]) whose tenant it acts for; errors come in each protocol's shape with the
+//! matching status.
 
 mod a2a;
 mod agent_protocol;

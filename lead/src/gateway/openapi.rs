@@ -73,7 +73,7 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         method: "post",
         path: "/a2a",
-        summary: "A2A 1.0 over JSON-RPC: SendMessage, SendStreamingMessage (SSE), GetTask, CancelTask",
+        summary: "A2A over JSON-RPC: 1.0's SendMessage, SendStreamingMessage (SSE), GetTask, CancelTask, SubscribeToTask (SSE) and 0.3's message/send, message/stream, tasks/get, tasks/cancel, tasks/resubscribe",
         keyed: true,
     },
     Endpoint {
