@@ -282,6 +282,20 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
     let read_again: Vec<(String, Option<u64>)> =
         resumed.iter().map(|p| (p.event.clone(), p.id)).collect();
     assert_eq!(read_again, tail);
+    // A client reconnecting to the stream's `Location` names no modes: the run's own are used.
+    let location = headers
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .expect("Location names the stream")
+        .to_owned();
+    let (_, reconnected) = api
+        .stream(&location, KEY, None, &[("Last-Event-ID", "2")])
+        .await;
+    let reconnected: Vec<(String, Option<u64>)> = reconnected
+        .iter()
+        .map(|p| (p.event.clone(), p.id))
+        .collect();
+    assert_eq!(reconnected, tail);
 
     let runs = api
         .ok("GET", &format!("/threads/{thread}/runs"), KEY, None)
@@ -791,14 +805,15 @@ async fn a_busy_thread_refuses_a_second_run_and_a_stream_whose_client_leaves_can
     let addr = gateway_before(&cluster, &script, &[]).await;
     let api = Api::new(addr);
     let thread = api.thread(KEY).await;
-    let run = api
-        .ok(
-            "POST",
-            &format!("/threads/{thread}/runs"),
-            KEY,
-            Some(json!({ "assistant_id": "assistant", "input": said("one") })),
-        )
-        .await;
+    let runs = format!("/threads/{thread}/runs");
+    let first = json!({ "assistant_id": "assistant", "input": said("one") });
+    let keyed = [("Idempotency-Key", "run-one")];
+    let run: Value = api
+        .send("POST", &runs, KEY, Some(first.clone()), &keyed)
+        .await
+        .json()
+        .await
+        .expect("a run");
     let run_id = run["run_id"].as_str().expect("a run").to_owned();
     eventually("the slow call runs", Duration::from_secs(30), || async {
         (started(&cluster, "slow-one") > 0).then_some(())
@@ -835,6 +850,20 @@ async fn a_busy_thread_refuses_a_second_run_and_a_stream_whose_client_leaves_can
             .contains("busy"),
         "{error}"
     );
+    // A retry of the running run with its Idempotency-Key is that run, not a second one.
+    let retried = api.send("POST", &runs, KEY, Some(first), &keyed).await;
+    assert_eq!(retried.status(), StatusCode::OK);
+    let retried: Value = retried.json().await.expect("a run");
+    assert_eq!(retried["run_id"], run_id.as_str());
+    let other = json!({ "assistant_id": "assistant", "input": said("other") });
+    let reused = api.send("POST", &runs, KEY, Some(other), &keyed).await;
+    assert_eq!(
+        reused.status(),
+        StatusCode::CONFLICT,
+        "the key named another run"
+    );
+    let listed = api.ok("GET", &runs, KEY, None).await;
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
     let cancelled = api
         .send(
             "POST",

@@ -51,6 +51,10 @@ pub struct RunRecord {
     /// Set once a later run resumes this run's interrupt: the run ended interrupted.
     #[serde(default)]
     pub resumed_by: Option<String>,
+    /// The stream modes it was started with (none: a background run that asked for none), so a
+    /// client that reconnects without naming them reads the parts it saw.
+    #[serde(default)]
+    pub stream_mode: Vec<String>,
 }
 
 impl SessionStore {

@@ -60,6 +60,34 @@ impl Modes {
         }
         Ok(modes)
     }
+
+    /// The modes' names, as a run records them.
+    pub fn names(self) -> Vec<String> {
+        [
+            (self.values, "values"),
+            (self.updates, "updates"),
+            (self.messages, "messages-tuple"),
+            (self.custom, "custom"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then(|| name.to_owned()))
+        .collect()
+    }
+
+    /// The modes a run recorded; a run that recorded none (a background run asked for none)
+    /// streams every mode but `custom`.
+    pub fn of_run(names: &[String]) -> Self {
+        let names: Vec<Value> = names.iter().map(|n| Value::String(n.clone())).collect();
+        match Modes::parse(Some(&Value::Array(names))) {
+            Ok(modes) if modes != Modes::default() => modes,
+            _ => Modes {
+                values: true,
+                updates: true,
+                messages: true,
+                custom: false,
+            },
+        }
+    }
 }
 
 /// Who a fold is for.

@@ -136,6 +136,7 @@ async fn start(
     thread: Option<String>,
     headers: &HeaderMap,
     body: &[u8],
+    background: bool,
 ) -> Result<Started, ApiError> {
     let request: RunRequest = serde_json::from_slice(body)
         .map_err(|e| request::invalid(format!("the request is not a run request: {e}")))?;
@@ -167,6 +168,12 @@ async fn start(
     refuse_unless_absent(&request.checkpoint_id, "checkpoint_id", fork)?;
     request::check_agent(gateway, &request.assistant_id)?;
     let modes = Modes::parse(request.stream_mode.as_ref()).map_err(request::invalid)?;
+    // A background run that names no modes is read in all of them.
+    let recorded_modes = if background && request.stream_mode.is_none() {
+        Vec::new()
+    } else {
+        modes.names()
+    };
     let policy = policy_of(request.multitask_strategy.as_deref())?;
     let cancel_on_disconnect = match request.on_disconnect.as_deref() {
         None | Some("continue") => false,
@@ -234,6 +241,7 @@ async fn start(
             input: interrupted.input.clone(),
             after_interrupts: interrupted.after_interrupts + asked as u32,
             resumed_by: None,
+            stream_mode: recorded_modes.clone(),
         };
         put_run(gateway, tenant, &run).await?;
         interrupted.resumed_by = Some(run.run_id.clone());
@@ -255,6 +263,24 @@ async fn start(
         .filter(|i| !i.is_null())
         .ok_or_else(|| request::invalid("a run needs input (or command to resume an interrupt)"))?;
     let (text, earlier) = messages::read_input(input).map_err(request::invalid)?;
+    let run_id = run_id(principal, headers)?;
+    if let Some(retried) = gateway
+        .store
+        .run(tenant, &thread_id, &run_id)
+        .await
+        .map_err(|e| request::unavailable("runs could not be read", e))?
+    {
+        // A retry with the same Idempotency-Key: the run it started, followed again.
+        if retried.input != text || retried.assistant_id != request.assistant_id {
+            return Err(conflict(
+                "idempotency_key_reused",
+                "this Idempotency-Key was used for another run".to_owned(),
+            ));
+        }
+        let mut again = again(gateway, tenant, retried, modes).await?;
+        again.cancel_on_disconnect = cancel_on_disconnect;
+        return Ok(again);
+    }
     if policy == MultitaskPolicy::Reject && matches!(seen.status, "busy" | "interrupted") {
         return Err(conflict(
             "thread_busy",
@@ -279,7 +305,7 @@ async fn start(
         request::seed(gateway, tenant, &thread_id, &earlier).await?;
     }
     let run = RunRecord {
-        run_id: run_id(principal, headers)?,
+        run_id,
         thread_id: thread_id.clone(),
         assistant_id: request.assistant_id.clone(),
         task_id: String::new(),
@@ -289,6 +315,7 @@ async fn start(
         input: text,
         after_interrupts: 0,
         resumed_by: None,
+        stream_mode: recorded_modes.clone(),
     };
     let run = RunRecord {
         task_id: run.run_id.clone(),
@@ -673,7 +700,7 @@ async fn create_background(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
-    let started = start(&gateway, &principal, thread, &headers, &body).await?;
+    let started = start(&gateway, &principal, thread, &headers, &body, true).await?;
     submit(&gateway, &started).await?;
     let mut response = json_response(shown(&gateway, &principal.tenant, &started.run).await?);
     locate(&mut response, &started.run, "stream");
@@ -687,7 +714,7 @@ async fn create_stream(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
-    let started = start(&gateway, &principal, thread, &headers, &body).await?;
+    let started = start(&gateway, &principal, thread, &headers, &body, false).await?;
     let run = started.run.clone();
     let guard = started.cancel_on_disconnect.then(|| CancelOnDisconnect {
         gateway: gateway.clone(),
@@ -729,7 +756,7 @@ async fn create_wait(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
-    let started = start(&gateway, &principal, thread, &headers, &body).await?;
+    let started = start(&gateway, &principal, thread, &headers, &body, false).await?;
     let run = started.run.clone();
     let remove = started.remove_thread;
     let values_only = Modes {
@@ -954,13 +981,10 @@ pub(super) async fn rejoin(
                 .filter(|(k, _)| k == "stream_mode")
                 .map(|(_, v)| json!(v))
                 .collect();
+            // The run's own modes when none are named (a client reconnecting to `Location`), so
+            // the parts keep the numbers it saw.
             let modes = if asked.is_empty() {
-                Modes {
-                    values: true,
-                    updates: true,
-                    messages: true,
-                    custom: false,
-                }
+                Modes::of_run(&run.stream_mode)
             } else {
                 Modes::parse(Some(&Value::Array(asked))).map_err(request::invalid)?
             };
