@@ -70,7 +70,8 @@ impl Modes {
             (self.custom, "custom"),
         ]
         .into_iter()
-        .filter_map(|(on, name)| on.then(|| name.to_owned()))
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| name.to_owned())
         .collect()
     }
 
