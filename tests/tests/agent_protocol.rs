@@ -10,12 +10,12 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use skein_tests::support::cluster::TestCluster;
+use skein_tests::support::eventually;
 use skein_tests::support::gateway::{
-    cluster_with_gateway, gateway_before, gateway_with_lead, KEY, OTHER_TENANT_KEY,
+    cluster_with_gateway, gateway_before, guarded_gateway, KEY, OTHER_TENANT_KEY,
     SUBMIT_AND_APPROVE_KEY,
 };
 use skein_tests::support::test_tools::read_effects;
-use skein_tests::support::{eventually, unique};
 
 /// One part of a run's stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -570,18 +570,6 @@ async fn bad_run_and_thread_requests_get_clear_errors() {
     assert_eq!(listed, json!([]), "refused runs are not recorded");
 }
 
-/// An agents folder whose `assistant` asks before `slow_effect` runs.
-fn guarded_agents(cluster: &TestCluster) -> String {
-    let dir = cluster.dir.join(unique("agents"));
-    std::fs::create_dir_all(&dir).expect("agents dir");
-    std::fs::write(
-        dir.join("AGENTS.md"),
-        "+++\n[permissions]\nask = [\"slow_effect\"]\n+++\nYou are careful.\n",
-    )
-    .expect("AGENTS.md written");
-    dir.display().to_string()
-}
-
 fn started(cluster: &TestCluster, key: &str) -> usize {
     read_effects(&cluster.effects_file())
         .get(key)
@@ -595,13 +583,7 @@ async fn a_call_waiting_for_a_person_is_an_interrupt_resumed_by_an_approver() {
         { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "deploy-{{input}}", "ms": 10 } } ] },
         { "answer": "observed: {{observations}}" }
     ] }]));
-    let agents = guarded_agents(&cluster);
-    let addr = gateway_with_lead(
-        &cluster,
-        &["--scenario", &script, "--agents-dir", &agents],
-        &["--agents-dir", &agents],
-    )
-    .await;
+    let addr = guarded_gateway(&cluster, &script).await;
     let api = Api::new(addr);
     let thread = api.thread(KEY).await;
 

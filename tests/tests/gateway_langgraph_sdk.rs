@@ -6,10 +6,9 @@
 
 use serde_json::{json, Value};
 use skein_tests::support::cluster::TestCluster;
-use skein_tests::support::gateway::{gateway_with_lead, KEY, SUBMIT_AND_APPROVE_KEY};
+use skein_tests::support::gateway::{guarded_gateway, KEY, SUBMIT_AND_APPROVE_KEY};
 use skein_tests::support::python_sdk;
 use skein_tests::support::test_tools::read_effects;
-use skein_tests::support::unique;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_langgraph_client_runs_streams_interrupts_and_resumes_threads() {
@@ -27,20 +26,7 @@ async fn the_official_langgraph_client_runs_streams_interrupts_and_resumes_threa
             { "answer": "observed: {{observations}}" }
         ] }
     ]));
-    let agents = cluster.dir.join(unique("agents"));
-    std::fs::create_dir_all(&agents).expect("agents dir");
-    std::fs::write(
-        agents.join("AGENTS.md"),
-        "+++\n[permissions]\nask = [\"slow_effect\"]\n+++\nYou are careful.\n",
-    )
-    .expect("AGENTS.md written");
-    let agents = agents.display().to_string();
-    let addr = gateway_with_lead(
-        &cluster,
-        &["--scenario", &script, "--agents-dir", &agents],
-        &["--agents-dir", &agents],
-    )
-    .await;
+    let addr = guarded_gateway(&cluster, &script).await;
     let base_url = format!("http://{addr}");
     let seen = tokio::task::spawn_blocking(move || {
         python_sdk::run_script(

@@ -9,11 +9,10 @@ use std::net::SocketAddr;
 use serde_json::{json, Value};
 use skein_tests::support::cluster::TestCluster;
 use skein_tests::support::gateway::{
-    cluster_with_gateway, gateway_with_lead, KEY, SUBMIT_AND_APPROVE_KEY,
+    cluster_with_gateway, guarded_gateway, KEY, SUBMIT_AND_APPROVE_KEY,
 };
 use skein_tests::support::python_sdk;
 use skein_tests::support::test_tools::read_effects;
-use skein_tests::support::unique;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_library_speaks_responses_and_chat_to_the_gateway() {
@@ -250,28 +249,13 @@ async fn the_official_a2a_library_sends_messages_streams_and_reads_tasks() {
     }
 }
 
-/// A cluster whose `assistant` asks a person before every `slow_effect` call — its script calls
-/// `slow_effect` keyed by the message, then answers with what it observed — with a gateway in
-/// front of it that knows the same agents; returns the gateway's address.
-async fn guarded_gateway(cluster: &TestCluster) -> SocketAddr {
-    let agents = cluster.dir.join(unique("agents"));
-    std::fs::create_dir_all(&agents).expect("agents dir");
-    std::fs::write(
-        agents.join("AGENTS.md"),
-        "+++\n[permissions]\nask = [\"slow_effect\"]\n+++\nYou are careful.\n",
-    )
-    .expect("AGENTS.md written");
-    let agents = agents.to_str().expect("utf-8 path");
+/// The gateway of a cluster whose agent asks before each `slow_effect` (keyed by the message).
+async fn guarded(cluster: &TestCluster) -> SocketAddr {
     let script = cluster.scenario(json!([{ "steps": [
         { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 10 } } ] },
         { "answer": "observed: {{observations}}" }
     ] }]));
-    gateway_with_lead(
-        cluster,
-        &["--scenario", &script, "--agents-dir", agents],
-        &["--agents-dir", agents],
-    )
-    .await
+    guarded_gateway(cluster, &script).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +265,7 @@ async fn the_official_a2a_library_answers_a_task_that_waits_for_approval() {
         .expect("the install ran")
         .unwrap_or_else(|e| panic!("the a2a library could not be installed: {e}"));
     let cluster = TestCluster::start();
-    let addr = guarded_gateway(&cluster).await;
+    let addr = guarded(&cluster).await;
     let base_url = format!("http://{addr}");
     let seen = tokio::task::spawn_blocking(move || {
         python_sdk::run_script(

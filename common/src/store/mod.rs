@@ -755,6 +755,24 @@ impl SessionStore {
             .transpose()
     }
 
+    /// Stores `value` as JSON under `key` unless the key exists, expiring as sessions do; true
+    /// when it was stored.
+    pub(super) async fn set_new_json<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+    ) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(value).map_err(StoreError::Corrupt)?;
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg(&json).arg("NX");
+        if self.session_ttl_secs > 0 {
+            set.arg("EX").arg(self.session_ttl_secs);
+        }
+        let mut conn = self.connection.clone();
+        let stored: Option<String> = set.query_async(&mut conn).await?;
+        Ok(stored.is_some())
+    }
+
     /// Stores a JSON value as a plain string that expires after `ttl_secs`.
     async fn set_json<T: Serialize>(
         &self,

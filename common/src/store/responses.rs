@@ -39,16 +39,10 @@ impl SessionStore {
         tenant: &str,
         record: &ResponseRecord,
     ) -> Result<ResponseRecord, StoreError> {
-        let key = keys::response(tenant, &record.id);
-        let json = serde_json::to_string(record).map_err(StoreError::Corrupt)?;
-        let mut set = redis::cmd("SET");
-        set.arg(&key).arg(&json).arg("NX");
-        if self.session_ttl_secs > 0 {
-            set.arg("EX").arg(self.session_ttl_secs);
-        }
-        let mut conn = self.connection.clone();
-        let stored: Option<String> = set.query_async(&mut conn).await?;
-        if stored.is_some() {
+        if self
+            .set_new_json(&keys::response(tenant, &record.id), record)
+            .await?
+        {
             return Ok(record.clone());
         }
         self.response(tenant, &record.id)

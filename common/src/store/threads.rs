@@ -66,21 +66,14 @@ impl SessionStore {
         record: &ThreadRecord,
     ) -> Result<(ThreadRecord, bool), StoreError> {
         let key = keys::thread(tenant, &record.thread_id);
-        let json = serde_json::to_string(record).map_err(StoreError::Corrupt)?;
-        let mut set = redis::cmd("SET");
-        set.arg(&key).arg(&json).arg("NX");
-        if self.session_ttl_secs > 0 {
-            set.arg("EX").arg(self.session_ttl_secs);
-        }
-        let mut conn = self.connection.clone();
-        let stored: Option<String> = set.query_async(&mut conn).await?;
-        if stored.is_none() {
+        if !self.set_new_json(&key, record).await? {
             let standing = self
                 .thread(tenant, &record.thread_id)
                 .await?
                 .ok_or(StoreError::UnexpectedReply("SET NX of a thread record"))?;
             return Ok((standing, false));
         }
+        let mut conn = self.connection.clone();
         let () = conn
             .zadd(
                 keys::threads(tenant),

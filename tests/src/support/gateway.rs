@@ -1,6 +1,7 @@
-//! The HTTP gateway in tests: a cluster (one worker, a lead on a scripted model) with a gateway in
-//! front of it on a free port, keys for two tenants and a key without the `submit` role, and
-//! reading an error in OpenAI's shape.
+//! The HTTP gateway in tests: a cluster (one worker, a lead on a scripted model, or one whose agent
+//! asks a person before `slow_effect`) with a gateway in front of it on a free port, keys for two
+//! tenants, a key without the `submit` role and one with `submit` and `approve`, and reading an
+//! error in OpenAI's shape.
 
 use std::net::SocketAddr;
 
@@ -87,6 +88,26 @@ pub async fn gateway_with_lead(
         }
     });
     listening.await.expect("the gateway listens")
+}
+
+/// A worker with the test tools, a lead whose `assistant` runs the scenario `script` and asks a
+/// person before every `slow_effect` call, and a gateway in front of them that knows the agent;
+/// returns its address.
+pub async fn guarded_gateway(cluster: &TestCluster, script: &str) -> SocketAddr {
+    let agents = cluster.dir.join(unique("agents"));
+    std::fs::create_dir_all(&agents).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\n[permissions]\nask = [\"slow_effect\"]\n+++\nYou are careful.\n",
+    )
+    .expect("AGENTS.md written");
+    let agents = agents.to_str().expect("utf-8 path");
+    gateway_with_lead(
+        cluster,
+        &["--scenario", script, "--agents-dir", agents],
+        &["--agents-dir", agents],
+    )
+    .await
 }
 
 pub fn chat(addr: SocketAddr) -> String {
