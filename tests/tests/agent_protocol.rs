@@ -892,4 +892,49 @@ async fn a_busy_thread_refuses_a_second_run_and_a_stream_whose_client_leaves_can
     })
     .await;
     assert_eq!(ended.status, skein_common::protocol::TurnStatus::Cancelled);
+
+    // The same for a client that leaves a run it waits for.
+    let waiting = {
+        let (http, url) = (
+            api.http.clone(),
+            format!("{}/threads/{thread}/runs/wait", api.base),
+        );
+        tokio::spawn(async move {
+            http.post(url)
+                .header("x-api-key", KEY)
+                .header("Idempotency-Key", "run-four")
+                .json(&json!({ "assistant_id": "assistant", "input": said("four"), "on_disconnect": "cancel" }))
+                .send()
+                .await
+        })
+    };
+    eventually("the slow call runs", Duration::from_secs(30), || async {
+        (started(&cluster, "slow-four") > 0).then_some(())
+    })
+    .await;
+    waiting.abort();
+    let runs = api
+        .ok("GET", &format!("/threads/{thread}/runs"), KEY, None)
+        .await;
+    let four = runs
+        .as_array()
+        .and_then(|runs| {
+            runs.iter()
+                .find(|r| r["kwargs"]["input"]["messages"][0]["content"] == "four")
+        })
+        .and_then(|r| r["run_id"].as_str())
+        .expect("the waited-for run")
+        .to_owned();
+    let ended = eventually("the left run ends", Duration::from_secs(30), || {
+        let (store, thread, four) = (store.clone(), thread.clone(), four.clone());
+        async move {
+            store
+                .final_result("acme", &thread, &four)
+                .await
+                .ok()
+                .flatten()
+        }
+    })
+    .await;
+    assert_eq!(ended.status, skein_common::protocol::TurnStatus::Cancelled);
 }

@@ -592,6 +592,19 @@ struct CancelOnDisconnect {
     ended: AtomicBool,
 }
 
+impl CancelOnDisconnect {
+    /// A guard for a run started with `on_disconnect: cancel`.
+    fn asked(gateway: &Arc<Gateway>, principal: &Principal, started: &Started) -> Option<Self> {
+        started.cancel_on_disconnect.then(|| CancelOnDisconnect {
+            gateway: gateway.clone(),
+            tenant: principal.tenant.clone(),
+            task_id: started.run.task_id.clone(),
+            by: principal.name.clone(),
+            ended: AtomicBool::new(false),
+        })
+    }
+}
+
 impl Drop for CancelOnDisconnect {
     fn drop(&mut self) {
         if self.ended.load(Ordering::Relaxed) {
@@ -716,13 +729,7 @@ async fn create_stream(
     let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
     let started = start(&gateway, &principal, thread, &headers, &body, false).await?;
     let run = started.run.clone();
-    let guard = started.cancel_on_disconnect.then(|| CancelOnDisconnect {
-        gateway: gateway.clone(),
-        tenant: principal.tenant.clone(),
-        task_id: run.task_id.clone(),
-        by: principal.name.clone(),
-        ended: AtomicBool::new(false),
-    });
+    let guard = CancelOnDisconnect::asked(&gateway, &principal, &started);
     let remove = started.remove_thread;
     let modes = started.modes;
     let parts = started.followed(gateway.clone(), modes);
@@ -759,11 +766,16 @@ async fn create_wait(
     let started = start(&gateway, &principal, thread, &headers, &body, false).await?;
     let run = started.run.clone();
     let remove = started.remove_thread;
+    // A client that leaves drops this request's future, and with it the guard.
+    let guard = CancelOnDisconnect::asked(&gateway, &principal, &started);
     let values_only = Modes {
         values: true,
         ..Modes::default()
     };
     let result = outcome(started.followed(gateway.clone(), values_only)).await;
+    if let Some(guard) = &guard {
+        guard.ended.store(true, Ordering::Relaxed);
+    }
     if remove && result.get("__interrupt__").is_none() {
         remove_finished_thread(&gateway, &principal.tenant, &run.thread_id).await;
     }
