@@ -405,3 +405,61 @@ async fn the_official_a2a_library_answers_a_task_that_waits_for_approval() {
         "{effects:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_library_answers_a_response_that_waits_for_approval() {
+    let python = tokio::task::spawn_blocking(|| python_sdk::python_with(&[python_sdk::OPENAI]))
+        .await
+        .expect("the install ran")
+        .unwrap_or_else(|e| panic!("the openai library could not be installed: {e}"));
+    let cluster = TestCluster::start();
+    let addr = guarded(&cluster).await;
+    let base_url = format!("http://{addr}/v1");
+    let seen = tokio::task::spawn_blocking(move || {
+        python_sdk::run_script(
+            &python,
+            "openai_approval_check.py",
+            &[&base_url, KEY, SUBMIT_AND_APPROVE_KEY],
+        )
+    })
+    .await
+    .expect("the script ran")
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    assert_eq!(
+        seen["asked"],
+        json!({
+            "status": "completed",
+            "types": ["mcp_approval_request"],
+            "name": "slow_effect",
+            "arguments": { "key": "deploy-x", "ms": 10 },
+            "server_label": "skein",
+        }),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["retrieved"],
+        json!({ "status": "completed", "types": ["mcp_approval_request"] })
+    );
+    assert_eq!(seen["without_approve_role"], "PermissionDeniedError 403");
+    assert_eq!(
+        seen["approved"],
+        json!({ "status": "completed", "text": "observed: effect deploy-x done", "previous": true })
+    );
+    let refused = &seen["refused"];
+    assert_eq!(refused["first"], "response.created");
+    assert_eq!(refused["last"], "response.completed");
+    assert!(
+        refused["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("not today")),
+        "the model saw the reason: {seen}"
+    );
+    let effects = read_effects(&cluster.effects_file());
+    assert_eq!(
+        effects.get("deploy-x").map(|c| c.started),
+        Some(1),
+        "approved, run once"
+    );
+    assert!(!effects.contains_key("deploy-y"), "refused, never run");
+}

@@ -30,6 +30,24 @@ pub struct ResponseRecord {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub background: bool,
+    /// The task the response follows when it is not its own: a response that answers calls
+    /// waiting for approval goes on with the task of the response that asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// The task's calls that asked for approval before this response begins.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub after_interrupts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl ResponseRecord {
+    /// The task whose events the response is.
+    pub fn task(&self) -> &str {
+        self.task_id.as_deref().unwrap_or(&self.id)
+    }
 }
 
 impl SessionStore {

@@ -54,6 +54,34 @@ pub(crate) async fn waiting(
     Ok(requests)
 }
 
+/// How long a caller who saw a call ask for approval waits for its request to be stored: the
+/// lead announces the calls as the turn suspends and stores the request as it lets the turn go.
+const REQUEST_SETTLES: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`waiting`], looked at again while the task has not ended and stored no request yet, for up
+/// to [`REQUEST_SETTLES`]: what a caller answering a call it was just shown finds.
+pub(crate) async fn settled(
+    gateway: &Gateway,
+    tenant: &str,
+    session: &str,
+    task_id: &str,
+) -> Result<Vec<ApprovalRequest>, ApiError> {
+    let settles = tokio::time::Instant::now() + REQUEST_SETTLES;
+    loop {
+        let requests = waiting(gateway, tenant, task_id).await?;
+        let ended = gateway
+            .store
+            .final_result(tenant, session, task_id)
+            .await
+            .map_err(|e| request::unavailable("the task could not be read", e))?
+            .is_some();
+        if !requests.is_empty() || ended || tokio::time::Instant::now() >= settles {
+            return Ok(requests);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Publishes `principal`'s `answer` to the calls task `task_id` waits on; returns how many calls
 /// it answers. 403 without the `approve` role, 409 when the task waits on nobody (or not on a
 /// named call).

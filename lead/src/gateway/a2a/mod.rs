@@ -356,6 +356,8 @@ async fn start(
         instructions: None,
         metadata: Default::default(),
         background: incoming.return_immediately,
+        task_id: None,
+        after_interrupts: 0,
     };
     gateway
         .store

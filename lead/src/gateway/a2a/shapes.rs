@@ -330,6 +330,8 @@ mod tests {
             instructions: None,
             metadata: Default::default(),
             background: false,
+            task_id: None,
+            after_interrupts: 0,
         }
     }
 

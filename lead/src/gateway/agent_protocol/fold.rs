@@ -515,7 +515,11 @@ mod tests {
             ["metadata", "updates", "updates", "values", "messages", "updates", "values", "end"],
             "nothing before the interrupt is shown again"
         );
-        let last = &parts[5]["data"]["messages"];
+        let last = &parts
+            .iter()
+            .rev()
+            .find(|p| p["event"] == "values")
+            .expect("values")["data"]["messages"];
         let kinds: Vec<&str> = last
             .as_array()
             .expect("present")

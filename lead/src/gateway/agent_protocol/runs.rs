@@ -352,38 +352,20 @@ async fn start(
     })
 }
 
-/// How long a resume waits for the request of a call whose interrupt its client saw: the lead
-/// announces the interrupt as the turn suspends and stores the request as it releases the turn.
-const INTERRUPT_SETTLES: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The thread's run whose task waits for a person, with the requests it waits on; while a run
-/// that has not ended has stored none yet, looked for again until it stores one, ends, or
-/// [`INTERRUPT_SETTLES`] passes.
+/// The thread's run whose task waits for a person, with the requests it waits on (a request its
+/// client was just shown, not stored yet, is waited for: `approvals::settled`).
 async fn interrupted_run(
     gateway: &Gateway,
     tenant: &str,
     runs: &[RunRecord],
 ) -> Result<Option<(RunRecord, Vec<skein_common::protocol::ApprovalRequest>)>, ApiError> {
-    let settles = tokio::time::Instant::now() + INTERRUPT_SETTLES;
-    loop {
-        let mut open = false;
-        for run in runs.iter().filter(|r| r.resumed_by.is_none()) {
-            let waiting = approvals::waiting(gateway, tenant, &run.task_id).await?;
-            if !waiting.is_empty() {
-                return Ok(Some((run.clone(), waiting)));
-            }
-            open |= gateway
-                .store
-                .final_result(tenant, &run.thread_id, &run.task_id)
-                .await
-                .map_err(|e| request::unavailable("the run could not be read", e))?
-                .is_none();
+    for run in runs.iter().filter(|r| r.resumed_by.is_none()) {
+        let waiting = approvals::settled(gateway, tenant, &run.thread_id, &run.task_id).await?;
+        if !waiting.is_empty() {
+            return Ok(Some((run.clone(), waiting)));
         }
-        if !open || tokio::time::Instant::now() >= settles {
-            return Ok(None);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    Ok(None)
 }
 
 /// A run's id: from the request's `Idempotency-Key` (a retry is the same run), else new.

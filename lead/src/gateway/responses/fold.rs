@@ -26,6 +26,10 @@ pub(crate) struct ResponseFold {
     /// The message item taking the model's text, by its index in `output`.
     open_message: Option<usize>,
     status: &'static str,
+    /// The task's calls that asked for approval so far.
+    interrupts: u32,
+    /// The response ended at a call waiting for approval.
+    stopped: bool,
 }
 
 impl ResponseFold {
@@ -36,6 +40,8 @@ impl ResponseFold {
             output: Vec::new(),
             open_message: None,
             status: "queued",
+            interrupts: 0,
+            stopped: false,
         }
     }
 
@@ -84,9 +90,22 @@ impl ResponseFold {
         vec![created, in_progress]
     }
 
-    /// The stream events `event` makes (none for most kinds and for subagents' events).
+    /// The stream events `event` makes (none for most kinds and for subagents' events, nor for
+    /// the task's events before the approval this response answers).
     pub fn event(&mut self, event: &TurnEvent) -> Vec<Value> {
-        if event.source != LEAD {
+        if let EventKind::ApprovalRequested {
+            call_id,
+            tool,
+            arguments,
+            ..
+        } = &event.event
+        {
+            self.interrupts += 1;
+            if self.interrupts > self.record.after_interrupts {
+                return self.ask(call_id, tool, arguments);
+            }
+        }
+        if self.interrupts < self.record.after_interrupts || event.source != LEAD {
             return Vec::new();
         }
         match &event.event {
@@ -185,6 +204,36 @@ impl ResponseFold {
         events
     }
 
+    /// The response ends at a call waiting for a person, as OpenAI's responses do at an MCP call
+    /// that needs approval: an `mcp_approval_request` item (its id answers it, in an
+    /// `mcp_approval_response` input item of a response that continues this one), then
+    /// `response.completed`.
+    fn ask(&mut self, call_id: &str, tool: &str, arguments: &Value) -> Vec<Value> {
+        let mut events = self.close_message(None);
+        let item = json!({
+            "type": "mcp_approval_request",
+            "id": format!("mcpr_{call_id}"),
+            "server_label": "skein",
+            "name": tool,
+            "arguments": arguments.to_string(),
+        });
+        self.output.push(item.clone());
+        let index = self.output.len() - 1;
+        events.push(self.emit(
+            "response.output_item.added",
+            json!({ "output_index": index, "item": item }),
+        ));
+        events.push(self.emit(
+            "response.output_item.done",
+            json!({ "output_index": index, "item": item }),
+        ));
+        self.status = "completed";
+        let response = self.response(None);
+        events.push(self.emit("response.completed", json!({ "response": response })));
+        self.stopped = true;
+        events
+    }
+
     /// Opens a message item for the model's text; returns its index.
     fn open_message_item(&mut self, events: &mut Vec<Value>) -> usize {
         let index = self.output.len();
@@ -247,7 +296,6 @@ impl ResponseFold {
     }
 }
 
-/// A finished run's status, error and incomplete details in the Responses API's terms.
 impl crate::gateway::follow::Fold for ResponseFold {
     fn opening(&mut self) -> Vec<Value> {
         ResponseFold::opening(self)
@@ -255,6 +303,10 @@ impl crate::gateway::follow::Fold for ResponseFold {
 
     fn event(&mut self, event: &TurnEvent) -> Vec<Value> {
         ResponseFold::event(self, event)
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped
     }
 
     fn finish(&mut self, result: &FinalResult) -> Vec<Value> {
@@ -267,6 +319,7 @@ impl crate::gateway::follow::Fold for ResponseFold {
     }
 }
 
+/// A finished run's status, error and incomplete details in the Responses API's terms.
 fn ended(result: &FinalResult) -> (&'static str, Value, Value) {
     let failure = || {
         let (code, message) = match &result.failure {
@@ -321,6 +374,8 @@ mod tests {
             instructions: None,
             metadata: Default::default(),
             background: false,
+            task_id: None,
+            after_interrupts: 0,
         }
     }
 
@@ -433,6 +488,70 @@ mod tests {
         );
         assert_eq!(output[1]["arguments"], r#"{"path":"a"}"#);
         assert_eq!(output[2]["content"][0]["text"], "Done.");
+    }
+
+    #[test]
+    fn a_response_stops_at_a_call_waiting_for_approval_and_the_answering_one_goes_on_after_it() {
+        let asked = event(
+            "lead",
+            EventKind::ApprovalRequested {
+                call_id: "c1".into(),
+                tool: "deploy".into(),
+                arguments: json!({ "env": "prod" }),
+                arguments_ref: None,
+                rule: "ask rule deploy".into(),
+                expires_at_ms: None,
+            },
+        );
+        let events = [
+            event(
+                "lead",
+                EventKind::ModelDelta {
+                    text: "checking".into(),
+                },
+            ),
+            asked,
+            event(
+                "lead",
+                EventKind::ModelDelta {
+                    text: "deployed".into(),
+                },
+            ),
+        ];
+        let mut first = ResponseFold::new(record());
+        let mut out = first.opening();
+        for e in &events {
+            if crate::gateway::follow::Fold::stopped(&first) {
+                break;
+            }
+            out.extend(first.event(e));
+        }
+        let last = out.last().expect("events");
+        assert_eq!(last["type"], "response.completed");
+        let output = &last["response"]["output"];
+        assert_eq!(output[0]["content"][0]["text"], "checking");
+        assert_eq!(output[1]["type"], "mcp_approval_request");
+        assert_eq!(output[1]["id"], "mcpr_c1");
+        assert_eq!(output[1]["arguments"], r#"{"env":"prod"}"#);
+
+        let mut answering = record();
+        answering.after_interrupts = 1;
+        let mut second = ResponseFold::new(answering);
+        second.opening();
+        let mut texts = Vec::new();
+        for e in &events {
+            for out in second.event(e) {
+                if out["type"] == "response.output_text.delta" {
+                    texts.push(out["delta"].clone());
+                }
+            }
+        }
+        assert_eq!(
+            texts,
+            [json!("deployed")],
+            "only what came after the answered call"
+        );
+        assert!(!crate::gateway::follow::Fold::stopped(&second));
     }
 
     #[test]

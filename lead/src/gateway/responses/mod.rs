@@ -9,8 +9,11 @@
 //! serves any response. Streams, live or read again, are the task's events folded by
 //! [`fold::ResponseFold`]: the same events give the same sequence numbers. `background: true`
 //! answers at once with the queued response; a client that goes away never stops its run (only
-//! `cancel` does).
+//! `cancel` does). A call waiting for a person ends a response at an `mcp_approval_request` item;
+//! a response whose input answers it (`mcp_approval_response`) goes on with the same task
+//! ([`approvals`]).
 
+mod approvals;
 mod fold;
 
 use std::collections::BTreeMap;
@@ -77,6 +80,13 @@ struct InputItem {
     role: Option<String>,
     #[serde(default)]
     content: Option<Content>,
+    /// An `mcp_approval_response`'s answer: the request it answers, and the verdict.
+    #[serde(default)]
+    approval_request_id: Option<String>,
+    #[serde(default)]
+    approve: Option<bool>,
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 /// What a create request asks Skein to run.
@@ -105,7 +115,12 @@ async fn create_response(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
-    let planned = plan(&gateway, &principal, &headers, &body).await?;
+    let request: CreateRequest = serde_json::from_slice(&body)
+        .map_err(|e| invalid(format!("the request is not a response request: {e}")))?;
+    if let Some(answers) = approvals::answers_in(&request)? {
+        return approvals::resume(gateway, principal, &headers, request, answers).await;
+    }
+    let planned = plan(&gateway, &principal, &headers, request).await?;
     // A followed run with a new id (no Idempotency-Key) cannot meet an earlier record: it is
     // recorded while the run starts, and its stream waits for the record before it names the
     // response. Otherwise the record that stands decides first.
@@ -176,10 +191,8 @@ async fn plan(
     gateway: &Gateway,
     principal: &Principal,
     headers: &HeaderMap,
-    body: &[u8],
+    request: CreateRequest,
 ) -> Result<Planned, ApiError> {
-    let request: CreateRequest = serde_json::from_slice(body)
-        .map_err(|e| invalid(format!("the request is not a response request: {e}")))?;
     request::check_agent(gateway, &request.model)?;
     if request
         .tools
@@ -191,17 +204,7 @@ async fn plan(
              output items)",
         ));
     }
-    let metadata = request.metadata.unwrap_or_default();
-    if metadata.len() > MAX_METADATA
-        || metadata
-            .iter()
-            .any(|(k, v)| k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE)
-    {
-        return Err(invalid(format!(
-            "metadata takes at most {MAX_METADATA} pairs, keys of at most {MAX_METADATA_KEY} \
-             characters and values of at most {MAX_METADATA_VALUE}"
-        )));
-    }
+    let metadata = checked_metadata(request.metadata)?;
     let (input, earlier) = match request.input {
         Input::Text(text) => (text, Vec::new()),
         Input::Items(items) => split_items(items)?,
@@ -256,6 +259,8 @@ async fn plan(
         instructions: request.instructions,
         metadata,
         background: request.background,
+        task_id: None,
+        after_interrupts: 0,
     };
     Ok(Planned {
         record,
@@ -263,6 +268,24 @@ async fn plan(
         history,
         stream: request.stream,
     })
+}
+
+/// The request's metadata, within OpenAI's limits.
+fn checked_metadata(
+    metadata: Option<BTreeMap<String, String>>,
+) -> Result<BTreeMap<String, String>, ApiError> {
+    let metadata = metadata.unwrap_or_default();
+    if metadata.len() > MAX_METADATA
+        || metadata
+            .iter()
+            .any(|(k, v)| k.len() > MAX_METADATA_KEY || v.len() > MAX_METADATA_VALUE)
+    {
+        return Err(invalid(format!(
+            "metadata takes at most {MAX_METADATA} pairs, keys of at most {MAX_METADATA_KEY} \
+             characters and values of at most {MAX_METADATA_VALUE}"
+        )));
+    }
+    Ok(metadata)
 }
 
 /// The last user message's text, and the `(role, text)` of the messages before it.
@@ -337,7 +360,7 @@ pub(super) async fn read(
     });
     let ended = gateway
         .client
-        .stored_final(&principal.tenant, &record.session, &record.id)
+        .stored_final(&principal.tenant, &record.session, record.task())
         .await;
     match ended {
         Ok(ended) if query.stream => {
@@ -352,9 +375,22 @@ pub(super) async fn read(
             json_response(response_of(last, record))
         }
         Ok(None) => {
-            let mut fold = ResponseFold::new(record);
-            fold.opening();
-            json_response(fold.response(None))
+            // Stopped at a call waiting for approval: the response as it ended there.
+            match crate::gateway::approvals::waiting(&gateway, &principal.tenant, record.task())
+                .await
+            {
+                Ok(waiting) if !waiting.is_empty() => {
+                    let source = Source::Stored(None);
+                    let events = followed(gateway, principal.tenant, record.clone(), source);
+                    json_response(response_of(last_of(events).await, record))
+                }
+                Ok(_) => {
+                    let mut fold = ResponseFold::new(record);
+                    fold.opening();
+                    json_response(fold.response(None))
+                }
+                Err(refused) => refused.into_response(),
+            }
         }
         Err(e) => request::unavailable("the run's result could not be read", e).into_response(),
     }
@@ -370,7 +406,7 @@ pub(super) async fn cancel(
         let record = record_of(&gateway, &principal, &id).await?;
         let ended = gateway
             .client
-            .stored_final(&principal.tenant, &record.session, &record.id)
+            .stored_final(&principal.tenant, &record.session, record.task())
             .await
             .map_err(|e| request::unavailable("the run's result could not be read", e))?;
         if ended.is_none() {
@@ -378,7 +414,7 @@ pub(super) async fn cancel(
                 .client
                 .cancel(
                     &principal.tenant,
-                    &record.id,
+                    record.task(),
                     &format!("cancelled over the Responses API by {}", principal.name),
                 )
                 .await
@@ -436,7 +472,7 @@ fn followed(
     let run = Followed {
         tenant,
         session: record.session.clone(),
-        task_id: record.id.clone(),
+        task_id: record.task().to_owned(),
     };
     follow::followed(gateway, run, source, ResponseFold::new(record))
 }
