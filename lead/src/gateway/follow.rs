@@ -26,6 +26,15 @@ pub(crate) trait Fold: Send + 'static {
     fn stopped(&self) -> bool {
         false
     }
+    /// True while the output ends here unless another event comes within [`SETTLE`] (the run
+    /// asked a person and may have stopped to wait).
+    fn waiting(&self) -> bool {
+        false
+    }
+    /// The last output when no event came within [`SETTLE`] while [`Fold::waiting`].
+    fn settle(&mut self) -> Vec<Value> {
+        Vec::new()
+    }
     /// What the run's end makes (the last output).
     fn finish(&mut self, result: &FinalResult) -> Vec<Value>;
     /// The last output of a run that could not be followed (`code` `unavailable`, with why) or
@@ -60,6 +69,10 @@ enum Heard {
     /// The run could not be submitted or followed.
     Failed(String),
 }
+
+/// How long a fold that is [`Fold::waiting`] waits for another event before it settles: a turn
+/// that asked a person stops there, and one whose calls were answered goes on within it.
+pub(crate) const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a run known to be over may go without an event before what the stream held is taken
 /// as all there is (its events aged out of the stream).
@@ -120,10 +133,13 @@ pub(crate) fn followed<F: Fold>(
             if fold.stopped() {
                 return;
             }
-            let until = match idle {
+            let mut until = match idle {
                 Some(idle) => deadline.min(tokio::time::Instant::now() + idle),
                 None => deadline,
             };
+            if fold.waiting() {
+                until = until.min(tokio::time::Instant::now() + SETTLE);
+            }
             let next = tokio::select! {
                 next = tokio::time::timeout_at(until, heard.recv()) => next,
                 // The client went away: the run goes on without a follower.
@@ -143,6 +159,10 @@ pub(crate) fn followed<F: Fold>(
                 Ok(Some(Heard::Failed(why))) => {
                     failure = Some(why);
                     break false;
+                }
+                Err(_) if fold.waiting() => {
+                    let _ = sender.send(fold.settle()).await;
+                    return;
                 }
                 Ok(None) | Err(_) => break false,
             }

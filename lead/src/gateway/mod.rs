@@ -6,16 +6,17 @@
 //! Served: the Agent Protocol (assistants, threads, runs; [`agent_protocol`]), `GET /v1/models`
 //! (the agents), `POST /v1/chat/completions` (streamed as SSE or not), the Responses API (`POST
 //! /v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`; [`responses`]),
-//! A2A 1.0 and 0.3 (the agent card, `POST /a2a`; [`a2a`]), `GET /openapi.json` ([`openapi`]),
-//! `GET /healthz`, over the server of [`serve`]. Every keyed request is rate-limited per key
+//! A2A 1.0 and 0.3 (the agent card, `POST /a2a`; [`a2a`]), the web console (`/console`;
+//! [`console`]), `GET /openapi.json` ([`openapi`]), `GET /healthz`, over the server of [`serve`]. Every keyed request is rate-limited per key
 //! ([`request`]) and answered to the origins CORS allows ([`cors`]). Every request but the
-//! health check, the card and the document carries a key (`Authorization: Bearer` or
+//! health check, the card, the document and the console's page carries a key (`Authorization: Bearer` or
 //! `x-api-key`, [`keys`]) whose tenant it acts for; errors come in each protocol's shape with the
 //! matching status.
 
 mod a2a;
 mod agent_protocol;
 mod approvals;
+mod console;
 mod cors;
 mod follow;
 pub mod keys;
@@ -216,6 +217,7 @@ fn router(gateway: Arc<Gateway>, max_body: usize, cors: cors::Cors) -> Router {
         .route("/.well-known/agent.json", get(a2a::card))
         .route("/a2a", post(a2a::rpc))
         .merge(agent_protocol::routes())
+        .merge(console::routes())
         .fallback(openai::not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(

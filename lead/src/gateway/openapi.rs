@@ -202,6 +202,48 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
         summary: "Agent Protocol: a stateless run, waited for; its thread removed at its end unless `on_completion: keep`",
         keyed: true,
     },
+    Endpoint {
+        method: "get",
+        path: "/console",
+        summary: "The web console's page (no key; it asks for one)",
+        keyed: false,
+    },
+    Endpoint {
+        method: "get",
+        path: "/console/app.js",
+        summary: "The web console's script (no key)",
+        keyed: false,
+    },
+    Endpoint {
+        method: "get",
+        path: "/console/app.css",
+        summary: "The web console's styles (no key)",
+        keyed: false,
+    },
+    Endpoint {
+        method: "get",
+        path: "/console/api/approvals",
+        summary: "Console: the tenant's calls waiting for a person, with their arguments and rule",
+        keyed: true,
+    },
+    Endpoint {
+        method: "post",
+        path: "/console/api/approvals/{task_id}/answer",
+        summary: "Console: approves or denies a waiting call (`approve`, `reason`, `call_id`) as the key's principal (`approve` role)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/console/api/workers",
+        summary: "Console: the live workers, their pools, tools, agent types, capacity and last heartbeat",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/console/api/live",
+        summary: "Console: a note per change of the tenant's tasks (SSE), so the page reads again rather than polls",
+        keyed: true,
+    },
 ];
 
 /// The document.

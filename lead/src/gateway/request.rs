@@ -149,6 +149,23 @@ pub(crate) async fn admit(
     headers: &HeaderMap,
     role: Role,
 ) -> Result<Principal, ApiError> {
+    admitted(gateway, headers, Some(role)).await
+}
+
+/// The caller a request's key proves, whatever its roles (reading what its tenant may see), within
+/// its key's request limit.
+pub(crate) async fn admit_any(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+) -> Result<Principal, ApiError> {
+    admitted(gateway, headers, None).await
+}
+
+async fn admitted(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    role: Option<Role>,
+) -> Result<Principal, ApiError> {
     let principal = authenticate(gateway, headers, role)?;
     let limit = principal
         .requests_per_minute
@@ -185,7 +202,11 @@ pub(crate) async fn admit(
 }
 
 /// The caller a request's key proves, with `role`; or the 401/403 that says why not.
-fn authenticate(gateway: &Gateway, headers: &HeaderMap, role: Role) -> Result<Principal, ApiError> {
+fn authenticate(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    role: Option<Role>,
+) -> Result<Principal, ApiError> {
     // `Authorization: Bearer`, or `x-api-key` as LangGraph's and Anthropic's clients send it.
     let presented = headers
         .get(header::AUTHORIZATION)
@@ -209,7 +230,7 @@ fn authenticate(gateway: &Gateway, headers: &HeaderMap, role: Role) -> Result<Pr
             "the API key is not known",
         ));
     };
-    if !principal.may(role) {
+    if let Some(role) = role.filter(|role| !principal.may(*role)) {
         return Err(error(
             StatusCode::FORBIDDEN,
             "permission_error",

@@ -102,6 +102,9 @@ pub(super) struct RunShape {
     pub input: String,
     /// The task's interrupts before this run.
     pub after_interrupts: u32,
+    /// The run ends at its first interrupt (a later run resumed it), rather than when no event
+    /// follows its interrupts (`settle`, after the follower's pause).
+    pub ends_at_interrupt: bool,
 }
 
 /// A run's stream being built from its task's events.
@@ -117,6 +120,9 @@ pub(super) struct RunFold {
     /// Calls of the step not yet answered.
     pending: usize,
     interrupts: u32,
+    /// Calls asked about and not answered yet, as interrupts: where the run ends unless its next
+    /// event shows them answered.
+    asked: Vec<Value>,
     stopped: bool,
 }
 
@@ -134,17 +140,14 @@ impl RunFold {
             shown: false,
             pending: 0,
             interrupts: 0,
+            asked: Vec::new(),
             stopped: false,
         }
     }
 
     /// The values the run left when it stopped at an interrupt, or ended.
-    fn values(&self, interrupt: Option<&Value>) -> Value {
-        let mut values = json!({ "messages": self.messages });
-        if let Some(interrupt) = interrupt {
-            values["__interrupt__"] = json!([interrupt]);
-        }
-        values
+    fn values(&self) -> Value {
+        json!({ "messages": self.messages })
     }
 
     fn skipping(&self) -> bool {
@@ -193,9 +196,9 @@ impl RunFold {
         }
     }
 
-    fn show_values(&mut self, out: &mut Vec<Value>, interrupt: Option<&Value>) {
+    fn show_values(&mut self, out: &mut Vec<Value>) {
         if self.shape.modes.values {
-            let values = self.values(interrupt);
+            let values = self.values();
             self.part(out, "values", values);
         }
     }
@@ -210,7 +213,7 @@ impl Fold for RunFold {
         let mut out = Vec::new();
         let metadata = self.metadata();
         self.push(&mut out, "metadata", metadata);
-        self.show_values(&mut out, None);
+        self.show_values(&mut out);
         out
     }
 
@@ -221,6 +224,10 @@ impl Fold for RunFold {
             self.part(&mut out, "custom", data);
         }
         let lead = event.source == LEAD;
+        // The calls it waited on were answered (elsewhere, or at once): the run goes on.
+        if !matches!(event.event, EventKind::ApprovalRequested { .. }) {
+            self.asked.clear();
+        }
         match &event.event {
             EventKind::ModelDelta { text } if lead => {
                 self.next_step();
@@ -272,7 +279,7 @@ impl Fold for RunFold {
                 }
                 self.pending = self.pending.saturating_sub(1);
                 if self.pending == 0 {
-                    self.show_values(&mut out, None);
+                    self.show_values(&mut out);
                 }
             }
             EventKind::ApprovalRequested {
@@ -295,9 +302,6 @@ impl Fold for RunFold {
                 if was_skipping {
                     return out;
                 }
-                if lead {
-                    self.show_ai(&mut out, None);
-                }
                 let interrupt = json!({
                     "value": {
                         "call_id": call_id, "tool": tool, "arguments": arguments, "rule": rule,
@@ -306,15 +310,36 @@ impl Fold for RunFold {
                     },
                     "id": call_id,
                 });
-                if self.shape.modes.updates {
-                    self.part(&mut out, "updates", json!({ "__interrupt__": [interrupt] }));
+                self.asked.push(interrupt);
+                if self.shape.ends_at_interrupt {
+                    out.extend(self.settle());
                 }
-                self.show_values(&mut out, Some(&interrupt));
-                self.part(&mut out, "end", Value::Null);
-                self.stopped = true;
+                return out;
             }
             _ => {}
         }
+        out
+    }
+
+    fn waiting(&self) -> bool {
+        !self.asked.is_empty() && !self.stopped
+    }
+
+    /// The run ends at the calls it waits on: the model's message, the interrupts, `end`.
+    fn settle(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
+        self.show_ai(&mut out, None);
+        let interrupts = std::mem::take(&mut self.asked);
+        if self.shape.modes.updates {
+            self.part(&mut out, "updates", json!({ "__interrupt__": interrupts }));
+        }
+        if self.shape.modes.values {
+            let mut values = self.values();
+            values["__interrupt__"] = json!(interrupts);
+            self.part(&mut out, "values", values);
+        }
+        self.part(&mut out, "end", Value::Null);
+        self.stopped = true;
         out
     }
 
@@ -332,7 +357,7 @@ impl Fold for RunFold {
         let answer = result.answer.as_deref().filter(|a| !a.is_empty());
         if result.status == TurnStatus::Completed || result.status == TurnStatus::BudgetExhausted {
             self.show_ai(&mut out, answer);
-            self.show_values(&mut out, None);
+            self.show_values(&mut out);
         } else {
             let (kind, message) = match &result.failure {
                 Some(failure) => (format!("{:?}", failure.kind), failure.message.clone()),
@@ -376,6 +401,7 @@ mod tests {
             before: vec![json!({ "type": "human", "content": "earlier", "id": "t1-0" })],
             input: "deploy it".to_owned(),
             after_interrupts,
+            ends_at_interrupt: true,
         }
     }
 
@@ -532,6 +558,43 @@ mod tests {
         assert_eq!(last[3]["content"], "deployed");
         assert_eq!(last[4]["content"], "done");
         assert_eq!(last[4]["id"], "t1-4", "numbered as the thread will be");
+    }
+
+    #[test]
+    fn a_run_whose_calls_were_answered_elsewhere_goes_on_and_one_left_waiting_settles() {
+        let events = turn();
+        let mut answered = RunFold::new(RunShape {
+            ends_at_interrupt: false,
+            ..shape(0, all())
+        });
+        let mut parts = answered.opening();
+        parts.extend(answered.event(&events[0]));
+        parts.extend(answered.event(&events[1]));
+        assert!(answered.waiting(), "asked: it may stop here");
+        for event in &events[2..] {
+            parts.extend(answered.event(event));
+        }
+        assert!(!answered.waiting(), "the call ran: it was answered");
+        parts.extend(answered.finish(&result(TurnStatus::Completed)));
+        assert!(!parts
+            .iter()
+            .any(|p| p["data"].get("__interrupt__").is_some()));
+        assert_eq!(names(&parts).last(), Some(&"end"));
+
+        let mut left = RunFold::new(RunShape {
+            ends_at_interrupt: false,
+            ..shape(0, all())
+        });
+        left.opening();
+        left.event(&events[0]);
+        assert!(
+            left.event(&events[1]).is_empty(),
+            "nothing shown until it settles"
+        );
+        let settled = left.settle();
+        assert_eq!(names(&settled), ["updates", "updates", "values", "end"]);
+        assert_eq!(settled[1]["data"]["__interrupt__"][0]["id"], "c1");
+        assert!(left.stopped());
     }
 
     #[test]

@@ -89,6 +89,7 @@ impl Started {
             before: self.before.clone(),
             input: self.run.input.clone(),
             after_interrupts: self.run.after_interrupts,
+            ends_at_interrupt: self.run.resumed_by.is_some(),
         })
     }
 

@@ -1,0 +1,238 @@
+// Skein console: reads the gateway's /console/api with the key the person signs in with (kept in
+// this tab's session storage only), shows the view the address names (#approvals, #workers), and
+// reads it again when the live feed says something changed. No request leaves the gateway.
+"use strict";
+
+// Script errors, kept for whoever checks the page.
+window.consoleErrors = [];
+window.addEventListener("error", (e) => window.consoleErrors.push(String(e.message)));
+window.addEventListener("unhandledrejection", (e) => window.consoleErrors.push(String(e.reason)));
+
+const KEY_ITEM = "skein-console-key";
+const VIEWS = ["approvals", "workers"];
+const $ = (id) => document.getElementById(id);
+
+let live = null;
+
+function key() {
+  return sessionStorage.getItem(KEY_ITEM);
+}
+
+function say(text) {
+  $("status").textContent = text;
+}
+
+class Refused extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, {
+    ...options,
+    headers: { ...(options.headers || {}), Authorization: `Bearer ${key()}` },
+  });
+  const text = await response.text();
+  const body = text ? JSON.parse(text) : null;
+  if (!response.ok) {
+    const message = (body && body.error && body.error.message) || response.statusText;
+    throw new Refused(response.status, message);
+  }
+  return body;
+}
+
+function cell(row, content) {
+  const td = document.createElement("td");
+  if (content instanceof Node) td.append(content);
+  else td.textContent = content == null ? "" : String(content);
+  row.append(td);
+  return td;
+}
+
+function when(ms) {
+  return ms ? new Date(ms).toLocaleString() : "";
+}
+
+async function showApprovals() {
+  const { calls, may_answer: mayAnswer } = await api("/console/api/approvals");
+  const rows = $("approvals-rows");
+  rows.replaceChildren();
+  for (const call of calls) {
+    const row = document.createElement("tr");
+    row.dataset.task = call.task_id;
+    row.dataset.call = call.call_id;
+    cell(row, call.task_id);
+    cell(row, call.agent);
+    cell(row, call.tool);
+    const args = document.createElement("pre");
+    args.textContent = JSON.stringify(call.arguments, null, 2);
+    cell(row, args);
+    cell(row, call.rule);
+    cell(row, when(call.requested_at_ms));
+    const answer = document.createElement("div");
+    answer.className = "answer";
+    const reason = document.createElement("input");
+    reason.type = "text";
+    reason.placeholder = "reason (optional)";
+    reason.setAttribute("aria-label", `Reason for ${call.tool} in task ${call.task_id}`);
+    reason.className = "reason";
+    const approve = document.createElement("button");
+    approve.type = "button";
+    approve.textContent = "Approve";
+    approve.className = "approve";
+    approve.setAttribute("aria-label", `Approve ${call.tool} in task ${call.task_id}`);
+    const deny = document.createElement("button");
+    deny.type = "button";
+    deny.textContent = "Deny";
+    deny.className = "deny";
+    deny.setAttribute("aria-label", `Deny ${call.tool} in task ${call.task_id}`);
+    for (const [button, verdict] of [[approve, true], [deny, false]]) {
+      button.disabled = !mayAnswer;
+      if (!mayAnswer) button.title = "this key may not answer calls (it lacks the approve role)";
+      button.addEventListener("click", () => decide(call, verdict, reason.value));
+    }
+    answer.append(reason, approve, deny);
+    cell(row, answer);
+    rows.append(row);
+  }
+  $("approvals-table").hidden = calls.length === 0;
+  $("approvals-empty").hidden = calls.length !== 0;
+}
+
+async function decide(call, approve, reason) {
+  try {
+    await api(`/console/api/approvals/${encodeURIComponent(call.task_id)}/answer`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ approve, reason, call_id: call.call_id }),
+    });
+    say(`${approve ? "Approved" : "Denied"} ${call.tool} in task ${call.task_id}.`);
+  } catch (e) {
+    say(`Not answered: ${e.message}`);
+  }
+  await show();
+}
+
+async function showWorkers() {
+  const { workers } = await api("/console/api/workers");
+  const rows = $("workers-rows");
+  rows.replaceChildren();
+  for (const worker of workers) {
+    const row = document.createElement("tr");
+    row.dataset.worker = worker.worker_id;
+    cell(row, worker.worker_id);
+    cell(row, worker.pool);
+    cell(row, worker.tools.join(", "));
+    cell(row, (worker.agent_types || (worker.runs_subagents ? ["any"] : [])).join(", "));
+    cell(row, worker.capacity);
+    cell(row, when(worker.heartbeat_ms));
+    rows.append(row);
+  }
+  $("workers-table").hidden = workers.length === 0;
+  $("workers-empty").hidden = workers.length !== 0;
+}
+
+function view() {
+  const named = location.hash.replace("#", "");
+  return VIEWS.includes(named) ? named : "approvals";
+}
+
+async function show() {
+  const current = view();
+  for (const name of VIEWS) {
+    $(name).hidden = name !== current;
+    const link = $(`nav-${name}`);
+    if (name === current) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  try {
+    if (current === "approvals") await showApprovals();
+    else await showWorkers();
+  } catch (e) {
+    if (e instanceof Refused && e.status === 401) return signOut(e.message);
+    say(`Could not read the ${current}: ${e.message}`);
+  }
+}
+
+let again = null;
+function showSoon() {
+  clearTimeout(again);
+  again = setTimeout(show, 100);
+}
+
+// The live feed: a note per change of the tenant's tasks, read as SSE over fetch (so the key
+// travels in a header), reconnecting after a pause when it breaks.
+async function follow() {
+  const controller = new AbortController();
+  live = controller;
+  let pause = 1000;
+  while (live === controller) {
+    try {
+      const response = await fetch("/console/api/live", {
+        headers: { Authorization: `Bearer ${key()}` },
+        signal: controller.signal,
+      });
+      if (!response.ok) throw new Error(response.statusText);
+      pause = 1000;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        const blocks = buffer.split("\n\n");
+        buffer = blocks.pop();
+        if (blocks.some((b) => b.split("\n").some((l) => l.startsWith("data:")))) showSoon();
+      }
+    } catch (e) {
+      if (controller.signal.aborted) return;
+    }
+    await new Promise((r) => setTimeout(r, pause));
+    pause = Math.min(pause * 2, 30000);
+  }
+}
+
+function signedIn(who) {
+  $("sign-in").hidden = true;
+  $("views").hidden = false;
+  $("sign-out").hidden = false;
+  $("who").textContent = who;
+  follow();
+  show();
+}
+
+function signOut(why) {
+  sessionStorage.removeItem(KEY_ITEM);
+  if (live) live.abort();
+  live = null;
+  for (const name of VIEWS) $(name).hidden = true;
+  $("views").hidden = true;
+  $("sign-out").hidden = true;
+  $("who").textContent = "";
+  $("sign-in").hidden = false;
+  $("sign-in-error").textContent = why || "";
+  $("key").focus();
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  sessionStorage.setItem(KEY_ITEM, $("key").value.trim());
+  $("key").value = "";
+  try {
+    await api("/console/api/workers");
+    signedIn("signed in");
+  } catch (e) {
+    signOut(e instanceof Refused && e.status === 401 ? "That key is not known." : e.message);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("key-form").addEventListener("submit", signIn);
+  $("sign-out").addEventListener("click", () => signOut(""));
+  window.addEventListener("hashchange", show);
+  if (key()) signedIn("signed in");
+  else signOut("");
+});

@@ -1,0 +1,245 @@
+//! A real headless Chromium for the console's tests, driven over W3C WebDriver by the
+//! distribution's `chromedriver` (Debian's `chromium` and `chromium-driver` packages, installed by
+//! `scripts/ensure-services`): pages opened, elements found, clicked and typed into, keys pressed,
+//! scripts run, and the browser's own log of script errors read.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::servers::free_port;
+use super::{unique, ChildProcess};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// How W3C WebDriver names an element reference.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A browser session; the driver (and its browser) stop when it is dropped.
+pub struct Browser {
+    http: reqwest::Client,
+    session: String,
+    driver: ChildProcess,
+}
+
+/// An element of the page.
+#[derive(Debug, Clone)]
+pub struct Element(String);
+
+impl Browser {
+    /// Starts chromedriver on a free port and a headless Chromium session; logs go to `dir`.
+    ///
+    /// # Panics
+    /// When Chromium or its driver is not installed, or the session cannot start.
+    pub async fn start(dir: &Path) -> Browser {
+        for program in [CHROMIUM, CHROMEDRIVER] {
+            assert!(
+                Path::new(program).exists(),
+                "{program} not found: apt-get install chromium chromium-driver (scripts/ensure-services does)"
+            );
+        }
+        let port = free_port();
+        let mut command = std::process::Command::new(CHROMEDRIVER);
+        command.arg(format!("--port={port}"));
+        // Its own process group, so the browsers it starts are stopped with it.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let driver = ChildProcess::spawn(
+            command,
+            dir.join(unique("chromedriver")).with_extension("log"),
+        );
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        let started = tokio::time::Instant::now();
+        loop {
+            let ready = http.get(format!("{base}/status")).send().await;
+            if let Ok(response) = ready {
+                let status: Value = response.json().await.unwrap_or_default();
+                if status["value"]["ready"] == true {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "chromedriver did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let profile = dir.join(unique("chromium-profile"));
+        let capabilities = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1280,900", format!("--user-data-dir={}", profile.display()),
+                ],
+            },
+            "goog:loggingPrefs": { "browser": "ALL" },
+        } } });
+        let created: Value = http
+            .post(format!("{base}/session"))
+            .json(&capabilities)
+            .send()
+            .await
+            .expect("chromedriver answers")
+            .json()
+            .await
+            .expect("a session");
+        let session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no browser session: {created}"))
+            .to_owned();
+        Browser {
+            http,
+            session: format!("{base}/session/{session}"),
+            driver,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut request = self.http.request(method, format!("{}{path}", self.session));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let answer: Value = request
+            .send()
+            .await
+            .expect("chromedriver answers")
+            .json()
+            .await
+            .expect("a WebDriver answer");
+        answer["value"].clone()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn goto(&self, url: &str) {
+        self.post("/url", json!({ "url": url })).await;
+    }
+
+    /// The elements `css` selects now.
+    pub async fn find_all(&self, css: &str) -> Vec<Element> {
+        let found = self
+            .post(
+                "/elements",
+                json!({ "using": "css selector", "value": css }),
+            )
+            .await;
+        found
+            .as_array()
+            .map(|elements| {
+                elements
+                    .iter()
+                    .filter_map(|e| e[ELEMENT].as_str().map(|id| Element(id.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The first element `css` selects, waiting for it up to 30 s.
+    ///
+    /// # Panics
+    /// When nothing matches by then.
+    pub async fn wait_for(&self, css: &str) -> Element {
+        let started = tokio::time::Instant::now();
+        loop {
+            if let Some(element) = self.find_all(css).await.into_iter().next() {
+                return element;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "nothing matched {css} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits up to 30 s until `css` selects nothing.
+    pub async fn wait_gone(&self, css: &str) {
+        let started = tokio::time::Instant::now();
+        while !self.find_all(css).await.is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{css} still matched after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn click(&self, element: &Element) {
+        self.post(&format!("/element/{}/click", element.0), json!({}))
+            .await;
+    }
+
+    pub async fn type_into(&self, element: &Element, text: &str) {
+        self.post(
+            &format!("/element/{}/value", element.0),
+            json!({ "text": text }),
+        )
+        .await;
+    }
+
+    pub async fn text(&self, element: &Element) -> String {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/element/{}/text", element.0),
+            None,
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+    }
+
+    /// A property of the element (`disabled`, `value`, …).
+    pub async fn property(&self, element: &Element, name: &str) -> Value {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/element/{}/property/{name}", element.0),
+            None,
+        )
+        .await
+    }
+
+    /// Runs `script` (a function body; `arguments` are `args`) in the page; its return value.
+    pub async fn execute(&self, script: &str, args: Value) -> Value {
+        self.post("/execute/sync", json!({ "script": script, "args": args }))
+            .await
+    }
+
+    /// Presses a key (a WebDriver key code such as `\u{E004}`, Tab) on the focused element.
+    pub async fn press(&self, key: &str) {
+        let actions = json!({ "actions": [ { "type": "key", "id": "keyboard", "actions": [
+            { "type": "keyDown", "value": key }, { "type": "keyUp", "value": key }
+        ] } ] });
+        self.post("/actions", actions).await;
+    }
+
+    /// The browser's log entries at `SEVERE` (script errors, failed loads, refused content).
+    pub async fn severe_logs(&self) -> Vec<Value> {
+        let entries = self.post("/se/log", json!({ "type": "browser" })).await;
+        entries
+            .as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter(|e| e["level"] == "SEVERE")
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Browser {
+    /// Stops the driver and every browser process it started (they share its process group).
+    fn drop(&mut self) {
+        let group = format!("-{}", self.driver.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
+    }
+}

@@ -1,0 +1,218 @@
+//! The web console in a real headless Chromium (WebDriver) against a real cluster whose agent asks
+//! a person before its tool: a key signs in; a run that waits shows up in the approvals view by
+//! itself (the live feed, no polling); approving it in place lets the run finish and the row
+//! goes; the workers view lists the live worker; a key without the `approve` role sees the calls
+//! but cannot answer them; no script error, no request outside the gateway, and every action is
+//! reached with the keyboard.
+
+use serde_json::{json, Value};
+use skein_tests::support::browser::Browser;
+use skein_tests::support::cluster::TestCluster;
+use skein_tests::support::gateway::{guarded_gateway, KEY, SUBMIT_AND_APPROVE_KEY};
+use skein_tests::support::test_tools::read_effects;
+
+/// WebDriver's Tab key.
+const TAB: &str = "\u{E004}";
+
+async fn sign_in(browser: &Browser, console: &str, key: &str) {
+    browser.goto(console).await;
+    let field = browser.wait_for("#key").await;
+    browser.type_into(&field, key).await;
+    let button = browser.wait_for("#sign-in-button").await;
+    browser.click(&button).await;
+    browser.wait_for("#views:not([hidden])").await;
+}
+
+/// Starts a run of the agent on a new thread over the Agent Protocol; its thread and run ids.
+async fn start_run(http: &reqwest::Client, base: &str, input: &str) -> (String, String) {
+    let thread: Value = http
+        .post(format!("{base}/threads"))
+        .header("x-api-key", SUBMIT_AND_APPROVE_KEY)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("a thread");
+    let thread = thread["thread_id"]
+        .as_str()
+        .expect("a thread id")
+        .to_owned();
+    let run: Value = http
+        .post(format!("{base}/threads/{thread}/runs"))
+        .header("x-api-key", SUBMIT_AND_APPROVE_KEY)
+        .json(&json!({ "assistant_id": "assistant", "input": { "messages": [ { "role": "user", "content": input } ] } }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("a run");
+    (thread, run["run_id"].as_str().expect("a run id").to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let addr = guarded_gateway(&cluster, &script).await;
+    let base = format!("http://{addr}");
+    let console = format!("{base}/console");
+    let http = reqwest::Client::new();
+    let browser = Browser::start(&cluster.dir).await;
+
+    sign_in(&browser, &console, SUBMIT_AND_APPROVE_KEY).await;
+    browser.wait_for("#approvals-empty:not([hidden])").await;
+
+    // A run that waits appears without the page being reloaded.
+    let (thread, run) = start_run(&http, &base, "deploy-console").await;
+    let row = browser.wait_for("#approvals-rows tr").await;
+    let text = browser.text(&row).await;
+    assert!(text.contains("slow_effect"), "{text}");
+    assert!(
+        text.contains("deploy-console"),
+        "the arguments are shown: {text}"
+    );
+    assert!(
+        text.contains("ask rule slow_effect"),
+        "the rule that asked: {text}"
+    );
+    assert_eq!(
+        read_effects(&cluster.effects_file())
+            .get("deploy-console")
+            .map(|c| c.started),
+        None
+    );
+
+    // Every action is reached with the keyboard, in order.
+    browser.execute("document.body.focus();", json!([])).await;
+    let mut reached = Vec::new();
+    for _ in 0..12 {
+        browser.press(TAB).await;
+        let focused = browser
+            .execute(
+                "const e = document.activeElement; return e.id || e.getAttribute('aria-label') || e.textContent;",
+                json!([]),
+            )
+            .await;
+        reached.push(focused.as_str().unwrap_or_default().to_owned());
+    }
+    for action in [
+        "nav-approvals",
+        "nav-workers",
+        "sign-out",
+        "Reason for slow_effect in task",
+        "Approve slow_effect in task",
+        "Deny slow_effect in task",
+    ] {
+        assert!(
+            reached.iter().any(|r| r.starts_with(action)),
+            "{action} is not reached by Tab: {reached:?}"
+        );
+    }
+
+    let reason = browser.wait_for("#approvals-rows input.reason").await;
+    browser.type_into(&reason, "looks right").await;
+    let approve = browser.wait_for("#approvals-rows button.approve").await;
+    browser.click(&approve).await;
+    browser.wait_gone("#approvals-rows tr").await;
+    let status = browser.text(&browser.wait_for("#status").await).await;
+    assert!(status.starts_with("Approved slow_effect"), "{status}");
+
+    let joined: Value = http
+        .get(format!("{base}/threads/{thread}/runs/{run}/join"))
+        .header("x-api-key", SUBMIT_AND_APPROVE_KEY)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("values");
+    let last = joined["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(last, "observed: effect deploy-console done");
+    assert_eq!(
+        read_effects(&cluster.effects_file())
+            .get("deploy-console")
+            .map(|c| c.started),
+        Some(1),
+        "approved in the console, run once"
+    );
+
+    // The workers view lists the live worker and its tools.
+    let workers = browser.wait_for("#nav-workers").await;
+    browser.click(&workers).await;
+    let worker = browser.wait_for("#workers-rows tr").await;
+    let text = browser.text(&worker).await;
+    assert!(text.contains("slow_effect"), "{text}");
+
+    // No script error, and nothing was asked of anyone but the gateway.
+    let errors = browser
+        .execute("return window.consoleErrors;", json!([]))
+        .await;
+    assert_eq!(errors, json!([]));
+    assert_eq!(browser.severe_logs().await, Vec::<Value>::new());
+    let elsewhere = browser
+        .execute(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith(location.origin));",
+            json!([]),
+        )
+        .await;
+    assert_eq!(elsewhere, json!([]), "every request went to the gateway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong_key_is_refused() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let addr = guarded_gateway(&cluster, &script).await;
+    let base = format!("http://{addr}");
+    let console = format!("{base}/console");
+    let http = reqwest::Client::new();
+    let browser = Browser::start(&cluster.dir).await;
+
+    browser.goto(&console).await;
+    let field = browser.wait_for("#key").await;
+    browser.type_into(&field, "sk-not-a-key").await;
+    browser
+        .click(&browser.wait_for("#sign-in-button").await)
+        .await;
+    let refused = browser.wait_for("#sign-in-error").await;
+    let started = tokio::time::Instant::now();
+    while browser.text(&refused).await.is_empty()
+        && started.elapsed() < std::time::Duration::from_secs(30)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(browser.text(&refused).await, "That key is not known.");
+
+    // KEY may start runs but not answer calls: it sees the waiting call, its buttons disabled.
+    start_run(&http, &base, "deploy-readonly").await;
+    sign_in(&browser, &console, KEY).await;
+    browser.wait_for("#approvals-rows tr").await;
+    let approve = browser.wait_for("#approvals-rows button.approve").await;
+    assert_eq!(
+        browser.property(&approve, "disabled").await,
+        json!(true),
+        "a key without the approve role cannot answer"
+    );
+    let deny = browser.wait_for("#approvals-rows button.deny").await;
+    assert_eq!(browser.property(&deny, "disabled").await, json!(true));
+    assert_eq!(
+        read_effects(&cluster.effects_file())
+            .get("deploy-readonly")
+            .map(|c| c.started),
+        None
+    );
+}
