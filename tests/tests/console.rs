@@ -14,6 +14,20 @@ use skein_tests::support::test_tools::read_effects;
 /// WebDriver's Tab key.
 const TAB: &str = "\u{E004}";
 
+/// With `SKEIN_UPDATE_SCREENSHOTS` set, the page as it shows now goes to `docs/console/{name}.png`.
+async fn screenshot(browser: &Browser, name: &str) {
+    if std::env::var_os("SKEIN_UPDATE_SCREENSHOTS").is_none() {
+        return;
+    }
+    let png = browser.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/console")
+        .join(format!("{name}.png"));
+    std::fs::create_dir_all(path.parent().expect("a folder")).expect("docs/console made");
+    std::fs::write(&path, png).expect("screenshot written");
+}
+
 async fn sign_in(browser: &Browser, console: &str, key: &str) {
     browser.goto(console).await;
     let field = browser.wait_for("#key").await;
@@ -67,6 +81,8 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
 
     sign_in(&browser, &console, SUBMIT_AND_APPROVE_KEY).await;
     browser.wait_for("#approvals-empty:not([hidden])").await;
+    let who = browser.text(&browser.wait_for("#who").await).await;
+    assert_eq!(who, "dave · acme", "the key's proven principal");
 
     // A run that waits appears without the page being reloaded.
     let (thread, run) = start_run(&http, &base, "deploy-console").await;
@@ -115,6 +131,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
         );
     }
 
+    screenshot(&browser, "approvals").await;
     let reason = browser.wait_for("#approvals-rows input.reason").await;
     browser.type_into(&reason, "looks right").await;
     let approve = browser.wait_for("#approvals-rows button.approve").await;
@@ -153,6 +170,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     let worker = browser.wait_for("#workers-rows tr").await;
     let text = browser.text(&worker).await;
     assert!(text.contains("slow_effect"), "{text}");
+    screenshot(&browser, "workers").await;
 
     // No script error, and nothing was asked of anyone but the gateway.
     let errors = browser

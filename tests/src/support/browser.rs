@@ -194,6 +194,12 @@ impl Browser {
         .to_owned()
     }
 
+    /// The page as it shows now, as PNG.
+    pub async fn screenshot(&self) -> Vec<u8> {
+        let encoded = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        decode_base64(encoded.as_str().unwrap_or_default())
+    }
+
     /// A property of the element (`disabled`, `value`, …).
     pub async fn property(&self, element: &Element, name: &str) -> Value {
         self.call(
@@ -241,5 +247,38 @@ impl Drop for Browser {
         let _ = std::process::Command::new("kill")
             .args(["-KILL", "--", &group])
             .status();
+    }
+}
+
+/// Standard base64 (the screenshot's encoding) decoded; other characters are skipped.
+fn decode_base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let sextets: Vec<u8> = text.bytes().filter_map(value).collect();
+    let mut bytes = Vec::with_capacity(sextets.len() * 3 / 4);
+    for chunk in sextets.chunks(4) {
+        let bits = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |bits, (i, s)| bits | (u32::from(*s) << (18 - 6 * i)));
+        let whole = chunk.len() * 6 / 8;
+        bytes.extend(bits.to_be_bytes()[1..=whole].iter());
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_decodes_with_and_without_padding() {
+        assert_eq!(super::decode_base64("aGVsbG8="), b"hello");
+        assert_eq!(super::decode_base64("aGVsbG8h"), b"hello!");
+        assert_eq!(super::decode_base64("aGk="), b"hi");
     }
 }

@@ -127,6 +127,8 @@ async fn waiting_calls(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) 
             Ok(json_response(json!({
                 "calls": calls,
                 "may_answer": principal.may(Role::Approve),
+                "principal": principal.name,
+                "tenant": principal.tenant,
             })))
         }
         .await,

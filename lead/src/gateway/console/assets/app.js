@@ -195,6 +195,12 @@ async function follow() {
   }
 }
 
+// The key's principal and tenant, as the gateway proves them.
+async function whoAmI() {
+  const { principal, tenant } = await api("/console/api/approvals");
+  return `${principal} · ${tenant}`;
+}
+
 function signedIn(who) {
   $("sign-in").hidden = true;
   $("views").hidden = false;
@@ -222,8 +228,7 @@ async function signIn(event) {
   sessionStorage.setItem(KEY_ITEM, $("key").value.trim());
   $("key").value = "";
   try {
-    await api("/console/api/workers");
-    signedIn("signed in");
+    signedIn(await whoAmI());
   } catch (e) {
     signOut(e instanceof Refused && e.status === 401 ? "That key is not known." : e.message);
   }
@@ -233,6 +238,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", signIn);
   $("sign-out").addEventListener("click", () => signOut(""));
   window.addEventListener("hashchange", show);
-  if (key()) signedIn("signed in");
+  if (key()) whoAmI().then(signedIn, (e) => signOut(e.message));
   else signOut("");
 });
