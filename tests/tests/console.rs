@@ -1,7 +1,8 @@
 //! The web console in a real headless Chromium (WebDriver) against a real cluster whose agent asks
 //! a person before its tool: a key signs in; a run that waits shows up in the approvals view by
 //! itself (the live feed, no polling); approving it in place lets the run finish and the row
-//! goes; the workers view lists the live worker; a key without the `approve` role sees the calls
+//! goes; the workers view lists the live worker; the runs list shows it ended and a new run
+//! appears by itself; a run's view shows its events to its end, with who answered; a key without the `approve` role sees the calls
 //! but cannot answer them; no script error, no request outside the gateway, and every action is
 //! reached with the keyboard.
 
@@ -75,7 +76,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     ] }]));
     let addr = guarded_gateway(&cluster, &script).await;
     let base = format!("http://{addr}");
-    let console = format!("{base}/console");
+    let console = format!("{base}/console#approvals");
     let http = reqwest::Client::new();
     let browser = Browser::start(&cluster.dir).await;
 
@@ -172,6 +173,74 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     assert!(text.contains("slow_effect"), "{text}");
     screenshot(&browser, "workers").await;
 
+    // The runs list shows the run ended; a new run appears by itself, waiting.
+    browser.click(&browser.wait_for("#nav-runs").await).await;
+    let ended = browser
+        .wait_for(&format!("#runs-rows tr[data-task='{run}']"))
+        .await;
+    let text = browser.text(&ended).await;
+    assert!(text.contains("completed"), "{text}");
+    assert!(text.contains(&thread), "its session: {text}");
+    let (_, waiting) = start_run(&http, &base, "deploy-later").await;
+    let row = browser
+        .wait_for(&format!("#runs-rows tr[data-task='{waiting}']"))
+        .await;
+    let started = tokio::time::Instant::now();
+    while !browser.text(&row).await.contains("waiting") {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the new run never showed as waiting"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    screenshot(&browser, "runs").await;
+
+    // A run's view: its events, from the turn's start to its end.
+    let link = browser
+        .wait_for(&format!("#runs-rows tr[data-task='{run}'] a"))
+        .await;
+    browser.click(&link).await;
+    let last = browser.wait_for("#run-events li[data-kind='final']").await;
+    assert_eq!(
+        browser
+            .text(&last)
+            .await
+            .split_once("completed: ")
+            .map(|(_, a)| a.to_owned()),
+        Some("observed: effect deploy-console done".to_owned())
+    );
+    let kinds: Vec<String> = {
+        let mut kinds = Vec::new();
+        for item in browser.find_all("#run-events li").await {
+            kinds.push(
+                browser.property(&item, "dataset").await["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+        kinds
+    };
+    for kind in [
+        "turn_started",
+        "approval_requested",
+        "approval_resolved",
+        "tool_started",
+        "tool_finished",
+        "final",
+    ] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
+    }
+    let resolved = browser
+        .wait_for("#run-events li[data-kind='approval_resolved']")
+        .await;
+    let text = browser.text(&resolved).await;
+    assert!(
+        text.contains("by dave") && text.contains("looks right"),
+        "who answered and why: {text}"
+    );
+    screenshot(&browser, "run").await;
+
     // No script error, and nothing was asked of anyone but the gateway.
     let errors = browser
         .execute("return window.consoleErrors;", json!([]))
@@ -196,7 +265,7 @@ async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong
     ] }]));
     let addr = guarded_gateway(&cluster, &script).await;
     let base = format!("http://{addr}");
-    let console = format!("{base}/console");
+    let console = format!("{base}/console#approvals");
     let http = reqwest::Client::new();
     let browser = Browser::start(&cluster.dir).await;
 

@@ -32,6 +32,7 @@ mod intake;
 mod slots;
 mod streams;
 mod submissions;
+mod task_list;
 
 pub use dead_letters::{
     DeadLetter, HEADER_ATTEMPTS, HEADER_DEAD_REASON, HEADER_ORIGINAL_ID, HEADER_ORIGINAL_SUBJECT,

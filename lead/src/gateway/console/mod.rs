@@ -3,7 +3,8 @@
 //! holds the page to it), and the JSON it reads under `/console/api/`, with the gateway's keys
 //! and roles.
 //!
-//! Served so far: the calls of the key's tenant waiting for a person, with their arguments and
+//! Served so far: the tenant's runs, newest first, filtered by status, agent and session, and a
+//! run's events as they come ([`runs`]); the calls of the key's tenant waiting for a person, with their arguments and
 //! the rule that asked, answered in place (`approve` role, a reason optional); the live workers
 //! with their pools, tools, agent types, capacity and last heartbeat; and a live feed of the
 //! tenant's task events (`GET /console/api/live`, SSE from a core subscription on
@@ -24,6 +25,8 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::{EventKind, TurnEvent};
+
+mod runs;
 
 use super::approvals::{self, Answer, Verdict};
 use super::keys::Role;
@@ -60,6 +63,8 @@ pub(super) fn routes() -> Router<Arc<Gateway>> {
         .route("/console/api/approvals", get(waiting_calls))
         .route("/console/api/approvals/{task_id}/answer", post(answer))
         .route("/console/api/workers", get(workers))
+        .route("/console/api/runs", get(runs::list))
+        .route("/console/api/runs/{task_id}/events", get(runs::events))
         .route("/console/api/live", get(live))
 }
 
@@ -82,7 +87,7 @@ fn asset(body: &'static str, kind: &'static str) -> Response {
     response
 }
 
-fn outcome(result: Result<Response, ApiError>) -> Response {
+pub(super) fn outcome(result: Result<Response, ApiError>) -> Response {
     result.unwrap_or_else(IntoResponse::into_response)
 }
 

@@ -1,6 +1,7 @@
 // Skein console: reads the gateway's /console/api with the key the person signs in with (kept in
-// this tab's session storage only), shows the view the address names (#approvals, #workers), and
-// reads it again when the live feed says something changed. No request leaves the gateway.
+// this tab's session storage only), shows the view the address names (#runs, #run/<task>,
+// #approvals, #workers), and reads it again when the live feed says something changed; a run's
+// view follows its events as they come. No request leaves the gateway.
 "use strict";
 
 // Script errors, kept for whoever checks the page.
@@ -9,7 +10,7 @@ window.addEventListener("error", (e) => window.consoleErrors.push(String(e.messa
 window.addEventListener("unhandledrejection", (e) => window.consoleErrors.push(String(e.reason)));
 
 const KEY_ITEM = "skein-console-key";
-const VIEWS = ["approvals", "workers"];
+const VIEWS = ["runs", "run", "approvals", "workers"];
 const $ = (id) => document.getElementById(id);
 
 let live = null;
@@ -134,21 +135,149 @@ async function showWorkers() {
   $("workers-empty").hidden = workers.length !== 0;
 }
 
+// The runs list, filtered and paged by the server (`before`: the oldest start shown).
+async function showRuns(older) {
+  const query = new URLSearchParams();
+  for (const [name, id] of [["status", "filter-status"], ["agent", "filter-agent"], ["session", "filter-session"]]) {
+    if ($(id).value.trim()) query.set(name, $(id).value.trim());
+  }
+  const rows = $("runs-rows");
+  if (older && rows.lastElementChild) query.set("before", rows.lastElementChild.dataset.started);
+  const { runs } = await api(`/console/api/runs?${query}`);
+  if (!older) rows.replaceChildren();
+  for (const run of runs) {
+    const row = document.createElement("tr");
+    row.dataset.task = run.task_id;
+    row.dataset.started = run.started_at_ms;
+    const link = document.createElement("a");
+    link.href = `#run/${encodeURIComponent(run.task_id)}`;
+    link.textContent = run.task_id;
+    cell(row, link);
+    cell(row, run.agent);
+    cell(row, run.session);
+    cell(row, when(run.started_at_ms));
+    cell(row, run.status).className = "status";
+    cell(row, run.events);
+    rows.append(row);
+  }
+  $("runs-table").hidden = rows.children.length === 0;
+  $("runs-empty").hidden = rows.children.length !== 0;
+  $("runs-older").hidden = runs.length < 50;
+}
+
+// A line of the run's timeline for one event; a model's text joins the line before it.
+function summary(event) {
+  const e = event.event;
+  switch (e.type) {
+    case "turn_started":
+      return `${e.agent} on session ${e.session}${e.trace_id ? ` · trace ${e.trace_id}` : ""}`;
+    case "model_delta":
+    case "reasoning_delta":
+      return e.text;
+    case "tool_started":
+      return `${e.tool}(${typeof e.arguments === "string" ? e.arguments : JSON.stringify(e.arguments)})`;
+    case "tool_finished":
+      return `${e.tool} ${e.ok ? "ok" : "failed"} on ${e.worker_id}: ${e.preview}`;
+    case "approval_requested":
+      return `${e.tool} waits for a person (${e.rule})`;
+    case "approval_resolved":
+      return `${e.tool}: ${e.verdict}${e.by ? ` by ${e.by}` : ""}${e.reason ? ` — ${e.reason}` : ""}`;
+    case "final":
+      return `${e.result.status}: ${e.result.answer || (e.result.failure && e.result.failure.message) || ""}`;
+    default:
+      return JSON.stringify(e);
+  }
+}
+
+let following = null;
+
+function addEvent(list, event) {
+  const last = list.lastElementChild;
+  const kind = event.event.type;
+  if (kind === "model_delta" && last && last.dataset.kind === kind && last.dataset.source === event.source) {
+    last.querySelector(".text").textContent += event.event.text;
+    return;
+  }
+  const item = document.createElement("li");
+  item.dataset.kind = kind;
+  item.dataset.source = event.source;
+  for (const [name, text] of [["at", new Date(event.at_ms).toLocaleTimeString()], ["source", event.source], ["kind", kind], ["text", summary(event)]]) {
+    const span = document.createElement("span");
+    span.className = name;
+    span.textContent = text;
+    item.append(span);
+  }
+  list.append(item);
+  if (kind === "final") $("run-state").textContent = `Ended ${event.event.result.status}.`;
+}
+
+// A run's events, from its first, live; after a break, from the last one seen.
+async function showRun(task) {
+  if (following && following.task === task) return;
+  if (following) following.controller.abort();
+  const controller = new AbortController();
+  following = { task, controller };
+  $("run-title").textContent = `Run ${task}`;
+  $("run-state").textContent = "Following its events…";
+  const list = $("run-events");
+  list.replaceChildren();
+  let last = 0;
+  let pause = 1000;
+  while (following && following.controller === controller) {
+    try {
+      const headers = { Authorization: `Bearer ${key()}` };
+      if (last) headers["Last-Event-ID"] = String(last);
+      const response = await fetch(`/console/api/runs/${encodeURIComponent(task)}/events`, { headers, signal: controller.signal });
+      if (!response.ok) throw new Error(response.statusText);
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        const blocks = buffer.split("\n\n");
+        buffer = blocks.pop();
+        for (const block of blocks) {
+          const id = block.split("\n").find((l) => l.startsWith("id:"));
+          const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
+          if (!data) continue;
+          if (id) last = Number(id.slice(3).trim());
+          addEvent(list, JSON.parse(data));
+        }
+      }
+      if (list.lastElementChild && list.lastElementChild.dataset.kind === "final") return;
+    } catch (e) {
+      if (controller.signal.aborted) return;
+    }
+    await new Promise((r) => setTimeout(r, pause));
+    pause = Math.min(pause * 2, 30000);
+  }
+}
+
 function view() {
-  const named = location.hash.replace("#", "");
-  return VIEWS.includes(named) ? named : "approvals";
+  const named = decodeURIComponent(location.hash.replace("#", ""));
+  if (named.startsWith("run/")) return ["run", named.slice(4)];
+  return [VIEWS.includes(named) && named !== "run" ? named : "runs", null];
 }
 
 async function show() {
-  const current = view();
+  const [current, task] = view();
   for (const name of VIEWS) {
     $(name).hidden = name !== current;
     const link = $(`nav-${name}`);
+    if (!link) continue;
     if (name === current) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
+  if (current !== "run" && following) {
+    following.controller.abort();
+    following = null;
+  }
   try {
-    if (current === "approvals") await showApprovals();
+    if (current === "runs") await showRuns(false);
+    else if (current === "run") await showRun(task);
+    else if (current === "approvals") await showApprovals();
     else await showWorkers();
   } catch (e) {
     if (e instanceof Refused && e.status === 401) return signOut(e.message);
@@ -158,6 +287,7 @@ async function show() {
 
 let again = null;
 function showSoon() {
+  if (view()[0] === "run") return;
   clearTimeout(again);
   again = setTimeout(show, 100);
 }
@@ -214,6 +344,8 @@ function signOut(why) {
   sessionStorage.removeItem(KEY_ITEM);
   if (live) live.abort();
   live = null;
+  if (following) following.controller.abort();
+  following = null;
   for (const name of VIEWS) $(name).hidden = true;
   $("views").hidden = true;
   $("sign-out").hidden = true;
@@ -236,6 +368,11 @@ async function signIn(event) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", signIn);
+  $("runs-filter").addEventListener("submit", (e) => {
+    e.preventDefault();
+    show();
+  });
+  $("runs-older").addEventListener("click", () => showRuns(true));
   $("sign-out").addEventListener("click", () => signOut(""));
   window.addEventListener("hashchange", show);
   if (key()) whoAmI().then(signedIn, (e) => signOut(e.message));

@@ -1,0 +1,61 @@
+//! The tasks the events stream knows, for a console's list of runs: the task ids of a tenant
+//! whose events it holds (its subjects, `skein.events.{tenant}.{task}`, read from the stream's
+//! subject counts, so no consumer is made), and a task's first event (a direct get, whose API
+//! subject names the event subject, so a server can fence it by tenant). What the stream no
+//! longer holds (older than its retention) is not listed.
+
+use futures::TryStreamExt;
+
+use super::{Bus, BusError};
+use crate::protocol::TurnEvent;
+use crate::subjects;
+
+impl Bus {
+    /// The ids of `tenant`'s tasks that have events in the events stream, with how many.
+    pub async fn tenant_tasks(&self, tenant: &str) -> Result<Vec<(String, usize)>, BusError> {
+        let listing_error = |message: String| BusError::Consumer {
+            consumer: format!("tasks({tenant})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| listing_error(e.to_string()))?;
+        let prefix = subjects::events(tenant, "");
+        let counted: Vec<(String, usize)> = stream
+            .info_with_subjects(format!("{prefix}*"))
+            .await
+            .map_err(|e| listing_error(e.to_string()))?
+            .try_collect()
+            .await
+            .map_err(|e| listing_error(e.to_string()))?;
+        Ok(counted
+            .into_iter()
+            .filter_map(|(subject, count)| {
+                subject
+                    .strip_prefix(&prefix)
+                    .map(|task| (task.to_owned(), count))
+            })
+            .collect())
+    }
+
+    /// The first event on one subject of the events stream, with its stream sequence.
+    pub async fn first_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
+        use async_nats::jetstream::stream::DirectGetErrorKind;
+        let lookup_error = |message: String| BusError::Consumer {
+            consumer: format!("first({subject})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| lookup_error(e.to_string()))?;
+        match stream.direct_get_first_for_subject(subject).await {
+            Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(e) => Err(lookup_error(e.to_string())),
+        }
+    }
+}
