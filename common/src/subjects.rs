@@ -247,6 +247,11 @@ pub fn events(tenant: &str, task_id: &str) -> String {
     format!("skein.events.{tenant}.{task_id}")
 }
 
+/// Every task's events of a tenant (a subscription's filter).
+pub fn tenant_events(tenant: &str) -> String {
+    format!("skein.events.{tenant}.>")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -938,3 +938,85 @@ async fn a_busy_thread_refuses_a_second_run_and_a_stream_whose_client_leaves_can
     .await;
     assert_eq!(ended.status, skein_common::protocol::TurnStatus::Cancelled);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_key_cannot_read_cancel_or_resume_a_threads_runs() {
+    let cluster = TestCluster::start();
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "deploy-{{input}}", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let addr = guarded_gateway(&cluster, &script).await;
+    let api = Api::new(addr);
+    let thread = api.thread(SUBMIT_AND_APPROVE_KEY).await;
+
+    // A run of acme's that stops at an interrupt.
+    let waited = api
+        .send(
+            "POST",
+            &format!("/threads/{thread}/runs/wait"),
+            SUBMIT_AND_APPROVE_KEY,
+            Some(json!({ "assistant_id": "assistant", "input": said("deploy") })),
+            &[],
+        )
+        .await;
+    assert_eq!(waited.status(), StatusCode::OK);
+    let run = run_of(waited.headers());
+    let values: Value = waited.json().await.expect("values");
+    assert_eq!(
+        values["__interrupt__"][0]["value"]["arguments"]["key"], "deploy-deploy",
+        "{values}"
+    );
+
+    // Globex's key finds neither the thread nor its runs: it cannot read, list, cancel or resume
+    // them, nor read the thread's state.
+    let resume =
+        json!({ "assistant_id": "assistant", "command": { "resume": { "approve": true } } });
+    for (method, path, body) in [
+        ("GET", format!("/threads/{thread}/runs/{run}"), None),
+        ("GET", format!("/threads/{thread}/runs"), None),
+        ("POST", format!("/threads/{thread}/runs/{run}/cancel"), None),
+        (
+            "POST",
+            format!("/threads/{thread}/runs/wait"),
+            Some(resume.clone()),
+        ),
+        ("GET", format!("/threads/{thread}/state"), None),
+    ] {
+        let (status, body) = api.call(method, &path, OTHER_TENANT_KEY, body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+    }
+    assert_eq!(
+        started(&cluster, "deploy-deploy"),
+        0,
+        "another tenant's resume did not run the call"
+    );
+    assert_eq!(
+        api.ok(
+            "GET",
+            &format!("/threads/{thread}/runs/{run}"),
+            SUBMIT_AND_APPROVE_KEY,
+            None
+        )
+        .await["status"],
+        "interrupted",
+        "another tenant's cancel left the run as it was"
+    );
+
+    // The interrupt is intact: acme's approver resumes it and the call runs once.
+    let done = api
+        .ok(
+            "POST",
+            &format!("/threads/{thread}/runs/wait"),
+            SUBMIT_AND_APPROVE_KEY,
+            Some(resume),
+        )
+        .await;
+    let answer = contents(&done).last().cloned().unwrap_or_default();
+    assert!(answer.starts_with("ai:observed:"), "{answer}");
+    assert_eq!(
+        started(&cluster, "deploy-deploy"),
+        1,
+        "the approved call ran once"
+    );
+}

@@ -9,7 +9,9 @@
 use serde_json::{json, Value};
 use skein_tests::support::browser::Browser;
 use skein_tests::support::cluster::TestCluster;
-use skein_tests::support::gateway::{guarded_gateway, KEY, SUBMIT_AND_APPROVE_KEY};
+use skein_tests::support::gateway::{
+    guarded_gateway, KEY, OTHER_TENANT_KEY, SUBMIT_AND_APPROVE_KEY,
+};
 use skein_tests::support::test_tools::read_effects;
 
 /// WebDriver's Tab key.
@@ -285,7 +287,8 @@ async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong
     assert_eq!(browser.text(&refused).await, "That key is not known.");
 
     // KEY may start runs but not answer calls: it sees the waiting call, its buttons disabled.
-    start_run(&http, &base, "deploy-readonly").await;
+    // The run's id is its task's.
+    let (_, task) = start_run(&http, &base, "deploy-readonly").await;
     sign_in(&browser, &console, KEY).await;
     browser.wait_for("#approvals-rows tr").await;
     let approve = browser.wait_for("#approvals-rows button.approve").await;
@@ -296,10 +299,58 @@ async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong
     );
     let deny = browser.wait_for("#approvals-rows button.deny").await;
     assert_eq!(browser.property(&deny, "disabled").await, json!(true));
+
+    // Nor can it answer by asking the API directly; nor can another tenant's key (which has only
+    // `submit`, and whose tenant has no such task).
+    let answer = format!("{base}/console/api/approvals/{task}/answer");
+    let status = http
+        .post(&answer)
+        .header("Authorization", format!("Bearer {KEY}"))
+        .json(&json!({ "approve": true }))
+        .send()
+        .await
+        .expect("sent")
+        .status();
+    assert_eq!(
+        status,
+        reqwest::StatusCode::FORBIDDEN,
+        "a key without the approve role cannot answer"
+    );
+    let status = http
+        .post(&answer)
+        .header("Authorization", format!("Bearer {OTHER_TENANT_KEY}"))
+        .json(&json!({ "approve": true }))
+        .send()
+        .await
+        .expect("sent")
+        .status();
+    assert!(
+        matches!(
+            status,
+            reqwest::StatusCode::FORBIDDEN | reqwest::StatusCode::CONFLICT
+        ),
+        "another tenant's key cannot answer: {status}"
+    );
     assert_eq!(
         read_effects(&cluster.effects_file())
             .get("deploy-readonly")
             .map(|c| c.started),
-        None
+        None,
+        "the call did not run"
+    );
+    let listed: Value = http
+        .get(format!("{base}/console/api/approvals"))
+        .header("Authorization", format!("Bearer {KEY}"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("the waiting calls");
+    assert!(
+        listed["calls"]
+            .as_array()
+            .is_some_and(|calls| calls.iter().any(|c| c["task_id"] == task.as_str())),
+        "the call still waits: {listed}"
     );
 }

@@ -547,7 +547,19 @@ async fn keys_are_rate_limited_browsers_of_listed_origins_are_served_and_every_r
     assert!(paths.contains_key("/v1/responses/{id}"), "{document}");
     for (path, operations) in paths {
         for (method, operation) in operations.as_object().expect("operations") {
-            let url = format!("http://{addr}{}", path.replace("{id}", "resp_x"));
+            // Every `{name}` segment (`{id}`, `{run_id}`, `{task_id}`, ...) gets a made-up value.
+            let concrete = path
+                .split('/')
+                .map(|segment| {
+                    if segment.starts_with('{') && segment.ends_with('}') {
+                        "resp_x"
+                    } else {
+                        segment
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            let url = format!("http://{addr}{concrete}");
             let request = match method.as_str() {
                 "get" => http.get(&url),
                 "post" => http.post(&url),
@@ -674,8 +686,10 @@ async fn a_connection_that_does_not_send_its_headers_in_time_is_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let cluster = TestCluster::start();
     let addr = cluster_with_gateway(&cluster, &["--gateway-header-timeout", "1s"]).await;
-    // Half a request, then nothing: the gateway closes the connection (the bound below only
-    // keeps a broken gateway from hanging the test).
+    // Half a request, then nothing: the gateway closes the connection. The bound on each wait
+    // below is 10 s: well past the configured 1 s, yet well short of the 30 s hyper would use by
+    // default, so a gateway that ignored the flag would fail here rather than pass late.
+    let bound = std::time::Duration::from_secs(10);
     let mut slow = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connected");
@@ -683,12 +697,9 @@ async fn a_connection_that_does_not_send_its_headers_in_time_is_closed() {
         .await
         .expect("written");
     let mut answer = Vec::new();
-    let closed = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        slow.read_to_end(&mut answer),
-    )
-    .await
-    .expect("the gateway closes a connection whose headers do not come");
+    let closed = tokio::time::timeout(bound, slow.read_to_end(&mut answer))
+        .await
+        .expect("the gateway closes a connection whose headers do not come");
     assert!(
         closed.is_err() || !String::from_utf8_lossy(&answer).contains("200 OK"),
         "no answer to half a request: {}",
@@ -702,13 +713,10 @@ async fn a_connection_that_does_not_send_its_headers_in_time_is_closed() {
         .await
         .expect("written");
     let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        idle.read_to_end(&mut answer),
-    )
-    .await
-    .expect("the idle connection is closed")
-    .expect("read");
+    tokio::time::timeout(bound, idle.read_to_end(&mut answer))
+        .await
+        .expect("the idle connection is closed")
+        .expect("read");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(

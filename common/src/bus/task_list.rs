@@ -1,6 +1,6 @@
-//! The tasks the events stream knows, for a console's list of runs: the task ids of a tenant
-//! whose events it holds (its subjects, `skein.events.{tenant}.{task}`, read from the stream's
-//! subject counts, so no consumer is made), and a task's first event (a direct get, whose API
+//! The tasks the events stream knows, for a console's list of runs and for followers that go on
+//! from now: the task ids of a tenant whose events it holds (its subjects, `skein.events.{tenant}.{task}`, read from the stream's
+//! subject counts, so no consumer is made), how many events a task has, and a task's first event (a direct get, whose API
 //! subject names the event subject, so a server can fence it by tenant). What the stream no
 //! longer holds (older than its retention) is not listed.
 
@@ -38,6 +38,28 @@ impl Bus {
                     .map(|task| (task.to_owned(), count))
             })
             .collect())
+    }
+
+    /// How many events one subject of the events stream holds (a task's, all its runs'): where a
+    /// follower that goes on from now starts.
+    pub async fn event_count(&self, subject: &str) -> Result<u64, BusError> {
+        let counting_error = |message: String| BusError::Consumer {
+            consumer: format!("count({subject})"),
+            message,
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| counting_error(e.to_string()))?;
+        let counted: Vec<(String, usize)> = stream
+            .info_with_subjects(subject)
+            .await
+            .map_err(|e| counting_error(e.to_string()))?
+            .try_collect()
+            .await
+            .map_err(|e| counting_error(e.to_string()))?;
+        Ok(counted.iter().map(|(_, n)| *n as u64).sum())
     }
 
     /// The first event on one subject of the events stream, with its stream sequence.

@@ -34,12 +34,13 @@ pub struct ResponseRecord {
     /// waiting for approval goes on with the task of the response that asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
-    /// The task's calls that asked for approval before this response begins.
+    /// The task's events before this response begins (those it held when the response answered
+    /// its calls).
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub after_interrupts: u32,
+    pub after_events: u64,
 }
 
-fn is_zero(n: &u32) -> bool {
+fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 

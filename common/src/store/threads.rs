@@ -44,10 +44,10 @@ pub struct RunRecord {
     /// The user's input that started its task.
     #[serde(default)]
     pub input: String,
-    /// The interrupts of its task before the run begins: a run that resumes its task starts
-    /// after that many `approval_requested` events.
+    /// The events of its task before the run begins: a run that resumes its task starts after
+    /// the events it held when the run answered its calls.
     #[serde(default)]
-    pub after_interrupts: u32,
+    pub after_events: u64,
     /// Set once a later run resumes this run's interrupt: the run ended interrupted.
     #[serde(default)]
     pub resumed_by: Option<String>,
@@ -152,7 +152,11 @@ impl SessionStore {
         let mut pipe = redis::pipe();
         pipe.hset(&key, &run.run_id, json).ignore();
         if self.session_ttl_secs > 0 {
-            pipe.expire(&key, self.session_ttl_secs as i64).ignore();
+            // A thread in use lives as long as its session: each run renews both records.
+            let ttl = self.session_ttl_secs as i64;
+            pipe.expire(&key, ttl).ignore();
+            pipe.expire(keys::thread(tenant, &run.thread_id), ttl)
+                .ignore();
         }
         let mut conn = self.connection.clone();
         let () = pipe.query_async(&mut conn).await?;

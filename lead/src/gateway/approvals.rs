@@ -17,13 +17,85 @@ pub(crate) struct Verdict {
     pub reason: String,
 }
 
+/// One waiting call, by the source of the events of the run that asked (`lead` for the task's own
+/// turn, `subagent:<calls>` for a subagent run's: call ids are unique only within a run) and its
+/// call id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct CallRef {
+    pub source: String,
+    pub call_id: String,
+}
+
+/// The source of the task's own turn's events.
+pub(crate) const LEAD: &str = "lead";
+
+impl CallRef {
+    /// How a protocol names the call: its id for the task's own turn, `source/id` in a subagent
+    /// run.
+    pub fn id(&self) -> String {
+        if self.source == LEAD {
+            self.call_id.clone()
+        } else {
+            format!("{}/{}", self.source, self.call_id)
+        }
+    }
+}
+
+/// The source of the events of the run a request is of.
+pub(crate) fn source_of(request: &ApprovalRequest) -> String {
+    if request.lineage.is_empty() {
+        LEAD.to_owned()
+    } else {
+        format!("subagent:{}", request.lineage.join("/"))
+    }
+}
+
+/// The unanswered calls of `requests`.
+pub(crate) fn unanswered(requests: &[ApprovalRequest]) -> Vec<CallRef> {
+    requests
+        .iter()
+        .flat_map(|request| {
+            let source = source_of(request);
+            request.unanswered().map(move |call| CallRef {
+                source: source.clone(),
+                call_id: call.call_id.clone(),
+            })
+        })
+        .collect()
+}
+
 /// What a caller answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Answer {
     /// Every call that waits.
     All(Verdict),
-    /// Named calls (by call id).
-    Calls(Vec<(String, Verdict)>),
+    /// Named calls.
+    Calls(Vec<(CallRef, Verdict)>),
+}
+
+impl Answer {
+    /// 400 unless the answer settles every call of `waiting` (each named once): a run that goes
+    /// on from an answer must not be left waiting on a call nobody answered.
+    /// The calls are named in the message as `name` gives them.
+    pub(crate) fn check_complete(
+        &self,
+        waiting: &[CallRef],
+        name: impl Fn(&CallRef) -> String,
+    ) -> Result<(), ApiError> {
+        let Answer::Calls(calls) = self else {
+            return Ok(());
+        };
+        let named: std::collections::BTreeSet<&CallRef> = calls.iter().map(|(c, _)| c).collect();
+        let wanted: std::collections::BTreeSet<&CallRef> = waiting.iter().collect();
+        if named.len() == calls.len() && named == wanted {
+            return Ok(());
+        }
+        let ids: Vec<String> = waiting.iter().map(name).collect();
+        Err(request::invalid(format!(
+            "answer every waiting call once (or all of them with one verdict); waiting: {}",
+            ids.join(", ")
+        )))
+    }
 }
 
 /// The requests task `task_id` of `tenant` waits on, its own turn's first, each with the answers
@@ -113,9 +185,11 @@ pub(crate) async fn answer(
             )),
             Answer::All(_) => {}
             Answer::Calls(calls) => {
-                for (call_id, verdict) in calls {
-                    if unanswered.contains(&call_id.as_str()) {
-                        decisions.push((decision(principal, request, Some(call_id), verdict), 1));
+                let source = source_of(request);
+                for (call, verdict) in calls {
+                    if call.source == source && unanswered.contains(&call.call_id.as_str()) {
+                        let decision = decision(principal, request, Some(&call.call_id), verdict);
+                        decisions.push((decision, 1));
                     }
                 }
             }
@@ -124,10 +198,7 @@ pub(crate) async fn answer(
     if let Answer::Calls(calls) = answer {
         let known: usize = decisions.iter().map(|(_, n)| n).sum();
         if known < calls.len() {
-            let waiting: Vec<&str> = requests
-                .iter()
-                .flat_map(|r| r.unanswered().map(|c| c.call_id.as_str()))
-                .collect();
+            let waiting: Vec<String> = unanswered(&requests).iter().map(CallRef::id).collect();
             return Err(not_waiting(format!(
                 "task {task_id} does not wait on every call named; it waits on: {}",
                 if waiting.is_empty() {

@@ -90,11 +90,14 @@ pub(crate) fn followed<F: Fold>(
         let mut out = fold.opening();
         let (events, mut heard) = tokio::sync::mpsc::unbounded_channel::<Heard>();
         let mut recording = None;
+        let mut running = None;
         let (ended, idle) = match source {
             Source::Submit(submission, writing) => {
                 recording = writing;
                 let runner = gateway.clone();
-                tokio::spawn(async move {
+                // Stops, and lets go of its subscription, once the output is complete; runs on
+                // when the client leaves (the run goes on; its submission may not be made yet).
+                running = Some(AbortOnDrop(Some(tokio::spawn(async move {
                     let timeout = runner.run_timeout;
                     let passed = events.clone();
                     let run = runner.client.run(&submission, timeout, move |event| {
@@ -103,7 +106,7 @@ pub(crate) fn followed<F: Fold>(
                     if let Err(e) = run.await {
                         let _ = events.send(Heard::Failed(e.to_string()));
                     }
-                });
+                }))));
                 (None, None)
             }
             Source::Stored(ended) => {
@@ -126,9 +129,14 @@ pub(crate) fn followed<F: Fold>(
             }
         }
         let mut failure = None;
+        let client_left = |running: Option<AbortOnDrop>| {
+            if let Some(running) = running {
+                running.let_go();
+            }
+        };
         let finished = loop {
             if !out.is_empty() && sender.send(std::mem::take(&mut out)).await.is_err() {
-                return;
+                return client_left(running);
             }
             if fold.stopped() {
                 return;
@@ -143,7 +151,7 @@ pub(crate) fn followed<F: Fold>(
             let next = tokio::select! {
                 next = tokio::time::timeout_at(until, heard.recv()) => next,
                 // The client went away: the run goes on without a follower.
-                () = sender.closed() => return,
+                () = sender.closed() => return client_left(running),
             };
             match next {
                 Ok(Some(Heard::Event(event))) => match event.event {
@@ -190,11 +198,30 @@ pub(crate) fn followed<F: Fold>(
             };
         }
         let _ = sender.send(out).await;
+        drop(running);
     });
     futures::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|batch| (batch, receiver))
     })
     .flat_map(futures::stream::iter)
+}
+
+/// A task that stops when its handle is dropped, unless let go.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    /// Lets the task run on (its submission may not be made yet).
+    fn let_go(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
 }
 
 /// Reads the run's events from the events stream into `events` until its final event, or until

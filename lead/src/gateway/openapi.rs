@@ -240,6 +240,18 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
     },
     Endpoint {
         method: "get",
+        path: "/console/api/runs",
+        summary: "Console: the tenant's runs the events stream holds, newest first, filtered by `status`, `agent`, `session`, paged with `before`",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
+        path: "/console/api/runs/{task_id}/events",
+        summary: "Console: a run's events from its first, live to its end (SSE numbered for `Last-Event-ID`)",
+        keyed: true,
+    },
+    Endpoint {
+        method: "get",
         path: "/console/api/live",
         summary: "Console: a note per change of the tenant's tasks (SSE), so the page reads again rather than polls",
         keyed: true,

@@ -27,7 +27,9 @@ pub(super) async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let connections = tokio_util::task::TaskTracker::new();
+    // Asked to finish what they hold; then, after the grace, closed.
     let closing = CancellationToken::new();
+    let closed = CancellationToken::new();
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -44,9 +46,13 @@ pub(super) async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
-        let app = app.clone();
-        let closing = closing.clone();
-        connections.spawn(serve_connection(tcp, peer, app, header_timeout, closing));
+        let (app, closing, closed) = (app.clone(), closing.clone(), closed.clone());
+        connections.spawn(async move {
+            tokio::select! {
+                () = serve_connection(tcp, peer, app, header_timeout, closing) => {}
+                () = closed.cancelled() => {}
+            }
+        });
     }
     drop(listener);
     connections.close();
@@ -59,6 +65,8 @@ pub(super) async fn serve(
             open = connections.len(),
             "connections still open after the shutdown grace are closed"
         );
+        closed.cancel();
+        connections.wait().await;
     }
     Ok(())
 }

@@ -357,7 +357,7 @@ async fn start(
         metadata: Default::default(),
         background: incoming.return_immediately,
         task_id: None,
-        after_interrupts: 0,
+        after_events: 0,
     };
     gateway
         .store

@@ -331,7 +331,7 @@ mod tests {
             metadata: Default::default(),
             background: false,
             task_id: None,
-            after_interrupts: 0,
+            after_events: 0,
         }
     }
 

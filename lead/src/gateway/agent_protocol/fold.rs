@@ -5,19 +5,19 @@
 //! the model's text with its metadata) and `custom` (Skein's own events as they are), then
 //! `error` when the run failed, and `end` last.
 //!
-//! A run stops at an interrupt: the first `approval_requested` past the interrupts the run
-//! resumes from (`after_interrupts`); events before that are folded into the messages but not
-//! shown. The parts are numbered, and the same events give the same parts, so a stream read again
+//! A run stops at an interrupt: the calls its task asked a person about and no later event shows
+//! answered (`Fold::waiting`, settled by the follower when nothing more comes; at once when a
+//! later run resumed it). A run that resumes its task starts after the events the task held when
+//! it answered (`after_events`); events before that are folded into the messages but not shown.
+//! The parts are numbered, and the same events give the same parts, so a stream read again
 //! resumes after the `Last-Event-ID` its client saw.
 
 use serde_json::{json, Value};
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
 
 use super::messages;
+use crate::gateway::approvals::{CallRef, LEAD};
 use crate::gateway::follow::Fold;
-
-/// The source of the lead's own events.
-const LEAD: &str = "lead";
 
 /// The stream modes served.
 pub(super) const MODES: [&str; 4] = ["values", "updates", "messages-tuple", "custom"];
@@ -100,10 +100,10 @@ pub(super) struct RunShape {
     pub before: Vec<Value>,
     /// The user's input that started the run's task.
     pub input: String,
-    /// The task's interrupts before this run.
-    pub after_interrupts: u32,
-    /// The run ends at its first interrupt (a later run resumed it), rather than when no event
-    /// follows its interrupts (`settle`, after the follower's pause).
+    /// The task's events before this run.
+    pub after_events: u64,
+    /// The run ends at its first interrupt (a later run resumed it: what follows is that run's),
+    /// rather than when no event shows its calls answered (`settle`, after the follower's pause).
     pub ends_at_interrupt: bool,
 }
 
@@ -119,10 +119,11 @@ pub(super) struct RunFold {
     shown: bool,
     /// Calls of the step not yet answered.
     pending: usize,
-    interrupts: u32,
-    /// Calls asked about and not answered yet, as interrupts: where the run ends unless its next
-    /// event shows them answered.
-    asked: Vec<Value>,
+    /// The task's events seen.
+    events: u64,
+    /// Calls asked about and not answered yet, as interrupts: where the run ends unless an event
+    /// shows them answered.
+    asked: Vec<(CallRef, Value)>,
     stopped: bool,
 }
 
@@ -139,7 +140,7 @@ impl RunFold {
             calls: Vec::new(),
             shown: false,
             pending: 0,
-            interrupts: 0,
+            events: 0,
             asked: Vec::new(),
             stopped: false,
         }
@@ -150,8 +151,9 @@ impl RunFold {
         json!({ "messages": self.messages })
     }
 
+    /// True for the task's events before the run began.
     fn skipping(&self) -> bool {
-        self.interrupts < self.shape.after_interrupts
+        self.shape.after_events > 0 && self.events <= self.shape.after_events
     }
 
     /// A part, unless the run has not begun (its task's events before the interrupt it resumes).
@@ -218,15 +220,25 @@ impl Fold for RunFold {
     }
 
     fn event(&mut self, event: &TurnEvent) -> Vec<Value> {
+        self.events += 1;
+        let asks = matches!(event.event, EventKind::ApprovalRequested { .. });
+        if self.shape.ends_at_interrupt && !self.asked.is_empty() && !asks {
+            // What follows the interrupt is the run that resumed it.
+            return self.settle();
+        }
         let mut out = Vec::new();
         if self.shape.modes.custom {
             let data = serde_json::to_value(event).unwrap_or(Value::Null);
             self.part(&mut out, "custom", data);
         }
         let lead = event.source == LEAD;
-        // The calls it waited on were answered (elsewhere, or at once): the run goes on.
-        if !matches!(event.event, EventKind::ApprovalRequested { .. }) {
-            self.asked.clear();
+        // A call it waited on was answered (elsewhere: the console, `skein approve`, A2A): the
+        // run goes on past it.
+        if let EventKind::ApprovalResolved { call_id, .. }
+        | EventKind::ToolStarted { call_id, .. } = &event.event
+        {
+            self.asked
+                .retain(|(asked, _)| !(asked.source == event.source && asked.call_id == *call_id));
         }
         match &event.event {
             EventKind::ModelDelta { text } if lead => {
@@ -297,23 +309,15 @@ impl Fold for RunFold {
                             .push(messages::tool_call(call_id, tool, arguments));
                     }
                 }
-                let was_skipping = self.skipping();
-                self.interrupts += 1;
-                if was_skipping {
+                if self.skipping() {
                     return out;
                 }
-                let interrupt = json!({
-                    "value": {
-                        "call_id": call_id, "tool": tool, "arguments": arguments, "rule": rule,
-                        "source": event.source, "expires_at_ms": expires_at_ms,
-                        "answer": "resume with {\"approve\": true} or {\"approve\": false, \"reason\": \"…\"}",
-                    },
-                    "id": call_id,
-                });
-                self.asked.push(interrupt);
-                if self.shape.ends_at_interrupt {
-                    out.extend(self.settle());
-                }
+                let call = CallRef {
+                    source: event.source.clone(),
+                    call_id: call_id.clone(),
+                };
+                let interrupt = messages::interrupt(&call, tool, arguments, rule, *expires_at_ms);
+                self.asked.push((call, interrupt));
                 return out;
             }
             _ => {}
@@ -329,7 +333,10 @@ impl Fold for RunFold {
     fn settle(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
         self.show_ai(&mut out, None);
-        let interrupts = std::mem::take(&mut self.asked);
+        let interrupts: Vec<Value> = std::mem::take(&mut self.asked)
+            .into_iter()
+            .map(|(_, interrupt)| interrupt)
+            .collect();
         if self.shape.modes.updates {
             self.part(&mut out, "updates", json!({ "__interrupt__": interrupts }));
         }
@@ -338,7 +345,7 @@ impl Fold for RunFold {
             values["__interrupt__"] = json!(interrupts);
             self.part(&mut out, "values", values);
         }
-        self.part(&mut out, "end", Value::Null);
+        self.push(&mut out, "end", Value::Null);
         self.stopped = true;
         out
     }
@@ -364,24 +371,24 @@ impl Fold for RunFold {
                 None => (result.status.as_str().to_owned(), String::new()),
             };
             let status = result.status.as_str();
-            self.part(
+            self.push(
                 &mut out,
                 "error",
                 json!({ "error": kind, "message": message, "status": status }),
             );
         }
-        self.part(&mut out, "end", Value::Null);
+        self.push(&mut out, "end", Value::Null);
         out
     }
 
     fn failure(&mut self, code: &str, message: String) -> Vec<Value> {
         let mut out = Vec::new();
-        self.part(
+        self.push(
             &mut out,
             "error",
             json!({ "error": code, "message": message }),
         );
-        self.part(&mut out, "end", Value::Null);
+        self.push(&mut out, "end", Value::Null);
         out
     }
 }
@@ -393,14 +400,14 @@ mod tests {
 
     use super::*;
 
-    fn shape(after_interrupts: u32, modes: Modes) -> RunShape {
+    fn shape(after_events: u64, modes: Modes) -> RunShape {
         RunShape {
             run_id: "r1".into(),
             thread_id: "t1".into(),
             modes,
             before: vec![json!({ "type": "human", "content": "earlier", "id": "t1-0" })],
             input: "deploy it".to_owned(),
-            after_interrupts,
+            after_events,
             ends_at_interrupt: true,
         }
     }
@@ -530,7 +537,8 @@ mod tests {
         assert_eq!(parts[5]["data"]["messages"][1]["content"], "deploy it");
         assert_eq!(parts[5]["data"]["messages"][2]["tool_calls"][0]["id"], "c1");
 
-        let mut resumed = RunFold::new(shape(1, all()));
+        // It answered when the task held two events: the text and the call it asked about.
+        let mut resumed = RunFold::new(shape(2, all()));
         let mut parts = resumed.opening();
         for event in turn() {
             parts.extend(resumed.event(&event));

@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 use skein_common::protocol::message::{Message, Role};
 
+use super::super::approvals::CallRef;
 use super::super::request::Content;
 
 /// `message` as a LangChain message dict with id `id`.
@@ -25,6 +26,25 @@ pub(super) fn shown(message: &Message, id: String) -> Value {
 /// An `ai` message with its text and calls.
 pub(super) fn ai(text: &str, id: String, calls: &[Value]) -> Value {
     json!({ "type": "ai", "content": text, "id": id, "tool_calls": calls })
+}
+
+/// A call waiting for a person as a LangGraph interrupt: its id names the call (`CallRef::id`),
+/// its value says what waits and how to answer.
+pub(super) fn interrupt(
+    call: &CallRef,
+    tool: &str,
+    arguments: &Value,
+    rule: &str,
+    expires_at_ms: Option<u64>,
+) -> Value {
+    json!({
+        "value": {
+            "call_id": call.call_id, "source": call.source, "tool": tool,
+            "arguments": arguments, "rule": rule, "expires_at_ms": expires_at_ms,
+            "answer": "resume with {\"approve\": true}, {\"approve\": false, \"reason\": \"…\"}, or one of those by interrupt id",
+        },
+        "id": call.id(),
+    })
 }
 
 /// A call as LangChain writes it in an `ai` message.

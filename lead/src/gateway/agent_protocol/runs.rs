@@ -19,10 +19,11 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sha2::Digest;
 use skein_common::protocol::{now_ms, MultitaskPolicy, TurnStatus};
 use skein_common::store::threads::{RunRecord, ThreadRecord};
 
-use super::super::approvals::{self, Answer, Verdict};
+use super::super::approvals::{self, Answer, CallRef, Verdict};
 use super::super::follow::{followed, Followed, Source};
 use super::super::keys::Principal;
 use super::super::request::{self, error, json_response, ApiError};
@@ -88,7 +89,7 @@ impl Started {
             modes,
             before: self.before.clone(),
             input: self.run.input.clone(),
-            after_interrupts: self.run.after_interrupts,
+            after_events: self.run.after_events,
             ends_at_interrupt: self.run.resumed_by.is_some(),
         })
     }
@@ -192,6 +193,18 @@ async fn start(
     };
     let tenant = principal.tenant.as_str();
     let stateless = thread.is_none();
+    if stateless && request.command.is_some() {
+        return Err(request::invalid(
+            "a stateless run has no interrupt to resume: resume on the run's thread",
+        ));
+    }
+    // Checked before a stateless run's thread is made, so a refused request leaves none.
+    let input = match &request.input {
+        Some(input) if !input.is_null() => {
+            Some(messages::read_input(input).map_err(request::invalid)?)
+        }
+        _ => None,
+    };
     let record: ThreadRecord = match thread {
         Some(id) => match record_of(gateway, tenant, &id).await {
             Err(_) if request.if_not_exists.as_deref() == Some("create") => {
@@ -203,7 +216,9 @@ async fn start(
             found => found?,
         },
         None => {
-            let id = uuid::Uuid::new_v4().to_string();
+            // A retry with the same Idempotency-Key finds the same thread, and in it its run.
+            let id = keyed_id(principal, headers, "stateless")?
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
             threads::make(gateway, principal, &id, json!({})).await?.0
         }
     };
@@ -224,15 +239,21 @@ async fn start(
                 format!("thread {thread_id} waits on no interrupt to resume"),
             ));
         };
-        let calls: Vec<&str> = waiting
-            .iter()
-            .flat_map(|r| r.unanswered().map(|c| c.call_id.as_str()))
-            .collect();
+        let calls = approvals::unanswered(&waiting);
         let answer = read_resume(resume, &calls)?;
+        answer.check_complete(&calls, CallRef::id)?;
+        // The resumed stretch starts after what the task holds now (it waits: nothing comes
+        // until it is answered).
+        let subject = skein_common::subjects::events(tenant, &interrupted.task_id);
+        let after_events = gateway
+            .client
+            .bus()
+            .event_count(&subject)
+            .await
+            .map_err(|e| request::unavailable("the run's events could not be counted", e))?;
         approvals::answer(gateway, principal, &interrupted.task_id, &answer).await?;
-        let asked: usize = waiting.iter().map(|r| r.calls.len()).sum();
         let run = RunRecord {
-            run_id: run_id(principal, headers)?,
+            run_id: run_id(principal, headers, &thread_id)?,
             thread_id: thread_id.clone(),
             assistant_id: interrupted.assistant_id.clone(),
             task_id: interrupted.task_id.clone(),
@@ -240,7 +261,7 @@ async fn start(
             metadata,
             multitask_strategy: policy.as_str().to_owned(),
             input: interrupted.input.clone(),
-            after_interrupts: interrupted.after_interrupts + asked as u32,
+            after_events,
             resumed_by: None,
             stream_mode: recorded_modes.clone(),
         };
@@ -258,13 +279,9 @@ async fn start(
             remove_thread,
         });
     }
-    let input = request
-        .input
-        .as_ref()
-        .filter(|i| !i.is_null())
+    let (text, earlier) = input
         .ok_or_else(|| request::invalid("a run needs input (or command to resume an interrupt)"))?;
-    let (text, earlier) = messages::read_input(input).map_err(request::invalid)?;
-    let run_id = run_id(principal, headers)?;
+    let run_id = run_id(principal, headers, &thread_id)?;
     if let Some(retried) = gateway
         .store
         .run(tenant, &thread_id, &run_id)
@@ -314,7 +331,7 @@ async fn start(
         metadata,
         multitask_strategy: policy.as_str().to_owned(),
         input: text,
-        after_interrupts: 0,
+        after_events: 0,
         resumed_by: None,
         stream_mode: recorded_modes.clone(),
     };
@@ -353,15 +370,24 @@ async fn start(
     })
 }
 
-/// The thread's run whose task waits for a person, with the requests it waits on (a request its
-/// client was just shown, not stored yet, is waited for: `approvals::settled`).
+/// The thread's run whose task waits for a person, with the requests it waits on. For the newest
+/// run, a request its client was just shown and not stored yet is waited for
+/// (`approvals::settled`); older runs are looked at as they stand.
 async fn interrupted_run(
     gateway: &Gateway,
     tenant: &str,
     runs: &[RunRecord],
 ) -> Result<Option<(RunRecord, Vec<skein_common::protocol::ApprovalRequest>)>, ApiError> {
-    for run in runs.iter().filter(|r| r.resumed_by.is_none()) {
-        let waiting = approvals::settled(gateway, tenant, &run.thread_id, &run.task_id).await?;
+    for (n, run) in runs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.resumed_by.is_none())
+    {
+        let waiting = if n == 0 {
+            approvals::settled(gateway, tenant, &run.thread_id, &run.task_id).await?
+        } else {
+            approvals::waiting(gateway, tenant, &run.task_id).await?
+        };
         if !waiting.is_empty() {
             return Ok(Some((run.clone(), waiting)));
         }
@@ -369,19 +395,28 @@ async fn interrupted_run(
     Ok(None)
 }
 
-/// A run's id: from the request's `Idempotency-Key` (a retry is the same run), else new.
-fn run_id(principal: &Principal, headers: &HeaderMap) -> Result<String, ApiError> {
+/// A run's id: from the request's `Idempotency-Key` within its thread (a retry is the same run;
+/// the same key on another thread another run), else new.
+fn run_id(principal: &Principal, headers: &HeaderMap, thread: &str) -> Result<String, ApiError> {
+    Ok(keyed_id(principal, headers, thread)?.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()))
+}
+
+/// A UUID named by the request's `Idempotency-Key` within the tenant and `scope`; none without a
+/// key.
+fn keyed_id(
+    principal: &Principal,
+    headers: &HeaderMap,
+    scope: &str,
+) -> Result<Option<String>, ApiError> {
     if !headers.contains_key("idempotency-key") {
-        return Ok(uuid::Uuid::new_v4().to_string());
+        return Ok(None);
     }
-    let hex = request::request_id(principal, headers)?;
-    let bytes: Vec<u8> = (0..16)
-        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect();
-    let bytes: [u8; 16] = bytes
+    let keyed = request::request_id(principal, headers)?;
+    let hash = sha2::Sha256::digest(format!("{keyed}\n{scope}").as_bytes());
+    let bytes: [u8; 16] = hash[..16]
         .try_into()
         .map_err(|_| request::invalid("the Idempotency-Key could not name a run"))?;
-    Ok(uuid::Uuid::from_bytes(bytes).to_string())
+    Ok(Some(uuid::Uuid::from_bytes(bytes).to_string()))
 }
 
 async fn put_run(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<(), ApiError> {
@@ -394,8 +429,8 @@ async fn put_run(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<(),
 
 /// A resume value as answers to the calls waiting (`calls`): `true`/`false`, `"approve"`/`"deny"`,
 /// `{"approve": bool, "reason": …}`, `{"decisions": [{"type": "approve"|"reject", "message": …},
-/// …]}` in the calls' order, or an object keyed by interrupt (call) id with one of those each.
-fn read_resume(resume: &Value, calls: &[&str]) -> Result<Answer, ApiError> {
+/// …]}` in the calls' order, or an object keyed by interrupt id with one of those each.
+fn read_resume(resume: &Value, calls: &[CallRef]) -> Result<Answer, ApiError> {
     if let Some(verdict) = verdict_of(resume) {
         return Ok(Answer::All(verdict));
     }
@@ -418,13 +453,22 @@ fn read_resume(resume: &Value, calls: &[&str]) -> Result<Answer, ApiError> {
         let answers = calls
             .iter()
             .zip(decisions)
-            .map(|(call, d)| verdict_of(d).map(|v| (call.to_string(), v)).ok_or_else(bad))
+            .map(|(call, d)| verdict_of(d).map(|v| (call.clone(), v)).ok_or_else(bad))
             .collect::<Result<_, _>>()?;
         return Ok(Answer::Calls(answers));
     }
     let answers = fields
         .iter()
-        .map(|(call, d)| verdict_of(d).map(|v| (call.clone(), v)).ok_or_else(bad))
+        .map(|(id, d)| {
+            let call = calls.iter().find(|c| c.id() == *id).ok_or_else(|| {
+                let ids: Vec<String> = calls.iter().map(CallRef::id).collect();
+                request::invalid(format!(
+                    "no call waits as {id:?}; waiting: {}",
+                    ids.join(", ")
+                ))
+            })?;
+            verdict_of(d).map(|v| (call.clone(), v)).ok_or_else(bad)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     if answers.is_empty() {
         return Err(bad());
@@ -672,7 +716,21 @@ async fn submit(gateway: &Gateway, started: &Started) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn remove_finished_thread(gateway: &Gateway, started_tenant: &str, thread: &str) {
+/// Removes a stateless run's thread once its run ended; one that stopped at an interrupt (or did
+/// not end in time) is kept, so it can be resumed or read, and expires as sessions do.
+async fn remove_finished_thread(gateway: &Gateway, started_tenant: &str, thread: &str, task: &str) {
+    match gateway
+        .store
+        .final_result(started_tenant, thread, task)
+        .await
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(thread, error = %e, "a stateless run's thread was not removed");
+            return;
+        }
+    }
     match gateway.store.remove_session(started_tenant, thread).await {
         Ok(skein_common::store::Removal::Removed(_)) => {
             if let Err(e) = gateway.store.forget_thread(started_tenant, thread).await {
@@ -717,13 +775,14 @@ async fn create_stream(
     let modes = started.modes;
     let parts = started.followed(gateway.clone(), modes);
     let parts = if remove {
-        let (gateway, tenant, thread) = (
+        let (gateway, tenant, thread, task) = (
             gateway.clone(),
             principal.tenant.clone(),
             run.thread_id.clone(),
+            run.task_id.clone(),
         );
         let removal = futures::stream::once(async move {
-            remove_finished_thread(&gateway, &tenant, &thread).await;
+            remove_finished_thread(&gateway, &tenant, &thread, &task).await;
             None
         });
         parts
@@ -759,8 +818,8 @@ async fn create_wait(
     if let Some(guard) = &guard {
         guard.ended.store(true, Ordering::Relaxed);
     }
-    if remove && result.get("__interrupt__").is_none() {
-        remove_finished_thread(&gateway, &principal.tenant, &run.thread_id).await;
+    if remove {
+        remove_finished_thread(&gateway, &principal.tenant, &run.thread_id, &run.task_id).await;
     }
     let mut response = json_response(result);
     locate(&mut response, &run, "join");
@@ -1023,6 +1082,11 @@ pub(super) async fn cancel(
                 .iter()
                 .find(|(k, _)| k == "action")
                 .map_or("interrupt", |(_, v)| v.as_str());
+            if !matches!(action, "interrupt" | "rollback") {
+                return Err(request::invalid(format!(
+                    "action {action:?} is not interrupt or rollback"
+                )));
+            }
             let tenant = principal.tenant.as_str();
             let status = status_of(&gateway, tenant, &run).await?;
             if matches!(status, "success" | "error") || run.resumed_by.is_some() {

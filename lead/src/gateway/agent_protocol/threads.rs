@@ -16,6 +16,7 @@ use skein_common::store::history::{ForkError, ForkPoint};
 use skein_common::store::threads::{RunRecord, ThreadRecord};
 use skein_common::store::Removal;
 
+use super::super::approvals::{self, CallRef};
 use super::super::keys::Principal;
 use super::super::request::{self, error, json_response, ApiError};
 use super::{answer, caller, matches_metadata, messages, not_found, object_body, page, time};
@@ -79,19 +80,23 @@ pub(super) async fn record_of(
         .ok_or_else(|| not_found("thread", id))
 }
 
-/// An unanswered call as a LangGraph interrupt.
+/// The unanswered calls of a request as LangGraph interrupts.
 pub(super) fn interrupts_of(request: &ApprovalRequest) -> Vec<Value> {
+    let source = approvals::source_of(request);
     request
         .unanswered()
         .map(|call| {
-            json!({
-                "value": {
-                    "call_id": call.call_id, "tool": call.tool, "arguments": call.arguments,
-                    "rule": call.rule, "task_id": request.task_id, "run": request.run,
-                    "answer": "resume with {\"approve\": true} or {\"approve\": false, \"reason\": \"…\"}",
-                },
-                "id": call.call_id,
-            })
+            let call_ref = CallRef {
+                source: source.clone(),
+                call_id: call.call_id.clone(),
+            };
+            messages::interrupt(
+                &call_ref,
+                &call.tool,
+                &call.arguments,
+                &call.rule,
+                request.expires_at_ms,
+            )
         })
         .collect()
 }

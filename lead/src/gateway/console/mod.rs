@@ -113,8 +113,10 @@ async fn waiting_calls(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) 
                 else {
                     continue;
                 };
+                let source = approvals::source_of(&request);
                 for call in request.unanswered() {
                     calls.push(json!({
+                        "source": source,
                         "task_id": request.task_id,
                         "session": request.session,
                         "agent": request.agent,
@@ -148,6 +150,10 @@ struct AnswerRequest {
     /// One call; every call of the task that waits when absent.
     #[serde(default)]
     call_id: Option<String>,
+    /// The source of the events of the run that asked (`lead`, the default, or the subagent
+    /// run's `subagent:…`), as the list names it: call ids are unique only within a run.
+    #[serde(default)]
+    source: Option<String>,
 }
 
 /// `POST /console/api/approvals/{task_id}/answer`: approves or denies a waiting call (or every
@@ -172,7 +178,10 @@ async fn answer(
                 reason: asked.reason,
             };
             let answer = match asked.call_id {
-                Some(call) => Answer::Calls(vec![(call, verdict)]),
+                Some(call_id) => {
+                    let source = asked.source.unwrap_or_else(|| approvals::LEAD.to_owned());
+                    Answer::Calls(vec![(approvals::CallRef { source, call_id }, verdict)])
+                }
                 None => Answer::All(verdict),
             };
             let answered = approvals::answer(&gateway, &principal, &task_id, &answer).await?;
@@ -219,7 +228,7 @@ async fn live(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Respon
     outcome(
         async {
             let principal = request::admit_any(&gateway, &headers).await?;
-            let subject = format!("skein.events.{}.>", principal.tenant);
+            let subject = skein_common::subjects::tenant_events(&principal.tenant);
             let subscription = gateway
                 .client
                 .bus()

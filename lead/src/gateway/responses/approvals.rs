@@ -12,7 +12,7 @@ use axum::response::Response;
 use super::{
     checked_metadata, followed, record_of, response_of, sse, CreateRequest, Input, ResponseFold,
 };
-use crate::gateway::approvals::{self, Answer, Verdict};
+use crate::gateway::approvals::{self, Answer, CallRef, Verdict};
 use crate::gateway::follow::{last_of, Source};
 use crate::gateway::keys::Principal;
 use crate::gateway::request::{self, error, invalid, json_response, ApiError};
@@ -76,13 +76,16 @@ pub(super) async fn resume(
     let tenant = principal.tenant.as_str();
     let task = previous.task().to_owned();
     let waiting = approvals::settled(&gateway, tenant, &previous.session, &task).await?;
-    let calls: Vec<String> = waiting
-        .iter()
-        .flat_map(|r| r.unanswered().map(|c| c.call_id.clone()))
-        .collect();
-    let answer = answer_of(&calls, answers)?;
+    let answer = answer_of(&approvals::unanswered(&waiting), answers)?;
+    // The new response starts after what the task holds now (it waits: nothing comes until it
+    // is answered).
+    let after_events = gateway
+        .client
+        .bus()
+        .event_count(&skein_common::subjects::events(tenant, &task))
+        .await
+        .map_err(|e| request::unavailable("the task's events could not be counted", e))?;
     approvals::answer(&gateway, &principal, &task, &answer).await?;
-    let asked: usize = waiting.iter().map(|r| r.calls.len()).sum();
     let record = ResponseRecord {
         id: format!("resp_{}", request::request_id(&principal, headers)?),
         session: previous.session.clone(),
@@ -93,7 +96,7 @@ pub(super) async fn resume(
         metadata,
         background: request.background,
         task_id: Some(task),
-        after_interrupts: previous.after_interrupts + asked as u32,
+        after_events,
     };
     let record = gateway
         .store
@@ -111,16 +114,10 @@ pub(super) async fn resume(
     Ok(json_response(response_of(last, record)))
 }
 
-/// The answer to the calls waiting (`calls`): one item answers them all; several answer each the
-/// call its id names, and must name every call that waits.
-fn answer_of(calls: &[String], answers: Vec<(String, Verdict)>) -> Result<Answer, ApiError> {
-    let waiting = || {
-        calls
-            .iter()
-            .map(|c| format!("{REQUEST_ID_PREFIX}{c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+/// The answer to the calls waiting (`calls`): one item per call, by its approval request's id,
+/// every waiting call answered once — the response showed them all, and the task goes on only once
+/// each is answered.
+fn answer_of(calls: &[CallRef], answers: Vec<(String, Verdict)>) -> Result<Answer, ApiError> {
     if calls.is_empty() {
         return Err(error(
             StatusCode::CONFLICT,
@@ -131,31 +128,26 @@ fn answer_of(calls: &[String], answers: Vec<(String, Verdict)>) -> Result<Answer
     }
     let mut named = Vec::with_capacity(answers.len());
     for (id, verdict) in answers {
-        match id
-            .strip_prefix(REQUEST_ID_PREFIX)
-            .filter(|c| calls.iter().any(|w| w == c))
-        {
-            Some(call) => named.push((call.to_owned(), verdict)),
-            None => {
-                return Err(invalid(format!(
+        let call = calls
+            .iter()
+            .find(|c| request_id_of(c) == id)
+            .ok_or_else(|| {
+                let ids: Vec<String> = calls.iter().map(request_id_of).collect();
+                invalid(format!(
                     "no call waits for approval as {id:?}; waiting: {}",
-                    waiting()
-                )))
-            }
-        }
+                    ids.join(", ")
+                ))
+            })?;
+        named.push((call.clone(), verdict));
     }
-    let distinct: std::collections::BTreeSet<&str> =
-        named.iter().map(|(c, _)| c.as_str()).collect();
-    match named.as_slice() {
-        [(_, verdict)] => Ok(Answer::All(verdict.clone())),
-        _ if distinct.len() == named.len() && named.len() == calls.len() => {
-            Ok(Answer::Calls(named))
-        }
-        _ => Err(invalid(format!(
-            "answer every waiting call, or one for them all; waiting: {}",
-            waiting()
-        ))),
-    }
+    let answer = Answer::Calls(named);
+    answer.check_complete(calls, request_id_of)?;
+    Ok(answer)
+}
+
+/// The id of the `mcp_approval_request` item of a waiting call.
+pub(super) fn request_id_of(call: &CallRef) -> String {
+    format!("{REQUEST_ID_PREFIX}{}", call.id())
 }
 
 #[cfg(test)]
@@ -169,32 +161,44 @@ mod tests {
         }
     }
 
+    fn call(source: &str, call_id: &str) -> CallRef {
+        CallRef {
+            source: source.into(),
+            call_id: call_id.into(),
+        }
+    }
+
     #[test]
-    fn one_answer_serves_every_waiting_call_and_several_must_name_each() {
-        let calls = vec!["c1".to_owned(), "c2".to_owned()];
-        assert_eq!(
-            answer_of(&calls, vec![("mcpr_c2".into(), verdict(true))]).ok(),
-            Some(Answer::All(verdict(true)))
-        );
+    fn every_waiting_call_is_answered_by_its_own_request_id() {
+        let calls = vec![call("lead", "c1"), call("subagent:s1", "c1")];
         let both = vec![
             ("mcpr_c1".into(), verdict(true)),
-            ("mcpr_c2".into(), verdict(false)),
+            ("mcpr_subagent:s1/c1".into(), verdict(false)),
         ];
         assert_eq!(
             answer_of(&calls, both).ok(),
             Some(Answer::Calls(vec![
-                ("c1".into(), verdict(true)),
-                ("c2".into(), verdict(false))
-            ]))
+                (call("lead", "c1"), verdict(true)),
+                (call("subagent:s1", "c1"), verdict(false))
+            ])),
+            "the same call id in two runs is two calls"
+        );
+        let one = answer_of(&calls, vec![("mcpr_c1".into(), verdict(true))]);
+        assert!(
+            one.is_err_and(|e| e.message().contains("mcpr_subagent:s1/c1")),
+            "one answer does not approve a call it does not name"
         );
         let unknown = answer_of(&calls, vec![("mcpr_c9".into(), verdict(true))]);
-        assert!(unknown.is_err_and(|e| e.message().contains("mcpr_c1, mcpr_c2")));
+        assert!(unknown.is_err_and(|e| e.message().contains("mcpr_c1, mcpr_subagent:s1/c1")));
         let none = answer_of(&[], vec![("mcpr_c1".into(), verdict(true))]);
         assert!(none.is_err_and(|e| e.message().contains("no call")));
         let twice = vec![
             ("mcpr_c1".into(), verdict(true)),
             ("mcpr_c1".into(), verdict(false)),
         ];
-        assert!(answer_of(&calls, twice).is_err(), "c2 left unanswered");
+        assert!(
+            answer_of(&calls, twice).is_err(),
+            "the subagent's call left unanswered"
+        );
     }
 }

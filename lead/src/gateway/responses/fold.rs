@@ -15,8 +15,7 @@ use serde_json::{json, Value};
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
 use skein_common::store::responses::ResponseRecord;
 
-/// The source of the lead's own events.
-const LEAD: &str = "lead";
+use crate::gateway::approvals::{CallRef, LEAD};
 
 /// A response being built from its task's events.
 pub(crate) struct ResponseFold {
@@ -26,9 +25,11 @@ pub(crate) struct ResponseFold {
     /// The message item taking the model's text, by its index in `output`.
     open_message: Option<usize>,
     status: &'static str,
-    /// The task's calls that asked for approval so far.
-    interrupts: u32,
-    /// The response ended at a call waiting for approval.
+    /// The task's events seen.
+    events: u64,
+    /// The calls asked about at the stop the response ends at (tool, arguments).
+    asked: Vec<(CallRef, String, Value)>,
+    /// The response ended at calls waiting for approval.
     stopped: bool,
 }
 
@@ -40,7 +41,8 @@ impl ResponseFold {
             output: Vec::new(),
             open_message: None,
             status: "queued",
-            interrupts: 0,
+            events: 0,
+            asked: Vec::new(),
             stopped: false,
         }
     }
@@ -91,8 +93,13 @@ impl ResponseFold {
     }
 
     /// The stream events `event` makes (none for most kinds and for subagents' events, nor for
-    /// the task's events before the approval this response answers).
+    /// the task's events before those this response goes on from). Calls asked about gather until
+    /// another event comes (or none, `settle`): the response ends at them.
     pub fn event(&mut self, event: &TurnEvent) -> Vec<Value> {
+        self.events += 1;
+        if self.events <= self.record.after_events {
+            return Vec::new();
+        }
         if let EventKind::ApprovalRequested {
             call_id,
             tool,
@@ -100,12 +107,17 @@ impl ResponseFold {
             ..
         } = &event.event
         {
-            self.interrupts += 1;
-            if self.interrupts > self.record.after_interrupts {
-                return self.ask(call_id, tool, arguments);
-            }
+            let call = CallRef {
+                source: event.source.clone(),
+                call_id: call_id.clone(),
+            };
+            self.asked.push((call, tool.clone(), arguments.clone()));
+            return Vec::new();
         }
-        if self.interrupts < self.record.after_interrupts || event.source != LEAD {
+        if !self.asked.is_empty() {
+            return self.settle();
+        }
+        if event.source != LEAD {
             return Vec::new();
         }
         match &event.event {
@@ -204,29 +216,31 @@ impl ResponseFold {
         events
     }
 
-    /// The response ends at a call waiting for a person, as OpenAI's responses do at an MCP call
-    /// that needs approval: an `mcp_approval_request` item (its id answers it, in an
+    /// The response ends at the calls waiting for a person, as OpenAI's responses do at MCP calls
+    /// that need approval: an `mcp_approval_request` item each (its id answers it, in an
     /// `mcp_approval_response` input item of a response that continues this one), then
     /// `response.completed`.
-    fn ask(&mut self, call_id: &str, tool: &str, arguments: &Value) -> Vec<Value> {
+    pub fn settle(&mut self) -> Vec<Value> {
         let mut events = self.close_message(None);
-        let item = json!({
-            "type": "mcp_approval_request",
-            "id": format!("mcpr_{call_id}"),
-            "server_label": "skein",
-            "name": tool,
-            "arguments": arguments.to_string(),
-        });
-        self.output.push(item.clone());
-        let index = self.output.len() - 1;
-        events.push(self.emit(
-            "response.output_item.added",
-            json!({ "output_index": index, "item": item }),
-        ));
-        events.push(self.emit(
-            "response.output_item.done",
-            json!({ "output_index": index, "item": item }),
-        ));
+        for (call, tool, arguments) in std::mem::take(&mut self.asked) {
+            let item = json!({
+                "type": "mcp_approval_request",
+                "id": super::approvals::request_id_of(&call),
+                "server_label": "skein",
+                "name": tool,
+                "arguments": arguments.to_string(),
+            });
+            self.output.push(item.clone());
+            let index = self.output.len() - 1;
+            events.push(self.emit(
+                "response.output_item.added",
+                json!({ "output_index": index, "item": item }),
+            ));
+            events.push(self.emit(
+                "response.output_item.done",
+                json!({ "output_index": index, "item": item }),
+            ));
+        }
         self.status = "completed";
         let response = self.response(None);
         events.push(self.emit("response.completed", json!({ "response": response })));
@@ -309,6 +323,14 @@ impl crate::gateway::follow::Fold for ResponseFold {
         self.stopped
     }
 
+    fn waiting(&self) -> bool {
+        !self.asked.is_empty() && !self.stopped
+    }
+
+    fn settle(&mut self) -> Vec<Value> {
+        ResponseFold::settle(self)
+    }
+
     fn finish(&mut self, result: &FinalResult) -> Vec<Value> {
         ResponseFold::finish(self, result)
     }
@@ -375,7 +397,7 @@ mod tests {
             metadata: Default::default(),
             background: false,
             task_id: None,
-            after_interrupts: 0,
+            after_events: 0,
         }
     }
 
@@ -534,8 +556,9 @@ mod tests {
         assert_eq!(output[1]["id"], "mcpr_c1");
         assert_eq!(output[1]["arguments"], r#"{"env":"prod"}"#);
 
+        // It answered when the task held two events: the text and the call it asked about.
         let mut answering = record();
-        answering.after_interrupts = 1;
+        answering.after_events = 2;
         let mut second = ResponseFold::new(answering);
         second.opening();
         let mut texts = Vec::new();

@@ -260,7 +260,7 @@ async fn plan(
         metadata,
         background: request.background,
         task_id: None,
-        after_interrupts: 0,
+        after_events: 0,
     };
     Ok(Planned {
         record,

@@ -107,7 +107,7 @@ async function decide(call, approve, reason) {
     await api(`/console/api/approvals/${encodeURIComponent(call.task_id)}/answer`, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ approve, reason, call_id: call.call_id }),
+      body: JSON.stringify({ approve, reason, call_id: call.call_id, source: call.source }),
     });
     say(`${approve ? "Approved" : "Denied"} ${call.tool} in task ${call.task_id}.`);
   } catch (e) {
@@ -287,9 +287,13 @@ async function show() {
 
 let again = null;
 function showSoon() {
-  if (view()[0] === "run") return;
-  clearTimeout(again);
-  again = setTimeout(show, 100);
+  if (view()[0] === "run" || again) return;
+  // At most one read a second, whatever the feed says: a busy tenant stays within its key's
+  // limit, and a steady feed still gets its reads.
+  again = setTimeout(() => {
+    again = null;
+    show();
+  }, 1000);
 }
 
 // The live feed: a note per change of the tenant's tasks, read as SSE over fetch (so the key
