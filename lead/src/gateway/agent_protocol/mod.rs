@@ -18,8 +18,10 @@
 
 mod fold;
 mod messages;
+mod resume;
 mod runs;
 mod threads;
+mod wire;
 
 use std::sync::Arc;
 

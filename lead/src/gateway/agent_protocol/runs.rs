@@ -6,15 +6,12 @@
 //! joined and rejoined later on any gateway, and cancelled (`action=interrupt` keeps the work done,
 //! `rollback` leaves the thread as it was).
 
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -23,12 +20,14 @@ use sha2::Digest;
 use skein_common::protocol::{now_ms, MultitaskPolicy, TurnStatus};
 use skein_common::store::threads::{RunRecord, ThreadRecord};
 
-use super::super::approvals::{self, Answer, CallRef, Verdict};
+use super::super::approvals::{self, CallRef};
 use super::super::follow::{followed, Followed, Source};
 use super::super::keys::Principal;
 use super::super::request::{self, error, json_response, ApiError};
 use super::fold::{Modes, RunFold, RunShape};
+use super::resume::{interrupted_run, read_resume};
 use super::threads::{self, record_of};
+use super::wire::{flag, locate, outcome, query_pairs, sse, CancelOnDisconnect};
 use super::{accepted, answer, caller, messages, not_found, time};
 use crate::gateway::Gateway;
 
@@ -69,7 +68,7 @@ struct RunRequest {
 }
 
 /// A run this request started (or resumed), and how to follow it.
-struct Started {
+pub(super) struct Started {
     run: RunRecord,
     tenant: String,
     /// Its task submitted by the follower (`Submit`), or running already (`Stored`).
@@ -370,31 +369,6 @@ async fn start(
     })
 }
 
-/// The thread's run whose task waits for a person, with the requests it waits on. For the newest
-/// run, a request its client was just shown and not stored yet is waited for
-/// (`approvals::settled`); older runs are looked at as they stand.
-async fn interrupted_run(
-    gateway: &Gateway,
-    tenant: &str,
-    runs: &[RunRecord],
-) -> Result<Option<(RunRecord, Vec<skein_common::protocol::ApprovalRequest>)>, ApiError> {
-    for (n, run) in runs
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.resumed_by.is_none())
-    {
-        let waiting = if n == 0 {
-            approvals::settled(gateway, tenant, &run.thread_id, &run.task_id).await?
-        } else {
-            approvals::waiting(gateway, tenant, &run.task_id).await?
-        };
-        if !waiting.is_empty() {
-            return Ok(Some((run.clone(), waiting)));
-        }
-    }
-    Ok(None)
-}
-
 /// A run's id: from the request's `Idempotency-Key` within its thread (a retry is the same run;
 /// the same key on another thread another run), else new.
 fn run_id(principal: &Principal, headers: &HeaderMap, thread: &str) -> Result<String, ApiError> {
@@ -425,85 +399,6 @@ async fn put_run(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<(),
         .put_run(tenant, run)
         .await
         .map_err(|e| request::unavailable("the run could not be recorded", e))
-}
-
-/// A resume value as answers to the calls waiting (`calls`): `true`/`false`, `"approve"`/`"deny"`,
-/// `{"approve": bool, "reason": …}`, `{"decisions": [{"type": "approve"|"reject", "message": …},
-/// …]}` in the calls' order, or an object keyed by interrupt id with one of those each.
-fn read_resume(resume: &Value, calls: &[CallRef]) -> Result<Answer, ApiError> {
-    if let Some(verdict) = verdict_of(resume) {
-        return Ok(Answer::All(verdict));
-    }
-    let bad = || {
-        request::invalid(
-            "command.resume is true, false, \"approve\", \"deny\", {\"approve\": bool, \"reason\": \
-             text}, {\"decisions\": [{\"type\": \"approve\" | \"reject\", \"message\": text}]}, or \
-             an object of those by interrupt id",
-        )
-    };
-    let fields = resume.as_object().ok_or_else(bad)?;
-    if let Some(decisions) = fields.get("decisions").and_then(Value::as_array) {
-        if decisions.len() != calls.len() {
-            return Err(request::invalid(format!(
-                "command.resume.decisions has {} decisions for {} waiting calls",
-                decisions.len(),
-                calls.len()
-            )));
-        }
-        let answers = calls
-            .iter()
-            .zip(decisions)
-            .map(|(call, d)| verdict_of(d).map(|v| (call.clone(), v)).ok_or_else(bad))
-            .collect::<Result<_, _>>()?;
-        return Ok(Answer::Calls(answers));
-    }
-    let answers = fields
-        .iter()
-        .map(|(id, d)| {
-            let call = calls.iter().find(|c| c.id() == *id).ok_or_else(|| {
-                let ids: Vec<String> = calls.iter().map(CallRef::id).collect();
-                request::invalid(format!(
-                    "no call waits as {id:?}; waiting: {}",
-                    ids.join(", ")
-                ))
-            })?;
-            verdict_of(d).map(|v| (call.clone(), v)).ok_or_else(bad)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if answers.is_empty() {
-        return Err(bad());
-    }
-    Ok(Answer::Calls(answers))
-}
-
-fn verdict_of(value: &Value) -> Option<Verdict> {
-    let plain = |approve: bool| Verdict {
-        approve,
-        reason: String::new(),
-    };
-    match value {
-        Value::Bool(approve) => Some(plain(*approve)),
-        Value::String(word) => match word.to_ascii_lowercase().as_str() {
-            "approve" | "approved" | "accept" | "yes" => Some(plain(true)),
-            "deny" | "denied" | "reject" | "no" => Some(plain(false)),
-            _ => None,
-        },
-        Value::Object(fields) => {
-            let approve = match (fields.get("approve"), fields.get("type")) {
-                (Some(Value::Bool(approve)), _) => *approve,
-                (None, Some(Value::String(kind))) => verdict_of(&json!(kind))?.approve,
-                _ => return None,
-            };
-            let reason = fields
-                .get("reason")
-                .or_else(|| fields.get("message"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            Some(Verdict { approve, reason })
-        }
-        _ => None,
-    }
 }
 
 /// The thread's messages before the run's task began: before its recorded turn, or (a turn not
@@ -596,114 +491,6 @@ async fn shown(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<Value
     }))
 }
 
-/// Where a run is read (`Content-Location`) and where its output is read again (`Location`).
-fn locate(response: &mut Response, run: &RunRecord, again: &str) {
-    let base = format!("/threads/{}/runs/{}", run.thread_id, run.run_id);
-    for (name, value) in [
-        (header::CONTENT_LOCATION, base.clone()),
-        (header::LOCATION, format!("{base}/{again}")),
-    ] {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            response.headers_mut().insert(name, value);
-        }
-    }
-}
-
-/// Cancels its run when dropped before the run's stream ended (its client left), for
-/// `on_disconnect=cancel`.
-struct CancelOnDisconnect {
-    gateway: Arc<Gateway>,
-    tenant: String,
-    task_id: String,
-    by: String,
-    ended: AtomicBool,
-}
-
-impl CancelOnDisconnect {
-    /// A guard for a run started with `on_disconnect: cancel`.
-    fn asked(gateway: &Arc<Gateway>, principal: &Principal, started: &Started) -> Option<Self> {
-        started.cancel_on_disconnect.then(|| CancelOnDisconnect {
-            gateway: gateway.clone(),
-            tenant: principal.tenant.clone(),
-            task_id: started.run.task_id.clone(),
-            by: principal.name.clone(),
-            ended: AtomicBool::new(false),
-        })
-    }
-}
-
-impl Drop for CancelOnDisconnect {
-    fn drop(&mut self) {
-        if self.ended.load(Ordering::Relaxed) {
-            return;
-        }
-        let (gateway, tenant, task) = (
-            self.gateway.clone(),
-            self.tenant.clone(),
-            self.task_id.clone(),
-        );
-        let reason = format!(
-            "the client of {} left its stream (on_disconnect=cancel)",
-            self.by
-        );
-        tokio::spawn(async move {
-            if let Err(e) = gateway.client.cancel(&tenant, &task, &reason).await {
-                tracing::warn!(task, error = %e, "the run whose client left was not cancelled");
-            }
-        });
-    }
-}
-
-/// Parts as SSE, each named by its mode and numbered; those up to `resume_after` left out.
-fn sse(
-    parts: impl futures::Stream<Item = Value> + Send + 'static,
-    resume_after: Option<u64>,
-    guard: Option<CancelOnDisconnect>,
-) -> Response {
-    let events = parts
-        .filter(move |part| {
-            let seen =
-                resume_after.is_some_and(|after| part["id"].as_u64().is_some_and(|n| n <= after));
-            futures::future::ready(!seen)
-        })
-        .map(move |part| {
-            if let Some(guard) = &guard {
-                if matches!(part["event"].as_str(), Some("end" | "error")) {
-                    guard.ended.store(true, Ordering::Relaxed);
-                }
-            }
-            let mut event = Event::default()
-                .event(part["event"].as_str().unwrap_or("message"))
-                .data(part["data"].to_string());
-            if let Some(n) = part["id"].as_u64() {
-                event = event.id(n.to_string());
-            }
-            Ok::<_, Infallible>(event)
-        });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-/// What a waited-for run left: the thread's values (with `__interrupt__` when it stopped for a
-/// person), or `{"__error__": …}`.
-async fn outcome(parts: impl futures::Stream<Item = Value>) -> Value {
-    let mut parts = std::pin::pin!(parts);
-    let mut values = json!({});
-    let mut failed = None;
-    while let Some(part) = parts.next().await {
-        match part["event"].as_str() {
-            Some("values") => values = part["data"].clone(),
-            Some("error") => failed = Some(part["data"].clone()),
-            _ => {}
-        }
-    }
-    match failed {
-        Some(error) => json!({ "__error__": error }),
-        None => values,
-    }
-}
-
 /// Submits a background run's task (a resumed run's task goes on by itself).
 async fn submit(gateway: &Gateway, started: &Started) -> Result<(), ApiError> {
     if let Source::Submit(submission, _) = &started.source {
@@ -770,7 +557,9 @@ async fn create_stream(
     let (principal, body) = request::admitted_body(&gateway, &headers, body).await?;
     let started = start(&gateway, &principal, thread, &headers, &body, false).await?;
     let run = started.run.clone();
-    let guard = CancelOnDisconnect::asked(&gateway, &principal, &started);
+    let guard = started
+        .cancel_on_disconnect
+        .then(|| CancelOnDisconnect::new(&gateway, &principal, &started.run.task_id));
     let remove = started.remove_thread;
     let modes = started.modes;
     let parts = started.followed(gateway.clone(), modes);
@@ -809,14 +598,16 @@ async fn create_wait(
     let run = started.run.clone();
     let remove = started.remove_thread;
     // A client that leaves drops this request's future, and with it the guard.
-    let guard = CancelOnDisconnect::asked(&gateway, &principal, &started);
+    let guard = started
+        .cancel_on_disconnect
+        .then(|| CancelOnDisconnect::new(&gateway, &principal, &started.run.task_id));
     let values_only = Modes {
         values: true,
         ..Modes::default()
     };
     let result = outcome(started.followed(gateway.clone(), values_only)).await;
     if let Some(guard) = &guard {
-        guard.ended.store(true, Ordering::Relaxed);
+        guard.ended();
     }
     if remove {
         remove_finished_thread(&gateway, &principal.tenant, &run.thread_id, &run.task_id).await;
@@ -875,19 +666,6 @@ pub(super) async fn stateless_wait(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     answer(create_wait(gateway, headers, None, body).await)
-}
-
-/// The query's pairs (a name may come more than once: `stream_mode=values&stream_mode=updates`).
-fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
-    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-        .into_owned()
-        .collect()
-}
-
-fn flag(pairs: &[(String, String)], name: &str) -> bool {
-    pairs
-        .iter()
-        .any(|(k, v)| k == name && matches!(v.as_str(), "true" | "1" | "True"))
 }
 
 /// `GET /threads/{id}/runs`: newest first (`limit`, `offset`, `status`).
@@ -1016,7 +794,8 @@ pub(super) async fn join(
     )
 }
 
-/// `GET …/stream`: the run's stream again (`stream_mode`, all served modes when absent), after
+/// `GET …/stream`: the run's stream again (`stream_mode`; when absent, the modes the run was
+/// started with, or every mode but `custom` for a background run that named none), after
 /// the part `Last-Event-ID` names; `cancel_on_disconnect=true` cancels the run if the client
 /// leaves before its end.
 pub(super) async fn rejoin(
@@ -1046,13 +825,8 @@ pub(super) async fn rejoin(
                 .get("last-event-id")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse().ok());
-            let guard = flag(&pairs, "cancel_on_disconnect").then(|| CancelOnDisconnect {
-                gateway: gateway.clone(),
-                tenant: principal.tenant.clone(),
-                task_id: run.task_id.clone(),
-                by: principal.name.clone(),
-                ended: AtomicBool::new(false),
-            });
+            let guard = flag(&pairs, "cancel_on_disconnect")
+                .then(|| CancelOnDisconnect::new(&gateway, &principal, &run.task_id));
             let started = again(&gateway, &principal.tenant, run, modes).await?;
             Ok(sse(
                 started.followed(gateway.clone(), modes),
