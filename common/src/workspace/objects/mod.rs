@@ -254,7 +254,9 @@ impl ObjectWorkspaces {
         };
         let messages = messages.into_iter().filter(|info| !is_link(info)).collect();
         let versions = SessionVersions::collect(from.session(), messages, is_workspace_path);
-        let (files, unknown) = versions.at(i128::from(at_ms) * 1_000_000);
+        // An instant kept in milliseconds stands for the whole of its millisecond: a write that
+        // came before it within that millisecond (its time kept in nanoseconds) is before it.
+        let (files, unknown) = versions.at(i128::from(at_ms) * 1_000_000 + 999_999);
         if !unknown.is_empty() {
             return Err(WorkspaceError::NotFound(format!(
                 "the workspace keeps no version from then of {} (a file keeps its last \
