@@ -3,6 +3,7 @@
 //! ([`unique`]), bounded polling ([`eventually`]) and child processes that die with their handle
 //! ([`ChildProcess`]).
 
+pub mod agent_protocol;
 pub mod browser;
 pub mod chaos;
 pub mod cluster;

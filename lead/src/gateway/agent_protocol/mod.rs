@@ -20,6 +20,7 @@ mod fold;
 mod messages;
 mod resume;
 mod runs;
+mod start;
 mod threads;
 mod wire;
 
