@@ -31,6 +31,17 @@ async fn screenshot(browser: &Browser, name: &str) {
     std::fs::write(&path, png).expect("screenshot written");
 }
 
+/// A cluster whose agent asks a person before each `slow_effect` (keyed by the run's input), its
+/// gateway's base URL, and a browser.
+async fn guarded_console(cluster: &TestCluster) -> (String, Browser) {
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 10 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let addr = guarded_gateway(cluster, &script).await;
+    (format!("http://{addr}"), Browser::start(&cluster.dir).await)
+}
+
 async fn sign_in(browser: &Browser, console: &str, key: &str) {
     browser.goto(console).await;
     let field = browser.wait_for("#key").await;
@@ -72,15 +83,9 @@ async fn start_run(http: &reqwest::Client, base: &str, input: &str) -> (String, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes() {
     let cluster = TestCluster::start();
-    let script = cluster.scenario(json!([{ "steps": [
-        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 10 } } ] },
-        { "answer": "observed: {{observations}}" }
-    ] }]));
-    let addr = guarded_gateway(&cluster, &script).await;
-    let base = format!("http://{addr}");
+    let (base, browser) = guarded_console(&cluster).await;
     let console = format!("{base}/console#approvals");
     let http = reqwest::Client::new();
-    let browser = Browser::start(&cluster.dir).await;
 
     sign_in(&browser, &console, SUBMIT_AND_APPROVE_KEY).await;
     browser.wait_for("#approvals-empty:not([hidden])").await;
@@ -261,15 +266,9 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong_key_is_refused() {
     let cluster = TestCluster::start();
-    let script = cluster.scenario(json!([{ "steps": [
-        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 10 } } ] },
-        { "answer": "observed: {{observations}}" }
-    ] }]));
-    let addr = guarded_gateway(&cluster, &script).await;
-    let base = format!("http://{addr}");
+    let (base, browser) = guarded_console(&cluster).await;
     let console = format!("{base}/console#approvals");
     let http = reqwest::Client::new();
-    let browser = Browser::start(&cluster.dir).await;
 
     browser.goto(&console).await;
     let field = browser.wait_for("#key").await;

@@ -529,9 +529,18 @@ impl Bus {
     /// a direct get, whose API subject names the event subject, so a server can fence it by
     /// tenant.
     pub async fn last_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
+        self.event_at(subject, EventEnd::Last).await
+    }
+
+    /// The first or the latest event on one subject of the events stream, by a direct get.
+    pub(super) async fn event_at(
+        &self,
+        subject: &str,
+        end: EventEnd,
+    ) -> Result<Option<(u64, TurnEvent)>, BusError> {
         use async_nats::jetstream::stream::DirectGetErrorKind;
         let lookup_error = |message: String| BusError::Consumer {
-            consumer: format!("last({subject})"),
+            consumer: format!("{}({subject})", end.name()),
             message,
         };
         let stream = self
@@ -539,7 +548,11 @@ impl Bus {
             .get_stream_no_info(subjects::EVENTS_STREAM)
             .await
             .map_err(|e| lookup_error(e.to_string()))?;
-        match stream.direct_get_last_for_subject(subject).await {
+        let found = match end {
+            EventEnd::First => stream.direct_get_first_for_subject(subject).await,
+            EventEnd::Last => stream.direct_get_last_for_subject(subject).await,
+        };
+        match found {
             Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
             Err(e) => Err(lookup_error(e.to_string())),
@@ -659,6 +672,22 @@ fn stream_error(stream: &str, message: String) -> BusError {
     BusError::Stream {
         stream: stream.into(),
         message,
+    }
+}
+
+/// Which end of a subject's events a direct get reads.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum EventEnd {
+    First,
+    Last,
+}
+
+impl EventEnd {
+    fn name(self) -> &'static str {
+        match self {
+            EventEnd::First => "first",
+            EventEnd::Last => "last",
+        }
     }
 }
 

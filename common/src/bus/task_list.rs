@@ -6,30 +6,15 @@
 
 use futures::TryStreamExt;
 
-use super::{Bus, BusError};
+use super::{Bus, BusError, EventEnd};
 use crate::protocol::TurnEvent;
 use crate::subjects;
 
 impl Bus {
     /// The ids of `tenant`'s tasks that have events in the events stream, with how many.
     pub async fn tenant_tasks(&self, tenant: &str) -> Result<Vec<(String, usize)>, BusError> {
-        let listing_error = |message: String| BusError::Consumer {
-            consumer: format!("tasks({tenant})"),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::EVENTS_STREAM)
-            .await
-            .map_err(|e| listing_error(e.to_string()))?;
         let prefix = subjects::events(tenant, "");
-        let counted: Vec<(String, usize)> = stream
-            .info_with_subjects(format!("{prefix}*"))
-            .await
-            .map_err(|e| listing_error(e.to_string()))?
-            .try_collect()
-            .await
-            .map_err(|e| listing_error(e.to_string()))?;
+        let counted = self.subject_counts(&format!("{prefix}*")).await?;
         Ok(counted
             .into_iter()
             .filter_map(|(subject, count)| {
@@ -43,8 +28,14 @@ impl Bus {
     /// How many events one subject of the events stream holds (a task's, all its runs'): where a
     /// follower that goes on from now starts.
     pub async fn event_count(&self, subject: &str) -> Result<u64, BusError> {
+        let counted = self.subject_counts(subject).await?;
+        Ok(counted.iter().map(|(_, n)| *n as u64).sum())
+    }
+
+    /// The events stream's subjects matching `filter`, with how many events each holds.
+    async fn subject_counts(&self, filter: &str) -> Result<Vec<(String, usize)>, BusError> {
         let counting_error = |message: String| BusError::Consumer {
-            consumer: format!("count({subject})"),
+            consumer: format!("count({filter})"),
             message,
         };
         let stream = self
@@ -52,32 +43,17 @@ impl Bus {
             .get_stream_no_info(subjects::EVENTS_STREAM)
             .await
             .map_err(|e| counting_error(e.to_string()))?;
-        let counted: Vec<(String, usize)> = stream
-            .info_with_subjects(subject)
+        stream
+            .info_with_subjects(filter)
             .await
             .map_err(|e| counting_error(e.to_string()))?
             .try_collect()
             .await
-            .map_err(|e| counting_error(e.to_string()))?;
-        Ok(counted.iter().map(|(_, n)| *n as u64).sum())
+            .map_err(|e| counting_error(e.to_string()))
     }
 
     /// The first event on one subject of the events stream, with its stream sequence.
     pub async fn first_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
-        use async_nats::jetstream::stream::DirectGetErrorKind;
-        let lookup_error = |message: String| BusError::Consumer {
-            consumer: format!("first({subject})"),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::EVENTS_STREAM)
-            .await
-            .map_err(|e| lookup_error(e.to_string()))?;
-        match stream.direct_get_first_for_subject(subject).await {
-            Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(e) => Err(lookup_error(e.to_string())),
-        }
+        self.event_at(subject, EventEnd::First).await
     }
 }

@@ -189,6 +189,26 @@ function summary(event) {
   }
 }
 
+// Reads an SSE response to its end, passing each event's id (a number, or null) and data.
+async function readEvents(response, each) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    const blocks = buffer.split("\n\n");
+    buffer = blocks.pop();
+    for (const block of blocks) {
+      const lines = block.split("\n");
+      const id = lines.find((l) => l.startsWith("id:"));
+      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
+      if (data) each(id ? Number(id.slice(3).trim()) : null, data);
+    }
+  }
+}
+
 let following = null;
 
 function addEvent(list, event) {
@@ -229,23 +249,10 @@ async function showRun(task) {
       if (last) headers["Last-Event-ID"] = String(last);
       const response = await fetch(`/console/api/runs/${encodeURIComponent(task)}/events`, { headers, signal: controller.signal });
       if (!response.ok) throw new Error(response.statusText);
-      const reader = response.body.getReader();
-      const decoder = new TextDecoder();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        const blocks = buffer.split("\n\n");
-        buffer = blocks.pop();
-        for (const block of blocks) {
-          const id = block.split("\n").find((l) => l.startsWith("id:"));
-          const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
-          if (!data) continue;
-          if (id) last = Number(id.slice(3).trim());
-          addEvent(list, JSON.parse(data));
-        }
-      }
+      await readEvents(response, (id, data) => {
+        if (id) last = id;
+        addEvent(list, JSON.parse(data));
+      });
       if (list.lastElementChild && list.lastElementChild.dataset.kind === "final") return;
     } catch (e) {
       if (controller.signal.aborted) return;
@@ -310,17 +317,7 @@ async function follow() {
       });
       if (!response.ok) throw new Error(response.statusText);
       pause = 1000;
-      const reader = response.body.getReader();
-      const decoder = new TextDecoder();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        const blocks = buffer.split("\n\n");
-        buffer = blocks.pop();
-        if (blocks.some((b) => b.split("\n").some((l) => l.startsWith("data:")))) showSoon();
-      }
+      await readEvents(response, () => showSoon());
     } catch (e) {
       if (controller.signal.aborted) return;
     }
