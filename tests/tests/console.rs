@@ -6,6 +6,9 @@
 //! but cannot answer them; no script error, no request outside the gateway, and every action is
 //! reached with the keyboard.
 
+// The browser-driving tests are long async functions whose future types nest deeply.
+#![recursion_limit = "256"]
+
 use serde_json::{json, Value};
 use skein_tests::support::browser::Browser;
 use skein_tests::support::cluster::TestCluster;
