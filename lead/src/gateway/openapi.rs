@@ -210,14 +210,8 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
     },
     Endpoint {
         method: "get",
-        path: "/console/app.js",
-        summary: "The web console's script (no key)",
-        keyed: false,
-    },
-    Endpoint {
-        method: "get",
-        path: "/console/app.css",
-        summary: "The web console's styles (no key)",
+        path: "/console/{asset}",
+        summary: "The web console's scripts and styles (`app.js`, `run.js`, `sessions.js`, `dead-letters.js`, `app.css`; no key)",
         keyed: false,
     },
     Endpoint {

@@ -133,6 +133,15 @@ pub(crate) fn invalid(message: impl Into<String>) -> ApiError {
     )
 }
 
+pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
+    error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        message,
+    )
+}
+
 pub(crate) fn json_response(body: Value) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],

@@ -26,7 +26,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::{EventKind, TurnEvent};
 
+mod dead_letters;
 mod runs;
+mod sessions;
 
 use super::approvals::{self, Answer, Verdict};
 use super::keys::Role;
@@ -34,8 +36,16 @@ use super::request::{self, json_response, ApiError};
 use super::Gateway;
 
 const INDEX: &str = include_str!("assets/index.html");
-const SCRIPT: &str = include_str!("assets/app.js");
-const STYLES: &str = include_str!("assets/app.css");
+
+/// The page's scripts and styles by name, each with its content type.
+const ASSETS: [(&str, &str, &str); 5] = [
+    ("app.js", include_str!("assets/app.js"), JAVASCRIPT),
+    ("run.js", include_str!("assets/run.js"), JAVASCRIPT),
+    ("sessions.js", include_str!("assets/sessions.js"), JAVASCRIPT),
+    ("dead-letters.js", include_str!("assets/dead-letters.js"), JAVASCRIPT),
+    ("app.css", include_str!("assets/app.css"), "text/css; charset=utf-8"),
+];
+const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
 /// Nothing but the gateway itself: no script, style, image or connection from elsewhere.
 const POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
@@ -52,20 +62,23 @@ pub(super) fn routes() -> Router<Arc<Gateway>> {
             "/console/",
             get(|| async { asset(INDEX, "text/html; charset=utf-8") }),
         )
-        .route(
-            "/console/app.js",
-            get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/console/app.css",
-            get(|| async { asset(STYLES, "text/css; charset=utf-8") }),
-        )
+        .route("/console/{asset}", get(named_asset))
         .route("/console/api/approvals", get(waiting_calls))
         .route("/console/api/approvals/{task_id}/answer", post(answer))
         .route("/console/api/workers", get(workers))
         .route("/console/api/runs", get(runs::list))
         .route("/console/api/runs/{task_id}/events", get(runs::events))
         .route("/console/api/live", get(live))
+        .merge(sessions::routes())
+        .merge(dead_letters::routes())
+}
+
+/// `GET /console/{asset}`: one of the page's scripts or styles.
+async fn named_asset(Path(name): Path<String>) -> Response {
+    match ASSETS.iter().find(|(asset, ..)| *asset == name) {
+        Some((_, body, kind)) => asset(body, kind),
+        None => request::not_found(format!("the console has no {name}")).into_response(),
+    }
 }
 
 fn asset(body: &'static str, kind: &'static str) -> Response {

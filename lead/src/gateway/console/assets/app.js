@@ -1,7 +1,9 @@
-// Skein console: reads the gateway's /console/api with the key the person signs in with (kept in
-// this tab's session storage only), shows the view the address names (#runs, #run/<task>,
-// #approvals, #workers), and reads it again when the live feed says something changed; a run's
-// view follows its events as they come. No request leaves the gateway.
+// Skein console, its core: reads the gateway's /console/api with the key the person signs in
+// with (kept in this tab's session storage only), shows the view the address names (`#name` or
+// `#name/argument`), and reads it again when the live feed says something changed. Views are
+// registered with `Skein.view(name, {...})`: this file's runs list, approvals and workers, and
+// those of the scripts loaded after it (run.js, sessions.js, dead-letters.js). No request leaves
+// the gateway.
 "use strict";
 
 // Script errors, kept for whoever checks the page.
@@ -10,8 +12,18 @@ window.addEventListener("error", (e) => window.consoleErrors.push(String(e.messa
 window.addEventListener("unhandledrejection", (e) => window.consoleErrors.push(String(e.reason)));
 
 const KEY_ITEM = "skein-console-key";
-const VIEWS = ["runs", "run", "approvals", "workers"];
 const $ = (id) => document.getElementById(id);
+
+// The registered views by name: `show(argument)` draws it (argument: what follows `name/` in the
+// address), `leave()` (optional) stops what it follows, `nav` names the navigation link it lies
+// under, `live: false` keeps the live feed from reading it again.
+const views = new Map();
+const Skein = {
+  view(name, spec) {
+    views.set(name, { nav: name, live: true, ...spec });
+  },
+};
+window.Skein = Skein;
 
 let live = null;
 
@@ -55,6 +67,54 @@ function cell(row, content) {
 function when(ms) {
   return ms ? new Date(ms).toLocaleString() : "";
 }
+
+// A button with its text and an accessible name; `act` runs on click.
+function button(text, label, act, className) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = text;
+  if (label) b.setAttribute("aria-label", label);
+  if (className) b.className = className;
+  if (act) b.addEventListener("click", act);
+  return b;
+}
+
+// POSTs `body` as JSON (or sends `method`), saying what came of it.
+async function act(path, body, done, method = "POST") {
+  try {
+    const answer = await api(path, {
+      method,
+      headers: body === undefined ? {} : { "Content-Type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (done) say(typeof done === "function" ? done(answer) : done);
+    return answer;
+  } catch (e) {
+    say(`Not done: ${e.message}`);
+    return null;
+  }
+}
+
+// Reads an SSE response to its end, passing each event's id (a number, or null) and data.
+async function readEvents(response, each) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    const blocks = buffer.split("\n\n");
+    buffer = blocks.pop();
+    for (const block of blocks) {
+      const lines = block.split("\n");
+      const id = lines.find((l) => l.startsWith("id:"));
+      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
+      if (data) each(id ? Number(id.slice(3).trim()) : null, data);
+    }
+  }
+}
+
 
 async function showApprovals() {
   const { calls, may_answer: mayAnswer } = await api("/console/api/approvals");
@@ -165,127 +225,31 @@ async function showRuns(older) {
   $("runs-older").hidden = runs.length < 50;
 }
 
-// A line of the run's timeline for one event; a model's text joins the line before it.
-function summary(event) {
-  const e = event.event;
-  switch (e.type) {
-    case "turn_started":
-      return `${e.agent} on session ${e.session}${e.trace_id ? ` · trace ${e.trace_id}` : ""}`;
-    case "model_delta":
-    case "reasoning_delta":
-      return e.text;
-    case "tool_started":
-      return `${e.tool}(${typeof e.arguments === "string" ? e.arguments : JSON.stringify(e.arguments)})`;
-    case "tool_finished":
-      return `${e.tool} ${e.ok ? "ok" : "failed"} on ${e.worker_id}: ${e.preview}`;
-    case "approval_requested":
-      return `${e.tool} waits for a person (${e.rule})`;
-    case "approval_resolved":
-      return `${e.tool}: ${e.verdict}${e.by ? ` by ${e.by}` : ""}${e.reason ? ` — ${e.reason}` : ""}`;
-    case "final":
-      return `${e.result.status}: ${e.result.answer || (e.result.failure && e.result.failure.message) || ""}`;
-    default:
-      return JSON.stringify(e);
-  }
-}
-
-// Reads an SSE response to its end, passing each event's id (a number, or null) and data.
-async function readEvents(response, each) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += decoder.decode(value, { stream: true });
-    const blocks = buffer.split("\n\n");
-    buffer = blocks.pop();
-    for (const block of blocks) {
-      const lines = block.split("\n");
-      const id = lines.find((l) => l.startsWith("id:"));
-      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("");
-      if (data) each(id ? Number(id.slice(3).trim()) : null, data);
-    }
-  }
-}
-
-let following = null;
-
-function addEvent(list, event) {
-  const last = list.lastElementChild;
-  const kind = event.event.type;
-  if (kind === "model_delta" && last && last.dataset.kind === kind && last.dataset.source === event.source) {
-    last.querySelector(".text").textContent += event.event.text;
-    return;
-  }
-  const item = document.createElement("li");
-  item.dataset.kind = kind;
-  item.dataset.source = event.source;
-  for (const [name, text] of [["at", new Date(event.at_ms).toLocaleTimeString()], ["source", event.source], ["kind", kind], ["text", summary(event)]]) {
-    const span = document.createElement("span");
-    span.className = name;
-    span.textContent = text;
-    item.append(span);
-  }
-  list.append(item);
-  if (kind === "final") $("run-state").textContent = `Ended ${event.event.result.status}.`;
-}
-
-// A run's events, from its first, live; after a break, from the last one seen.
-async function showRun(task) {
-  if (following && following.task === task) return;
-  if (following) following.controller.abort();
-  const controller = new AbortController();
-  following = { task, controller };
-  $("run-title").textContent = `Run ${task}`;
-  $("run-state").textContent = "Following its events…";
-  const list = $("run-events");
-  list.replaceChildren();
-  let last = 0;
-  let pause = 1000;
-  while (following && following.controller === controller) {
-    try {
-      const headers = { Authorization: `Bearer ${key()}` };
-      if (last) headers["Last-Event-ID"] = String(last);
-      const response = await fetch(`/console/api/runs/${encodeURIComponent(task)}/events`, { headers, signal: controller.signal });
-      if (!response.ok) throw new Error(response.statusText);
-      await readEvents(response, (id, data) => {
-        if (id) last = id;
-        addEvent(list, JSON.parse(data));
-      });
-      if (list.lastElementChild && list.lastElementChild.dataset.kind === "final") return;
-    } catch (e) {
-      if (controller.signal.aborted) return;
-    }
-    await new Promise((r) => setTimeout(r, pause));
-    pause = Math.min(pause * 2, 30000);
-  }
-}
-
+// The view the address names, and its argument.
 function view() {
-  const named = decodeURIComponent(location.hash.replace("#", ""));
-  if (named.startsWith("run/")) return ["run", named.slice(4)];
-  return [VIEWS.includes(named) && named !== "run" ? named : "runs", null];
+  const named = location.hash.replace("#", "");
+  const slash = named.indexOf("/");
+  const name = slash < 0 ? named : named.slice(0, slash);
+  const argument = slash < 0 ? null : decodeURIComponent(named.slice(slash + 1));
+  return views.has(name) ? [name, argument] : ["runs", null];
 }
+
+let shown = null;
 
 async function show() {
-  const [current, task] = view();
-  for (const name of VIEWS) {
+  const [current, argument] = view();
+  const nav = views.get(current).nav;
+  for (const [name, spec] of views) {
     $(name).hidden = name !== current;
     const link = $(`nav-${name}`);
     if (!link) continue;
-    if (name === current) link.setAttribute("aria-current", "page");
+    if (name === nav) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
+    if (name !== current && shown === name && spec.leave) spec.leave();
   }
-  if (current !== "run" && following) {
-    following.controller.abort();
-    following = null;
-  }
+  shown = current;
   try {
-    if (current === "runs") await showRuns(false);
-    else if (current === "run") await showRun(task);
-    else if (current === "approvals") await showApprovals();
-    else await showWorkers();
+    await views.get(current).show(argument);
   } catch (e) {
     if (e instanceof Refused && e.status === 401) return signOut(e.message);
     say(`Could not read the ${current}: ${e.message}`);
@@ -294,7 +258,7 @@ async function show() {
 
 let again = null;
 function showSoon() {
-  if (view()[0] === "run" || again) return;
+  if (!views.get(view()[0]).live || again) return;
   // At most one read a second, whatever the feed says: a busy tenant stays within its key's
   // limit, and a steady feed still gets its reads.
   again = setTimeout(() => {
@@ -345,9 +309,11 @@ function signOut(why) {
   sessionStorage.removeItem(KEY_ITEM);
   if (live) live.abort();
   live = null;
-  if (following) following.controller.abort();
-  following = null;
-  for (const name of VIEWS) $(name).hidden = true;
+  for (const [name, spec] of views) {
+    if (spec.leave) spec.leave();
+    $(name).hidden = true;
+  }
+  shown = null;
   $("views").hidden = true;
   $("sign-out").hidden = true;
   $("who").textContent = "";
@@ -366,6 +332,11 @@ async function signIn(event) {
     signOut(e instanceof Refused && e.status === 401 ? "That key is not known." : e.message);
   }
 }
+
+Skein.view("runs", { show: () => showRuns(false) });
+Skein.view("approvals", { show: showApprovals });
+Skein.view("workers", { show: showWorkers });
+Object.assign(Skein, { $, api, act, button, cell, when, say, readEvents, Refused, show, key });
 
 document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", signIn);
