@@ -289,6 +289,8 @@ mod tests {
             ok,
             worker_id: "w".into(),
             preview: String::new(),
+            duration_ms: 3,
+            attempts: 1,
         }
     }
 

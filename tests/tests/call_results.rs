@@ -19,6 +19,7 @@ fn result(output: &str) -> ToolResult {
         },
         worker_id: "w".to_owned(),
         duration_ms: 1,
+        attempts: 0,
     }
 }
 
@@ -182,6 +183,7 @@ async fn a_call_running_elsewhere_keeps_its_copies_waiting_until_its_result_or_i
         },
         worker_id: "worker-a".into(),
         duration_ms: 1,
+        attempts: 0,
     };
     assert!(store
         .record_result("acme", &session, "t:0:c", &result)

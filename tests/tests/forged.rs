@@ -110,6 +110,7 @@ async fn a_result_for_another_call_is_dropped() {
             },
             worker_id: "nobody".into(),
             duration_ms: 0,
+            attempts: 0,
         };
         spy.publish(
             tool_task.reply_to.clone(),

@@ -83,6 +83,7 @@ fn recorded(call_id: &str, output: &str) -> ToolResult {
         },
         worker_id: "an-earlier-worker".into(),
         duration_ms: 1,
+        attempts: 0,
     }
 }
 

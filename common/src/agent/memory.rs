@@ -122,6 +122,7 @@ impl InMemoryTools {
             },
             worker_id: "memory".into(),
             duration_ms: started.elapsed().as_millis() as u64,
+            attempts: 0,
         };
         if let Ok(mut recorded) = self.recorded.lock() {
             recorded.entry(key).or_insert_with(|| result.clone());

@@ -512,5 +512,6 @@ pub fn failed(call_id: &str, failure: Failure) -> ToolResult {
         outcome: CallOutcome::Failed { failure },
         worker_id: String::new(),
         duration_ms: 0,
+        attempts: 0,
     }
 }

@@ -81,6 +81,13 @@ pub enum EventKind {
         worker_id: String,
         /// The start of the observation, for display.
         preview: String,
+        /// How long the worker took to run it (absent when no worker ran it).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        duration_ms: u64,
+        /// How often the broker delivered it to a worker (absent when once, or when no worker
+        /// ran it): more than one means a worker died or timed out with it and another ran it.
+        #[serde(default, skip_serializing_if = "at_most_once")]
+        attempts: u32,
     },
     /// A call waits for a person's approval; the turn is suspended (its state is saved and no
     /// lead holds it) until an `ApprovalDecision` answers it.
@@ -257,4 +264,12 @@ impl TurnStatus {
             TurnStatus::Rejected => "rejected",
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn at_most_once(n: &u32) -> bool {
+    *n <= 1
 }

@@ -340,6 +340,16 @@ pub struct ToolResult {
     pub worker_id: String,
     #[serde(default)]
     pub duration_ms: u64,
+    /// How often the broker had delivered the call to a worker when this result came from one
+    /// (1: the first delivery ran it; more: earlier deliveries went unanswered, their worker gone
+    /// or timed out); 0 when no worker ran it (answered at the lead, or unknown). Left out of the
+    /// JSON while at most 1.
+    #[serde(default, skip_serializing_if = "at_most_once")]
+    pub attempts: u32,
+}
+
+fn at_most_once(attempts: &u32) -> bool {
+    *attempts <= 1
 }
 
 /// Success output or failure of a call.

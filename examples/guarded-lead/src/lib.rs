@@ -75,6 +75,7 @@ where
                 outcome: CallOutcome::Failed { failure },
                 worker_id: String::new(),
                 duration_ms: 0,
+                attempts: 0,
             };
             return Box::pin(async move { Ok(result) });
         }

@@ -216,6 +216,7 @@ pub(super) async fn unreadable(
         },
         worker_id: ctx.instance.clone(),
         duration_ms: 0,
+        attempts: call.envelope.delivered().try_into().unwrap_or(u32::MAX),
     };
     reply(ctx, call.reply_to, &result).await;
     Disposition::SetAside {
@@ -309,6 +310,7 @@ pub(super) async fn refuse(
         outcome: CallOutcome::Failed { failure },
         worker_id: ctx.instance.clone(),
         duration_ms: 0,
+        attempts: call.envelope.delivered().try_into().unwrap_or(u32::MAX),
     };
     reply(ctx, call.reply_to, &result).await;
     Disposition::Reject

@@ -111,6 +111,7 @@ pub(super) async fn finish(
         outcome,
         worker_id: ctx.instance.clone(),
         duration_ms: started.elapsed().as_millis() as u64,
+        attempts: call.envelope.delivered().try_into().unwrap_or(u32::MAX),
     };
     reply(ctx, call.reply_to, &result).await;
     match ctx

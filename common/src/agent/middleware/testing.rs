@@ -86,6 +86,7 @@ fn result(call_id: &str, outcome: CallOutcome) -> ToolResult {
         outcome,
         worker_id: "w1".into(),
         duration_ms: 1,
+        attempts: 0,
     }
 }
 

@@ -296,13 +296,13 @@ impl Acting<'_, '_> {
         if crate::telemetry::record_content() {
             span.record("gen_ai.tool.call.arguments", call.arguments.to_string());
         }
-        let (outcome, worker_id, loaded_skill) = if settled.verdict.runs() {
+        let (outcome, ran, loaded_skill) = if settled.verdict.runs() {
             self.act(step, call).instrument(span.clone()).await
         } else {
-            (denied_outcome(settled), String::new(), None)
+            (denied_outcome(settled), Ran::default(), None)
         };
-        if !worker_id.is_empty() {
-            span.record("skein.worker_id", worker_id.as_str());
+        if !ran.worker_id.is_empty() {
+            span.record("skein.worker_id", ran.worker_id.as_str());
         }
         match &outcome {
             CallOutcome::Failed { failure } => record_failure(&span, failure),
@@ -320,8 +320,10 @@ impl Acting<'_, '_> {
                 call_id: call.id.clone(),
                 tool: call.name.clone(),
                 ok: outcome.is_ok(),
-                worker_id,
+                worker_id: ran.worker_id,
                 preview: observation.text.chars().take(PREVIEW_CHARS).collect(),
+                duration_ms: ran.duration_ms,
+                attempts: ran.attempts,
             })
             .await;
         (outcome, observation)
@@ -329,27 +331,27 @@ impl Acting<'_, '_> {
 
     /// The acting step of one allowed call: `before_acting` may change the call or answer in the
     /// tool's place; `after_acting` may change its outcome.
-    async fn act(&self, step: u32, call: &ToolCall) -> (CallOutcome, String, Option<String>) {
+    async fn act(&self, step: u32, call: &ToolCall) -> (CallOutcome, Ran, Option<String>) {
         let hooks = self.runtime.middleware.hooks();
         let ctx = (!hooks.is_empty()).then(|| turn_context(self.turn, step));
         let call = match &ctx {
             Some(ctx) => match hooks.enter_acting(ctx, call.clone()).await {
                 Ok(call) => call,
                 // A hook answered in the tool's place (its outer hooks' `after_acting` ran).
-                Err(outcome) => return (outcome, String::new(), None),
+                Err(outcome) => return (outcome, Ran::default(), None),
             },
             None => call.clone(),
         };
-        let (outcome, worker_id, skill) = self.route(step, &call).await;
+        let (outcome, ran, skill) = self.route(step, &call).await;
         let outcome = match &ctx {
             Some(ctx) => hooks.exit_acting(ctx, &call, outcome).await,
             None => outcome,
         };
-        (outcome, worker_id, skill)
+        (outcome, ran, skill)
     }
 
     /// Sends a call where it runs: the runtime's own tools here, the rest to the tool service.
-    async fn route(&self, step: u32, call: &ToolCall) -> (CallOutcome, String, Option<String>) {
+    async fn route(&self, step: u32, call: &ToolCall) -> (CallOutcome, Ran, Option<String>) {
         let failed = |kind, message: String| CallOutcome::Failed {
             failure: Failure::new(kind, message),
         };
@@ -362,12 +364,12 @@ impl Acting<'_, '_> {
             );
             return (
                 failed(FailureKind::UnknownTool, message),
-                String::new(),
+                Ran::default(),
                 None,
             );
         }
         if let Some(failure) = undecodable_arguments(call) {
-            return (CallOutcome::Failed { failure }, String::new(), None);
+            return (CallOutcome::Failed { failure }, Ran::default(), None);
         }
         // A replay answers a call the recorded turn made from the record (its side effects are
         // not repeated); the runtime's own bookkeeping tools run, to keep the turn's state.
@@ -381,27 +383,27 @@ impl Acting<'_, '_> {
             .filter(|_| !bookkeeping)
             .and_then(|recorded| recorded.answer(call))
         {
-            return (CallOutcome::Ok { output }, REPLAYED.into(), None);
+            return (CallOutcome::Ok { output }, Ran::at(REPLAYED), None);
         }
         if super::planning::is_plan_tool(&call.name) {
             // Boxed: `run_plan`'s future is large, and inline it would grow every call's.
             return (
                 Box::pin(self.plan_tool(step, call)).await,
-                String::new(),
+                Ran::default(),
                 None,
             );
         }
         if call.name == LOAD_SKILL_TOOL {
             return match self.load_skill(step, call).await {
-                Ok((name, body)) => (CallOutcome::Ok { output: body }, String::new(), Some(name)),
-                Err(failure) => (CallOutcome::Failed { failure }, String::new(), None),
+                Ok((name, body)) => (CallOutcome::Ok { output: body }, Ran::default(), Some(name)),
+                Err(failure) => (CallOutcome::Failed { failure }, Ran::default(), None),
             };
         }
         let settings = &self.runtime.settings;
         let (target, timeout) = if call.name == SPAWN_TOOL {
             match self.spawn_target(&call.arguments) {
                 Ok(target) => (target, settings.subagent_timeout),
-                Err(failure) => return (CallOutcome::Failed { failure }, String::new(), None),
+                Err(failure) => return (CallOutcome::Failed { failure }, Ran::default(), None),
             }
         } else {
             (CallTarget::Tool, settings.tool_timeout)
@@ -415,12 +417,20 @@ impl Acting<'_, '_> {
             may_have_run: !self.turn.first_run,
         };
         match self.runtime.tools.clone().oneshot(request).await {
-            Ok(result) => (result.outcome, result.worker_id, None),
+            Ok(result) => (
+                result.outcome,
+                Ran {
+                    worker_id: result.worker_id,
+                    duration_ms: result.duration_ms,
+                    attempts: result.attempts,
+                },
+                None,
+            ),
             Err(error) => (
                 CallOutcome::Failed {
                     failure: failure_from_error(error),
                 },
-                String::new(),
+                Ran::default(),
                 None,
             ),
         }
@@ -684,6 +694,24 @@ fn parse_spawn_arguments(arguments: &Value) -> Result<(String, String), Failure>
     Ok((field("agent")?, task))
 }
 
+/// Where and how a call ran, for its `tool_finished` event: the worker (or `replayed`; empty
+/// when it ran in the turn itself), how long the worker took, and how often it was delivered.
+#[derive(Debug, Default)]
+struct Ran {
+    worker_id: String,
+    duration_ms: u64,
+    attempts: u32,
+}
+
+impl Ran {
+    fn at(place: &str) -> Self {
+        Ran {
+            worker_id: place.to_owned(),
+            ..Ran::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -791,3 +819,4 @@ mod tests {
             .contains("denied by alice: not on prod"));
     }
 }
+

@@ -474,6 +474,8 @@ mod tests {
                     ok: true,
                     worker_id: "w".into(),
                     preview: "deployed".into(),
+                    duration_ms: 5,
+                    attempts: 1,
                 },
             ),
             event(

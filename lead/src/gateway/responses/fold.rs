@@ -466,6 +466,8 @@ mod tests {
                 ok: true,
                 worker_id: "w1".into(),
                 preview: "contents".into(),
+                duration_ms: 5,
+                attempts: 1,
             },
         )));
         events.extend(fold.event(&delta("Done.")));
