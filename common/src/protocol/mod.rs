@@ -68,6 +68,20 @@ pub struct TaskSubmission {
     /// or cancel it (`rollback`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub multitask: MultitaskPolicy,
+    /// Runs the task as a replay of a recorded turn of the tenant's: each tool or subagent call
+    /// whose name and arguments match a call that turn made is answered from its record, so no
+    /// side effect is repeated; calls that differ run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<ReplayOf>,
+}
+
+/// The recorded turn a replaying task takes its calls' answers from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayOf {
+    pub session: String,
+    /// The turn's number in its session (see `skein sessions history`).
+    pub turn: u64,
 }
 
 /// What a submission does when an older task of its session is still unfinished (the names are
@@ -665,6 +679,9 @@ impl TaskSubmission {
         validate_token("user", &self.user)?;
         validate_token("session", &self.session)?;
         validate_token("agent", &self.agent)?;
+        if let Some(replayed) = &self.replay_of {
+            validate_token("replay_of.session", &replayed.session)?;
+        }
         if self.input.len() > max_input_bytes {
             return Err(Failure::new(
                 FailureKind::TooLarge,
@@ -914,6 +931,7 @@ mod tests {
     #[test]
     fn submission_rules() {
         let mut s = TaskSubmission {
+            replay_of: None,
             v: 1,
             task_id: "t1".into(),
             tenant: "acme".into(),

@@ -203,6 +203,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         .await
         .map_err(|e| e.to_string())?;
     let submission = TaskSubmission {
+        replay_of: None,
         v: PROTOCOL_VERSION,
         task_id: format!("dev-{run_id}"),
         tenant: "dev".into(),

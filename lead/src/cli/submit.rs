@@ -78,6 +78,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
         args.input
     };
     let submission = TaskSubmission {
+        replay_of: None,
         v: PROTOCOL_VERSION,
         task_id: args
             .task_id

@@ -328,6 +328,7 @@ pub(crate) fn submission(
     spec: RunSpec,
 ) -> Result<TaskSubmission, ApiError> {
     let submission = TaskSubmission {
+        replay_of: None,
         v: PROTOCOL_VERSION,
         task_id: spec.task_id,
         tenant: principal.tenant.clone(),

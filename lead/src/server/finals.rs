@@ -91,6 +91,7 @@ impl Lead {
                 && validate_token("task_id", &task_id).is_ok();
             if valid && !self.task_has_events(tenant, &task_id).await {
                 let stub = TaskSubmission {
+                    replay_of: None,
                     v: PROTOCOL_VERSION,
                     task_id,
                     tenant: tenant.to_owned(),

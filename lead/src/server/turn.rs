@@ -6,12 +6,13 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
+use skein_common::agent::replay::RecordedCalls;
 use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
 use skein_common::protocol::{
     EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
 use skein_common::store::control::Controls;
-use skein_common::store::history::{calls_of, TurnRecord};
+use skein_common::store::history::{calls_of, ForkError, TurnRecord};
 use skein_common::store::{Ended, LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
@@ -370,6 +371,22 @@ impl Lead {
             controls,
         );
         let checkpoints = LeaseCheckpoints { turn: lease };
+        // A replay answers the calls its recorded turn made from the record; a record that
+        // cannot be read fails the turn rather than run them again.
+        let recorded = match &submission.replay_of {
+            Some(of) => match self.store.turn_messages(tenant, &of.session, of.turn).await {
+                Ok(turn) => Some(RecordedCalls::from_messages(&turn.messages)),
+                Err(ForkError::Store(e)) => return Settled::store_trouble(e),
+                Err(unrecorded) => {
+                    let failure = Failure::new(
+                        FailureKind::InvalidInput,
+                        format!("nothing to replay: {unrecorded}"),
+                    );
+                    return Settled::Poisoned(failure);
+                }
+            },
+            None => None,
+        };
         // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
         let time_left = origin.time_left();
         let renew = crate::lease::keep_renewed(self.cfg.lease_ttl, || lease.renew());
@@ -390,7 +407,7 @@ impl Lead {
             checkpoints: Some(&checkpoints),
             approvals: Some(&self.approvals),
             controls: Some(&controlled),
-            recorded: None,
+            recorded: recorded.as_ref(),
         }));
         let deadline = async {
             match time_left {

@@ -276,6 +276,7 @@ pub fn model_flags(base_url: &str) -> [&str; 4] {
 /// A submission to the `assistant` agent with fresh ids.
 pub fn submission(tenant: &str, session: &str, input: &str) -> TaskSubmission {
     TaskSubmission {
+        replay_of: None,
         v: PROTOCOL_VERSION,
         task_id: unique("task"),
         tenant: tenant.into(),

@@ -18,6 +18,7 @@ use crate::Failed;
 
 pub(crate) fn task(i: usize) -> TaskSubmission {
     TaskSubmission {
+        replay_of: None,
         v: PROTOCOL_VERSION,
         task_id: unique(&format!("turn{i}")),
         tenant: "bench".into(),
