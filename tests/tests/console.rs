@@ -20,20 +20,6 @@ use skein_tests::support::test_tools::read_effects;
 /// WebDriver's Tab key.
 const TAB: &str = "\u{E004}";
 
-/// With `SKEIN_UPDATE_SCREENSHOTS` set, the page as it shows now goes to `docs/console/{name}.png`.
-async fn screenshot(browser: &Browser, name: &str) {
-    if std::env::var_os("SKEIN_UPDATE_SCREENSHOTS").is_none() {
-        return;
-    }
-    let png = browser.screenshot().await;
-    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/console")
-        .join(format!("{name}.png"));
-    std::fs::create_dir_all(path.parent().expect("a folder")).expect("docs/console made");
-    std::fs::write(&path, png).expect("screenshot written");
-}
-
 /// A cluster whose agent asks a person before each `slow_effect` (keyed by the run's input), its
 /// gateway's base URL, and a browser.
 async fn guarded_console(cluster: &TestCluster) -> (String, Browser) {
@@ -118,7 +104,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     // Every action is reached with the keyboard, in order.
     browser.execute("document.body.focus();", json!([])).await;
     let mut reached = Vec::new();
-    for _ in 0..12 {
+    for _ in 0..20 {
         browser.press(TAB).await;
         let focused = browser
             .execute(
@@ -142,7 +128,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
         );
     }
 
-    screenshot(&browser, "approvals").await;
+    browser.screenshot_for_docs("approvals").await;
     let reason = browser.wait_for("#approvals-rows input.reason").await;
     browser.type_into(&reason, "looks right").await;
     let approve = browser.wait_for("#approvals-rows button.approve").await;
@@ -181,7 +167,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     let worker = browser.wait_for("#workers-rows tr").await;
     let text = browser.text(&worker).await;
     assert!(text.contains("slow_effect"), "{text}");
-    screenshot(&browser, "workers").await;
+    browser.screenshot_for_docs("workers").await;
 
     // The runs list shows the run ended; a new run appears by itself, waiting.
     browser.click(&browser.wait_for("#nav-runs").await).await;
@@ -203,7 +189,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    screenshot(&browser, "runs").await;
+    browser.screenshot_for_docs("runs").await;
 
     // A run's view: its events, from the turn's start to its end.
     let link = browser
@@ -249,7 +235,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
         text.contains("by dave") && text.contains("looks right"),
         "who answered and why: {text}"
     );
-    screenshot(&browser, "run").await;
+    browser.screenshot_for_docs("run").await;
 
     // No script error, and nothing was asked of anyone but the gateway.
     let errors = browser

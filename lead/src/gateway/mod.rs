@@ -51,6 +51,8 @@ pub const ENV_GATEWAY_REQUESTS_PER_MINUTE: &str = "SKEIN_GATEWAY_REQUESTS_PER_MI
 /// How long a connection may take to send a request's headers (and an idle keep-alive
 /// connection is kept).
 pub const ENV_GATEWAY_HEADER_TIMEOUT: &str = "SKEIN_GATEWAY_HEADER_TIMEOUT";
+/// Jaeger's UI (`https://jaeger.example.com`): the console links each run to its trace there.
+pub const ENV_JAEGER_URL: &str = "SKEIN_JAEGER_URL";
 /// Origins browsers may call the gateway from (comma-separated).
 pub const ENV_GATEWAY_CORS_ORIGINS: &str = "SKEIN_GATEWAY_CORS_ORIGINS";
 
@@ -95,6 +97,9 @@ pub struct GatewayConfig {
     /// cross-origin calls.
     #[arg(long = "gateway-cors-origins", env = ENV_GATEWAY_CORS_ORIGINS, value_delimiter = ',')]
     pub cors_origins: Vec<String>,
+    /// Jaeger's UI, for the console's links from a run to its trace; none: no links.
+    #[arg(long = "jaeger-url", env = ENV_JAEGER_URL)]
+    pub jaeger_url: Option<String>,
 }
 
 /// Why the gateway could not start.
@@ -126,6 +131,8 @@ pub(crate) struct Gateway {
     pub run_timeout: Duration,
     pub requests_per_minute: u32,
     pub workspaces: ObjectWorkspaces,
+    /// Jaeger's UI, where a run's trace is shown.
+    pub jaeger_url: Option<String>,
 }
 
 impl Gateway {
@@ -177,6 +184,7 @@ pub async fn run(
         agents,
         run_timeout: cfg.run_timeout,
         requests_per_minute: cfg.requests_per_minute,
+        jaeger_url: cfg.jaeger_url.clone().filter(|url| !url.trim().is_empty()),
     });
     let listener = tokio::net::TcpListener::bind(cfg.addr)
         .await

@@ -169,6 +169,42 @@ impl Browser {
         }
     }
 
+    /// The first element `css` selects once its text contains `needle`, waiting up to 30 s.
+    ///
+    /// # Panics
+    /// When no such element shows by then.
+    pub async fn wait_for_text(&self, css: &str, needle: &str) -> (Element, String) {
+        let started = tokio::time::Instant::now();
+        loop {
+            for element in self.find_all(css).await {
+                let text = self.text(&element).await;
+                if text.contains(needle) {
+                    return (element, text);
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no {css} said {needle:?} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// With `SKEIN_UPDATE_SCREENSHOTS` set, writes the page as it shows now to
+    /// `docs/console/{name}.png` (the screenshots the README shows).
+    pub async fn screenshot_for_docs(&self, name: &str) {
+        if std::env::var_os("SKEIN_UPDATE_SCREENSHOTS").is_none() {
+            return;
+        }
+        let png = self.screenshot().await;
+        assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/console")
+            .join(format!("{name}.png"));
+        std::fs::create_dir_all(path.parent().expect("a folder")).expect("docs/console made");
+        std::fs::write(&path, png).expect("screenshot written");
+    }
+
     pub async fn click(&self, element: &Element) {
         self.post(&format!("/element/{}/click", element.0), json!({}))
             .await;

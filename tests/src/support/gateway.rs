@@ -19,6 +19,11 @@ pub const OTHER_TENANT_KEY: &str = "sk-test-globex";
 pub const SECOND_KEY: &str = "sk-test-bob";
 /// A key of [`KEY`]'s tenant that may start runs and answer calls waiting for a person.
 pub const SUBMIT_AND_APPROVE_KEY: &str = "sk-test-dave";
+/// A key of [`KEY`]'s tenant with every role: start runs, answer calls, operate (cancel, pause,
+/// dead letters).
+pub const OPERATOR_KEY: &str = "sk-test-olga";
+/// A key of [`OTHER_TENANT_KEY`]'s tenant that may start runs and operate.
+pub const OTHER_TENANT_OPERATOR_KEY: &str = "sk-test-gina";
 
 /// A cluster with one worker and a lead, and a gateway in front of it; returns its address.
 pub async fn cluster_with_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
@@ -51,12 +56,16 @@ pub async fn gateway_with_lead(
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"carol\"\nroles = [\"approve\"]\n\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gus\"\nroles = [\"submit\"]\n\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"bob\"\nroles = [\"submit\"]\n\n\
-             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"dave\"\nroles = [\"submit\", \"approve\"]\n",
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"dave\"\nroles = [\"submit\", \"approve\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\nprincipal = \"olga\"\nroles = [\"submit\", \"approve\", \"operate\"]\n\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"globex\"\nprincipal = \"gina\"\nroles = [\"submit\", \"operate\"]\n",
             key_hash(KEY),
             key_hash(READ_ONLY_KEY),
             key_hash(OTHER_TENANT_KEY),
             key_hash(SECOND_KEY),
-            key_hash(SUBMIT_AND_APPROVE_KEY)
+            key_hash(SUBMIT_AND_APPROVE_KEY),
+            key_hash(OPERATOR_KEY),
+            key_hash(OTHER_TENANT_OPERATOR_KEY)
         ),
     )
     .expect("keys written");

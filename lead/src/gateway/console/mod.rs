@@ -24,9 +24,10 @@ use axum::Router;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use skein_common::protocol::{EventKind, TurnEvent};
+use skein_common::protocol::{EventKind, TurnEvent, WorkerAnnouncement};
 
 mod dead_letters;
+mod run;
 mod runs;
 mod sessions;
 
@@ -41,9 +42,21 @@ const INDEX: &str = include_str!("assets/index.html");
 const ASSETS: [(&str, &str, &str); 5] = [
     ("app.js", include_str!("assets/app.js"), JAVASCRIPT),
     ("run.js", include_str!("assets/run.js"), JAVASCRIPT),
-    ("sessions.js", include_str!("assets/sessions.js"), JAVASCRIPT),
-    ("dead-letters.js", include_str!("assets/dead-letters.js"), JAVASCRIPT),
-    ("app.css", include_str!("assets/app.css"), "text/css; charset=utf-8"),
+    (
+        "sessions.js",
+        include_str!("assets/sessions.js"),
+        JAVASCRIPT,
+    ),
+    (
+        "dead-letters.js",
+        include_str!("assets/dead-letters.js"),
+        JAVASCRIPT,
+    ),
+    (
+        "app.css",
+        include_str!("assets/app.css"),
+        "text/css; charset=utf-8",
+    ),
 ];
 const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 
@@ -66,8 +79,10 @@ pub(super) fn routes() -> Router<Arc<Gateway>> {
         .route("/console/api/approvals", get(waiting_calls))
         .route("/console/api/approvals/{task_id}/answer", post(answer))
         .route("/console/api/workers", get(workers))
-        .route("/console/api/runs", get(runs::list))
+        .route("/console/api/runs", get(runs::list).post(run::submit))
+        .route("/console/api/runs/{task_id}", get(run::show))
         .route("/console/api/runs/{task_id}/events", get(runs::events))
+        .route("/console/api/runs/{task_id}/{action}", post(run::action))
         .route("/console/api/live", get(live))
         .merge(sessions::routes())
         .merge(dead_letters::routes())
@@ -229,10 +244,50 @@ async fn workers(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Res
                     })
                 })
                 .collect();
-            Ok(json_response(json!({ "workers": shown })))
+            let backlog = backlog(&gateway, &workers).await;
+            Ok(json_response(
+                json!({ "workers": shown, "backlog": backlog }),
+            ))
         }
         .await,
     )
+}
+
+/// The backlog of each work consumer the live workers read: calls not yet delivered, and
+/// delivered ones not yet answered. A consumer whose depth cannot be read is shown without it.
+async fn backlog(gateway: &Gateway, workers: &[WorkerAnnouncement]) -> Vec<Value> {
+    use skein_common::subjects;
+    let mut consumers = std::collections::BTreeSet::new();
+    for worker in workers {
+        consumers.insert((worker.pool.clone(), subjects::tool_consumer(&worker.pool)));
+        match &worker.agent_types {
+            Some(agents) => {
+                for agent in agents {
+                    let consumer = subjects::agent_type_consumer(&worker.pool, agent);
+                    consumers.insert((worker.pool.clone(), consumer));
+                }
+            }
+            None if worker.runs_subagents => {
+                consumers.insert((worker.pool.clone(), subjects::agent_consumer(&worker.pool)));
+            }
+            None => {}
+        }
+    }
+    let mut shown = Vec::with_capacity(consumers.len());
+    for (pool, consumer) in consumers {
+        let depth = gateway
+            .client
+            .bus()
+            .consumer_depth(subjects::WORK_STREAM, &consumer)
+            .await;
+        shown.push(match depth {
+            Ok((pending, ack_pending)) => json!({
+                "pool": pool, "consumer": consumer, "pending": pending, "ack_pending": ack_pending,
+            }),
+            Err(e) => json!({ "pool": pool, "consumer": consumer, "error": e.to_string() }),
+        });
+    }
+    shown
 }
 
 /// `GET /console/api/live`: a note for each task event of the tenant that changes what the

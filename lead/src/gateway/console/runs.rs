@@ -107,7 +107,7 @@ pub(super) async fn list(
 }
 
 /// How a run stands: its final status, `waiting` for a person, or `running`.
-async fn status_of(
+pub(super) async fn status_of(
     gateway: &Gateway,
     tenant: &str,
     session: &str,

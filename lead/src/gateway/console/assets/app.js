@@ -177,7 +177,7 @@ async function decide(call, approve, reason) {
 }
 
 async function showWorkers() {
-  const { workers } = await api("/console/api/workers");
+  const { workers, backlog } = await api("/console/api/workers");
   const rows = $("workers-rows");
   rows.replaceChildren();
   for (const worker of workers) {
@@ -193,6 +193,18 @@ async function showWorkers() {
   }
   $("workers-table").hidden = workers.length === 0;
   $("workers-empty").hidden = workers.length !== 0;
+  const queues = $("backlog-rows");
+  queues.replaceChildren();
+  for (const queue of backlog) {
+    const row = document.createElement("tr");
+    row.dataset.consumer = queue.consumer;
+    cell(row, queue.pool);
+    cell(row, queue.consumer);
+    cell(row, queue.error ? "unknown" : queue.pending);
+    cell(row, queue.error ? queue.error : queue.ack_pending);
+    queues.append(row);
+  }
+  $("backlog-table").hidden = backlog.length === 0;
 }
 
 // The runs list, filtered and paged by the server (`before`: the oldest start shown).
@@ -314,6 +326,7 @@ function signOut(why) {
     $(name).hidden = true;
   }
   shown = null;
+  $("new-run-agent").replaceChildren();
   $("views").hidden = true;
   $("sign-out").hidden = true;
   $("who").textContent = "";
@@ -333,7 +346,35 @@ async function signIn(event) {
   }
 }
 
-Skein.view("runs", { show: () => showRuns(false) });
+// The agents a run may be started with, once per sign-in.
+async function listAgents() {
+  const select = $("new-run-agent");
+  if (select.options.length) return;
+  const { data } = await api("/v1/models");
+  for (const model of data) {
+    const option = document.createElement("option");
+    option.textContent = model.id;
+    select.append(option);
+  }
+}
+
+// Starts a run as the signed-in principal; it shows in the list as soon as its turn starts.
+async function startRun(event) {
+  event.preventDefault();
+  const started = await act(
+    "/console/api/runs",
+    { agent: $("new-run-agent").value, input: $("new-run-input").value, session: $("new-run-session").value.trim() || null },
+    (run) => `Started run ${run.task_id} in session ${run.session}.`,
+  );
+  if (started) $("new-run-input").value = "";
+}
+
+Skein.view("runs", {
+  show: async () => {
+    await showRuns(false);
+    await listAgents();
+  },
+});
 Skein.view("approvals", { show: showApprovals });
 Skein.view("workers", { show: showWorkers });
 Object.assign(Skein, { $, api, act, button, cell, when, say, readEvents, Refused, show, key });
@@ -345,6 +386,7 @@ document.addEventListener("DOMContentLoaded", () => {
     show();
   });
   $("runs-older").addEventListener("click", () => showRuns(true));
+  $("new-run-form").addEventListener("submit", startRun);
   $("sign-out").addEventListener("click", () => signOut(""));
   window.addEventListener("hashchange", show);
   if (key()) whoAmI().then(signedIn, (e) => signOut(e.message));
