@@ -288,6 +288,26 @@ async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong
     let deny = browser.wait_for("#approvals-rows button.deny").await;
     assert_eq!(browser.property(&deny, "disabled").await, json!(true));
 
+    // A reason half written and the focus stay when the live feed redraws the list.
+    let reason = browser.wait_for("#approvals-rows input.reason").await;
+    browser.type_into(&reason, "half a tho").await;
+    start_run(&http, &base, "deploy-meanwhile").await;
+    browser
+        .wait_for_text("#approvals-rows tr:nth-child(2)", "slow_effect")
+        .await;
+    let kept = browser
+        .execute(
+            "const field = document.querySelector(`#approvals-rows tr[data-task='${arguments[0]}'] input.reason`);
+             return [field.value, document.activeElement === field];",
+            json!([task]),
+        )
+        .await;
+    assert_eq!(
+        kept,
+        json!(["half a tho", true]),
+        "the reason and the focus stay"
+    );
+
     // Nor can it answer by asking the API directly; nor can another tenant's key (which has only
     // `submit`, and whose tenant has no such task).
     let answer = format!("{base}/console/api/approvals/{task}/answer");

@@ -9,7 +9,7 @@ use super::{
     keys, parse_number, CallAdmission, SessionStore, StoreError, TurnCheckpoint, ATTEMPTS_TTL_SECS,
     CHECKPOINT_TTL_SECS, RESULTS_TTL_SECS,
 };
-use crate::protocol::{CallOutcome, ToolResult};
+use crate::protocol::{CallOutcome, SubagentTask, TaskSubmission, ToolResult, ToolTask};
 
 /// What an earlier delivery of a subagent call left in its child session.
 #[derive(Debug)]
@@ -298,6 +298,52 @@ impl SessionStore {
             .ignore()
             .query_async(&mut conn)
             .await?;
+        Ok(())
+    }
+}
+
+/// Why a dead letter's outcome could not be forgotten.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    /// The letter's body is not the work its subject names: it cannot be replayed.
+    #[error("it cannot be decoded as a {0} task, so it cannot be replayed")]
+    Undecodable(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl SessionStore {
+    /// Forgets what the work set aside as a dead letter left behind — a submission's turn, a
+    /// tool or subagent call's result and attempts — so that its replay runs the work again
+    /// instead of answering with the old failure. `original_subject` names the work
+    /// (`skein.submit.…`, `skein.tool.…`, `skein.agent.…`); `payload` is its body.
+    pub async fn forget_dead_work(
+        &self,
+        original_subject: &str,
+        payload: &[u8],
+    ) -> Result<(), ForgetError> {
+        let kind = original_subject.split('.').nth(1).unwrap_or_default();
+        let undecodable = || ForgetError::Undecodable(kind.to_owned());
+        match kind {
+            "submit" => {
+                let task: TaskSubmission =
+                    serde_json::from_slice(payload).map_err(|_| undecodable())?;
+                self.forget_turn(&task.tenant, &task.session, &task.task_id)
+                    .await?;
+            }
+            "tool" => {
+                let task: ToolTask = serde_json::from_slice(payload).map_err(|_| undecodable())?;
+                self.forget_call(&task.origin.tenant, &task.origin.session, &task.call_key)
+                    .await?;
+            }
+            "agent" => {
+                let task: SubagentTask =
+                    serde_json::from_slice(payload).map_err(|_| undecodable())?;
+                self.forget_call(&task.origin.tenant, &task.origin.session, &task.call_key)
+                    .await?;
+            }
+            _ => return Err(undecodable()),
+        }
         Ok(())
     }
 }

@@ -30,7 +30,7 @@ pub mod traffic;
 mod turn;
 mod workers;
 
-pub use calls::{ChildProgress, RunMarker};
+pub use calls::{ChildProgress, ForgetError, RunMarker};
 pub use sessions::{Removal, SessionSummary};
 pub use turn::{Ended, TurnClaim, TurnLease, TurnStart};
 

@@ -7,7 +7,6 @@ use clap::{Args, Subcommand};
 use skein_common::bus::DeadLetter;
 use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_JAEGER_UI, ENV_TENANT};
-use skein_common::protocol::{SubagentTask, TaskSubmission, ToolTask};
 use skein_common::store::SessionStore;
 
 #[derive(Debug, Args)]
@@ -192,7 +191,10 @@ async fn run_dlq(args: DlqArgs) -> Result<(), String> {
             let store = SessionStore::connect(&args.redis)
                 .await
                 .map_err(|e| e.to_string())?;
-            forget_outcome(&store, &letter).await?;
+            store
+                .forget_dead_work(&letter.original_subject, &letter.payload)
+                .await
+                .map_err(|e| format!("dead letter {}: {e}", letter.seq))?;
             bus.replay_dead_letter(&letter)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -221,47 +223,6 @@ async fn find(bus: &skein_common::bus::Bus, seq: u64) -> Result<DeadLetter, Stri
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no dead letter {seq}"))
-}
-
-/// Forgets what the dead letter's work left behind (its failed outcome, its attempts), so that
-/// replaying it runs the work again instead of answering with the old failure.
-async fn forget_outcome(store: &SessionStore, letter: &DeadLetter) -> Result<(), String> {
-    let kind = letter
-        .original_subject
-        .split('.')
-        .nth(1)
-        .unwrap_or_default();
-    let undecodable = || {
-        format!(
-            "dead letter {} cannot be decoded as a {kind} task, so it cannot be replayed",
-            letter.seq
-        )
-    };
-    let forgotten = match kind {
-        "submit" => {
-            let task: TaskSubmission =
-                serde_json::from_slice(&letter.payload).map_err(|_| undecodable())?;
-            store
-                .forget_turn(&task.tenant, &task.session, &task.task_id)
-                .await
-        }
-        "tool" => {
-            let task: ToolTask =
-                serde_json::from_slice(&letter.payload).map_err(|_| undecodable())?;
-            store
-                .forget_call(&task.origin.tenant, &task.origin.session, &task.call_key)
-                .await
-        }
-        "agent" => {
-            let task: SubagentTask =
-                serde_json::from_slice(&letter.payload).map_err(|_| undecodable())?;
-            store
-                .forget_call(&task.origin.tenant, &task.origin.session, &task.call_key)
-                .await
-        }
-        _ => return Err(undecodable()),
-    };
-    forgotten.map_err(|e| e.to_string())
 }
 
 fn letter_json(letter: &DeadLetter) -> serde_json::Value {

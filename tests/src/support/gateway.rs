@@ -48,6 +48,12 @@ pub async fn gateway_with_lead(
     cluster.spawn_test_worker(cluster.worker_config(&[]));
     cluster.wait_for_workers(1).await;
     cluster.spawn_lead(cluster.lead_config(lead_flags));
+    start_gateway(cluster, extra).await
+}
+
+/// A gateway (with `extra` flags) in front of `cluster`, knowing the keys of this module;
+/// returns its address.
+pub async fn start_gateway(cluster: &TestCluster, extra: &[&str]) -> SocketAddr {
     let keys = cluster.dir.join(unique("keys")).with_extension("toml");
     std::fs::write(
         &keys,

@@ -291,9 +291,11 @@ pub(super) async fn action(
                 "cancel" | "pause" | "resume" => Role::Operate,
                 "steer" | "fork" | "replay" => Role::Submit,
                 other => {
+                    // A caller without a key learns nothing, not even which actions there are.
+                    request::admit_any(&gateway, &headers).await?;
                     return Err(request::not_found(format!(
                         "a run has no action {other:?}: cancel, pause, resume, steer, fork, replay"
-                    )))
+                    )));
                 }
             };
             let principal = request::admit(&gateway, &headers, role).await?;

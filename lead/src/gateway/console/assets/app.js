@@ -79,6 +79,31 @@ function button(text, label, act, className) {
   return b;
 }
 
+// What names a control across redraws: its accessible name, its id, or a link's text.
+function placeOf(element) {
+  return element.getAttribute("aria-label") || element.id || (element.tagName === "A" ? element.textContent : "");
+}
+
+// Redraws `container` with `draw()` keeping a keyboard user's place: the focus goes back to the
+// control of the same name, and what was typed in a named field stays, so a redraw the live feed
+// asks for neither loses the focus nor a reason half written.
+async function keepingPlace(container, draw) {
+  const focused = document.activeElement;
+  const place = focused && container.contains(focused) ? placeOf(focused) : "";
+  const typed = new Map();
+  for (const field of container.querySelectorAll("input[aria-label]")) {
+    if (field.value) typed.set(field.getAttribute("aria-label"), field.value);
+  }
+  await draw();
+  for (const field of container.querySelectorAll("input[aria-label]")) {
+    const value = typed.get(field.getAttribute("aria-label"));
+    if (value && !field.value) field.value = value;
+  }
+  if (!place || document.body.contains(focused)) return;
+  const again = [...container.querySelectorAll("a, button, input, select")].find((e) => placeOf(e) === place);
+  if (again) again.focus();
+}
+
 // POSTs `body` as JSON (or sends `method`), saying what came of it.
 async function act(path, body, done, method = "POST") {
   try {
@@ -116,7 +141,11 @@ async function readEvents(response, each) {
 }
 
 
-async function showApprovals() {
+function showApprovals() {
+  return keepingPlace($("approvals-rows"), drawApprovals);
+}
+
+async function drawApprovals() {
   const { calls, may_answer: mayAnswer } = await api("/console/api/approvals");
   const rows = $("approvals-rows");
   rows.replaceChildren();
@@ -371,13 +400,13 @@ async function startRun(event) {
 
 Skein.view("runs", {
   show: async () => {
-    await showRuns(false);
+    await keepingPlace($("runs-rows"), () => showRuns(false));
     await listAgents();
   },
 });
 Skein.view("approvals", { show: showApprovals });
 Skein.view("workers", { show: showWorkers });
-Object.assign(Skein, { $, api, act, button, cell, when, say, readEvents, Refused, show, key });
+Object.assign(Skein, { $, api, act, button, cell, when, say, readEvents, keepingPlace, Refused, show, key });
 
 document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", signIn);
