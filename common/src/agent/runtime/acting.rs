@@ -819,4 +819,3 @@ mod tests {
             .contains("denied by alice: not on prod"));
     }
 }
-
