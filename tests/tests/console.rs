@@ -235,7 +235,6 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
         text.contains("by dave") && text.contains("looks right"),
         "who answered and why: {text}"
     );
-    browser.screenshot_for_docs("run").await;
 
     // No script error, and nothing was asked of anyone but the gateway.
     let errors = browser

@@ -317,6 +317,7 @@ async fn an_operator_replays_a_dead_letter_in_the_console_and_its_task_ends() {
     assert!(browser.text(&body).await.contains(&task));
     let show = browser.wait_for(&format!("{row} button.show")).await;
     assert_eq!(browser.property(&show, "ariaExpanded").await, "true");
+    browser.screenshot_for_docs("dead-letters").await;
 
     // Replayed with the keyboard: the row goes, the task ends completed.
     let focused = focus(&browser, &format!("{row} button.replay")).await;

@@ -272,6 +272,7 @@ async fn the_console_shows_a_session_and_views_and_downloads_its_file() {
     browser.press(ENTER).await;
     let shown = browser.wait_for("#session-file:not([hidden]) pre").await;
     assert_eq!(browser.property(&shown, "textContent").await, NOTES);
+    browser.screenshot_for_docs("session").await;
 
     // Downloaded: the bytes, fetched with the key, handed to the browser as a blob URL with the
     // file's name; the page's policy lets the download through.
