@@ -3,11 +3,13 @@
 //! holds the page to it), and the JSON it reads under `/console/api/`, with the gateway's keys
 //! and roles.
 //!
-//! Served so far: the tenant's runs, newest first, filtered by status, agent and session, and a
-//! run's events as they come ([`runs`]); the calls of the key's tenant waiting for a person, with their arguments and
-//! the rule that asked, answered in place (`approve` role, a reason optional); the live workers
-//! with their pools, tools, agent types, capacity and last heartbeat; and a live feed of the
-//! tenant's task events (`GET /console/api/live`, SSE from a core subscription on
+//! Served: the tenant's runs and one run's events ([`runs`]); a run as it stands, runs started
+//! and a run's actions ([`run`]); sessions with their history, checkpoints and files
+//! ([`sessions`]); the tenant's dead letters ([`dead_letters`]); here, the calls of the key's
+//! tenant waiting for a person, with their arguments and the rule that asked, answered in place
+//! (`approve` role, a reason optional); the live workers with their pools, tools, agent types,
+//! capacity and last heartbeat, and the backlog of each work consumer they read; and a live feed
+//! of the tenant's task events (`GET /console/api/live`, SSE from a core subscription on
 //! `skein.events.{tenant}.>`) that tells the page when to read again, so nothing polls.
 
 use std::convert::Infallible;
