@@ -422,6 +422,54 @@ async fn the_run_api_takes_each_action_only_from_a_key_with_its_role() {
         json!({ "submit": true, "approve": true, "operate": false })
     );
 
+    // The list, filtered and paged by the server.
+    let started_at = run["started_at_ms"].as_u64().expect("a start");
+    let session = started["session"].as_str().expect("a session").to_owned();
+    let listed = |query: String| {
+        let http = http.clone();
+        let url = format!("{base}/console/api/runs?{query}");
+        async move {
+            let answer = http
+                .get(url)
+                .bearer_auth(READ_ONLY_KEY)
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(answer.status(), StatusCode::OK, "{query}");
+            let runs: Value = answer.json().await.expect("runs");
+            runs["runs"]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .map(|r| r["task_id"].as_str().unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    for (query, shown) in [
+        ("status=waiting".to_owned(), true),
+        ("status=completed".to_owned(), false),
+        ("agent=assistant".to_owned(), true),
+        ("agent=nobody".to_owned(), false),
+        (format!("session={session}"), true),
+        ("session=another".to_owned(), false),
+        (format!("before={started_at}"), false),
+        (format!("before={}", started_at + 1), true),
+    ] {
+        assert_eq!(
+            listed(query.clone()).await.contains(&task),
+            shown,
+            "{query}"
+        );
+    }
+    assert_eq!(listed("limit=1".into()).await.len(), 1);
+    let bad = http
+        .get(format!("{base}/console/api/runs?limit=many"))
+        .bearer_auth(READ_ONLY_KEY)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
     // Cancel, pause and resume take `operate`; steer, fork and replay take `submit`.
     for action in ["cancel", "pause", "resume"] {
         let refused = post(

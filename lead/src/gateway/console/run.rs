@@ -150,6 +150,9 @@ pub(super) async fn show(
             let principal = request::admit_any(&gateway, &headers).await?;
             let tenant = principal.tenant.as_str();
             let started = started(&gateway, tenant, &task_id).await?;
+            // The status first: a final result it finds is then in the events or the store.
+            let status =
+                super::runs::status_of(&gateway, tenant, &started.session, &task_id).await?;
             let events = events_so_far(&gateway, tenant, &task_id).await?;
             let tree = skein_common::runs::tree(&events);
             let ended = match events.iter().rev().find_map(|e| match &e.event {
@@ -177,8 +180,6 @@ pub(super) async fn show(
                 }
                 _ => None,
             };
-            let status =
-                super::runs::status_of(&gateway, tenant, &started.session, &task_id).await?;
             let turn = turn_of(&gateway, tenant, &started.session, &task_id).await?;
             Ok(json_response(json!({
                 "task_id": task_id,
@@ -441,7 +442,13 @@ async fn fork(
             other.to_string(),
         ),
     };
-    let to = format!("{source}-fork-{}-{}", at, now_ms() % 1_000_000).replace('.', "_");
+    let named = format!("{source}-fork-{}-{}", at, now_ms() % 1_000_000).replace('.', "_");
+    // A long source name would make a name no session may have.
+    let to = if validate_token("session", &named).is_ok() {
+        named
+    } else {
+        format!("fork-{}", uuid::Uuid::new_v4().simple())
+    };
     let files_then = match gateway.store.fork_instant(tenant, source, at).await {
         Ok(then) => Some(then),
         Err(ForkError::NoInstant(_)) => None,

@@ -244,6 +244,7 @@ async function showRuns(older) {
   }
   const rows = $("runs-rows");
   if (older && rows.lastElementChild) query.set("before", rows.lastElementChild.dataset.started);
+  else if ($("filter-before").value) query.set("before", String(new Date($("filter-before").value).getTime()));
   const { runs } = await api(`/console/api/runs?${query}`);
   if (!older) rows.replaceChildren();
   for (const run of runs) {
