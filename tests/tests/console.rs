@@ -167,6 +167,11 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     let worker = browser.wait_for("#workers-rows tr").await;
     let text = browser.text(&worker).await;
     assert!(text.contains("slow_effect"), "{text}");
+    // Its pool's tool consumer, with nothing waiting in it now the run has ended.
+    let (_, queue) = browser
+        .wait_for_text("#backlog-rows tr", "skein-tools-default")
+        .await;
+    assert!(queue.ends_with("0\t0") || queue.ends_with("0 0"), "{queue}");
     browser.screenshot_for_docs("workers").await;
 
     // The runs list shows the run ended; a new run appears by itself, waiting.

@@ -10,16 +10,19 @@
 // The browser-driving tests are long async functions whose future types nest deeply.
 #![recursion_limit = "256"]
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use skein_tests::support::browser::Browser;
 use skein_tests::support::cluster::TestCluster;
 use skein_tests::support::gateway::{
-    error_of, gateway_with_lead, guarded_gateway, OPERATOR_KEY, OTHER_TENANT_KEY, READ_ONLY_KEY,
-    SUBMIT_AND_APPROVE_KEY,
+    error_of, gateway_with_lead, guarded_gateway, start_gateway, OPERATOR_KEY, OTHER_TENANT_KEY,
+    READ_ONLY_KEY, SUBMIT_AND_APPROVE_KEY,
 };
+use skein_tests::support::otlp::OtlpReceiver;
 use skein_tests::support::test_tools::read_effects;
-use skein_tests::support::unique;
+use skein_tests::support::{eventually, unique, ChildProcess};
 
 /// WebDriver's Tab key.
 const TAB: &str = "\u{E004}";
@@ -599,4 +602,55 @@ async fn the_run_api_takes_each_action_only_from_a_key_with_its_role() {
     };
     assert_eq!(ended["status"], "cancelled", "{ended}");
     assert_eq!(ended["final"]["status"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_run_links_to_its_trace_in_jaeger() {
+    let cluster = TestCluster::start();
+    let receiver = OtlpReceiver::start().await;
+    let script = cluster.scenario(json!([{ "steps": [ { "answer": "traced" } ] }]));
+    let mut lead = std::process::Command::new(env!("CARGO_BIN_EXE_skein-node"));
+    lead.args(cluster.process_args("lead"))
+        .args(["--scenario", &script])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint);
+    let _lead = ChildProcess::spawn(lead, cluster.dir.join("traced-lead.log"));
+    let jaeger = "http://jaeger.example:16686/";
+    let base = format!(
+        "http://{}",
+        start_gateway(&cluster, &["--jaeger-url", jaeger]).await
+    );
+    let http = reqwest::Client::new();
+    let started: Value = http
+        .post(format!("{base}/console/api/runs"))
+        .bearer_auth(OPERATOR_KEY)
+        .json(&json!({ "agent": "assistant", "input": "trace me" }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("a run");
+    let task = started["task_id"].as_str().expect("a task id").to_owned();
+    let run = eventually("the traced run ended", Duration::from_secs(30), || async {
+        let run: Value = http
+            .get(format!("{base}/console/api/runs/{task}"))
+            .bearer_auth(OPERATOR_KEY)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (run["status"] == "completed").then_some(run)
+    })
+    .await;
+    let trace_id = run["trace_id"].as_str().expect("the turn's trace id");
+    assert!(
+        trace_id.len() == 32 && trace_id.chars().all(|c| c.is_ascii_hexdigit()),
+        "{trace_id}"
+    );
+    assert_eq!(
+        run["trace_url"],
+        format!("http://jaeger.example:16686/trace/{trace_id}")
+    );
 }

@@ -52,7 +52,7 @@ pub const ENV_GATEWAY_REQUESTS_PER_MINUTE: &str = "SKEIN_GATEWAY_REQUESTS_PER_MI
 /// connection is kept).
 pub const ENV_GATEWAY_HEADER_TIMEOUT: &str = "SKEIN_GATEWAY_HEADER_TIMEOUT";
 /// Jaeger's UI (`https://jaeger.example.com`): the console links each run to its trace there.
-pub const ENV_JAEGER_URL: &str = "SKEIN_JAEGER_URL";
+pub const ENV_GATEWAY_JAEGER_URL: &str = "SKEIN_JAEGER_URL";
 /// Origins browsers may call the gateway from (comma-separated).
 pub const ENV_GATEWAY_CORS_ORIGINS: &str = "SKEIN_GATEWAY_CORS_ORIGINS";
 
@@ -98,7 +98,7 @@ pub struct GatewayConfig {
     #[arg(long = "gateway-cors-origins", env = ENV_GATEWAY_CORS_ORIGINS, value_delimiter = ',')]
     pub cors_origins: Vec<String>,
     /// Jaeger's UI, for the console's links from a run to its trace; none: no links.
-    #[arg(long = "jaeger-url", env = ENV_JAEGER_URL)]
+    #[arg(long = "jaeger-url", env = ENV_GATEWAY_JAEGER_URL)]
     pub jaeger_url: Option<String>,
 }
 
