@@ -204,7 +204,7 @@ pub(super) async fn show(
 }
 
 /// What the key may do, for the page to offer only that.
-pub(super) fn may(principal: &Principal) -> Value {
+fn may(principal: &Principal) -> Value {
     json!({
         "submit": principal.may(Role::Submit),
         "approve": principal.may(Role::Approve),
