@@ -6,6 +6,7 @@
 //! environment allowlist of well-formed names none of which is one of the worker's own
 //! `SKEIN_*` settings.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -17,6 +18,8 @@ pub const ENV_SHELL_MEMORY: &str = "SKEIN_SHELL_MEMORY";
 pub const ENV_SHELL_MAX_PROCESSES: &str = "SKEIN_SHELL_MAX_PROCESSES";
 pub const ENV_SHELL_ENV: &str = "SKEIN_SHELL_ENV";
 pub const ENV_SHELL_NETWORK: &str = "SKEIN_SHELL_NETWORK";
+pub const ENV_SHELL_READ_PATHS: &str = "SKEIN_SHELL_READ_PATHS";
+pub const ENV_SHELL_UNISOLATED: &str = "SKEIN_SHELL_UNISOLATED";
 
 /// Smallest address-space limit: bash itself needs a few MiB to start.
 pub const MIN_MEMORY_BYTES: u64 = 16 * 1024 * 1024;
@@ -58,6 +61,23 @@ pub struct ShellConfig {
     /// the platform allows one).
     #[arg(id = "shell_network", long = "shell-network", env = ENV_SHELL_NETWORK, default_value_t = false, action = clap::ArgAction::Set)]
     pub network: bool,
+    /// More paths commands may read and run from (a toolchain outside the system's paths),
+    /// comma-separated; the system's own are always readable.
+    #[arg(id = "shell_read_paths", long = "shell-read-paths", env = ENV_SHELL_READ_PATHS, value_delimiter = ',')]
+    pub read_paths: Vec<PathBuf>,
+    /// What happens where neither Landlock nor user namespaces work, so a command could reach
+    /// every file of the worker's user: `refuse` (the default: the tool answers that it cannot
+    /// run commands here) or `allow` (they run, with a warning at start and on every call).
+    #[arg(id = "shell_unisolated", long = "shell-unisolated", env = ENV_SHELL_UNISOLATED, value_enum, default_value_t = Unisolated::Refuse)]
+    pub unisolated: Unisolated,
+}
+
+/// Whether commands run where they cannot be isolated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unisolated {
+    #[default]
+    Refuse,
+    Allow,
 }
 
 impl Default for ShellConfig {
@@ -71,6 +91,8 @@ impl Default for ShellConfig {
             max_processes: 512,
             env: Vec::new(),
             network: false,
+            read_paths: Vec::new(),
+            unisolated: Unisolated::Refuse,
         }
     }
 }

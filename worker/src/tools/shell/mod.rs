@@ -25,6 +25,7 @@
 
 mod capture;
 pub mod config;
+mod fence;
 mod process;
 pub mod sandbox;
 
@@ -35,7 +36,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use skein_common::protocol::ToolEffects;
 
-pub use config::ShellConfig;
+pub use config::{ShellConfig, Unisolated};
 pub use sandbox::Isolation;
 
 use self::capture::split_budget;
@@ -54,6 +55,8 @@ pub struct ShellSetup {
     config: ShellConfig,
     workspace: Arc<dyn CommandWorkspace>,
     isolation: Isolation,
+    /// The paths a fenced command may read, found at start.
+    readable: fence::ReadOnlyPaths,
     tool_timeout: Duration,
 }
 
@@ -97,10 +100,12 @@ impl ShellSetup {
         isolation: Isolation,
         tool_timeout: Duration,
     ) -> Self {
+        let readable = fence::ReadOnlyPaths::system_and(&config.read_paths);
         Self {
             config,
             workspace,
             isolation,
+            readable,
             tool_timeout,
         }
     }
@@ -125,6 +130,7 @@ fn with_margin(limit: Duration) -> Duration {
 
 fn log_isolation(config: &ShellConfig, isolation: &Isolation) {
     tracing::info!(
+        filesystem_fenced = isolation.filesystem_fenced,
         network_isolated = isolation.network_isolated,
         processes_isolated = isolation.processes_isolated,
         user_namespace = isolation.user_namespace,
@@ -136,6 +142,25 @@ fn log_isolation(config: &ShellConfig, isolation: &Isolation) {
             "shell commands will have network access: no unprivileged network namespace works \
              here (`unshare --user --net` failed); set {}=true to allow it explicitly",
             config::ENV_SHELL_NETWORK
+        );
+    }
+    if !isolation.isolates_files() {
+        match config.unisolated {
+            Unisolated::Allow => tracing::warn!(
+                "shell commands run without isolation: neither Landlock nor user namespaces work \
+                 here, and {}=allow lets them read and write every file of the worker's user",
+                config::ENV_SHELL_UNISOLATED
+            ),
+            Unisolated::Refuse => tracing::warn!(
+                "the shell tool will refuse every command: neither Landlock nor user namespaces \
+                 work here ({}=allow runs them unisolated)",
+                config::ENV_SHELL_UNISOLATED
+            ),
+        }
+    } else if !isolation.filesystem_fenced {
+        tracing::warn!(
+            "shell commands are not held to their files: Landlock is not available here, so a \
+             command can read what the worker's user can"
         );
     }
     if !isolation.processes_isolated {
@@ -181,6 +206,46 @@ impl Shell {
             )),
             Some(seconds) => Ok(Duration::from_secs(seconds).min(max)),
         }
+    }
+
+    /// Refuses commands where nothing keeps them from the worker's files, unless the operator
+    /// allowed that (then every call says so in the log).
+    fn check_isolated(&self) -> Result<(), ToolError> {
+        if self.setup.isolation.isolates_files() {
+            return Ok(());
+        }
+        match self.setup.config.unisolated {
+            Unisolated::Allow => {
+                tracing::warn!(
+                    "running a shell command without isolation: it can read and write every file                      of the worker's user ({}=allow)",
+                    config::ENV_SHELL_UNISOLATED
+                );
+                Ok(())
+            }
+            Unisolated::Refuse => Err(ToolError::Unavailable(format!(
+                "shell: this worker cannot isolate commands (neither Landlock nor user namespaces                  work here), so it runs none; its operator can allow them anyway with {}=allow",
+                config::ENV_SHELL_UNISOLATED
+            ))),
+        }
+    }
+
+    /// The call's file fence, where Landlock works: its checkout and scratch directory
+    /// writable, the system's paths readable.
+    fn fence(
+        &self,
+        checkout: &std::path::Path,
+        home: &std::path::Path,
+    ) -> Result<Option<landlock::RulesetCreated>, ToolError> {
+        if !self.setup.isolation.filesystem_fenced {
+            return Ok(None);
+        }
+        fence::ruleset(&[checkout, home], &self.setup.readable)
+            .map(Some)
+            .map_err(|e| {
+                ToolError::Unavailable(format!(
+                    "shell: the command's file fence could not be built: {e}"
+                ))
+            })
     }
 }
 
@@ -240,6 +305,7 @@ impl Tool for Shell {
 
     async fn call(&self, args: ShellArgs, ctx: ToolContext<'_>) -> Result<String, ToolError> {
         check_command(&args.command)?;
+        self.check_isolated()?;
         let started = std::time::Instant::now();
         // The call's own limit (its deadline, the worker's tool timeout) bounds the command too,
         // so its output and changes come back instead of being cut off with the call.
@@ -252,7 +318,21 @@ impl Tool for Shell {
         let timeout = Duration::from_millis(timeout.min(left).as_millis() as u64 / 100 * 100)
             .max(Duration::from_millis(100));
         let home = home_dir(ctx.scope).await?;
-        let env = sandbox::environment(&home, &self.setup.config.env);
+        let call = sandbox::CallNames {
+            idempotency_key: ctx.idempotency_key,
+            task_id: &ctx.origin.task_id,
+            session: &ctx.origin.session,
+        };
+        let env = sandbox::environment(&home, &self.setup.config.env, call);
+        let fence = match self.fence(&checked_out.dir, &home) {
+            Ok(fence) => fence,
+            Err(e) => {
+                if let Err(unsaved) = workspace.check_in(ctx.origin, checked_out).await {
+                    tracing::warn!(error = %unsaved, "a checkout whose command never ran was not checked in");
+                }
+                return Err(e);
+            }
+        };
         let command = sandbox::command(
             &self.setup.isolation,
             &self.limits(),
@@ -261,7 +341,7 @@ impl Tool for Shell {
             &env,
         );
         let cap = self.setup.config.max_output;
-        let ran = process::run(command, timeout, cap, ctx.scope).await;
+        let ran = process::run(command, fence, timeout, cap, ctx.scope).await;
         // Checked in whatever happened: a command that timed out may still have changed files.
         let checked_in = workspace.check_in(ctx.origin, checked_out).await;
         let finished = ran?;

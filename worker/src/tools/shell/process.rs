@@ -83,17 +83,26 @@ impl Drop for RunningGroup<'_> {
     }
 }
 
-/// Spawns `command` and runs it for at most `timeout`, keeping `keep` bytes of the head and the
+/// Spawns `command` (held by `fence` when given) and runs it for at most `timeout`, keeping `keep` bytes of the head and the
 /// tail of stdout and of stderr. See the module invariants.
 pub(super) async fn run(
     mut command: Command,
+    fence: Option<landlock::RulesetCreated>,
     timeout: Duration,
     keep: usize,
     scope: &mut TaskScope,
 ) -> Result<Finished, ToolError> {
-    let mut child = command
-        .spawn()
-        .map_err(|e| ToolError::Unavailable(format!("could not start bash: {e}")))?;
+    let not_started = |e| ToolError::Unavailable(format!("could not start bash: {e}"));
+    // Held until the group is gone (see `FenceHold`).
+    let (mut child, _hold) = match fence {
+        Some(ruleset) => {
+            let (child, hold) = super::fence::spawn(command, ruleset)
+                .await
+                .map_err(not_started)?;
+            (child, Some(hold))
+        }
+        None => (command.spawn().map_err(not_started)?, None),
+    };
     let pipes = (child.stdout.take(), child.stderr.take());
     let pgid = child.id();
     let mut group = RunningGroup {

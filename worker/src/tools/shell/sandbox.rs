@@ -15,9 +15,15 @@
 //!    `bash -c` as its child and exits with its status. The model's command is never pid 1, so
 //!    it sees normal signal behaviour.
 //!
+//! Where Landlock works, the command is started by a thread that enforces the call's ruleset
+//! (`fence`), so all of these and everything the command starts are held to its files. A process
+//! under Landlock may not mount, so a fenced command gets no process namespace (it would need a
+//! /proc of its own): its group is still killed with the call.
+//!
 //! Invariants: the environment of a command is built from nothing: PATH, HOME and TMPDIR (a
-//! directory in the call's scratch directory), LANG, LC_ALL, TZ and TERM when the worker has
-//! them, plus the configured names; nothing else of the worker's environment is passed
+//! directory in the call's scratch directory), `SKEIN_IDEMPOTENCY_KEY`, `SKEIN_TASK_ID` and
+//! `SKEIN_SESSION` naming the call, LANG, LC_ALL, TZ and TERM when the worker has them, plus the
+//! configured names; nothing else of the worker's environment is passed
 //! (validation refuses `SKEIN_*` names). The model's command is passed as one argument, never
 //! spliced into a script.
 
@@ -69,6 +75,9 @@ pub struct Isolation {
     pub processes_isolated: bool,
     /// Commands run in a user namespace (needed for the other two without privileges).
     pub user_namespace: bool,
+    /// Landlock holds commands to their checkout, their scratch directory and the system's
+    /// read-only paths (see `fence`).
+    pub filesystem_fenced: bool,
 }
 
 impl Isolation {
@@ -79,29 +88,45 @@ impl Isolation {
             network_isolated: false,
             processes_isolated: false,
             user_namespace: false,
+            filesystem_fenced: false,
         }
+    }
+
+    /// Whether a command is kept from the worker's files: by Landlock, or at least by a user
+    /// namespace of its own. Without either, the tool refuses commands unless allowed.
+    pub fn isolates_files(&self) -> bool {
+        self.filesystem_fenced || self.user_namespace
     }
 
     /// Finds the strongest isolation that works here: tries each combination with `true`,
     /// strongest first. `network_allowed` skips the network namespace.
     pub async fn probe(network_allowed: bool) -> Self {
+        let filesystem_fenced = super::fence::available();
         let parent_death_signal = runs(&["setpriv", "--pdeathsig", "KILL", "--", "true"]).await;
+        // A process namespace needs its own /proc, which needs a mount, which Landlock forbids:
+        // a fenced command keeps the system's /proc and no process namespace (through that
+        // /proc its process ids would be wrong).
         let mut candidates = Vec::new();
         if !network_allowed {
-            candidates.push((true, true));
+            if !filesystem_fenced {
+                candidates.push((true, true));
+            }
             candidates.push((true, false));
         }
-        candidates.push((false, true));
+        if !filesystem_fenced {
+            candidates.push((false, true));
+        }
         for (network_isolated, processes_isolated) in candidates {
             let isolation = Self {
                 parent_death_signal: false,
                 network_isolated,
                 processes_isolated,
                 user_namespace: true,
+                filesystem_fenced,
             };
             let mut argv = isolation.prefix();
             argv.push("true".into());
-            if runs(&argv).await {
+            if runs_as(&isolation, &argv).await {
                 return Self {
                     parent_death_signal,
                     ..isolation
@@ -110,6 +135,7 @@ impl Isolation {
         }
         Self {
             parent_death_signal,
+            filesystem_fenced,
             ..Self::none()
         }
     }
@@ -143,8 +169,35 @@ impl Isolation {
     }
 }
 
+/// Whether `argv` runs and exits 0 within [`PROBE_TIMEOUT`] as a command of `isolation` would:
+/// fenced (with a scratch directory of its own) when it fences.
+async fn runs_as(isolation: &Isolation, argv: &[String]) -> bool {
+    if !isolation.filesystem_fenced {
+        return runs(argv).await;
+    }
+    let scratch =
+        std::env::temp_dir().join(format!("skein-probe-{}", uuid::Uuid::new_v4().simple()));
+    if std::fs::create_dir_all(&scratch).is_err() {
+        return false;
+    }
+    let fenced = super::fence::ruleset(&[&scratch], &super::fence::ReadOnlyPaths::system_and(&[]));
+    let ran = match fenced {
+        Ok(ruleset) => run_probe(argv, Some(ruleset)).await,
+        Err(_) => false,
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    ran
+}
+
 /// Whether `argv` runs and exits 0 within [`PROBE_TIMEOUT`].
 async fn runs<S: AsRef<std::ffi::OsStr>>(argv: &[S]) -> bool {
+    run_probe(argv, None).await
+}
+
+async fn run_probe<S: AsRef<std::ffi::OsStr>>(
+    argv: &[S],
+    fence: Option<landlock::RulesetCreated>,
+) -> bool {
     let Some((program, args)) = argv.split_first() else {
         return false;
     };
@@ -155,9 +208,19 @@ async fn runs<S: AsRef<std::ffi::OsStr>>(argv: &[S]) -> bool {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true);
+    let ran = async {
+        let (mut child, _hold) = match fence {
+            Some(ruleset) => {
+                let (child, hold) = super::fence::spawn(command, ruleset).await.ok()?;
+                (child, Some(hold))
+            }
+            None => (command.spawn().ok()?, None),
+        };
+        child.wait().await.ok()
+    };
     matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, command.status()).await,
-        Ok(Ok(status)) if status.success()
+        tokio::time::timeout(PROBE_TIMEOUT, ran).await,
+        Ok(Some(status)) if status.success()
     )
 }
 
@@ -185,7 +248,7 @@ impl Limits {
 }
 
 /// The environment of a command: see the module invariants.
-pub fn environment(home: &Path, extra: &[String]) -> Vec<(String, OsString)> {
+pub fn environment(home: &Path, extra: &[String], call: CallNames<'_>) -> Vec<(String, OsString)> {
     let path = std::env::var_os("PATH")
         .filter(|p| !p.is_empty())
         .unwrap_or_else(|| DEFAULT_PATH.into());
@@ -193,6 +256,9 @@ pub fn environment(home: &Path, extra: &[String]) -> Vec<(String, OsString)> {
         ("PATH".to_owned(), path),
         ("HOME".to_owned(), home.as_os_str().to_owned()),
         ("TMPDIR".to_owned(), home.as_os_str().to_owned()),
+        (ENV_IDEMPOTENCY_KEY.to_owned(), call.idempotency_key.into()),
+        (ENV_TASK_ID.to_owned(), call.task_id.into()),
+        (ENV_SESSION.to_owned(), call.session.into()),
     ];
     for name in PASSED_ENV
         .iter()
@@ -208,6 +274,20 @@ pub fn environment(home: &Path, extra: &[String]) -> Vec<(String, OsString)> {
     }
     env
 }
+
+/// What a command is told of the call it runs for, so a script can make its effects idempotent.
+#[derive(Debug, Clone, Copy)]
+pub struct CallNames<'a> {
+    /// The same for every run of the call (`SKEIN_IDEMPOTENCY_KEY`).
+    pub idempotency_key: &'a str,
+    pub task_id: &'a str,
+    pub session: &'a str,
+}
+
+/// The variables naming the call in a command's environment.
+pub const ENV_IDEMPOTENCY_KEY: &str = "SKEIN_IDEMPOTENCY_KEY";
+pub const ENV_TASK_ID: &str = "SKEIN_TASK_ID";
+pub const ENV_SESSION: &str = "SKEIN_SESSION";
 
 /// The command that runs `script` in `dir` under `isolation` and `limits`, with only `env`, in a
 /// process group of its own, stdin from /dev/null and stdout and stderr piped.
@@ -255,6 +335,7 @@ mod tests {
             network_isolated: true,
             processes_isolated: true,
             user_namespace: true,
+            filesystem_fenced: false,
         };
         assert_eq!(
             full.prefix().join(" "),
@@ -275,14 +356,30 @@ mod tests {
     #[test]
     fn the_environment_is_built_from_nothing() {
         let home = Path::new("/scratch/call");
-        let env = environment(home, &["SHELL_TEST_NOT_SET_ANYWHERE".to_owned()]);
+        let call = CallNames {
+            idempotency_key: "key-1",
+            task_id: "t1",
+            session: "s1",
+        };
+        let env = environment(home, &["SHELL_TEST_NOT_SET_ANYWHERE".to_owned()], call);
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(&names[..3], ["PATH", "HOME", "TMPDIR"]);
+        assert_eq!(
+            &names[..6],
+            [
+                "PATH",
+                "HOME",
+                "TMPDIR",
+                ENV_IDEMPOTENCY_KEY,
+                ENV_TASK_ID,
+                ENV_SESSION
+            ]
+        );
         assert!(
-            names[3..].iter().all(|n| PASSED_ENV.contains(n)),
+            names[6..].iter().all(|n| PASSED_ENV.contains(n)),
             "{names:?}"
         );
         assert_eq!(env[1].1, home.as_os_str());
+        assert_eq!(env[3].1, "key-1");
     }
 
     #[tokio::test]

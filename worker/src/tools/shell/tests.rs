@@ -145,8 +145,13 @@ async fn assert_gone(marker: &str, what: &str) {
     }
 }
 
+/// The default settings, but commands run also where they cannot be isolated (these tests run
+/// each case without isolation too).
 fn config() -> ShellConfig {
-    ShellConfig::default()
+    ShellConfig {
+        unisolated: Unisolated::Allow,
+        ..ShellConfig::default()
+    }
 }
 
 #[tokio::test]
@@ -261,6 +266,10 @@ async fn the_environment_is_reduced_to_the_allowlist() {
             "TZ",
             "TERM",
             "CARGO_PKG_NAME",
+            // Naming the call.
+            "SKEIN_IDEMPOTENCY_KEY",
+            "SKEIN_TASK_ID",
+            "SKEIN_SESSION",
             // Set by bash itself.
             "PWD",
             "SHLVL",
@@ -662,5 +671,99 @@ async fn a_command_is_stopped_within_the_calls_own_time_limit() {
     assert!(
         output.contains("\nbefore") && !output.contains("\nafter"),
         "{output}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_cannot_isolate_refuses_commands_unless_its_operator_allows_them() {
+    let fixture = Fixture::new();
+    let refusing = fixture.shell(ShellConfig::default(), &Isolation::none());
+    let refused = fixture
+        .call(&refusing, "echo ran > ran.txt", None)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&refused, ToolError::Unavailable(m) if m.contains("SKEIN_SHELL_UNISOLATED=allow")),
+        "{refused:?}"
+    );
+    assert!(
+        !fixture.session_dir().join("ran.txt").exists(),
+        "the refused command did not run"
+    );
+    let allowed = fixture.shell(config(), &Isolation::none());
+    let output = fixture
+        .call(&allowed, "echo ran", None)
+        .await
+        .expect("allowed, it runs");
+    assert!(output.contains("ran"), "{output}");
+}
+
+#[tokio::test]
+async fn a_command_is_told_its_call_task_and_session() {
+    let fixture = Fixture::new();
+    for isolation in isolations().await {
+        let shell = fixture.shell(config(), &isolation);
+        let output = fixture
+            .call(
+                &shell,
+                "echo \"[$SKEIN_IDEMPOTENCY_KEY|$SKEIN_TASK_ID|$SKEIN_SESSION]\"",
+                None,
+            )
+            .await
+            .expect("runs");
+        assert!(
+            output.contains("[key-1|task-1|s1]"),
+            "{isolation:?}: {output}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_command_reads_and_writes_only_its_own_files() {
+    let isolation = Isolation::probe(false).await;
+    assert!(
+        isolation.filesystem_fenced || !super::fence::available(),
+        "the probe finds Landlock where the kernel has it"
+    );
+    if !isolation.filesystem_fenced {
+        eprintln!("no Landlock here; nothing to check");
+        return;
+    }
+    let fixture = Fixture::new();
+    // The worker's own file, and another session's checkout.
+    let secret = fixture.dir.path().join("worker-secret.txt");
+    std::fs::write(&secret, "the worker's secret").expect("secret written");
+    let other = fixture.workspace_root().join("acme").join("s2");
+    std::fs::create_dir_all(&other).expect("another session");
+    std::fs::write(other.join("notes.txt"), "another session's notes").expect("notes written");
+    let outside = fixture.dir.path().join("escaped.txt");
+    let shell = fixture.shell(ShellConfig::default(), &isolation);
+    let command = format!(
+        "cat {secret}; cat {notes}; echo out > {outside}; ls {other}; \
+         echo mine > mine.txt && cat mine.txt; head -c 3 /usr/bin/env | wc -c; \
+         echo scratch > \"$TMPDIR/t\" && cat \"$TMPDIR/t\"",
+        secret = secret.display(),
+        notes = other.join("notes.txt").display(),
+        outside = outside.display(),
+        other = other.display(),
+    );
+    let output = fixture.call(&shell, &command, None).await.expect("runs");
+    assert!(!output.contains("the worker's secret"), "{output}");
+    assert!(!output.contains("another session's notes"), "{output}");
+    assert!(!outside.exists(), "nothing written outside: {output}");
+    assert_eq!(
+        output.matches("Permission denied").count(),
+        4,
+        "each reach outside refused: {output}"
+    );
+    assert!(output.contains("mine\n"), "its own checkout: {output}");
+    assert!(output.contains("\n3\n"), "the system's programs: {output}");
+    assert!(
+        output.contains("scratch\n"),
+        "its scratch directory: {output}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fixture.session_dir().join("mine.txt")).expect("kept"),
+        "mine\n"
     );
 }
