@@ -171,3 +171,69 @@ async fn a_tenant_reaches_only_its_own_tasks() {
         .expect("acme reads its own stored value");
     assert_eq!(&read[..], b"a large answer");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_reads_its_own_workspace_files_and_nobody_elses() {
+    use skein_common::workspace::objects::Expect;
+    use skein_common::workspace::{
+        ObjectWorkspaces, SessionRef, WorkspacePath, WorkspaceStoreConfig,
+    };
+    let nats = NatsServer::start_with_config(&tenants_config());
+    let url = nats.url.clone();
+    let service = SkeinClient::connect(&NatsConfig {
+        user: Some("skein".into()),
+        password: Some(SERVICE_PASSWORD.into()),
+        ..NatsConfig::local(&url)
+    })
+    .await
+    .expect("service connects");
+    let settings = WorkspaceStoreConfig::default();
+    let written = ObjectWorkspaces::new(service.bus(), &settings, 0);
+    let path = WorkspacePath::parse("notes/plan.txt").expect("a path");
+    for tenant in ["acme", "globex"] {
+        let session = SessionRef::new(tenant, "s1").expect("a session");
+        written
+            .write(
+                &session,
+                &path,
+                format!("{tenant}'s plan").into(),
+                Expect::Any,
+            )
+            .await
+            .expect("the service writes");
+    }
+
+    // acme reads its own file through the workspace code, with only its own permissions.
+    let acme = SkeinClient::connect(&tenant_nats(&url, "acme"))
+        .await
+        .expect("acme connects");
+    let read = ObjectWorkspaces::new(acme.bus(), &settings, 0);
+    let own = SessionRef::new("acme", "s1").expect("a session");
+    let (content, _) = read
+        .read(&own, &path)
+        .await
+        .expect("acme reads its own file");
+    assert_eq!(&content[..], b"acme's plan");
+
+    // Not globex's bucket, and no write to its own.
+    let (intruder, errors) = plain_client(&url, "acme").await;
+    let jetstream = async_nats::jetstream::new(intruder.clone());
+    let _ = jetstream
+        .get_object_store("skein-ws-globex")
+        .await
+        .map(|_| ());
+    let _ = intruder
+        .request("$JS.API.STREAM.MSG.GET.OBJ_skein-ws-globex", "{}".into())
+        .await;
+    refused(&errors, "reading globex's workspace", "OBJ_skein-ws-globex").await;
+    intruder
+        .publish("$O.skein-ws-acme.C.forged", "forged".into())
+        .await
+        .expect("sent");
+    refused(
+        &errors,
+        "writing its own workspace",
+        "$O.skein-ws-acme.C.forged",
+    )
+    .await;
+}
