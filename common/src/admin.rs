@@ -1,20 +1,30 @@
 //! The small admin HTTP server every Skein process runs next to its real work: `/metrics`
 //! (OpenMetrics text from [`Metrics`]), `/healthz` (the process is alive) and `/readyz` (the
 //! process is ready for work, as set through [`Readiness`]). Also owns its command-line settings.
+//!
+//! Invariants:
+//! - the server only reads: every route answers `GET` (and `HEAD`), none changes the process;
+//! - with a token (`SKEIN_ADMIN_TOKEN`, or the file `SKEIN_ADMIN_TOKEN_FILE` names), `/metrics`
+//!   answers only a request with `Authorization: Bearer <token>`, anything else 401 with
+//!   `WWW-Authenticate: Bearer`; `/healthz` and `/readyz` stay open for the probes;
+//! - the token is kept as its SHA-256 and a presented one compared with it in constant time
+//!   ([`MetricsToken`]), so the answer's timing tells nothing of the token.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::ENV_ADMIN_ADDR;
+use crate::config::{secret, ENV_ADMIN_ADDR, ENV_ADMIN_TOKEN};
 use crate::metrics::Metrics;
 
 /// Content type of the OpenMetrics text exposition format.
@@ -23,17 +33,33 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 /// The value of `--admin-addr` that turns the admin server off.
 const DISABLED: &str = "off";
 
-/// Where the admin server listens.
-#[derive(Debug, Clone, clap::Args)]
+/// Where the admin server listens, and what `/metrics` asks of a scraper. The token is never
+/// logged: `Debug` redacts it.
+#[derive(Clone, clap::Args)]
 pub struct AdminConfig {
     /// Address of the admin server (metrics, health, readiness); `off` disables it.
     #[arg(id = "admin_addr", long = "admin-addr", env = ENV_ADMIN_ADDR, default_value = "0.0.0.0:9464")]
     pub addr: String,
+    /// Bearer token `/metrics` requires (also from `SKEIN_ADMIN_TOKEN_FILE`); unset: `/metrics`
+    /// is open. `/healthz` and `/readyz` stay open either way.
+    #[arg(id = "admin_token", long = "admin-token", env = ENV_ADMIN_TOKEN, hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl AdminConfig {
-    /// Checks that the address is `off` or an `IP:port` socket address.
+    /// Checks that the address is `off` or an `IP:port` socket address, and that a token, if
+    /// one is set, reads and is not empty.
     pub fn validate(&self) -> Result<(), String> {
+        self.token()?;
         if self.is_disabled() {
             return Ok(());
         }
@@ -60,6 +86,77 @@ impl AdminConfig {
 
     fn is_disabled(&self) -> bool {
         self.addr.trim().eq_ignore_ascii_case(DISABLED)
+    }
+
+    /// The token `/metrics` requires: `--admin-token`, or the file `SKEIN_ADMIN_TOKEN_FILE`
+    /// names; `None` when neither is set. An empty token is refused, never taken as none.
+    pub fn token(&self) -> Result<Option<MetricsToken>, String> {
+        match secret(self.token.as_deref(), ENV_ADMIN_TOKEN)? {
+            Some(token) if token.trim().is_empty() => Err(format!(
+                "{ENV_ADMIN_TOKEN} (the admin token) is empty: set a token, or unset it to leave \
+                 /metrics open"
+            )),
+            token => Ok(token.as_deref().map(MetricsToken::new)),
+        }
+    }
+}
+
+/// The bearer token `/metrics` requires, kept as its SHA-256: a presented token is hashed and
+/// the two digests compared in constant time, so neither the token's length nor its bytes show
+/// in how long a refusal takes.
+#[derive(Clone)]
+pub struct MetricsToken {
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for MetricsToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsToken(<redacted>)")
+    }
+}
+
+impl MetricsToken {
+    pub fn new(token: &str) -> Self {
+        Self {
+            digest: Sha256::digest(token.as_bytes()).into(),
+        }
+    }
+
+    /// Whether `presented` is the token.
+    fn admits(&self, presented: &str) -> bool {
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        bool::from(self.digest.ct_eq(&digest))
+    }
+}
+
+/// Why a request for `/metrics` is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// No bearer token came with it.
+    Missing,
+    /// A token came, and it is not the one.
+    Wrong,
+}
+
+/// Whether a request with `authorization` (its `Authorization` header) may read `/metrics`: any
+/// when there is no token; else only one whose header is `Bearer <token>` (the scheme in any
+/// case).
+fn authorize(
+    token: Option<&MetricsToken>,
+    authorization: Option<&HeaderValue>,
+) -> Result<(), Refusal> {
+    let Some(token) = token else {
+        return Ok(());
+    };
+    let presented = authorization
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, presented)| presented.trim());
+    match presented {
+        None => Err(Refusal::Missing),
+        Some(presented) if token.admits(presented) => Ok(()),
+        Some(_) => Err(Refusal::Wrong),
     }
 }
 
@@ -89,6 +186,9 @@ pub enum AdminError {
         #[source]
         source: std::io::Error,
     },
+    /// The token is set but cannot be used (its file does not read, it is empty).
+    #[error("{0}")]
+    Token(String),
 }
 
 /// What the request handlers read.
@@ -96,15 +196,17 @@ pub enum AdminError {
 struct AdminState {
     metrics: Metrics,
     readiness: Readiness,
+    token: Option<MetricsToken>,
 }
 
 /// Binds `addr` (failing fast with a clear error) and serves the admin routes until `shutdown`
-/// is cancelled; the serving task goes into `tracker`. Returns the bound address, which tells the
-/// real port when `addr` has port 0.
+/// is cancelled, `/metrics` only to holders of `token` when there is one; the serving task goes
+/// into `tracker`. Returns the bound address, which tells the real port when `addr` has port 0.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Metrics,
     readiness: Readiness,
+    token: Option<MetricsToken>,
     tracker: &TaskTracker,
     shutdown: CancellationToken,
 ) -> Result<SocketAddr, AdminError> {
@@ -116,7 +218,11 @@ pub async fn serve(
         .await
         .map_err(bind_error)?;
     let bound = listener.local_addr().map_err(bind_error)?;
-    let app = router(AdminState { metrics, readiness });
+    let app = router(AdminState {
+        metrics,
+        readiness,
+        token,
+    });
     tracker.spawn(async move {
         tracing::info!(addr = %bound, "admin server listening");
         let served = axum::serve(listener, app)
@@ -139,11 +245,28 @@ fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-async fn metrics_handler(State(state): State<AdminState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
-        state.metrics.render(),
-    )
+async fn metrics_handler(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+    match authorize(state.token.as_ref(), headers.get(header::AUTHORIZATION)) {
+        Ok(()) => (
+            [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+            state.metrics.render(),
+        )
+            .into_response(),
+        Err(refusal) => {
+            // RFC 6750: a request without a token gets the bare challenge, a wrong token its
+            // error code.
+            let challenge = match refusal {
+                Refusal::Missing => "Bearer",
+                Refusal::Wrong => "Bearer error=\"invalid_token\"",
+            };
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, challenge)],
+                "unauthorized",
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn health_handler() -> &'static str {
@@ -175,6 +298,7 @@ pub async fn serve_configured(
             addr,
             metrics,
             readiness,
+            cfg.token().map_err(AdminError::Token)?,
             &work.background,
             work.background_stop.clone(),
         )
@@ -193,6 +317,7 @@ mod tests {
     fn config(addr: &str) -> AdminConfig {
         AdminConfig {
             addr: addr.to_owned(),
+            token: None,
         }
     }
 
@@ -247,6 +372,7 @@ mod tests {
             loopback,
             metrics.clone(),
             readiness.clone(),
+            None,
             &tracker,
             shutdown.clone(),
         )
@@ -298,6 +424,148 @@ mod tests {
             .expect("the admin server stops on shutdown");
     }
 
+    #[test]
+    fn metrics_ask_for_the_bearer_token_when_one_is_set() {
+        let token = MetricsToken::new("s3cret-token");
+        let header = |value: &str| HeaderValue::from_str(value).expect("a header value");
+        type Case<'a> = (
+            Option<&'a MetricsToken>,
+            Option<HeaderValue>,
+            Result<(), Refusal>,
+        );
+        let cases: [Case; 10] = [
+            (None, None, Ok(())),
+            (None, Some(header("Bearer anything")), Ok(())),
+            (Some(&token), None, Err(Refusal::Missing)),
+            (
+                Some(&token),
+                Some(header("s3cret-token")),
+                Err(Refusal::Missing),
+            ),
+            (
+                Some(&token),
+                Some(header("Basic s3cret-token")),
+                Err(Refusal::Missing),
+            ),
+            (Some(&token), Some(header("Bearer")), Err(Refusal::Missing)),
+            (
+                Some(&token),
+                Some(header("Bearer s3cret")),
+                Err(Refusal::Wrong),
+            ),
+            (
+                Some(&token),
+                Some(header("Bearer s3cret-token2")),
+                Err(Refusal::Wrong),
+            ),
+            (Some(&token), Some(header("Bearer s3cret-token")), Ok(())),
+            (Some(&token), Some(header("bearer  s3cret-token ")), Ok(())),
+        ];
+        for (token, authorization, expected) in cases {
+            assert_eq!(
+                authorize(token, authorization.as_ref()),
+                expected,
+                "{authorization:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_token_is_refused_and_a_set_one_never_shown() {
+        let empty = AdminConfig {
+            token: Some(" ".into()),
+            ..config("off")
+        };
+        let error = empty.validate().expect_err("an empty token");
+        assert!(error.contains("SKEIN_ADMIN_TOKEN"), "{error}");
+        let set = AdminConfig {
+            token: Some("s3cret-token".into()),
+            ..config("127.0.0.1:9464")
+        };
+        assert!(set.validate().is_ok());
+        let shown = format!("{set:?} {:?}", set.token());
+        assert!(!shown.contains("s3cret-token"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn a_configured_token_guards_metrics_and_leaves_the_probes_open() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            admin: AdminConfig,
+        }
+        let flags = <Flags as clap::Parser>::try_parse_from([
+            "skein",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--admin-token",
+            "s3cret-token",
+        ])
+        .expect("valid flags");
+        let metrics = Metrics::new();
+        metrics.dead_lettered("tool");
+        let work = crate::shutdown::Workload::default();
+        let addr = serve_configured(&flags.admin, metrics, Readiness::default(), &work)
+            .await
+            .expect("serves")
+            .expect("an address, not off");
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("build client");
+        let get = |path: &str, authorization: Option<&str>| {
+            let request = client.get(format!("http://{addr}{path}"));
+            match authorization {
+                Some(value) => request.header(reqwest::header::AUTHORIZATION, value),
+                None => request,
+            }
+            .send()
+        };
+        let challenge = |response: &reqwest::Response| {
+            response
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+
+        let anonymous = get("/metrics", None).await.expect("GET /metrics");
+        assert_eq!(anonymous.status(), reqwest::StatusCode::UNAUTHORIZED);
+        assert_eq!(challenge(&anonymous).as_deref(), Some("Bearer"));
+        assert!(!anonymous.text().await.expect("body").contains("skein_"));
+
+        let wrong = get("/metrics", Some("Bearer not-the-token"))
+            .await
+            .expect("GET /metrics");
+        assert_eq!(wrong.status(), reqwest::StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            challenge(&wrong).as_deref(),
+            Some("Bearer error=\"invalid_token\"")
+        );
+
+        let right = get("/metrics", Some("Bearer s3cret-token"))
+            .await
+            .expect("GET /metrics");
+        assert_eq!(right.status(), reqwest::StatusCode::OK);
+        let body = right.text().await.expect("body");
+        assert!(
+            body.contains("skein_dead_letters_total{kind=\"tool\"} 1\n"),
+            "{body}"
+        );
+
+        let health = get("/healthz", None).await.expect("GET /healthz");
+        assert_eq!(health.status(), reqwest::StatusCode::OK);
+        let ready = get("/readyz", None).await.expect("GET /readyz");
+        assert_eq!(ready.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+
+        work.background_stop.cancel();
+        work.background.close();
+        tokio::time::timeout(Duration::from_secs(5), work.background.wait())
+            .await
+            .expect("the admin server stops on shutdown");
+    }
+
     #[tokio::test]
     async fn bind_failure_names_the_address() {
         let taken = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -309,6 +577,7 @@ mod tests {
             addr,
             Metrics::new(),
             Readiness::default(),
+            None,
             &tracker,
             CancellationToken::new(),
         )

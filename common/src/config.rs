@@ -72,6 +72,7 @@ pub const ENV_TRACE_CONTENT: &str = "SKEIN_TRACE_CONTENT";
 pub const ENV_K8S_POD: &str = "SKEIN_K8S_POD";
 pub const ENV_K8S_NAMESPACE: &str = "SKEIN_K8S_NAMESPACE";
 pub const ENV_ADMIN_ADDR: &str = "SKEIN_ADMIN_ADDR";
+pub const ENV_ADMIN_TOKEN: &str = "SKEIN_ADMIN_TOKEN";
 pub const ENV_JAEGER_UI: &str = "SKEIN_JAEGER_UI";
 
 /// How to reach NATS. Credentials are never logged: `Debug` redacts them.
@@ -145,9 +146,13 @@ impl NatsConfig {
         }
     }
 
-    /// Checks values clap cannot: every server address of the list, and the replicas.
+    /// Checks values clap cannot: every server address of the list, the replicas, and that TLS
+    /// can use the client certificate.
     pub fn validate(&self) -> Result<(), String> {
         crate::bus::server_addrs(&self.url).map_err(|e| e.to_string())?;
+        if let Some(cert) = &self.tls_cert {
+            crate::bus::check_client_certificate(cert)?;
+        }
         if !(1..=MAX_REPLICAS).contains(&self.stream_replicas) {
             return Err(format!(
                 "stream replicas must be 1 to {MAX_REPLICAS}, got {}",
@@ -355,16 +360,24 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Checks values clap cannot: the prices, the tenant budgets and the traffic limits file
-    /// must read.
+    /// Checks values clap cannot: the API key must read and be long enough to mask; the prices,
+    /// the tenant budgets and the traffic limits file must read.
     pub fn validate(&self) -> Result<(), String> {
+        self.api_key()?;
         crate::agent::middleware::BudgetSettings::from_config(self).map(|_| ())?;
         crate::agent::middleware::TrafficPolicy::from_config(self).map(|_| ())
     }
 
-    /// The API key: `--model-api-key`, or the file `SKEIN_MODEL_API_KEY_FILE` names.
+    /// The API key: `--model-api-key`, or the file `SKEIN_MODEL_API_KEY_FILE` names. It is
+    /// masked in everything the model and the tools return, so a key too short to mask safely
+    /// (`redact::MIN_SECRET_BYTES`) is refused, with the setting's name, never its value.
     pub fn api_key(&self) -> Result<Option<String>, String> {
-        secret(self.api_key.as_deref(), ENV_MODEL_API_KEY)
+        let key = secret(self.api_key.as_deref(), ENV_MODEL_API_KEY)?;
+        if let Some(key) = &key {
+            crate::agent::middleware::Redactor::check(key)
+                .map_err(|e| format!("{ENV_MODEL_API_KEY} (the model API key): {e}"))?;
+        }
+        Ok(key)
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`control`]: pausing, resuming and steering running turns — recording controls, the flag a
 //!   wake raises on a running turn, what the turn reads at its step boundaries.
 //! - [`by_task`]: what the lead holds for each task it works on, removed with its guard.
+//! - [`expiry`]: the sweep that removes the workspaces of expired sessions.
 //! - [`lease`]: keeping a session lease while a turn runs (lost, or presumed lost).
 //! - [`results`]: answers clients' lookups of stored final results.
 //! - [`turns`]: waiting for a session's turn — announcements that a session is free, and the
@@ -28,6 +29,7 @@ pub mod by_task;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod expiry;
 pub mod gateway;
 pub mod lease;
 pub mod results;

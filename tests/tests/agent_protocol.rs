@@ -317,6 +317,22 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
         .await;
     assert_eq!(gone, StatusCode::NOT_FOUND);
 
+    // A removed thread takes its workspace's files with it.
+    let files = skein_common::workspace::ObjectWorkspaces::new(
+        cluster.client().await.bus(),
+        &skein_common::workspace::WorkspaceStoreConfig::default(),
+        0,
+    );
+    let workspace = skein_common::workspace::SessionRef::new("acme", &thread).expect("a session");
+    files
+        .write(
+            &workspace,
+            &skein_common::workspace::WorkspacePath::parse("notes.txt").expect("a path"),
+            "kept with the thread".into(),
+            skein_common::workspace::objects::Expect::Any,
+        )
+        .await
+        .expect("a file of the thread");
     let (removed, _) = api
         .call("DELETE", &format!("/threads/{thread}"), KEY, None)
         .await;
@@ -325,6 +341,11 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
         .call("GET", &format!("/threads/{thread}"), KEY, None)
         .await;
     assert_eq!(gone, StatusCode::NOT_FOUND);
+    assert_eq!(
+        files.list(&workspace).await.expect("listed").len(),
+        0,
+        "the thread's files went with it"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,9 @@
 //! A hostile or broken client harms no one: corrupt Redis values end their task at once with the
-//! true reason (never a retry loop, never a leaked lease, the session's later turns run), a
-//! resubmitted task id cannot overwrite the answer that stands, refusals reach only the clients
-//! that sent them, dead letters and answers always fit a message. Forged internal messages and a
-//! battery of bad input are in `forged.rs`.
+//! true reason (never a retry loop, never a leaked lease, the session's later turns run), a lease
+//! planted without an expiry lapses so its session runs, a resubmitted task id cannot overwrite
+//! the answer that stands, refusals reach only the clients that sent them, dead letters and
+//! answers always fit a message. Forged internal messages and a battery of bad input are in
+//! `forged.rs`.
 
 use std::time::Duration;
 
@@ -112,6 +113,49 @@ async fn corrupt_state_ends_its_task_with_the_true_reason_and_later_turns_run() 
     assert_eq!(first.status, TurnStatus::Failed, "{first:?}");
     let (next, _) = cluster.run(&submission("acme", &session, "again")).await;
     assert_eq!(next.status, TurnStatus::Completed, "{next:?}");
+}
+
+/// A session lease with no expiry (which no lead writes: set by hand or by a broken tool) does
+/// not keep its session from running for ever: the lead that finds it held gives it the lease's
+/// time to live, and the session's turn runs once it lapses. Taking a lease on its own (as a
+/// session's removal does) gives such a lease its time to live too, without taking it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_without_expiry_lapses_and_its_session_runs() {
+    let cluster = TestCluster::start();
+    cluster.start_nodes(1, &["--lease-ttl", "2s"]).await;
+    let session = unique("s");
+    plant(
+        &cluster,
+        &["SET", &keys::lease("acme", &session), "planted"],
+    )
+    .await;
+    let (result, _) = cluster.run(&submission("acme", &session, "hi")).await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+
+    let other = unique("s");
+    let key = keys::lease("acme", &other);
+    plant(&cluster, &["SET", &key, "planted"]).await;
+    let taken = cluster
+        .store()
+        .await
+        .try_lease("acme", &other, "probe", Duration::from_secs(60))
+        .await
+        .expect("asked");
+    assert!(
+        !taken,
+        "a lease that may still be someone's is not taken over"
+    );
+    let mut conn = redis::Client::open(cluster.redis.url.as_str())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("its time to live");
+    assert!(ttl > 0, "the lease lapses now: PTTL {ttl}");
 }
 
 /// A task id resubmitted after its answer stands (here by a plain client with no broker

@@ -3,7 +3,8 @@
 //! in it: a tool call, a model that refuses the key and echoes it back, an undecodable submission
 //! that is dead-lettered, and connections refused for a wrong password. Every output is searched:
 //! the processes' logs, the spans they export (content recording on), every event and final
-//! result, the dead letters, and the errors the client and store return.
+//! result, the dead letters, and the errors the client and store return. A model API key too
+//! short to mask safely stops a lead or a worker at start, naming the setting, not the value.
 
 use std::time::Duration;
 
@@ -15,7 +16,9 @@ use skein_common::store::SessionStore;
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::otlp::OtlpReceiver;
 use skein_tests::support::servers::{NatsServer, RedisServer};
-use skein_tests::support::{eventually, unique, ChildProcess, FakeOpenAi, FakeReply};
+use skein_tests::support::{
+    eventually, stopped_at_start, unique, ChildProcess, FakeOpenAi, FakeReply,
+};
 
 const NODE: &str = env!("CARGO_BIN_EXE_skein-node");
 const NATS_PASSWORD: &str = "planted-nats-password-7f3a";
@@ -195,4 +198,29 @@ async fn planted_secrets_appear_in_no_output_of_a_run_with_failures() {
         })
         .collect();
     assert!(leaked.is_empty(), "secrets leaked: {leaked:#?}");
+}
+
+/// A model API key too short to mask (every occurrence of a one-letter key in answers and tool
+/// output would be masked) stops a lead or a worker at start as bad configuration, with a
+/// message that names the setting and never shows the value, given inline or in its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_key_too_short_to_mask_stops_the_process_at_start() {
+    let cluster = TestCluster::start();
+    let key_file = cluster.dir.join("short-key");
+    let short = "Zq7-x9w";
+    std::fs::write(&key_file, format!("{short}\n")).expect("key file");
+    for (role, inline) in [("lead", Some("k")), ("worker", None)] {
+        let mut cmd = tokio::process::Command::new(NODE);
+        cmd.args(cluster.process_args(role));
+        match inline {
+            Some(key) => cmd.args(["--model-api-key", key]),
+            None => cmd.env("SKEIN_MODEL_API_KEY_FILE", &key_file),
+        };
+        let stderr = stopped_at_start(cmd, role).await;
+        assert!(
+            stderr.contains("SKEIN_MODEL_API_KEY") && stderr.contains("at least 8 bytes"),
+            "{role}: {stderr}"
+        );
+        assert!(!stderr.contains(short), "{role}: the value is not shown");
+    }
 }

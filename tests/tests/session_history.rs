@@ -6,7 +6,7 @@
 use skein_common::config::RedisConfig;
 use skein_common::protocol::message::Message;
 use skein_common::store::{keys, SessionStore};
-use skein_tests::support::servers::RedisServer;
+use skein_tests::support::servers::{NatsServer, RedisServer};
 use skein_tests::support::unique;
 
 /// Bytes Redis has received so far.
@@ -172,6 +172,8 @@ fn skein(redis: &str, args: &[&str]) -> std::process::Output {
 #[tokio::test]
 async fn an_operator_lists_shows_and_removes_sessions() {
     let server = RedisServer::start();
+    // `rm` removes the session's workspace files too, in NATS.
+    let nats = NatsServer::start();
     let store = SessionStore::connect(&RedisConfig::local(server.url.clone()))
         .await
         .expect("redis reachable");
@@ -208,7 +210,7 @@ async fn an_operator_lists_shows_and_removes_sessions() {
         )
         .await
         .expect("lease"));
-    let refused = skein(&server.url, &["rm", &removed]);
+    let refused = skein(&server.url, &["rm", "--nats-url", &nats.url, &removed]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("a turn is running"));
     store
@@ -216,12 +218,12 @@ async fn an_operator_lists_shows_and_removes_sessions() {
         .await
         .expect("released");
 
-    let gone = skein(&server.url, &["rm", &removed]);
+    let gone = skein(&server.url, &["rm", "--nats-url", &nats.url, &removed]);
     assert!(gone.status.success(), "{gone:?}");
     let listed = skein(&server.url, &["ls"]);
     let text = String::from_utf8_lossy(&listed.stdout);
     assert!(text.contains(&kept) && !text.contains(&removed), "{text}");
-    let again = skein(&server.url, &["rm", &removed]);
+    let again = skein(&server.url, &["rm", "--nats-url", &nats.url, &removed]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("no session"));
 }
 

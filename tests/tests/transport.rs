@@ -1,6 +1,7 @@
 //! A secured transport against real servers started with TLS: NATS with mutual TLS (a custom CA
 //! and a client certificate), Redis over `rediss://` with a custom CA. A lead and a worker run a
-//! turn with a tool call over both; a client without the CA is refused.
+//! turn with a tool call over both; a client without the CA is refused. A client certificate TLS
+//! cannot use (X.509 version 1) is refused before any connection, naming the file and the remedy.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use skein_common::store::SessionStore;
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::servers::{free_port, NatsServer, RedisServer};
 use skein_tests::support::tls::TestCertificates;
-use skein_tests::support::{eventually, unique};
+use skein_tests::support::{eventually, stopped_at_start, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_runs_over_mutual_tls_to_nats_and_tls_to_redis() {
@@ -134,5 +135,58 @@ async fn a_turn_runs_over_mutual_tls_to_nats_and_tls_to_redis() {
         untrusted.is_err(),
         "an untrusted server certificate is refused"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client certificate TLS cannot use (X.509 version 1: what `openssl x509 -req` makes without an
+/// extensions file) is refused before any connection is tried, by a client and at the start of a
+/// lead or a worker (bad configuration, exit 64), with a message that names the file, says why
+/// and how to sign a usable one; the same key signed as version 3 connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_client_certificate_is_refused_with_how_to_make_one() {
+    let dir = std::env::temp_dir().join(unique("skein-tls-v1"));
+    let certs = TestCertificates::generate(&dir);
+    let version_1 = certs.version_1_client();
+    let path = |p: &std::path::Path| p.display().to_string();
+    let nats = NatsServer::start_with_config(&format!(
+        "tls {{ cert_file: {:?}, key_file: {:?}, ca_file: {:?}, verify: true, timeout: 5 }}",
+        path(&certs.server_cert),
+        path(&certs.server_key),
+        path(&certs.ca)
+    ));
+    let cluster = TestCluster::with_servers(nats, RedisServer::start());
+    let says_why = |message: &str| {
+        message.contains(&path(&version_1))
+            && message.contains("version 1")
+            && message.contains("only version 3")
+            && message.contains("extendedKeyUsage=clientAuth")
+    };
+    let with_certificate = |cert: &std::path::Path| NatsConfig {
+        tls_ca: Some(certs.ca.clone()),
+        tls_cert: Some(cert.to_path_buf()),
+        tls_key: Some(certs.client_key.clone()),
+        connect_timeout: Duration::from_secs(5),
+        ..NatsConfig::local(cluster.nats.url.clone())
+    };
+
+    let refused = SkeinClient::connect(&with_certificate(&version_1))
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .expect("a version 1 certificate is refused");
+    assert!(says_why(&refused), "{refused}");
+    SkeinClient::connect(&with_certificate(&certs.client_cert))
+        .await
+        .expect("the same key signed as version 3 connects");
+
+    for role in ["lead", "worker"] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_skein-node"));
+        cmd.args(cluster.process_args(role))
+            .args(["--nats-tls-ca", &path(&certs.ca)])
+            .args(["--nats-tls-cert", &path(&version_1)])
+            .args(["--nats-tls-key", &path(&certs.client_key)]);
+        let stderr = stopped_at_start(cmd, role).await;
+        assert!(says_why(&stderr), "{role}: {stderr}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

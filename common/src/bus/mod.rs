@@ -2,7 +2,8 @@
 //! publishing, the event stream's look-ups, and the headers every published message carries; its
 //! submodules own the streams (`streams`), the durable consumers (`intake`), a delivered message
 //! until it is settled (`delivery`), how many of a consumer's messages run at once (`slots`), the
-//! dead-letter stream (`dead_letters`), and a session's unfinished submissions (`submissions`).
+//! dead-letter stream (`dead_letters`), a session's unfinished submissions (`submissions`), and
+//! whether TLS can use the client certificate (`tls`).
 //!
 //! Invariants:
 //! - work is pulled only for free capacity: each pull request asks for as many messages as there
@@ -33,6 +34,7 @@ mod slots;
 mod streams;
 mod submissions;
 mod task_list;
+mod tls;
 
 pub use dead_letters::{
     DeadLetter, HEADER_ATTEMPTS, HEADER_DEAD_REASON, HEADER_ORIGINAL_ID, HEADER_ORIGINAL_SUBJECT,
@@ -43,6 +45,7 @@ pub use intake::{reconcile, ConsumerSettings, Intake, PULLERS};
 pub use slots::{Loan, Slots};
 pub use streams::{raise_replicas, StreamLimits, STREAM_LIMITS};
 pub use submissions::QueuedSubmission;
+pub use tls::check_client_certificate;
 
 use crate::config::NatsConfig;
 use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
@@ -203,6 +206,7 @@ impl Bus {
             options = options.add_root_certificates(ca.clone()).require_tls(true);
         }
         if let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) {
+            check_client_certificate(cert).map_err(BusError::Config)?;
             options = options
                 .add_client_certificate(cert.clone(), key.clone())
                 .require_tls(true);

@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `skein:{t:s}:session` | hash `version`, `state` | the session (turns, skills; sessions saved before history lists hold their history here too), versioned for compare-and-set |
 //! | `skein:{t:s}:history` | list of `Message` JSON | the session's history, appended to by each turn (a turn writes only its new messages) |
-//! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn |
+//! | `skein:{t:s}:lease` | string | the token of the lead running the session's turn, always with an expiry (one found without is given the lease's time to live: see `store::lease`) |
 //! | `skein:{t:s}:results:{task}` | hash `task_id:step:call_id` → `ToolResult` | the task's call results, first write wins (expire 7 days after the task's last call, so an active session does not keep them forever) |
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
 //! | `skein:{t:s}:running:{call_key}` | string | the owner (`worker/run nonce`) of a call's run in progress, renewed while it runs and expiring soon after its worker stops renewing; deleted when the result is recorded |
@@ -28,6 +28,7 @@
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
+//! | `skein:workspace-sweep` | string | the lead that claimed the latest sweep of expired sessions' workspaces (expires after the sweep interval, so one lead sweeps per interval) |
 //! | `skein:model:{m}:slots` | sorted set `tenant\|holder` → lease expiry (ms) | the model calls in flight on model `m`, across every process (see `store::traffic`); a holder that stops renewing is dropped once its lease expires |
 //! | `skein:model:{m}:waiting` | sorted set tenant → expiry (ms) | tenants with a call waiting for a slot of model `m`, refreshed while they wait |
 //! | `skein:model:{m}:tokens:{minute}` | counter | tokens used on model `m` in one minute since the Unix epoch (expires) |
@@ -160,6 +161,9 @@ pub fn answers(tenant: &str, key: &str) -> String {
 }
 
 pub const WORKERS: &str = "skein:workers";
+
+/// The claim of the latest sweep of expired sessions' workspaces.
+pub const WORKSPACE_SWEEP: &str = "skein:workspace-sweep";
 
 /// The hash tag of a model's traffic keys; braces in a model name (which would move the tag) are
 /// replaced, so every key of one model stays in one cluster slot.

@@ -1,17 +1,21 @@
 //! `SessionStore`: everything Skein keeps in Redis — sessions (history) with versioned
 //! compare-and-set saves, the per-session lease, call results by call id, final results, and the
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
-//! [`TurnLease`] (`turn`); the session scripts live in `scripts`; call results, attempts and child-turn checkpoints live in `calls`, the
-//! worker registry in `workers`, the cluster's model traffic (slots, fair share, tokens per
-//! minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`], what was asked
-//! of a running task (pause, steer, interrupt) in [`control`].
+//! [`TurnLease`] (`turn`); the lease taken, renewed and released on its own in `lease`; the
+//! session scripts live in `scripts`; call results, attempts and child-turn checkpoints live in
+//! `calls`, the worker registry in `workers`, the cluster's model traffic (slots, fair share,
+//! tokens per minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`],
+//! what was asked of a running task (pause, steer, interrupt) in [`control`].
 //!
 //! Invariants:
 //! - a save names the version it read; if another writer saved since, the save is refused
 //!   ([`StoreError::Conflict`]) and nothing is overwritten (fencing);
 //! - a call's result is recorded once: the first write wins, later duplicates are discarded;
 //! - every Redis call is bounded by a response timeout; an unreachable Redis is an error, never a
-//!   hang.
+//!   hang;
+//! - a session's lease always lapses: one found with no expiry (which no lead writes: set by hand
+//!   or by a broken tool) is given the lease's time to live where it is found held, with a
+//!   warning, so it cannot keep the session's turns from running for ever.
 
 pub mod approvals;
 pub mod budget;
@@ -20,6 +24,7 @@ mod connection;
 pub mod control;
 pub mod history;
 pub mod keys;
+mod lease;
 pub mod rate;
 pub mod responses;
 mod scripts;
@@ -31,10 +36,8 @@ mod turn;
 mod workers;
 
 pub use calls::{ChildProgress, ForgetError, RunMarker};
-pub use sessions::{Removal, SessionSummary};
+pub use sessions::{Removal, SessionHold, SessionSummary};
 pub use turn::{Ended, TurnClaim, TurnLease, TurnStart};
-
-use std::time::Duration;
 
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
@@ -46,8 +49,7 @@ use crate::protocol::message::Message;
 use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult};
 use connection::RedisConnection;
 use scripts::{
-    BEGIN_SCRIPT, CHECKPOINT_SCRIPT, COMPLETE_SCRIPT, LEASE_SCRIPT, LOAD_SCRIPT, SAVE_SCRIPT,
-    STORE_FINAL_SCRIPT,
+    BEGIN_SCRIPT, CHECKPOINT_SCRIPT, COMPLETE_SCRIPT, LOAD_SCRIPT, SAVE_SCRIPT, STORE_FINAL_SCRIPT,
 };
 
 /// How long a final result stays retrievable.
@@ -434,26 +436,6 @@ impl SessionStore {
         }
     }
 
-    /// Tries to take the session's lease for `ttl`; true if taken.
-    pub async fn try_lease(
-        &self,
-        tenant: &str,
-        session: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.connection.clone();
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(keys::lease(tenant, session))
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.as_millis() as u64)
-            .query_async(&mut conn)
-            .await?;
-        Ok(taken.is_some())
-    }
-
     /// Starts a turn in one trip: answers with the task's final result if it already ended;
     /// otherwise, unless another lead holds the session's lease, counts the attempt and (within
     /// `max_attempts`) takes the lease and loads the session and the turn's checkpoint.
@@ -492,7 +474,12 @@ impl SessionStore {
             Some("finished") => Ok(TurnStart::Finished(decode(
                 reply.get(1).map_or("", String::as_str),
             )?)),
-            Some("busy") => Ok(TurnStart::Busy),
+            Some("busy") => {
+                if reply.get(1).is_some_and(|note| note == lease::UNBOUNDED) {
+                    lease::warn_unbounded(tenant, session, claim.lease_ttl);
+                }
+                Ok(TurnStart::Busy)
+            }
             Some("exhausted") => Ok(TurnStart::Exhausted(number("attempt count", reply.get(1))?)),
             Some("started") if reply.len() == 10 => {
                 let offset = number("history offset", reply.get(5))?;
@@ -515,45 +502,6 @@ impl SessionStore {
             }
             _ => Err(StoreError::UnexpectedReply("the turn-start script")),
         }
-    }
-
-    /// Extends a lease the caller holds; false if it was lost.
-    pub async fn renew_lease(
-        &self,
-        tenant: &str,
-        session: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.lease_op(tenant, session, token, ttl.as_millis().max(1) as u64)
-            .await
-    }
-
-    /// Releases a lease the caller holds (a no-op if it was lost).
-    pub async fn release_lease(
-        &self,
-        tenant: &str,
-        session: &str,
-        token: &str,
-    ) -> Result<bool, StoreError> {
-        self.lease_op(tenant, session, token, 0).await
-    }
-
-    async fn lease_op(
-        &self,
-        tenant: &str,
-        session: &str,
-        token: &str,
-        ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.connection.clone();
-        let done: i64 = Script::new(LEASE_SCRIPT)
-            .key(keys::lease(tenant, session))
-            .arg(token)
-            .arg(ttl_ms)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(done == 1)
     }
 
     /// Records a turn's progress if `lease_token` still holds the session lease; false if not.

@@ -88,14 +88,21 @@ return false
 /// expiry must not strike mid-turn; the turn's end sets it again), KEYS[7] the task's controls;
 /// ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most attempts. Returns
 /// {'finished', final}; {'busy'} (another holds the lease; nothing counted; also when the lease
-/// is this caller's own, held by an earlier run of the task); {'exhausted', n} (attempt n
-/// counted, over the limit, lease not taken); or {'started', n, version, state, checkpoint,
-/// offset, paused, was_paused, interrupt, steered, history} with the lease taken (the history
-/// from the offset on: what a summary stands for is not loaded; absent controls as '').
+/// is this caller's own, held by an earlier run of the task); {'busy', 'unbounded'} (the lease
+/// had no expiry, which no lead writes: it is given the lease ttl now, so it lapses then, as
+/// the lease of a lead that stopped does); {'exhausted', n} (attempt n counted, over the limit,
+/// lease not taken); or {'started', n, version, state, checkpoint, offset, paused, was_paused,
+/// interrupt, steered, history} with the lease taken (the history from the offset on: what a
+/// summary stands for is not loaded; absent controls as '').
 pub(super) const BEGIN_SCRIPT: &str = r#"
 local done = redis.call('GET', KEYS[1])
 if done then return {'finished', done} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'busy'} end
+local held = redis.call('PTTL', KEYS[2])
+if held == -1 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return {'busy', 'unbounded'}
+end
+if held ~= -2 then return {'busy'} end
 local n = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
@@ -118,6 +125,17 @@ local session = redis.call('HMGET', KEYS[1], 'version', 'state', 'offset')
 local offset = session[3] or '0'
 local history = redis.call('LRANGE', KEYS[2], tonumber(offset), -1)
 return {session[1] or '0', session[2] or '', offset, history}
+"#;
+
+/// Takes a lease if it is free. KEYS[1] lease; ARGV token, ttl ms. Returns 1 (taken), 0 (held),
+/// or -1 (held with no expiry, which no lead writes: given the ttl now, so it lapses then).
+pub(super) const TRY_LEASE_SCRIPT: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('PTTL', KEYS[1]) == -1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return -1
+end
+return 0
 "#;
 
 /// Deletes or extends a lease only if the caller still holds it. ARGV token, ttl ms (0 = release).

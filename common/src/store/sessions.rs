@@ -1,5 +1,9 @@
 //! Sessions as an operator sees them: the sessions of a tenant with their size and time left, and
 //! removing one whole (every key of its tag) when no turn runs in it.
+//!
+//! A removal holds the session's lease from before it deletes anything until it is done
+//! ([`SessionHold`]), so no turn starts in the session half-way through; what the session keeps
+//! outside Redis (its workspace's files) is removed while the hold lasts, before its keys.
 
 use redis::AsyncCommands;
 
@@ -90,36 +94,141 @@ impl SessionStore {
     /// granted), unless a turn holds its lease. The removal holds the lease itself while it
     /// deletes, so no turn can start in the session half-way through.
     pub async fn remove_session(&self, tenant: &str, session: &str) -> Result<Removal, StoreError> {
+        match self.hold_for_removal(tenant, session).await? {
+            Some(hold) => hold.remove().await.map(Removal::Removed),
+            None => Ok(Removal::Busy),
+        }
+    }
+
+    /// Takes the session's lease for a removal (for at most a minute), unless a turn holds it
+    /// (`None`): while held, no turn starts in the session.
+    pub async fn hold_for_removal(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<SessionHold>, StoreError> {
         let token = format!("remove-session-{}", uuid::Uuid::new_v4().simple());
         if !self
             .try_lease(tenant, session, &token, REMOVAL_LEASE)
             .await?
         {
-            return Ok(Removal::Busy);
+            return Ok(None);
         }
-        let lease = keys::lease(tenant, session);
-        let pattern = format!(
-            "{}*",
-            keys::session(tenant, session).trim_end_matches("session")
-        );
-        let found: Vec<String> = self
-            .scan(&pattern)
-            .await?
-            .into_iter()
-            .filter(|key| *key != lease)
-            .collect();
+        Ok(Some(SessionHold {
+            store: self.clone(),
+            tenant: tenant.to_owned(),
+            session: session.to_owned(),
+            token,
+            released: false,
+        }))
+    }
+
+    /// Claims the next sweep of expired sessions' workspaces for `holder`, unless another process
+    /// claimed one less than `every` ago; true if claimed. The claim is not released: it lapses,
+    /// so the sweeps of every lead together run about once per `every`.
+    pub async fn claim_workspace_sweep(
+        &self,
+        holder: &str,
+        every: std::time::Duration,
+    ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        for batch in found.chunks(SCAN_COUNT) {
-            let _: i64 = conn.del(batch).await?;
-        }
-        self.release_lease(tenant, session, &token).await?;
-        Ok(Removal::Removed(found.len()))
+        let claimed: Option<String> = redis::cmd("SET")
+            .arg(keys::WORKSPACE_SWEEP)
+            .arg(holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(every.as_millis().max(1) as u64)
+            .query_async(&mut conn)
+            .await?;
+        Ok(claimed.is_some())
     }
 
     /// Every key matching `pattern` (SCAN, so Redis is never blocked; every primary of a Redis
     /// Cluster).
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
         Ok(self.connection.scan(pattern, SCAN_COUNT).await?)
+    }
+}
+
+/// A session's lease, held by a removal ([`SessionStore::hold_for_removal`]): no turn starts in
+/// the session until the removal ends with [`remove`](Self::remove) or
+/// [`release`](Self::release) (or the lease lapses, a minute after it was taken).
+pub struct SessionHold {
+    store: SessionStore,
+    tenant: String,
+    session: String,
+    token: String,
+    released: bool,
+}
+
+impl SessionHold {
+    /// Whether the session still has what a turn loads or a client reads: its state, its
+    /// history or its thread record (none of them once the session expired).
+    pub async fn is_live(&self) -> Result<bool, StoreError> {
+        let mut conn = self.store.connection.clone();
+        let found: u64 = redis::cmd("EXISTS")
+            .arg(keys::session(&self.tenant, &self.session))
+            .arg(keys::history(&self.tenant, &self.session))
+            .arg(keys::thread(&self.tenant, &self.session))
+            .query_async(&mut conn)
+            .await?;
+        Ok(found > 0)
+    }
+
+    /// Deletes every key of the session but the lease, then releases the lease; returns how many
+    /// keys were deleted. The lease is released even when the deletion fails.
+    pub async fn remove(mut self) -> Result<usize, StoreError> {
+        let deleted = self.delete_keys().await;
+        let released = self.release_lease().await;
+        let deleted = deleted?;
+        released?;
+        Ok(deleted)
+    }
+
+    /// Releases the lease and removes nothing.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        self.release_lease().await
+    }
+
+    async fn delete_keys(&self) -> Result<usize, StoreError> {
+        let (tenant, session) = (self.tenant.as_str(), self.session.as_str());
+        let lease = keys::lease(tenant, session);
+        let pattern = format!(
+            "{}*",
+            keys::session(tenant, session).trim_end_matches("session")
+        );
+        let found: Vec<String> = self
+            .store
+            .scan(&pattern)
+            .await?
+            .into_iter()
+            .filter(|key| *key != lease)
+            .collect();
+        let mut conn = self.store.connection.clone();
+        for batch in found.chunks(SCAN_COUNT) {
+            let _: i64 = conn.del(batch).await?;
+        }
+        Ok(found.len())
+    }
+
+    async fn release_lease(&mut self) -> Result<(), StoreError> {
+        self.released = true;
+        self.store
+            .release_lease(&self.tenant, &self.session, &self.token)
+            .await
+            .map(drop)
+    }
+}
+
+impl Drop for SessionHold {
+    fn drop(&mut self) {
+        if !self.released {
+            tracing::warn!(
+                tenant = %self.tenant,
+                session = %self.session,
+                "a session held for removal was not released; its lease lapses within a minute"
+            );
+        }
     }
 }
 

@@ -40,7 +40,9 @@ pub fn assemble(
 ) -> Runtime {
     // The key as the provider uses it (from its file too); a key that cannot be read failed the
     // provider already.
-    let middleware = middleware.with_secrets(model.api_key().ok().flatten());
+    let middleware = middleware
+        .with_secrets(model.api_key().ok().flatten())
+        .expect("`ModelConfig::api_key` refuses a key too short to mask");
     let directory = Arc::new(dispatcher.catalog().clone());
     let store = dispatcher.store().clone();
     let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));

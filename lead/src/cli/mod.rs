@@ -1,9 +1,9 @@
 //! The `skein` command: submit tasks and watch them, cancel, pause, resume or steer them, answer
 //! the calls that wait for approval, list live workers, print a session's plan, manage dead
-//! letters, list, fork and replay sessions, list, fetch and seed session workspaces, run a local
-//! cluster, or run a lead, a worker or the HTTP gateway in the foreground. Also what the server
-//! binaries share: [`block_on`], [`run_lead`], [`run_gateway`] (with [`GatewayCommand`], the
-//! `skein-gateway` command line), [`run_worker`].
+//! letters, list, fork, replay and remove sessions, list, fetch, seed and remove session
+//! workspaces, run a local cluster, or run a lead, a worker or the HTTP gateway in the foreground.
+//! Also what the server binaries share: [`block_on`], [`run_lead`], [`run_gateway`] (with
+//! [`GatewayCommand`], the `skein-gateway` command line), [`run_worker`].
 
 mod approvals;
 mod control;
@@ -57,7 +57,7 @@ pub enum Command {
     Dlq(Box<ops::DlqArgs>),
     /// Print a task's trace id and its Jaeger link.
     Trace(Box<ops::TraceArgs>),
-    /// List, fetch or seed the files of a session's workspace (NATS object store).
+    /// List, fetch, seed or remove the files of a session's workspace (NATS object store).
     Workspace(Box<workspace::WorkspaceArgs>),
     /// List a tenant's sessions, show one, remove one, list its turns or fork it.
     Sessions(Box<sessions::SessionsArgs>),

@@ -1,7 +1,7 @@
 //! `skein sessions ls|show|rm|history|fork`: what sessions a tenant has, one session's history,
-//! removing one (refused while a turn runs in it), the records of its ended turns, and forking a
-//! new session from one of them (history, summary, skills, and the workspace's files as they
-//! were at that point).
+//! removing one with its workspace's files (refused while a turn runs in it), the records of its
+//! ended turns, and forking a new session from one of them (history, summary, skills, and the
+//! workspace's files as they were at that point).
 
 use std::process::ExitCode;
 
@@ -10,7 +10,7 @@ use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
 use skein_common::protocol::validate_token;
 use skein_common::store::history::ForkPoint;
-use skein_common::store::{Removal, SessionStore};
+use skein_common::store::SessionStore;
 use skein_common::workspace::{ObjectWorkspaces, SessionRef, WorkspaceStoreConfig};
 
 /// Characters of a message shown by `show`.
@@ -37,8 +37,13 @@ pub enum SessionsAction {
         #[arg(long, default_value_t = 10)]
         last: usize,
     },
-    /// Remove a session whole: history, state, results and checkpoints.
-    Rm { session: String },
+    /// Remove a session whole: history, state, results, checkpoints and its workspace's files.
+    Rm {
+        session: String,
+        /// Where the workspaces are (the session's files are removed first).
+        #[command(flatten)]
+        workspace: Box<SessionFiles>,
+    },
     /// List the session's ended turns: turn, task, time, model, steps, calls, tokens, status.
     History {
         session: String,
@@ -60,6 +65,16 @@ pub enum SessionsAction {
         #[command(flatten)]
         workspace: Box<ForkWorkspace>,
     },
+}
+
+/// The workspace store a removal removes the session's files from.
+#[derive(Debug, Args)]
+pub struct SessionFiles {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    /// Leave the workspace's files (remove only what Redis keeps).
+    #[arg(long)]
+    pub keep_files: bool,
 }
 
 /// The workspace store a fork copies files in.
@@ -251,24 +266,66 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
             let copied = copy_files(tenant, &session, &to, &workspace, files).await;
             undo_fork_on_failure(&store, tenant, &to, copied).await
         }
-        SessionsAction::Rm { session } => {
+        SessionsAction::Rm { session, workspace } => {
             validate_token("session", &session).map_err(|f| f.message)?;
-            match store
-                .remove_session(tenant, &session)
+            let objects = match workspace.keep_files {
+                true => None,
+                false => Some(open_workspaces(&workspace.nats).await?),
+            };
+            let Some(hold) = store
+                .hold_for_removal(tenant, &session)
                 .await
                 .map_err(|e| e.to_string())?
-            {
-                Removal::Removed(0) => Err(format!("no session {session} for tenant {tenant}")),
-                Removal::Removed(n) => {
-                    println!("removed session {session} ({n} keys)");
-                    Ok(())
-                }
-                Removal::Busy => Err(format!(
+            else {
+                return Err(format!(
                     "a turn is running in session {session}; cancel it or try again when it ends"
-                )),
+                ));
+            };
+            // The files first: if they cannot be removed, the session stays whole to try again.
+            let files = match &objects {
+                Some(objects) => remove_files(objects, tenant, &session).await,
+                None => Ok(0),
+            };
+            let (keys, files) = match files {
+                Ok(files) => (hold.remove().await.map_err(|e| e.to_string())?, files),
+                Err(why) => {
+                    if let Err(e) = hold.release().await {
+                        tracing::warn!(error = %e, session, "the session's lease was not released; it lapses within a minute");
+                    }
+                    return Err(format!(
+                        "{why}\nthe session's state was kept: run the removal again"
+                    ));
+                }
+            };
+            if keys == 0 && files == 0 {
+                return Err(format!("no session {session} for tenant {tenant}"));
             }
+            println!("removed session {session} ({keys} keys, {files} files)");
+            Ok(())
         }
     }
+}
+
+/// The workspaces reached through `nats`, to remove files: the buckets are found, never created
+/// and their replicas left as they are.
+async fn open_workspaces(nats: &NatsConfig) -> Result<ObjectWorkspaces, String> {
+    let client = SkeinClient::connect(nats)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ObjectWorkspaces::finder(client.bus()))
+}
+
+/// Removes every file of `session`'s workspace; how many it held.
+async fn remove_files(
+    objects: &ObjectWorkspaces,
+    tenant: &str,
+    session: &str,
+) -> Result<usize, String> {
+    let session = SessionRef::new(tenant, session).map_err(|e| e.to_string())?;
+    objects
+        .remove_session(&session)
+        .await
+        .map_err(|e| format!("cannot remove the session's files: {}", e.describe()))
 }
 
 /// Keeps a fork whose files were copied (saying what was copied); removes it, so the same name

@@ -1,11 +1,13 @@
-//! `skein workspace`: list, fetch and seed the files of a session's workspace in the NATS object
-//! store (the workers' default `object` mode), with the same path rules and caps as the file
+//! `skein workspace`: list, fetch, seed and remove the files of a session's workspace in the NATS
+//! object store (the workers' default `object` mode), with the same path rules and caps as the file
 //! tools.
 //!
 //! - `skein workspace ls <session>`: one line per file, its size in bytes and its path;
 //! - `skein workspace get <session> <path> [--out FILE]`: the file's bytes on stdout, or in FILE;
 //! - `skein workspace put <session> <path> [FILE|-]`: stores FILE (stdin when `-` or absent),
-//!   replacing the file whole; the cap is checked before anything is sent.
+//!   replacing the file whole; the cap is checked before anything is sent;
+//! - `skein workspace rm <session> [PATH...]`: removes the files named (their earlier versions
+//!   stay for forks), or with no path the whole workspace, earlier versions included.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +61,16 @@ pub enum WorkspaceAction {
         path: String,
         /// What to store: a local file, or `-` (the default) for standard input.
         file: Option<PathBuf>,
+    },
+    /// Remove files of a session's workspace, or with no path all of them (and the earlier
+    /// versions kept for forks), even while a turn runs in the session.
+    Rm {
+        #[command(flatten)]
+        target: Target,
+        /// The session.
+        session: String,
+        /// Paths of the files to remove, relative to the workspace; none: every file.
+        paths: Vec<String>,
     },
 }
 
@@ -133,6 +145,57 @@ async fn run(action: WorkspaceAction) -> Result<(), String> {
             );
             Ok(())
         }
+        WorkspaceAction::Rm {
+            target,
+            session,
+            paths,
+        } => {
+            let (objects, session) = open(&target, &session).await?;
+            remove(&objects, &session, &paths).await
+        }
+    }
+}
+
+/// Removes the files `paths` names from `session`, or its whole workspace when there are none.
+async fn remove(
+    objects: &ObjectWorkspaces,
+    session: &SessionRef,
+    paths: &[String],
+) -> Result<(), String> {
+    let name = session.session();
+    if paths.is_empty() {
+        let files = objects
+            .remove_session(session)
+            .await
+            .map_err(|e| e.describe())?;
+        match files {
+            0 => eprintln!("no files in session {name}"),
+            n => eprintln!("removed the workspace of session {name} ({n} files)"),
+        }
+        return Ok(());
+    }
+    let paths = paths
+        .iter()
+        .map(|p| WorkspacePath::parse(p).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut missing = Vec::new();
+    for path in &paths {
+        let removed = objects
+            .remove(session, path, Expect::Any)
+            .await
+            .map_err(|e| e.describe())?;
+        match removed {
+            true => eprintln!("removed {path} from session {name}"),
+            false => missing.push(path.to_string()),
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: no such file in session {name}",
+            missing.join(", ")
+        ))
     }
 }
 

@@ -152,6 +152,24 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Removes the workspace files of a session whose state was removed; a failure is logged
+    /// (with `SKEIN_SESSION_TTL` set, the leads' sweep removes them later).
+    pub(crate) async fn remove_files(&self, tenant: &str, session: &str) {
+        let removed = match SessionRef::new(tenant, session) {
+            Ok(session) => self
+                .workspaces
+                .remove_session(&session)
+                .await
+                .map_err(|e| e.describe()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = removed {
+            tracing::warn!(tenant, session, error = %e, "a removed session's files were not removed");
+        }
+    }
+}
+
 /// Connects, binds and serves until `shutdown`; `bound` hears the address once it listens.
 pub async fn run(
     cfg: GatewayConfig,

@@ -258,6 +258,16 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         &work.background,
         work.background_stop.clone(),
     );
+    if let Some(ttl) = cfg.redis.session_ttl {
+        crate::expiry::start(
+            &bus,
+            store.clone(),
+            ttl,
+            instance.clone(),
+            &work.background,
+            work.background_stop.clone(),
+        );
+    }
     readiness.set_ready(true);
     tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
     let (concurrency, grace) = (cfg.concurrency, cfg.process.grace);

@@ -39,6 +39,22 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// `"{prefix}-{8 random hex digits}"`: a fresh name for streams, keys, sessions and the like.
 /// Valid as a token (`[A-Za-z0-9_-]`) as long as `prefix` is.
+/// Runs `cmd` (a lead or worker started with a bad setting) and returns its stderr once it has
+/// stopped at start with the bad-configuration status, 64.
+///
+/// # Panics
+/// When it does not stop within 60 s, or stops with another status.
+pub async fn stopped_at_start(mut cmd: tokio::process::Command, role: &str) -> String {
+    cmd.kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("the {role} stops at start"))
+        .expect("the process runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(64), "{role}: {stderr}");
+    stderr
+}
+
 pub fn unique(prefix: &str) -> String {
     let random = uuid::Uuid::new_v4().simple().to_string();
     format!("{prefix}-{}", &random[..8])

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use super::redact::{Redactor, SecretTooShort};
+
 /// How the built-in layers behave; each built-in is off when its field says so.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BuiltinConfig {
@@ -21,7 +23,8 @@ pub struct BuiltinConfig {
     /// Most tool calls in flight at once through one built service and its clones.
     pub tool_concurrency: Option<usize>,
     /// Secret values masked as [`REDACTED`](super::REDACTED) in tool results and model answers;
-    /// empty strings are ignored.
+    /// empty strings are ignored, one shorter than [`MIN_SECRET_BYTES`](super::MIN_SECRET_BYTES) is
+    /// refused.
     pub secrets: Vec<String>,
     /// One debug line per model or tool call.
     pub log: bool,
@@ -59,6 +62,9 @@ impl BuiltinConfig {
             if retry.attempts == 0 {
                 return Err(MiddlewareError::NoAttempts { service });
             }
+        }
+        for secret in &self.secrets {
+            Redactor::check(secret)?;
         }
         Ok(())
     }
@@ -116,6 +122,8 @@ pub enum MiddlewareError {
     ZeroConcurrency { service: &'static str },
     #[error("model timeout must be longer than zero")]
     ZeroTimeout,
+    #[error(transparent)]
+    SecretTooShort(#[from] SecretTooShort),
 }
 
 #[cfg(test)]
@@ -146,6 +154,10 @@ mod tests {
                     attempts: 0,
                     ..RetryConfig::default()
                 },
+                ..BuiltinConfig::default()
+            },
+            BuiltinConfig {
+                secrets: vec!["k".into()],
                 ..BuiltinConfig::default()
             },
         ];

@@ -68,7 +68,7 @@ pub use hooks::{HookChain, Stop, TurnContext, TurnHook, TurnSummary};
 pub use limits::{ModelTraffic, ModelTrafficLayer, TrafficLimits};
 pub use logging::{Log, LogLayer};
 pub use prompt::{PromptChain, PromptTransformer};
-pub use redact::{Redact, RedactLayer, Redactor, REDACTED};
+pub use redact::{Redact, RedactLayer, Redactor, SecretTooShort, MIN_SECRET_BYTES, REDACTED};
 pub use retry::{ModelRetry, ModelRetryLayer, ToolRetryPolicy};
 pub use traffic_policy::{CallLimits, TrafficPolicy};
 
@@ -112,19 +112,23 @@ impl Middleware {
     }
 
     /// Adds secrets the redaction layer masks (the process's own credentials: a model API key
-    /// must never reach a session's history, an event or a span).
-    pub fn with_secrets(mut self, secrets: impl IntoIterator<Item = String>) -> Self {
+    /// must never reach a session's history, an event or a span). A secret too short to mask
+    /// safely (shorter than [`redact::MIN_SECRET_BYTES`]) is refused.
+    pub fn with_secrets(
+        mut self,
+        secrets: impl IntoIterator<Item = String>,
+    ) -> Result<Self, MiddlewareError> {
         let before = self.builtins.config.secrets.len();
         let mut config = self.builtins.config.clone();
         config
             .secrets
             .extend(secrets.into_iter().filter(|s| !s.is_empty()));
         if config.secrets.len() > before {
-            let redactor = Redactor::new(config.secrets.iter().cloned());
+            let redactor = Redactor::new(config.secrets.iter().cloned())?;
             self.builtins.redact = Some(RedactLayer::new(Arc::new(redactor)));
             self.builtins.config = config;
         }
-        self
+        Ok(self)
     }
 
     /// The configuration of the built-in layers.
@@ -273,7 +277,7 @@ struct Builtins {
 impl Builtins {
     fn new(config: &BuiltinConfig) -> Result<Self, MiddlewareError> {
         config.validate()?;
-        let redactor = Redactor::new(config.secrets.iter().cloned());
+        let redactor = Redactor::new(config.secrets.iter().cloned())?;
         Ok(Self {
             model_retry: ModelRetryLayer::new(&config.model_retry)?,
             tool_retry: ToolRetryPolicy::new(&config.tool_retry)?,
@@ -412,7 +416,7 @@ mod tests {
 
     fn with_secret_and_retries() -> BuiltinConfig {
         BuiltinConfig {
-            secrets: vec!["s3cret".into()],
+            secrets: vec!["s3cret42".into()],
             tool_retry: RetryConfig {
                 attempts: 2,
                 ..RetryConfig::default()
@@ -427,7 +431,7 @@ mod tests {
         let inner_log = log.clone();
         let replies = Arc::new(Mutex::new(vec![
             failed_result("c1", FailureKind::Unavailable, "no worker"),
-            ok_result("c1", "token s3cret"),
+            ok_result("c1", "token s3cret42"),
         ]));
         let inner = tower::service_fn(move |_: ToolCallRequest| {
             let (log, replies) = (inner_log.clone(), replies.clone());
@@ -488,7 +492,7 @@ mod tests {
                 if calls.fetch_add(1, Ordering::SeqCst) == 0 {
                     return Err::<ModelResponse, BoxError>(Box::new(unavailable()));
                 }
-                Ok(text_response("the key is s3cret"))
+                Ok(text_response("the key is s3cret42"))
             }
         });
         let middleware = Middleware::new()

@@ -11,7 +11,10 @@
 //!   reasoning are held apart), or the end of the call, tells;
 //! - where secrets overlap, the longest one found at a position is masked; the text is scanned
 //!   once, so a mask is never itself masked again;
-//! - requests are not touched: the model and the tools get what they were sent.
+//! - requests are not touched: the model and the tools get what they were sent;
+//! - every secret is at least [`MIN_SECRET_BYTES`] long: every occurrence of a secret is masked,
+//!   inside words too, so a shorter one (an API key of one letter) would mangle ordinary text
+//!   (`load_s[redacted]ill`); it is refused where it is configured, never masked nor skipped.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -28,6 +31,21 @@ use crate::protocol::{CallOutcome, Failure, ToolResult};
 /// What a secret is replaced by.
 pub const REDACTED: &str = "[redacted]";
 
+/// The shortest secret that can be masked safely, in bytes (see the module's invariants).
+pub const MIN_SECRET_BYTES: usize = 8;
+
+/// A secret too short to be masked safely; says how long it is, never what it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a secret of {bytes} byte{} cannot be masked safely: every occurrence of it in answers and \
+     tool output would be masked, inside ordinary words too; a secret must be at least \
+     {MIN_SECRET_BYTES} bytes",
+    if *.bytes == 1 { "" } else { "s" }
+)]
+pub struct SecretTooShort {
+    pub bytes: usize,
+}
+
 /// The secret values to mask, longest first.
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
@@ -35,12 +53,24 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    /// Empty strings are ignored, duplicates kept once.
-    pub fn new(secrets: impl IntoIterator<Item = String>) -> Self {
+    /// Empty strings are ignored, duplicates kept once; a secret shorter than
+    /// [`MIN_SECRET_BYTES`] is refused.
+    pub fn new(secrets: impl IntoIterator<Item = String>) -> Result<Self, SecretTooShort> {
         let mut secrets: Vec<String> = secrets.into_iter().filter(|s| !s.is_empty()).collect();
+        secrets.iter().try_for_each(|secret| Self::check(secret))?;
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
-        Self { secrets }
+        Ok(Self { secrets })
+    }
+
+    /// Whether `secret` can be masked: it is empty (nothing to mask) or long enough.
+    pub fn check(secret: &str) -> Result<(), SecretTooShort> {
+        match secret.len() {
+            1..MIN_SECRET_BYTES => Err(SecretTooShort {
+                bytes: secret.len(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -312,16 +342,18 @@ mod tests {
     use crate::protocol::FailureKind;
 
     fn redactor() -> Arc<Redactor> {
-        Arc::new(Redactor::new([
-            "s3cret".to_string(),
-            "s3cret-long".to_string(),
-        ]))
+        Arc::new(
+            Redactor::new(["s3cret42".to_string(), "s3cret42-long".to_string()])
+                .expect("long enough"),
+        )
     }
 
     #[test]
     fn text_without_secrets_is_left_alone() {
         assert_eq!(redactor().redact("nothing to see"), None);
-        assert_eq!(Redactor::new([String::new()]).redact("anything"), None);
+        let nothing = Redactor::new([String::new()]).expect("an empty secret is ignored");
+        assert!(nothing.is_empty());
+        assert_eq!(nothing.redact("anything"), None);
     }
 
     #[test]
@@ -329,20 +361,57 @@ mod tests {
         let redactor = redactor();
         assert_eq!(
             redactor
-                .redact("a s3cret-long and a s3cret, é s3cret")
+                .redact("a s3cret42-long and a s3cret42, é s3cret42")
                 .as_deref(),
             Some("a [redacted] and a [redacted], é [redacted]")
         );
-        let inside_the_mask = Redactor::new(["red".to_string()]);
-        assert_eq!(inside_the_mask.redact("red").as_deref(), Some("[redacted]"));
+        let inside_the_mask = Redactor::new(["redacted".to_string()]).expect("long enough");
+        assert_eq!(
+            inside_the_mask.redact("redacted").as_deref(),
+            Some("[redacted]")
+        );
+    }
+
+    #[test]
+    fn a_secret_too_short_to_mask_safely_is_refused_and_not_shown() {
+        // A key of one letter would turn `load_skill` into `load_s[redacted]ill`.
+        for short in ["k", "é", "1234567", " "] {
+            let refused = Redactor::new(["long-enough-secret".to_string(), short.to_string()])
+                .expect_err(short);
+            assert_eq!(refused, SecretTooShort { bytes: short.len() });
+            assert!(
+                refused.to_string().contains("at least 8 bytes"),
+                "{refused}"
+            );
+        }
+        let refused = Redactor::new(["1234567".to_string()]).expect_err("seven bytes");
+        assert!(!refused.to_string().contains("1234567"), "{refused}");
+        assert_eq!(
+            Redactor::new(["k".to_string()])
+                .expect_err("one letter")
+                .to_string(),
+            "a secret of 1 byte cannot be masked safely: every occurrence of it in answers and \
+             tool output would be masked, inside ordinary words too; a secret must be at least \
+             8 bytes"
+        );
+        let shortest = "x".repeat(MIN_SECRET_BYTES);
+        let masked = Redactor::new([shortest.clone()]).expect("the shortest allowed");
+        assert_eq!(
+            masked.redact(&format!("key={shortest}")).as_deref(),
+            Some("key=[redacted]")
+        );
     }
 
     #[tokio::test]
     async fn tool_output_and_failure_messages_are_masked() {
         let inner = tower::service_fn(|request: ToolCallRequest| async move {
             Ok::<_, BoxError>(match request.call.name.as_str() {
-                "env" => ok_result(&request.call.id, "TOKEN=s3cret"),
-                _ => failed_result(&request.call.id, FailureKind::ToolFailed, "bad key s3cret"),
+                "env" => ok_result(&request.call.id, "TOKEN=s3cret42"),
+                _ => failed_result(
+                    &request.call.id,
+                    FailureKind::ToolFailed,
+                    "bad key s3cret42",
+                ),
             })
         });
         let service = RedactLayer::new(redactor()).layer(inner);
@@ -369,7 +438,7 @@ mod tests {
         let inner = tower::service_fn(|_: ToolCallRequest| async {
             Err::<ToolResult, BoxError>(Box::new(Failure::new(
                 FailureKind::Unavailable,
-                "upstream refused s3cret",
+                "upstream refused s3cret42",
             )))
         });
 
@@ -388,15 +457,20 @@ mod tests {
     async fn model_text_arguments_and_deltas_are_masked_even_when_split() {
         let inner = tower::service_fn(|call: ModelCall| async move {
             if let Some(deltas) = &call.deltas {
-                for piece in ["the key is s3", "cret, the", " other s3cret-l", "ong; s3"] {
+                for piece in [
+                    "the key is s3",
+                    "cret42, the",
+                    " other s3cret42-l",
+                    "ong; s3",
+                ] {
                     deltas.delta(piece.into()).await;
                 }
             }
-            let mut response = text_response("the key is s3cret, the other s3cret-long; s3");
+            let mut response = text_response("the key is s3cret42, the other s3cret42-long; s3");
             response.message.tool_calls.push(ToolCall {
                 id: "c1".into(),
                 name: "login".into(),
-                arguments: json!({"password": "s3cret", "tries": [1, "s3cret"]}),
+                arguments: json!({"password": "s3cret42", "tries": [1, "s3cret42"]}),
             });
             Ok::<_, BoxError>(response)
         });
@@ -423,13 +497,13 @@ mod tests {
         let inner = tower::service_fn(|call: ModelCall| async move {
             if let Some(deltas) = &call.deltas {
                 // The reasoning ends on what could start a secret; then the answer streams.
-                for piece in ["I will use s3", "cret here, s3"] {
+                for piece in ["I will use s3", "cret42 here, s3"] {
                     deltas.reasoning(piece.into()).await;
                 }
                 deltas.delta("done".into()).await;
             }
             let mut response = text_response("done");
-            response.message.reasoning = Some("I will use s3cret here, s3".into());
+            response.message.reasoning = Some("I will use s3cret42 here, s3".into());
             Ok::<_, BoxError>(response)
         });
         let sink = Arc::new(CollectedDeltas::default());
@@ -465,8 +539,9 @@ mod tests {
 mod process_secrets {
     use tower::ServiceExt;
 
+    use super::SecretTooShort;
     use crate::agent::middleware::testing::{ok_result, tool_request};
-    use crate::agent::middleware::Middleware;
+    use crate::agent::middleware::{BuiltinConfig, Middleware, MiddlewareError};
     use crate::agent::seams::{BoxError, ToolCallRequest};
 
     #[tokio::test]
@@ -483,11 +558,29 @@ mod process_secrets {
 
         let guarded = Middleware::new()
             .with_secrets(["sk-live-123".to_string(), String::new()])
+            .expect("long enough")
             .wrap_tools(inner);
         let masked = guarded
             .oneshot(tool_request("c1", "env"))
             .await
             .expect("result");
         assert_eq!(masked.outcome.observation(), "key=[redacted]");
+    }
+
+    #[test]
+    fn a_process_secret_too_short_to_mask_is_refused() {
+        let refused = Middleware::new().with_secrets(["k".to_string()]);
+        assert!(
+            matches!(
+                refused,
+                Err(MiddlewareError::SecretTooShort(SecretTooShort { bytes: 1 }))
+            ),
+            "a one-letter key is refused"
+        );
+        let refused = Middleware::new().builtins(BuiltinConfig {
+            secrets: vec!["k".into()],
+            ..BuiltinConfig::default()
+        });
+        assert!(refused.is_err(), "and so in the built-ins' configuration");
     }
 }

@@ -10,7 +10,8 @@
 //! - bucket handles are cached per tenant, bounded, and created only on request (a write), never
 //!   by a read;
 //! - a bucket is created with the configured replicas, and an existing one with fewer is raised
-//!   to them when a process first opens it (never lowered: see `bus::raise_replicas`).
+//!   to them when a process first opens it (never lowered: see `bus::raise_replicas`); handles
+//!   that only find buckets ([`FIND_ONLY`]) neither create nor raise.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -145,19 +146,26 @@ impl Bucket {
     /// concurrent write rolls up the message it was waiting for: under concurrent writes such a
     /// listing hangs.
     pub async fn list_metadata(&self) -> Result<Vec<ObjectInfo>, WorkspaceError> {
-        self.read_metadata(DeliverPolicy::LastPerSubject).await
+        let metas = self.read_metadata(DeliverPolicy::LastPerSubject).await?;
+        Ok(metas.into_iter().map(|meta| meta.info).collect())
     }
 
     /// Every metadata message the bucket holds, oldest first: the current ones and the earlier
     /// versions kept apart (see `history`).
     pub async fn all_metadata(&self) -> Result<Vec<ObjectInfo>, WorkspaceError> {
+        let metas = self.all_meta().await?;
+        Ok(metas.into_iter().map(|meta| meta.info).collect())
+    }
+
+    /// [`all_metadata`](Self::all_metadata) with each message's stream sequence.
+    pub async fn all_meta(&self) -> Result<Vec<Meta>, WorkspaceError> {
         self.read_metadata(DeliverPolicy::All).await
     }
 
     async fn read_metadata(
         &self,
         deliver_policy: DeliverPolicy,
-    ) -> Result<Vec<ObjectInfo>, WorkspaceError> {
+    ) -> Result<Vec<Meta>, WorkspaceError> {
         use async_nats::jetstream::consumer::{pull, AckPolicy};
         use futures::StreamExt;
         let failed = |e: &dyn std::fmt::Display| WorkspaceError::Unavailable {
@@ -189,9 +197,10 @@ impl Bucket {
                     let mut received = Vec::new();
                     while let Some(message) = batch.next().await {
                         let message = message.map_err(|e| failed(&e))?;
+                        let seq = message.info().map_err(|e| failed(&e))?.stream_sequence;
                         let info: ObjectInfo =
                             serde_json::from_slice(&message.payload).map_err(|e| failed(&e))?;
-                        received.push(info);
+                        received.push(Meta { info, seq });
                     }
                     Ok::<_, WorkspaceError>(received)
                 };
@@ -432,23 +441,53 @@ impl Bucket {
     /// Removes the chunks of version `nuid`; a failure only leaves unreachable data behind, so
     /// it is logged, not returned.
     pub async fn purge_chunks(&self, nuid: &str) {
-        if nuid.is_empty() {
-            return;
-        }
-        if let Err(e) = self
-            .stream
-            .purge()
-            .filter(chunk_subject(&self.name, nuid))
-            .await
-        {
+        if let Err(e) = self.purge_version(nuid).await {
             tracing::warn!(bucket = %self.name, nuid, error = %e, "could not purge replaced chunks");
         }
     }
+
+    /// Removes the chunks of version `nuid`, saying whether that failed.
+    pub async fn purge_version(&self, nuid: &str) -> Result<(), WorkspaceError> {
+        if nuid.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .purge()
+            .filter(chunk_subject(&self.name, nuid))
+            .await
+            .map(drop)
+            .map_err(|e| {
+                WorkspaceError::unavailable(format!("cannot purge chunks of {}", self.name), e)
+            })
+    }
+
+    /// Removes the metadata messages of `object` up to and including stream sequence `through`;
+    /// a later one (a write that landed since) stays.
+    pub async fn purge_meta_through(
+        &self,
+        object: &str,
+        through: u64,
+    ) -> Result<(), WorkspaceError> {
+        self.stream
+            .purge()
+            .filter(meta_subject(&self.name, object))
+            .sequence(through.saturating_add(1))
+            .await
+            .map(drop)
+            .map_err(|e| {
+                WorkspaceError::unavailable(format!("cannot purge the metadata of {object}"), e)
+            })
+    }
 }
+
+/// The replicas of handles that only find buckets: they create none and leave every bucket's
+/// replicas as they are (a process that removes files, not the workers that set them).
+pub(super) const FIND_ONLY: usize = 0;
 
 /// Handles of the tenants' buckets, found or created on demand.
 pub(super) struct Buckets {
     jetstream: jetstream::Context,
+    /// Replicas of the buckets created, and raised to when opened; [`FIND_ONLY`]: neither.
     replicas: usize,
     kind: BucketKind,
     known: std::sync::Mutex<HashMap<String, Bucket>>,
@@ -481,7 +520,7 @@ impl Buckets {
         let name = self.kind.bucket_name(tenant);
         let found = match self.open(&name).await? {
             Some(bucket) => bucket,
-            None if !create => return Ok(None),
+            None if !create || self.replicas == FIND_ONLY => return Ok(None),
             None => {
                 let config = object_store::Config {
                     bucket: name.clone(),
@@ -524,6 +563,26 @@ impl Buckets {
         self.lock().remove(tenant);
     }
 
+    /// The tenants that have a bucket of this kind (names that are not tokens left out).
+    pub async fn tenants(&self) -> Result<Vec<String>, WorkspaceError> {
+        use futures::TryStreamExt;
+        let prefix = stream_name(self.kind.prefix);
+        let names: Vec<String> = self
+            .jetstream
+            .stream_names()
+            .try_collect()
+            .await
+            .map_err(|e| WorkspaceError::unavailable("cannot list the buckets", e))?;
+        let mut tenants: Vec<String> = names
+            .iter()
+            .filter_map(|name| name.strip_prefix(&prefix))
+            .filter(|tenant| crate::protocol::validate_token("tenant", tenant).is_ok())
+            .map(str::to_owned)
+            .collect();
+        tenants.sort();
+        Ok(tenants)
+    }
+
     async fn open(&self, name: &str) -> Result<Option<Bucket>, WorkspaceError> {
         let stream = stream_name(name);
         let found = match self.jetstream.get_stream(&stream).await {
@@ -541,8 +600,11 @@ impl Buckets {
             }
         };
         let config = &found.cached_info().config;
-        if let Err(e) = crate::bus::raise_replicas(&self.jetstream, config, self.replicas).await {
-            tracing::error!(bucket = %name, error = %e, "workspace bucket keeps fewer replicas than configured");
+        if self.replicas != FIND_ONLY {
+            if let Err(e) = crate::bus::raise_replicas(&self.jetstream, config, self.replicas).await
+            {
+                tracing::error!(bucket = %name, error = %e, "workspace bucket keeps fewer replicas than configured");
+            }
         }
         let stream = self
             .jetstream

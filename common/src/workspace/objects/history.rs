@@ -27,7 +27,7 @@ use super::bucket::{Bucket, Meta};
 use crate::workspace::WorkspaceError;
 
 /// Names of the kept versions start with this and the file's object name.
-const HISTORY_PREFIX: &str = "~history/";
+pub(super) const HISTORY_PREFIX: &str = "~history/";
 /// Metadata of a current version: the `nuid` of the version it replaced (empty: none).
 const REPLACES: &str = "skein-replaces";
 /// Metadata of a current version: when its name first held a file (Unix nanoseconds).

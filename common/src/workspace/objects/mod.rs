@@ -39,10 +39,12 @@
 //! cost grows with the tenant's file count.
 //!
 //! Layout: this module is the files' view (list, read, write, remove, the checks); `bucket` is the
-//! tenant's bucket and the stream requests a file is made of; `history` the versions kept apart.
+//! tenant's bucket and the stream requests a file is made of; `history` the versions kept apart;
+//! `removal` a session's whole workspace removed, and the sessions a bucket holds.
 
 mod bucket;
 mod history;
+mod removal;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -58,6 +60,7 @@ use super::{digest, human_size, Limits, SessionRef, WorkspaceError, WorkspaceSto
 use crate::bus::{Bus, BusError};
 
 pub use self::bucket::{bucket_name, BucketKind, BUCKET_PREFIX, WORKSPACE_BUCKETS};
+pub use self::removal::StoredSession;
 
 /// How many versions a read follows when the one it started on is replaced under it (a file
 /// rewritten continuously can replace a few in a row while its chunks are being read).

@@ -166,6 +166,7 @@ async fn remove_finished_thread(gateway: &Gateway, started_tenant: &str, thread:
     }
     match gateway.store.remove_session(started_tenant, thread).await {
         Ok(skein_common::store::Removal::Removed(_)) => {
+            gateway.remove_files(started_tenant, thread).await;
             if let Err(e) = gateway.store.forget_thread(started_tenant, thread).await {
                 tracing::warn!(thread, error = %e, "a stateless run's thread stays listed");
             }

@@ -373,6 +373,7 @@ pub(in crate::gateway) async fn remove(
                     format!("a run goes on in thread {id}; cancel it first"),
                 )),
                 Removal::Removed(_) => {
+                    gateway.remove_files(&principal.tenant, &id).await;
                     gateway
                         .store
                         .forget_thread(&principal.tenant, &id)
