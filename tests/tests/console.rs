@@ -31,15 +31,6 @@ async fn guarded_console(cluster: &TestCluster) -> (String, Browser) {
     (format!("http://{addr}"), Browser::start(&cluster.dir).await)
 }
 
-async fn sign_in(browser: &Browser, console: &str, key: &str) {
-    browser.goto(console).await;
-    let field = browser.wait_for("#key").await;
-    browser.type_into(&field, key).await;
-    let button = browser.wait_for("#sign-in-button").await;
-    browser.click(&button).await;
-    browser.wait_for("#views:not([hidden])").await;
-}
-
 /// Starts a run of the agent on a new thread over the Agent Protocol; its thread and run ids.
 async fn start_run(http: &reqwest::Client, base: &str, input: &str) -> (String, String) {
     let thread: Value = http
@@ -76,7 +67,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     let console = format!("{base}/console#approvals");
     let http = reqwest::Client::new();
 
-    sign_in(&browser, &console, SUBMIT_AND_APPROVE_KEY).await;
+    browser.sign_in(&console, SUBMIT_AND_APPROVE_KEY).await;
     browser.wait_for("#approvals-empty:not([hidden])").await;
     let who = browser.text(&browser.wait_for("#who").await).await;
     assert_eq!(who, "dave · acme", "the key's proven principal");
@@ -242,18 +233,7 @@ async fn an_approver_answers_a_waiting_call_in_the_console_and_the_run_finishes(
     );
 
     // No script error, and nothing was asked of anyone but the gateway.
-    let errors = browser
-        .execute("return window.consoleErrors;", json!([]))
-        .await;
-    assert_eq!(errors, json!([]));
-    assert_eq!(browser.severe_logs().await, Vec::<Value>::new());
-    let elsewhere = browser
-        .execute(
-            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith(location.origin));",
-            json!([]),
-        )
-        .await;
-    assert_eq!(elsewhere, json!([]), "every request went to the gateway");
+    browser.assert_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +261,7 @@ async fn a_key_that_may_not_approve_sees_the_calls_but_cannot_answer_and_a_wrong
     // KEY may start runs but not answer calls: it sees the waiting call, its buttons disabled.
     // The run's id is its task's.
     let (_, task) = start_run(&http, &base, "deploy-readonly").await;
-    sign_in(&browser, &console, KEY).await;
+    browser.sign_in(&console, KEY).await;
     browser.wait_for("#approvals-rows tr").await;
     let approve = browser.wait_for("#approvals-rows button.approve").await;
     assert_eq!(

@@ -246,16 +246,6 @@ async fn a_tenants_dead_letters_are_its_own_and_an_operator_replays_and_removes_
     );
 }
 
-async fn sign_in(browser: &Browser, console: &str, key: &str) {
-    browser.goto(console).await;
-    let field = browser.wait_for("#key").await;
-    browser.type_into(&field, key).await;
-    browser
-        .click(&browser.wait_for("#sign-in-button").await)
-        .await;
-    browser.wait_for("#views:not([hidden])").await;
-}
-
 /// Focuses the element `css` selects; its accessible name.
 async fn focus(browser: &Browser, css: &str) -> Value {
     browser.wait_for(css).await;
@@ -277,7 +267,7 @@ async fn an_operator_replays_a_dead_letter_in_the_console_and_its_task_ends() {
     let row = format!("#dead-letters-rows tr[data-seq='{seq}']");
 
     // A key without `operate` sees the letters, their actions disabled, and why.
-    sign_in(&browser, &console, KEY).await;
+    browser.sign_in(&console, KEY).await;
     let replay = browser.wait_for(&format!("{row} button.replay")).await;
     assert_eq!(browser.property(&replay, "disabled").await, json!(true));
     let title = browser.property(&replay, "title").await;
@@ -292,7 +282,7 @@ async fn an_operator_replays_a_dead_letter_in_the_console_and_its_task_ends() {
 
     // An operator (its view drawn anew: the actions it may take enabled): its tenant's letters
     // only; the cut one cannot be replayed.
-    sign_in(&browser, &console, OPERATOR_KEY).await;
+    browser.sign_in(&console, OPERATOR_KEY).await;
     browser
         .wait_for(&format!("{row} button.replay:not([disabled])"))
         .await;
@@ -366,9 +356,5 @@ async fn an_operator_replays_a_dead_letter_in_the_console_and_its_task_ends() {
         .expect("readable");
     assert!(left.is_none(), "the removed letter is gone");
 
-    let errors = browser
-        .execute("return window.consoleErrors;", json!([]))
-        .await;
-    assert_eq!(errors, json!([]));
-    assert_eq!(browser.severe_logs().await, Vec::<Value>::new());
+    browser.assert_clean().await;
 }

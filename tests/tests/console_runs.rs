@@ -27,16 +27,6 @@ use skein_tests::support::{eventually, unique, ChildProcess};
 /// WebDriver's Tab key.
 const TAB: &str = "\u{E004}";
 
-async fn sign_in(browser: &Browser, console: &str, key: &str) {
-    browser.goto(console).await;
-    let field = browser.wait_for("#key").await;
-    browser.type_into(&field, key).await;
-    browser
-        .click(&browser.wait_for("#sign-in-button").await)
-        .await;
-    browser.wait_for("#views:not([hidden])").await;
-}
-
 /// What the focused element is called: its id, else its accessible name, else its text.
 async fn focused(browser: &Browser) -> String {
     browser
@@ -59,21 +49,6 @@ async fn tab_through(browser: &Browser, times: usize) -> Vec<String> {
         reached.push(focused(browser).await);
     }
     reached
-}
-
-async fn no_script_error_and_nothing_from_elsewhere(browser: &Browser) {
-    let errors = browser
-        .execute("return window.consoleErrors;", json!([]))
-        .await;
-    assert_eq!(errors, json!([]));
-    assert_eq!(browser.severe_logs().await, Vec::<Value>::new());
-    let elsewhere = browser
-        .execute(
-            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith(location.origin));",
-            json!([]),
-        )
-        .await;
-    assert_eq!(elsewhere, json!([]), "every request went to the gateway");
 }
 
 /// A gateway over a lead whose planning `assistant` writes a two-step plan (the second after the
@@ -127,7 +102,9 @@ async fn a_run_started_in_the_console_shows_its_plan_and_calls_and_replays_witho
     let cluster = TestCluster::start();
     let base = planning_console(&cluster).await;
     let browser = Browser::start(&cluster.dir).await;
-    sign_in(&browser, &format!("{base}/console#runs"), OPERATOR_KEY).await;
+    browser
+        .sign_in(&format!("{base}/console#runs"), OPERATOR_KEY)
+        .await;
 
     // Started from the runs view; it appears in the list by itself.
     browser
@@ -244,7 +221,7 @@ async fn a_run_started_in_the_console_shows_its_plan_and_calls_and_replays_witho
         Some(1),
         "the effect ran once, not again on replay"
     );
-    no_script_error_and_nothing_from_elsewhere(&browser).await;
+    browser.assert_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,12 +247,9 @@ async fn a_waiting_run_is_steered_paused_and_cancelled_from_its_view_by_keyboard
     let task = started["task_id"].as_str().expect("a task id").to_owned();
 
     let browser = Browser::start(&cluster.dir).await;
-    sign_in(
-        &browser,
-        &format!("{base}/console#run/{task}"),
-        OPERATOR_KEY,
-    )
-    .await;
+    browser
+        .sign_in(&format!("{base}/console#run/{task}"), OPERATOR_KEY)
+        .await;
     browser
         .wait_for_text("#run-waiting-calls li", "slow_effect")
         .await;
@@ -333,7 +307,7 @@ async fn a_waiting_run_is_steered_paused_and_cancelled_from_its_view_by_keyboard
         None,
         "the waiting call never ran"
     );
-    no_script_error_and_nothing_from_elsewhere(&browser).await;
+    browser.assert_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

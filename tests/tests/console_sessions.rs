@@ -222,11 +222,8 @@ async fn the_console_shows_a_session_and_views_and_downloads_its_file() {
     let (base, session, task_id) = session_with_a_file(&cluster).await;
     let browser = Browser::start(&cluster.dir).await;
 
-    browser.goto(&format!("{base}/console#sessions")).await;
-    let field = browser.wait_for("#key").await;
-    browser.type_into(&field, KEY).await;
     browser
-        .click(&browser.wait_for("#sign-in-button").await)
+        .sign_in(&format!("{base}/console#sessions"), KEY)
         .await;
     let link = browser
         .wait_for(&format!("#sessions-rows tr[data-session='{session}'] a"))
@@ -314,9 +311,5 @@ async fn the_console_shows_a_session_and_views_and_downloads_its_file() {
         .await;
     assert_eq!(bytes, NOTES);
 
-    let errors = browser
-        .execute("return window.consoleErrors;", json!([]))
-        .await;
-    assert_eq!(errors, json!([]));
-    assert_eq!(browser.severe_logs().await, Vec::<Value>::new());
+    browser.assert_clean().await;
 }

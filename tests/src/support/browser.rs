@@ -190,6 +190,40 @@ impl Browser {
         }
     }
 
+    /// Opens the console at `console_url` and signs in with `key`; returns once its views show.
+    pub async fn sign_in(&self, console_url: &str, key: &str) {
+        self.goto(console_url).await;
+        let field = self.wait_for("#key").await;
+        self.type_into(&field, key).await;
+        self.click(&self.wait_for("#sign-in-button").await).await;
+        self.wait_for("#views:not([hidden])").await;
+    }
+
+    /// Asserts the page met no script error (the console keeps them in `window.consoleErrors`),
+    /// the browser logged nothing SEVERE (a failed load, a blocked request), and every resource
+    /// the page loaded came from its own origin.
+    ///
+    /// # Panics
+    /// When any of these is not so.
+    pub async fn assert_clean(&self) {
+        let errors = self
+            .execute("return window.consoleErrors;", json!([]))
+            .await;
+        assert_eq!(errors, json!([]), "script errors");
+        assert_eq!(self.severe_logs().await, Vec::<Value>::new());
+        let elsewhere = self
+            .execute(
+                "return performance.getEntriesByType('resource').map(e => e.name).filter(n => !n.startsWith(location.origin));",
+                json!([]),
+            )
+            .await;
+        assert_eq!(
+            elsewhere,
+            json!([]),
+            "every request went to the page's origin"
+        );
+    }
+
     /// With `SKEIN_UPDATE_SCREENSHOTS` set, writes the page as it shows now to
     /// `docs/console/{name}.png` (the screenshots the README shows).
     pub async fn screenshot_for_docs(&self, name: &str) {
