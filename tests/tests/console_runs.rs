@@ -79,6 +79,23 @@ async fn planning_console(cluster: &TestCluster) -> String {
     format!("http://{addr}")
 }
 
+/// Starts a run of `assistant` with `input` through the console's API as `key`'s principal; its
+/// task id and the answer (with its session).
+async fn start_run(base: &str, key: &str, input: &str) -> (String, Value) {
+    let started: Value = reqwest::Client::new()
+        .post(format!("{base}/console/api/runs"))
+        .bearer_auth(key)
+        .json(&json!({ "agent": "assistant", "input": input }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("a run");
+    let task = started["task_id"].as_str().expect("a task id").to_owned();
+    (task, started)
+}
+
 /// The calls table's row for `tool`: (worker, took, attempts, outcome).
 async fn call_row(browser: &Browser, tool: &str) -> (String, String, String, String) {
     browser
@@ -233,18 +250,7 @@ async fn a_waiting_run_is_steered_paused_and_cancelled_from_its_view_by_keyboard
         { "answer": "observed: {{observations}}" }
     ] }]));
     let base = format!("http://{}", guarded_gateway(&cluster, &script).await);
-    let http = reqwest::Client::new();
-    let started: Value = http
-        .post(format!("{base}/console/api/runs"))
-        .bearer_auth(SUBMIT_AND_APPROVE_KEY)
-        .json(&json!({ "agent": "assistant", "input": "guarded-change" }))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("a run");
-    let task = started["task_id"].as_str().expect("a task id").to_owned();
+    let (task, started) = start_run(&base, SUBMIT_AND_APPROVE_KEY, "guarded-change").await;
 
     let browser = Browser::start(&cluster.dir).await;
     browser
@@ -359,17 +365,7 @@ async fn the_run_api_takes_each_action_only_from_a_key_with_its_role() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.to_string().contains("input"), "{body}");
 
-    let started: Value = post(
-        "/console/api/runs".into(),
-        SUBMIT_AND_APPROVE_KEY,
-        json!({ "agent": "assistant", "input": "api-change" }),
-    )
-    .await
-    .expect("sent")
-    .json()
-    .await
-    .expect("a run");
-    let task = started["task_id"].as_str().expect("a task id").to_owned();
+    let (task, started) = start_run(&base, SUBMIT_AND_APPROVE_KEY, "api-change").await;
     // The run shows once its turn started (it waits for a person then).
     let asked = tokio::time::Instant::now();
     let run = loop {
@@ -594,17 +590,7 @@ async fn a_traced_run_links_to_its_trace_in_jaeger() {
         start_gateway(&cluster, &["--jaeger-url", jaeger]).await
     );
     let http = reqwest::Client::new();
-    let started: Value = http
-        .post(format!("{base}/console/api/runs"))
-        .bearer_auth(OPERATOR_KEY)
-        .json(&json!({ "agent": "assistant", "input": "trace me" }))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("a run");
-    let task = started["task_id"].as_str().expect("a task id").to_owned();
+    let (task, _) = start_run(&base, OPERATOR_KEY, "trace me").await;
     let run = eventually("the traced run ended", Duration::from_secs(30), || async {
         let run: Value = http
             .get(format!("{base}/console/api/runs/{task}"))
