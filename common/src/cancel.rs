@@ -15,7 +15,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::{Bus, BusError};
+use crate::principals::{Acting, Operation, Refusal};
 use crate::subjects;
+
+/// Told of every cancel request heard and of its principal's check (a lead records it).
+pub type CancelAudit =
+    Arc<dyn Fn(&async_nats::Message, &Result<Acting, Refusal>) + Send + Sync + 'static>;
 
 type Registered = HashMap<(String, String), Vec<(u64, CancellationToken)>>;
 
@@ -142,15 +147,18 @@ impl CancelRegistry {
         }
     }
 
-    /// Listens for cancel requests until `stop`, cancelling matching work.
+    /// Listens for cancel requests until `stop`, cancelling matching work once the request's
+    /// principal is checked (see `principals`); `audit` is told of each request and its check.
     pub async fn listen(
         &self,
         bus: &Bus,
         tracker: &TaskTracker,
         stop: CancellationToken,
+        audit: Option<CancelAudit>,
     ) -> Result<(), BusError> {
         let mut requests = bus.subscribe(subjects::CANCEL_ALL).await?;
         let registry = self.clone();
+        let bus = bus.clone();
         tracker.spawn(async move {
             loop {
                 let request = tokio::select! {
@@ -158,6 +166,28 @@ impl CancelRegistry {
                     request = requests.next() => request,
                 };
                 let Some(request) = request else { break };
+                let Some(tenant) = subjects::parse_cancel(&request.subject)
+                    .map(|(tenant, _)| tenant)
+                    .or_else(|| subjects::parse_cancel_call(&request.subject).map(|(t, _, _)| t))
+                else {
+                    continue;
+                };
+                let presented = crate::principals::Presented {
+                    subject: &request.subject,
+                    headers: request.headers.as_ref(),
+                    payload: &request.payload,
+                    stored_at_ms: crate::protocol::now_ms(),
+                };
+                let checked =
+                    bus.gate()
+                        .check(presented, tenant, Operation::Cancel, "", false);
+                if let Some(audit) = &audit {
+                    audit(&request, &checked);
+                }
+                if let Err(refusal) = checked {
+                    tracing::warn!(subject = %request.subject, reason = %refusal, "cancel request refused");
+                    continue;
+                }
                 if let Some((tenant, task_id)) = subjects::parse_cancel(&request.subject) {
                     registry.remember(tenant, task_id);
                     let stopped = registry.cancel(tenant, task_id);

@@ -71,6 +71,15 @@ impl SkeinClient {
         }
     }
 
+    /// This client, its operations signed as acting for `name` with `roles` (for a delegate such
+    /// as the gateway; see `Bus::acting_for`).
+    pub fn acting_for(&self, name: &str, roles: &[crate::principals::Role]) -> Self {
+        Self {
+            payloads: self.payloads.clone(),
+            bus: self.bus.acting_for(name, roles),
+        }
+    }
+
     /// The value a reference of `tenant`'s events or results names (any of its sessions).
     pub async fn fetch_payload(
         &self,

@@ -15,6 +15,11 @@ pub const ENV_NATS_TLS_CERT: &str = "SKEIN_NATS_TLS_CERT";
 pub const ENV_NATS_TLS_KEY: &str = "SKEIN_NATS_TLS_KEY";
 pub const ENV_NATS_INBOX_PREFIX: &str = "SKEIN_NATS_INBOX_PREFIX";
 pub const ENV_STREAM_REPLICAS: &str = "SKEIN_STREAM_REPLICAS";
+pub const ENV_PRINCIPALS: &str = "SKEIN_PRINCIPALS";
+pub const ENV_REQUIRE_SIGNED: &str = "SKEIN_REQUIRE_SIGNED";
+pub const ENV_SIGNATURE_WINDOW: &str = "SKEIN_SIGNATURE_WINDOW";
+pub const ENV_PRINCIPAL_KEY: &str = "SKEIN_PRINCIPAL_KEY";
+pub const ENV_AUDIT_RETENTION: &str = "SKEIN_AUDIT_RETENTION";
 pub const ENV_REDIS_URL: &str = "SKEIN_REDIS_URL";
 pub const ENV_REDIS_PASSWORD: &str = "SKEIN_REDIS_PASSWORD";
 pub const ENV_REDIS_TLS_CA: &str = "SKEIN_REDIS_TLS_CA";
@@ -112,6 +117,24 @@ pub struct NatsConfig {
     /// existing stream with fewer is raised to it.
     #[arg(id = "stream_replicas", long = "stream-replicas", env = ENV_STREAM_REPLICAS, default_value_t = 1)]
     pub stream_replicas: usize,
+    /// The principals file (TOML): who may act on tasks, with their tenants, roles and public
+    /// nkeys (see `principals`). Read by leads and workers to check signed operations.
+    #[arg(id = "principals", long = "principals", env = ENV_PRINCIPALS)]
+    pub principals: Option<std::path::PathBuf>,
+    /// Refuse operations (submit, cancel, pause, resume, steer, approve, deny) that carry no
+    /// signature by a listed principal.
+    #[arg(id = "require_signed", long = "require-signed", env = ENV_REQUIRE_SIGNED, default_value_t = false, action = clap::ArgAction::Set)]
+    pub require_signed: bool,
+    /// How far a signature's time may lie from when the broker stored its message.
+    #[arg(id = "signature_window", long = "signature-window", env = ENV_SIGNATURE_WINDOW, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub signature_window: Duration,
+    /// This process's principal key (a user nkey seed, `SU…`; also `SKEIN_PRINCIPAL_KEY_FILE`):
+    /// it signs the operations this process publishes.
+    #[arg(id = "principal_key", long = "principal-key", env = ENV_PRINCIPAL_KEY, hide_env_values = true)]
+    pub principal_key: Option<String>,
+    /// How long the audit stream (`SKEIN_AUDIT`) keeps its records.
+    #[arg(id = "audit_retention", long = "audit-retention", env = ENV_AUDIT_RETENTION, default_value = "90days", value_parser = humantime::parse_duration)]
+    pub audit_retention: Duration,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -125,6 +148,12 @@ impl std::fmt::Debug for NatsConfig {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("stream_replicas", &self.stream_replicas)
+            .field("principals", &self.principals)
+            .field("require_signed", &self.require_signed)
+            .field(
+                "principal_key",
+                &self.principal_key.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -143,7 +172,41 @@ impl NatsConfig {
             inbox_prefix: None,
             connect_timeout: Duration::from_secs(5),
             stream_replicas: 1,
+            principals: None,
+            require_signed: false,
+            signature_window: crate::principals::DEFAULT_SIGNATURE_WINDOW,
+            principal_key: None,
+            audit_retention: DEFAULT_AUDIT_RETENTION,
         }
+    }
+
+    /// What this process checks operations against: the principals file, read, and whether a
+    /// signature is required (which needs the file).
+    pub fn gate(&self) -> Result<crate::principals::Gate, String> {
+        use crate::principals::{Gate, PrincipalBook};
+        let book = match &self.principals {
+            Some(path) => PrincipalBook::load(path)?,
+            None if self.require_signed => {
+                return Err(format!(
+                    "{ENV_REQUIRE_SIGNED} is on but no principals file is given ({ENV_PRINCIPALS})"
+                ))
+            }
+            None => PrincipalBook::default(),
+        };
+        if self.signature_window.is_zero() {
+            return Err(format!("{ENV_SIGNATURE_WINDOW} must be positive"));
+        }
+        Ok(Gate::new(book, self.require_signed, self.signature_window))
+    }
+
+    /// The key this process signs its operations with, if it has one.
+    pub fn signer(&self) -> Result<Option<crate::principals::Signer>, String> {
+        secret(self.principal_key.as_deref(), ENV_PRINCIPAL_KEY)?
+            .map(|seed| {
+                crate::principals::Signer::from_seed(&seed)
+                    .map_err(|e| format!("{ENV_PRINCIPAL_KEY}: {e}"))
+            })
+            .transpose()
     }
 
     /// Checks values clap cannot: every server address of the list, the replicas, and that TLS
@@ -172,6 +235,9 @@ impl NatsConfig {
         secret(self.token.as_deref(), ENV_NATS_TOKEN)
     }
 }
+
+/// How long the audit stream keeps its records, by default.
+pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Most replicas a JetStream stream may have.
 pub const MAX_REPLICAS: usize = 5;

@@ -24,6 +24,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod audit;
 pub mod bus;
 pub mod cancel;
 pub mod client;
@@ -31,6 +32,7 @@ pub mod config;
 pub mod dispatch;
 pub mod metrics;
 pub mod payloads;
+pub mod principals;
 pub mod protocol;
 pub mod runs;
 pub mod shutdown;

@@ -12,21 +12,27 @@
 //! from its checkpoint, where the approval gate has the answer.
 //!
 //! Answer: any lead consumes `ApprovalDecision`s from `SKEIN_APPROVALS` (work queue, so one lead
-//! records each), records them (first answer per call wins) under the request they answer — the
-//! task's own turn's, or a waiting subagent run's (`run`) — adds `--always` rules to the
-//! session, and publishes the wake. A decision for a task with no stored request, or for a call it
+//! records each), checks who answers (`admission`: the signature, tenant and `approve` role; then
+//! the approver rules of `permissions.toml` and self-approval), records them (first answer per
+//! call wins, under the verified principal) under the request they answer — the task's own
+//! turn's, or a waiting subagent run's (`run`) — adds `--always` rules to the session (the call's
+//! tool and primary argument, or the approver's own rule if it matches the call), writes the
+//! audit record, and publishes the wake. A refused decision is set aside and audited; the call
+//! keeps waiting for someone allowed. A decision for a task with no stored request, or for a call it
 //! does not wait on, is logged and dropped: there is nothing to resume.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use skein_common::agent::permissions::always_rule;
+use skein_common::agent::permissions::{always_rule_for_call, check_always_rule};
+use skein_common::audit::AuditRecord;
+use skein_common::principals::{Acting, Operation, Refusal};
 use skein_common::agent::runtime::Awaiting;
 use skein_common::bus::{Bus, BusError, Disposition, Envelope, Received};
 use skein_common::protocol::{
     approval_key, now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest,
-    TaskSubmission, PROTOCOL_VERSION,
+    PendingCall, TaskSubmission, PROTOCOL_VERSION,
 };
 use skein_common::store::approvals::Answered;
 use skein_common::subjects;
@@ -34,6 +40,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::Admission;
 use crate::by_task::{ByTask, Registered};
 use crate::server::{Lead, Settled};
 
@@ -41,6 +48,17 @@ use crate::server::{Lead, Settled};
 pub const DECISION_CONCURRENCY: usize = 8;
 /// Delay before a decision that could not be recorded (Redis away) is offered again.
 const DECISION_RETRY: Duration = Duration::from_secs(1);
+
+/// What became of a decision.
+enum Recorded {
+    /// Its answers were recorded.
+    Answered,
+    /// It answers nothing that waits (dropped, logged).
+    Nothing,
+    /// Its principal may not answer (an approver rule, self-approval, an `--always` rule that
+    /// does not match the call).
+    NotAllowed(Refusal),
+}
 
 /// A suspended turn, as the lead parks it.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,8 +283,43 @@ impl Lead {
             );
             return self.refuse(envelope, "approval", &why).await;
         }
-        let disposition = match self.record_decision(&decision).await {
-            Ok(()) => Disposition::Ack,
+        let acting = match self
+            .admit(
+                &envelope,
+                &decision.tenant,
+                &decision.task_id,
+                Operation::Approve,
+                &decision.by,
+            )
+            .await
+        {
+            Admission::Admitted(acting) => acting,
+            Admission::Refused(why) => return self.refuse(envelope, "approval", &why).await,
+            Admission::Unchecked => {
+                envelope
+                    .settle(Disposition::Retry(Some(DECISION_RETRY)))
+                    .await;
+                return;
+            }
+        };
+        let disposition = match self.record_decision(&decision, &acting).await {
+            Ok(Recorded::Answered) => {
+                let verdict = if decision.approve { "approve" } else { "deny" };
+                let record = AuditRecord::done(&acting, &decision.tenant, verdict, &decision.task_id)
+                    .with_target(decision.call_id.clone().unwrap_or_default())
+                    .with_reason(decision.reason.clone());
+                self.bus
+                    .audit(&record, &envelope.stream_sequence().to_string())
+                    .await;
+                Disposition::Ack
+            }
+            Ok(Recorded::Nothing) => Disposition::Ack,
+            Ok(Recorded::NotAllowed(refusal)) => {
+                let action = if decision.approve { "approve" } else { "deny" };
+                self.refused(&envelope, &refusal, &decision.tenant, action, &decision.task_id)
+                    .await;
+                return self.refuse(envelope, "approval", &refusal.reason).await;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "approval decision not recorded; retrying");
                 Disposition::Retry(Some(DECISION_RETRY))
@@ -278,29 +331,59 @@ impl Lead {
     async fn record_decision(
         &self,
         decision: &ApprovalDecision,
-    ) -> Result<(), skein_common::store::StoreError> {
+        acting: &Acting,
+    ) -> Result<Recorded, skein_common::store::StoreError> {
         let (tenant, task_id) = (decision.tenant.as_str(), decision.task_id.as_str());
         let key = approval_key(task_id, decision.run.as_deref());
         let Some(request) = self.store.approval_request(tenant, &key).await? else {
             tracing::warn!(%tenant, %key, "approval decision for a task or run that waits for none; dropped");
-            return Ok(());
+            return Ok(Recorded::Nothing);
         };
+        let answered: Vec<&PendingCall> = request
+            .calls
+            .iter()
+            .filter(|c| decision.call_id.as_ref().is_none_or(|id| *id == c.call_id))
+            .collect();
+        // Who may answer: the approver rules and self-approval. An unsigned claim (allowed
+        // where signatures are not required) has no roles, so only rules naming it admit it.
+        let approvers = self.agents.approvers();
+        for call in &answered {
+            if let Err(reason) = approvers.may_answer(
+                tenant,
+                &acting.principal,
+                &request.user,
+                &call.tool,
+                &call.arguments,
+            ) {
+                return Ok(Recorded::NotAllowed(Refusal {
+                    reason,
+                    principal: Some(acting.name().to_owned()),
+                }));
+            }
+        }
         if decision.approve && decision.always {
-            let tools = request
-                .calls
-                .iter()
-                .filter(|c| decision.call_id.as_ref().is_none_or(|id| *id == c.call_id))
-                .map(|c| c.tool.as_str());
-            for tool in tools {
+            for call in &answered {
+                let rule = match &decision.always_rule {
+                    Some(text) => match check_always_rule(text, &call.tool, &call.arguments) {
+                        Ok(rule) => rule,
+                        Err(reason) => {
+                            return Ok(Recorded::NotAllowed(Refusal {
+                                reason,
+                                principal: Some(acting.name().to_owned()),
+                            }))
+                        }
+                    },
+                    None => always_rule_for_call(&call.tool, &call.arguments),
+                };
                 self.store
-                    .add_session_rule(tenant, &request.session, &always_rule(tool))
+                    .add_session_rule(tenant, &request.session, &rule)
                     .await?;
             }
         }
         let answer = ApprovalAnswer {
             approve: decision.approve,
             reason: decision.reason.clone(),
-            by: decision.by.clone(),
+            by: acting.name().to_owned(),
             at_ms: now_ms(),
         };
         let answered = self
@@ -309,16 +392,16 @@ impl Lead {
             .await?;
         match answered {
             Answered::Recorded(calls) => {
-                tracing::info!(%tenant, %key, call_id = ?decision.call_id, approve = decision.approve, by = %decision.by, calls, "approval decision recorded");
+                tracing::info!(%tenant, %key, call_id = ?decision.call_id, approve = decision.approve, by = %acting.name(), calls, "approval decision recorded");
             }
             Answered::NoRequest | Answered::UnknownCall => {
                 tracing::warn!(%tenant, %key, call_id = ?decision.call_id, ?answered, "approval decision matches no waiting call; dropped");
-                return Ok(());
+                return Ok(Recorded::Nothing);
             }
         }
         // A subagent run that waits looks for its answers itself; the wake tells it sooner.
         self.wake(tenant, task_id).await;
-        Ok(())
+        Ok(Recorded::Answered)
     }
 
     /// A person's message (an approval decision, a control: `kind`) that cannot be read or

@@ -2,7 +2,8 @@
 //!
 //! Record: any lead consumes `RunControl`s from `SKEIN_APPROVALS` (subject
 //! `skein.control.{tenant}.{task}`, consumer `skein-leads-control`, work queue: one lead records
-//! each), writes them to the task's controls in Redis (`store::control`) and publishes the task's
+//! each), checks who sent them (`admission`: pause and resume take the `operate` role, steer
+//! `submit` or `operate`), writes them to the task's controls in Redis (`store::control`) and publishes the task's
 //! wake (`skein.wake.{tenant}.{task}`). A control that cannot be read or belongs elsewhere is set
 //! aside; one that cannot be written (Redis away) is offered again.
 //!
@@ -22,11 +23,14 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use skein_common::agent::seams::{ControlUpdate, TurnControls};
 use skein_common::bus::{Disposition, Received};
-use skein_common::protocol::{Failure, RunControl};
+use skein_common::audit::AuditRecord;
+use skein_common::principals::Operation;
+use skein_common::protocol::{ControlAction, Failure, RunControl};
 use skein_common::store::control::Controls;
 use skein_common::store::SessionStore;
 use skein_common::subjects;
 
+use crate::admission::Admission;
 use crate::by_task::{ByTask, Registered};
 use crate::server::Lead;
 
@@ -154,6 +158,30 @@ impl Lead {
             );
             return self.refuse(envelope, "control", &why).await;
         }
+        let operation = match control.action {
+            ControlAction::Pause => Operation::Pause,
+            ControlAction::Resume => Operation::Resume,
+            ControlAction::Steer => Operation::Steer,
+        };
+        let acting = match self
+            .admit(
+                &envelope,
+                &control.tenant,
+                &control.task_id,
+                operation,
+                &control.by,
+            )
+            .await
+        {
+            Admission::Admitted(acting) => acting,
+            Admission::Refused(why) => return self.refuse(envelope, "control", &why).await,
+            Admission::Unchecked => {
+                envelope
+                    .settle(Disposition::Retry(Some(CONTROL_RETRY)))
+                    .await;
+                return;
+            }
+        };
         let recorded = self
             .store
             .record_control(
@@ -166,7 +194,16 @@ impl Lead {
             .await;
         let disposition = match recorded {
             Ok(()) => {
-                tracing::info!(tenant = %control.tenant, task_id = %control.task_id, action = control.action.as_str(), by = %control.by, "control recorded");
+                tracing::info!(tenant = %control.tenant, task_id = %control.task_id, action = control.action.as_str(), by = %acting.name(), "control recorded");
+                let record = AuditRecord::done(
+                    &acting,
+                    &control.tenant,
+                    control.action.as_str(),
+                    &control.task_id,
+                );
+                self.bus
+                    .audit(&record, &envelope.stream_sequence().to_string())
+                    .await;
                 self.wake(&control.tenant, &control.task_id).await;
                 Disposition::Ack
             }

@@ -24,6 +24,7 @@
 // The worker that `skein worker` runs in this crate is one deep future.
 #![recursion_limit = "256"]
 
+mod admission;
 pub mod approvals;
 pub mod by_task;
 pub mod cli;

@@ -326,7 +326,7 @@ pub async fn run_custom(
 
     let cancels = skein_common::cancel::CancelRegistry::default();
     cancels
-        .listen(&bus, &work.background, work.background_stop.clone())
+        .listen(&bus, &work.background, work.background_stop.clone(), None)
         .await?;
     let ctx = Arc::new(WorkerContext {
         metrics: metrics.clone(),

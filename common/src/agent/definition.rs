@@ -6,7 +6,9 @@
 //! - `subagents/*.md`: agents the main agent may spawn (also submittable by name);
 //! - `skills/*/SKILL.md`: skills (see `skills`);
 //! - `permissions.toml` (optional): permission rules for every agent of the folder, with the keys
-//!   of a `[permissions]` table at its top level.
+//!   of a `[permissions]` table at its top level, plus the folder's approver rules
+//!   (`self_approval` and `[[approvers]]`, see `permissions::ApproverPolicy`), which only this
+//!   file may hold.
 //!
 //! Each `.md` file is optional TOML front matter between `+++` lines (`name`, `description`,
 //! `model`, `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
@@ -18,7 +20,7 @@
 //! fresh cluster answers offline.
 //!
 //! Invariants: a loaded catalog holds only agents whose permission rules all compile and whose
-//! `skills` all exist; an agent's permissions are the folder's merged with its own
+//! `skills` all exist, and approver rules that all compile; an agent's permissions are the folder's merged with its own
 //! (`permissions::merge`); a task's overrides can only tighten them (`permissions::tighten`), and
 //! the tightening reaches the subagents the task may spawn; an agent's `[budget]` limits are
 //! positive, and a task's budget can only lower them.
@@ -29,7 +31,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::agent::permissions::{merge, restrict, tighten, CompiledPolicy};
+use crate::agent::permissions::{
+    merge, restrict, tighten, ApproverEntry, ApproverPolicy, CompiledPolicy,
+};
 use crate::agent::skills::SkillCatalog;
 use crate::protocol::{
     validate_token, AgentOverrides, AgentSpec, Budget, Failure, FailureKind, PermissionMode,
@@ -118,6 +122,10 @@ fn check_max_concurrency(max: Option<u32>) -> Result<(), String> {
 /// The folder-wide permission rules file at the root of an agents folder.
 pub const PERMISSIONS_FILE: &str = "permissions.toml";
 
+/// Why a front matter may not hold approver rules.
+const APPROVERS_IN_FRONT_MATTER: &str = "approver rules (self_approval, [[approvers]]) belong in \
+     the folder's permissions.toml, not in an agent's front matter";
+
 /// Deepest subagent nesting: a user's agent is depth 0, its subagents depth 1, theirs depth 2.
 pub const MAX_NESTING: u32 = 2;
 
@@ -175,10 +183,15 @@ struct FrontMatter {
     max_parallel_steps: Option<u32>,
     /// Most runs of this agent as a subagent at once across the cluster.
     max_concurrency: Option<u32>,
+    /// Read only to refuse it with [`APPROVERS_IN_FRONT_MATTER`].
+    self_approval: Option<toml::Value>,
+    /// Read only to refuse it with [`APPROVERS_IN_FRONT_MATTER`].
+    approvers: Option<toml::Value>,
 }
 
 /// A `[permissions]` table of a front matter, or the whole of `permissions.toml`: the keys of
-/// [`PermissionPolicy`], plus `approval_timeout` as a humantime string (`"10m"`).
+/// [`PermissionPolicy`], plus `approval_timeout` as a humantime string (`"10m"`), plus the approver
+/// rules that only `permissions.toml` may hold.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PermissionsTable {
@@ -191,15 +204,25 @@ struct PermissionsTable {
     deny: Vec<String>,
     approval_timeout_ms: Option<u64>,
     approval_timeout: Option<String>,
+    /// `permissions.toml` only: whether a person may answer calls of tasks they submitted.
+    self_approval: Option<bool>,
+    /// `permissions.toml` only: who may answer which calls.
+    #[serde(default)]
+    approvers: Vec<ApproverEntry>,
 }
 
 impl PermissionsTable {
-    /// The policy this table declares, once its timeout is read and every rule compiles.
+    /// The policy this table declares, once its timeout is read and every rule compiles. Approver
+    /// rules are refused: [`parse_folder_permissions`] takes them out of the one table that may
+    /// hold them before calling this.
     fn into_policy(self, path: &str) -> Result<PermissionPolicy, DefinitionError> {
         let invalid = |message: String| DefinitionError::Invalid {
             path: path.to_owned(),
             message,
         };
+        if self.self_approval.is_some() || !self.approvers.is_empty() {
+            return Err(invalid(format!("permissions: {APPROVERS_IN_FRONT_MATTER}")));
+        }
         let approval_timeout_ms = match (self.approval_timeout_ms, self.approval_timeout) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -238,6 +261,8 @@ pub struct AgentCatalog {
     skills: SkillCatalog,
     /// The `[budget]` of the agents that declare one.
     budgets: BTreeMap<String, Budget>,
+    /// Who may answer which calls (`permissions.toml`).
+    approvers: ApproverPolicy,
 }
 
 impl AgentCatalog {
@@ -288,12 +313,16 @@ impl AgentCatalog {
         }
         let skills = SkillCatalog::load_dir(&dir.join("skills"))?;
         let folder_file = dir.join(PERMISSIONS_FILE);
-        let folder_permissions = if folder_file.is_file() {
+        let folder = if folder_file.is_file() {
             parse_folder_permissions(&folder_file.display().to_string(), &read(&folder_file)?)?
         } else {
-            PermissionPolicy::default()
+            FolderPermissions::default()
         };
-        Self::assemble(main, subagents, skills, &folder_permissions)
+        let catalog = Self::assemble(main, subagents, skills, &folder.policy)?;
+        Ok(Self {
+            approvers: folder.approvers,
+            ..catalog
+        })
     }
 
     fn assemble(
@@ -347,6 +376,7 @@ impl AgentCatalog {
             agents,
             skills,
             budgets,
+            approvers: ApproverPolicy::default(),
         })
     }
 
@@ -355,6 +385,12 @@ impl AgentCatalog {
     /// a subagent's calls draw from the budget of the task that spawned it.
     pub fn budget(&self, name: &str) -> Option<&Budget> {
         self.budgets.get(name)
+    }
+
+    /// Who may answer which calls that wait for a person: the folder's `permissions.toml`
+    /// (`self_approval`, `[[approvers]]`), or the default (anyone who may approve, any call).
+    pub fn approvers(&self) -> &ApproverPolicy {
+        &self.approvers
     }
 
     /// Names of every agent, in order.
@@ -428,13 +464,33 @@ struct Shared<'a> {
     folder_permissions: &'a PermissionPolicy,
 }
 
-/// Parses `permissions.toml`: a `[permissions]` table's keys at the top level.
-fn parse_folder_permissions(path: &str, text: &str) -> Result<PermissionPolicy, DefinitionError> {
-    let table: PermissionsTable = toml::from_str(text).map_err(|e| DefinitionError::Invalid {
-        path: path.to_owned(),
-        message: format!("bad TOML: {e}"),
+/// What `permissions.toml` declares.
+#[derive(Debug, Default)]
+struct FolderPermissions {
+    /// Merged into every agent of the folder.
+    policy: PermissionPolicy,
+    approvers: ApproverPolicy,
+}
+
+/// Parses `permissions.toml`: a `[permissions]` table's keys at the top level, plus
+/// `self_approval` and `[[approvers]]`.
+fn parse_folder_permissions(path: &str, text: &str) -> Result<FolderPermissions, DefinitionError> {
+    let mut table: PermissionsTable =
+        toml::from_str(text).map_err(|e| DefinitionError::Invalid {
+            path: path.to_owned(),
+            message: format!("bad TOML: {e}"),
+        })?;
+    let entries = std::mem::take(&mut table.approvers);
+    let approvers = ApproverPolicy::compile(table.self_approval.take(), &entries).map_err(|e| {
+        DefinitionError::Invalid {
+            path: path.to_owned(),
+            message: e.to_string(),
+        }
     })?;
-    table.into_policy(path)
+    Ok(FolderPermissions {
+        policy: table.into_policy(path)?,
+        approvers,
+    })
 }
 
 /// Parses one definition file; returns the spec and its declared subagent names (if any).
@@ -508,6 +564,9 @@ fn parse(
         )));
     }
     check_max_concurrency(front.max_concurrency).map_err(invalid)?;
+    if front.self_approval.is_some() || front.approvers.is_some() {
+        return Err(invalid(APPROVERS_IN_FRONT_MATTER.into()));
+    }
     let own = front.permissions.into_policy(path)?;
     let spec = AgentSpec {
         name,
@@ -855,6 +914,109 @@ mod tests {
         folder.write(PERMISSIONS_FILE, "allow = [\"read_file\"]\nunknown = 1\n");
         let err = AgentCatalog::load_dir(&folder.0).expect_err("unknown key");
         assert!(err.to_string().contains(PERMISSIONS_FILE), "{err}");
+    }
+
+    #[test]
+    fn folder_approver_rules_load_into_the_catalog() {
+        use crate::principals::{Principal, Role};
+
+        let bundled = AgentCatalog::bundled().expect("bundled workspace is valid");
+        assert!(bundled.approvers().self_approval());
+        assert!(bundled.approvers().rules().is_empty());
+
+        let folder = TempFolder::new("approvers");
+        folder.write("AGENTS.md", "You lead.");
+        let plain = AgentCatalog::load_dir(&folder.0).expect("folder without permissions.toml");
+        assert!(plain.approvers().self_approval());
+        assert!(plain.approvers().rules().is_empty());
+
+        folder.write(
+            PERMISSIONS_FILE,
+            "allow = [\"read_file\"]\nself_approval = false\n\n\
+             [[approvers]]\ncalls = \"shell(rm *)\"\nby = [\"olga\", \"role:operate\"]\n\
+             tenant = \"acme\"\n\n\
+             [[approvers]]\ncalls = \"*\"\nby = [\"role:approve\"]\n",
+        );
+        let catalog = AgentCatalog::load_dir(&folder.0).expect("folder loads");
+        let approvers = catalog.approvers();
+        assert!(!approvers.self_approval());
+        let rules = approvers.rules();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0].calls().text(), "shell(rm *)");
+        assert_eq!(rules[0].tenant(), Some("acme"));
+        assert_eq!(rules[1].tenant(), None);
+        let lead = catalog.resolve("assistant", None).expect("main agent");
+        assert_eq!(
+            lead.permissions.allow,
+            ["read_file"],
+            "the policy keys still apply"
+        );
+
+        let bob = Principal {
+            name: "bob".into(),
+            tenant: "acme".into(),
+            roles: vec![Role::Approve],
+        };
+        let rm = serde_json::json!({"command": "rm -rf build"});
+        let refused = approvers
+            .may_answer("acme", &bob, "sam", "shell", &rm)
+            .expect_err("rule 1 wants olga or an operator");
+        assert!(refused.contains("approver rule 1"), "{refused}");
+        assert_eq!(
+            approvers.may_answer("globex", &bob, "sam", "shell", &rm),
+            Ok(())
+        );
+        let own = approvers
+            .may_answer("globex", &bob, "bob", "shell", &rm)
+            .expect_err("self_approval = false");
+        assert!(own.contains("self_approval = false"), "{own}");
+    }
+
+    #[test]
+    fn a_bad_approver_rule_names_permissions_toml_and_its_number() {
+        let folder = TempFolder::new("approvers-bad");
+        folder.write("AGENTS.md", "You lead.");
+        for (bad, needle) in [
+            ("calls = \"shell(\"\nby = [\"olga\"]", "\"shell(\""),
+            ("calls = \"shell\"\nby = []", "by is empty"),
+            ("calls = \"shell\"\nby = [\"role:root\"]", "\"role:root\""),
+            (
+                "calls = \"shell\"\nby = [\"olga\"]\ntenant = \"a b\"",
+                "tenant",
+            ),
+            ("calls = \"shell\"\nby = [\"olga\"]\nwho = 1", "who"),
+        ] {
+            let text = format!(
+                "[[approvers]]\ncalls = \"*\"\nby = [\"role:approve\"]\n\n[[approvers]]\n{bad}\n"
+            );
+            folder.write(PERMISSIONS_FILE, &text);
+            let message = AgentCatalog::load_dir(&folder.0)
+                .expect_err(bad)
+                .to_string();
+            assert!(message.contains(PERMISSIONS_FILE), "{message}");
+            assert!(message.contains(needle), "{message}");
+            if needle != "who" {
+                assert!(message.contains("approver rule 2"), "{message}");
+            }
+        }
+    }
+
+    #[test]
+    fn approver_rules_in_a_front_matter_are_refused() {
+        for text in [
+            "+++\n[permissions]\nself_approval = false\n+++\nhi",
+            "+++\n[[permissions.approvers]]\ncalls = \"*\"\nby = [\"olga\"]\n+++\nhi",
+            "+++\nself_approval = false\n+++\nhi",
+            "+++\n[[approvers]]\ncalls = \"*\"\nby = [\"olga\"]\n+++\nhi",
+        ] {
+            let err = parse_alone("x/eager.md", text, &no_skills()).expect_err(text);
+            let message = err.to_string();
+            assert!(message.contains("x/eager.md"), "{message}");
+            assert!(
+                message.contains("belong in the folder's permissions.toml"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -114,6 +114,50 @@ impl Envelope {
         delivered_once && !self.is_replayed()
     }
 
+    /// The message as the principals gate checks it: subject, headers, payload, and when the
+    /// broker stored it.
+    pub fn presented(&self) -> crate::principals::Presented<'_> {
+        let stored_at_ms = self
+            .message
+            .info()
+            .ok()
+            .and_then(|i| u64::try_from(i.published.unix_timestamp_nanos() / 1_000_000).ok())
+            .unwrap_or_else(crate::protocol::now_ms);
+        crate::principals::Presented {
+            subject: &self.message.subject,
+            headers: self.message.headers.as_ref(),
+            payload: &self.message.payload,
+            stored_at_ms,
+        }
+    }
+
+    /// Who performs `operation` on `tenant`'s task through this message, checked against the
+    /// process's principals (see [`crate::principals::Gate::check`]).
+    pub fn acting(
+        &self,
+        tenant: &str,
+        operation: crate::principals::Operation,
+        claimed: &str,
+    ) -> Result<crate::principals::Acting, crate::principals::Refusal> {
+        let gate = self.bus.gate();
+        let signed = self
+            .message
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(crate::principals::HEADER_PRINCIPAL).is_some());
+        if !signed && !gate.is_required() {
+            // The common case off a signing cluster: nothing to look at.
+            return Ok(crate::principals::Acting::claimed(claimed, tenant));
+        }
+        gate.check(
+            self.presented(),
+            tenant,
+            operation,
+            claimed,
+            self.is_replayed(),
+        )
+    }
+
     /// True for a dead letter published again by `skein dlq replay`.
     pub fn is_replayed(&self) -> bool {
         self.message

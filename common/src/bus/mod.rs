@@ -48,6 +48,7 @@ pub use submissions::QueuedSubmission;
 pub use tls::check_client_certificate;
 
 use crate::config::NatsConfig;
+use crate::principals::{Gate, Role, Signer};
 use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
 use crate::subjects;
 
@@ -172,6 +173,18 @@ pub struct Bus {
     disconnects: tokio::sync::watch::Receiver<u64>,
     /// Replicas of the streams this process creates (and raises existing ones to).
     stream_replicas: usize,
+    /// How long the audit stream keeps its records.
+    audit_retention: Duration,
+    /// Who may act: what operations this process receives are checked against.
+    gate: std::sync::Arc<Gate>,
+    /// The key this process signs its operations with, and whom it acts for (a delegate).
+    signing: Option<std::sync::Arc<Signing>>,
+}
+
+/// How a process signs the operations it publishes.
+struct Signing {
+    signer: std::sync::Arc<Signer>,
+    on_behalf: Option<(String, Vec<Role>)>,
 }
 
 impl Bus {
@@ -195,6 +208,8 @@ impl Bus {
                 }
                 futures::future::ready(())
             });
+        let gate = cfg.gate().map_err(BusError::Config)?;
+        let signer = cfg.signer().map_err(BusError::Config)?;
         let password = cfg.password().map_err(BusError::Config)?;
         if let (Some(user), Some(password)) = (&cfg.user, password) {
             options = options.user_and_password(user.clone(), password);
@@ -235,7 +250,68 @@ impl Bus {
             max_payload: max_payload.min(server_cap.max(1)),
             disconnects,
             stream_replicas: cfg.stream_replicas.max(1),
+            audit_retention: cfg.audit_retention,
+            gate: std::sync::Arc::new(gate),
+            signing: signer.map(|signer| {
+                std::sync::Arc::new(Signing {
+                    signer: std::sync::Arc::new(signer),
+                    on_behalf: None,
+                })
+            }),
         })
+    }
+
+    /// What operations this process receives are checked against.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// The principal this process's key is listed as, if it has a key the principals file lists.
+    pub fn own_principal(&self) -> Option<&crate::principals::Principal> {
+        let signing = self.signing.as_ref()?;
+        self.gate.book().get(&signing.signer.public_key())
+    }
+
+    /// Whether this process signs the operations it publishes.
+    pub fn signs(&self) -> bool {
+        self.signing.is_some()
+    }
+
+    /// This connection, signing with `signer` from now on.
+    pub fn with_signer(mut self, signer: Signer) -> Self {
+        self.signing = Some(std::sync::Arc::new(Signing {
+            signer: std::sync::Arc::new(signer),
+            on_behalf: None,
+        }));
+        self
+    }
+
+    /// This connection, with its operations signed as acting for `name` with `roles` (a
+    /// delegate, the gateway, acting for a caller it proved). Without a key it is unchanged.
+    pub fn acting_for(&self, name: &str, roles: &[Role]) -> Self {
+        let mut bus = self.clone();
+        if let Some(signing) = &self.signing {
+            bus.signing = Some(std::sync::Arc::new(Signing {
+                signer: signing.signer.clone(),
+                on_behalf: Some((name.to_owned(), roles.to_vec())),
+            }));
+        }
+        bus
+    }
+
+    /// `headers` for an operation's message, signed when this process has a key.
+    fn signed_headers(&self, subject: &str, payload: &[u8]) -> HeaderMap {
+        let mut headers = outgoing_headers();
+        if let Some(signing) = &self.signing {
+            let on_behalf = signing
+                .on_behalf
+                .as_ref()
+                .map(|(name, roles)| (name.as_str(), roles.as_slice()));
+            signing
+                .signer
+                .sign(&mut headers, subject, payload, on_behalf);
+        }
+        headers
     }
 
     /// Replicas of the streams this process creates (`SKEIN_STREAM_REPLICAS`).
@@ -316,11 +392,11 @@ impl Bus {
 
     /// Publishes a task submission durably; resubmitting the same `task_id` is a no-op.
     pub async fn submit(&self, submission: &TaskSubmission) -> Result<Stored, BusError> {
-        let mut headers = outgoing_headers();
-        let id = submission_id(&submission.tenant, &submission.task_id);
-        headers.insert(NATS_MESSAGE_ID, id.as_str());
         let payload = self.encode(submission)?;
         let subject = subjects::submit(&submission.tenant, &submission.session);
+        let mut headers = self.signed_headers(&subject, &payload);
+        let id = submission_id(&submission.tenant, &submission.task_id);
+        headers.insert(NATS_MESSAGE_ID, id.as_str());
         self.publish_traced(subject, headers, payload, &submission.task_id)
             .await
     }
@@ -355,8 +431,8 @@ impl Bus {
             Some(call) => subjects::cancel_call(&request.tenant, &request.task_id, call),
             None => subjects::cancel(&request.tenant, &request.task_id),
         };
-        self.publish_durable(subject, outgoing_headers(), payload)
-            .await
+        let headers = self.signed_headers(&subject, &payload);
+        self.publish_durable(subject, headers, payload).await
     }
 
     /// Publishes an answer to a task's approval requests (durably: any lead records it, also one
@@ -366,12 +442,9 @@ impl Bus {
         decision: &crate::protocol::ApprovalDecision,
     ) -> Result<(), BusError> {
         let payload = self.encode(decision)?;
-        self.publish_durable(
-            subjects::approval(&decision.tenant, &decision.task_id),
-            outgoing_headers(),
-            payload,
-        )
-        .await
+        let subject = subjects::approval(&decision.tenant, &decision.task_id);
+        let headers = self.signed_headers(&subject, &payload);
+        self.publish_durable(subject, headers, payload).await
     }
 
     /// Publishes a pause, resume or steer of a task durably (`SKEIN_APPROVALS`).
@@ -380,12 +453,9 @@ impl Bus {
         control: &crate::protocol::RunControl,
     ) -> Result<(), BusError> {
         let payload = self.encode(control)?;
-        self.publish_durable(
-            subjects::control(&control.tenant, &control.task_id),
-            outgoing_headers(),
-            payload,
-        )
-        .await
+        let subject = subjects::control(&control.tenant, &control.task_id);
+        let headers = self.signed_headers(&subject, &payload);
+        self.publish_durable(subject, headers, payload).await
     }
 
     /// A handle on stream `name` without asking the server for its info (one request less); a
@@ -405,11 +475,32 @@ impl Bus {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         let stream = self.stream_no_info(subjects::CANCEL_STREAM).await?;
         let stream_error = |message: String| stream_error(subjects::CANCEL_STREAM, message);
-        match stream
-            .get_last_raw_message_by_subject(&subjects::cancel(tenant, task_id))
-            .await
-        {
-            Ok(_) => Ok(true),
+        let subject = subjects::cancel(tenant, task_id);
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => {
+                let stored_at_ms =
+                    u64::try_from(message.time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+                let presented = crate::principals::Presented {
+                    subject: &subject,
+                    headers: Some(&message.headers),
+                    payload: &message.payload,
+                    stored_at_ms,
+                };
+                let checked = self.gate.check(
+                    presented,
+                    tenant,
+                    crate::principals::Operation::Cancel,
+                    "",
+                    false,
+                );
+                match checked {
+                    Ok(_) => Ok(true),
+                    Err(refusal) => {
+                        tracing::warn!(%tenant, %task_id, reason = %refusal, "stored cancel request refused");
+                        Ok(false)
+                    }
+                }
+            }
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
             Err(e) => Err(stream_error(e.to_string())),
         }
@@ -496,7 +587,7 @@ impl Bus {
         published
     }
 
-    async fn publish_durable(
+    pub(crate) async fn publish_durable(
         &self,
         subject: String,
         headers: HeaderMap,
@@ -672,7 +763,7 @@ pub(super) fn message_id(message: &async_nats::Message) -> Option<String> {
 }
 
 /// A failure reading stream `stream`.
-fn stream_error(stream: &str, message: String) -> BusError {
+pub(crate) fn stream_error(stream: &str, message: String) -> BusError {
     BusError::Stream {
         stream: stream.into(),
         message,

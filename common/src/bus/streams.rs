@@ -74,6 +74,15 @@ impl Bus {
                 ..Default::default()
             },
             stream::Config {
+                name: crate::audit::AUDIT_STREAM.into(),
+                subjects: vec![crate::audit::AUDIT_ALL.into()],
+                retention: stream::RetentionPolicy::Limits,
+                max_age: self.audit_retention,
+                duplicate_window: Duration::from_secs(120),
+                num_replicas: replicas,
+                ..Default::default()
+            },
+            stream::Config {
                 name: subjects::EVENTS_STREAM.into(),
                 subjects: vec![subjects::EVENTS_ALL.into()],
                 retention: stream::RetentionPolicy::Limits,

@@ -128,14 +128,20 @@ pub struct ApprovalDecision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
     pub approve: bool,
-    /// With `approve`: also approve every later call of the same tool for the rest of the
-    /// session (a deny rule still refuses it).
+    /// With `approve`: also approve the later calls of the session like the approved one — the
+    /// same tool with the same primary argument, or what `always_rule` allows (a deny rule still
+    /// refuses them).
     #[serde(default)]
     pub always: bool,
+    /// With `always`: the rule (`tool(glob)`) later calls are approved by; it must match the
+    /// approved call. Absent: the approved call's tool and primary argument, exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub always_rule: Option<String>,
     /// Why, shown to the model when the call is denied.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
-    /// Who decided (for the audit trail).
+    /// Who decided, as the publisher claims it; a signed decision is recorded under its
+    /// verified principal instead (see `principals`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub by: String,
 }

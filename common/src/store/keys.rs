@@ -27,6 +27,7 @@
 //! | `skein:threads:{t}` | sorted set thread id → creation (ms) | the tenant's threads, for search (an id whose record expired is dropped when met) |
 //! | `skein:approvals:{t}` | hash task_id → `ApprovalRequest` | the tenant's suspended turns (see `approvals`) |
 //! | `skein:answers:{t}:{task}` | hash call_id → `ApprovalAnswer` | answers to a suspended turn's calls |
+//! | `skein:nonce:{t}:{key}:{nonce}` | string | a signature nonce of principal key `key` seen in an operation on tenant `t`'s tasks, so its replay is refused (expires after twice the signature window) |
 //! | `skein:workers` | hash worker_id → `WorkerAnnouncement` | the live worker registry |
 //! | `skein:workspace-sweep` | string | the lead that claimed the latest sweep of expired sessions' workspaces (expires after the sweep interval, so one lead sweeps per interval) |
 //! | `skein:model:{m}:slots` | sorted set `tenant\|holder` → lease expiry (ms) | the model calls in flight on model `m`, across every process (see `store::traffic`); a holder that stops renewing is dropped once its lease expires |
@@ -51,6 +52,11 @@ pub fn session(tenant: &str, session: &str) -> String {
 /// The session's history, one message per element.
 pub fn history(tenant: &str, session: &str) -> String {
     format!("{}:history", tag(tenant, session))
+}
+
+/// A signature nonce seen from principal key `key` (see `store::nonces`).
+pub fn nonce(tenant: &str, key: &str, nonce: &str) -> String {
+    format!("skein:nonce:{{{tenant}}}:{key}:{nonce}")
 }
 
 /// The requests of gateway key `key_id` in minute `window` since the Unix epoch.

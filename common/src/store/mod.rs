@@ -24,6 +24,7 @@ mod connection;
 pub mod control;
 pub mod history;
 pub mod keys;
+mod nonces;
 mod lease;
 pub mod rate;
 pub mod responses;

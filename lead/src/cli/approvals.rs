@@ -56,9 +56,14 @@ pub struct ApproveArgs {
     /// Answer this call only; every waiting call of the task when unset.
     #[arg(long = "call", value_name = "CALL_ID")]
     pub call_id: Option<String>,
-    /// Also allow the approved tools for the rest of the session, without asking again.
+    /// Also allow the session's later calls like this one (the same tool with the same primary
+    /// argument: path, URL, command…) without asking again.
     #[arg(long)]
     pub always: bool,
+    /// With --always: allow the later calls this rule matches instead (`tool(glob)`, such as
+    /// `shell(git *)`); it must match the approved call.
+    #[arg(long, value_name = "RULE")]
+    pub always_rule: Option<String>,
     /// Who decides, for the audit trail; `$USER` when unset.
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
@@ -136,6 +141,7 @@ pub enum ApprovalError {
 struct Answer {
     approve: bool,
     always: bool,
+    always_rule: Option<String>,
     reason: String,
 }
 
@@ -189,7 +195,8 @@ pub async fn approve(args: ApproveArgs) -> ExitCode {
         by: args.by,
         answer: Answer {
             approve: true,
-            always: args.always,
+            always: args.always || args.always_rule.is_some(),
+            always_rule: args.always_rule,
             reason: String::new(),
         },
     };
@@ -208,6 +215,7 @@ pub async fn deny(args: DenyArgs) -> ExitCode {
         answer: Answer {
             approve: false,
             always: false,
+            always_rule: None,
             reason: args.reason.unwrap_or_default(),
         },
     };
@@ -263,6 +271,7 @@ impl Answering {
             run: request.run.clone(),
             approve: self.answer.approve,
             always: self.answer.always,
+            always_rule: self.answer.always_rule.clone(),
             reason: self.answer.reason.clone(),
             by: decider(
                 self.by.as_deref(),
@@ -729,6 +738,7 @@ mod tests {
         let approve = Answer {
             approve: true,
             always: false,
+            always_rule: None,
             reason: String::new(),
         };
         let first = [&request.calls[0]];
@@ -746,6 +756,7 @@ mod tests {
         let deny = Answer {
             approve: false,
             always: false,
+            always_rule: None,
             reason: "no".into(),
         };
         assert_eq!(

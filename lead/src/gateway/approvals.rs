@@ -217,7 +217,7 @@ pub(crate) async fn answer(
     let mut answered = 0;
     for (decision, calls) in decisions {
         gateway
-            .client
+            .client_for(&principal)
             .bus()
             .publish_decision(&decision)
             .await
@@ -241,6 +241,7 @@ fn decision(
         run: request.run.clone(),
         approve: verdict.approve,
         always: false,
+        always_rule: None,
         reason: verdict.reason.clone(),
         by: principal.name.clone(),
     }

@@ -19,17 +19,8 @@ use std::path::Path;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// What a key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Start runs and read them.
-    Submit,
-    /// Answer calls that wait for a person.
-    Approve,
-    /// Operate: cancel, pause, dead letters.
-    Operate,
-}
+/// What a key may do (a gateway key never has `delegate`: that is the gateway's own role).
+pub use skein_common::principals::Role;
 
 /// The caller a key proves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +86,11 @@ impl Keys {
                 .map_err(|f| format!("{which}: {}", f.message))?;
             if entry.principal.trim().is_empty() {
                 return Err(format!("{which}: principal is empty"));
+            }
+            if entry.roles.contains(&Role::Delegate) {
+                return Err(format!(
+                    "{which}: delegate is the gateway's own role (in the principals file), not a key's"
+                ));
             }
             let principal = Principal {
                 tenant: entry.tenant,

@@ -122,6 +122,20 @@ pub enum GatewayError {
     },
 }
 
+impl Gateway {
+    /// The client that publishes operations for `principal`: signed by the gateway's own key
+    /// (`SKEIN_PRINCIPAL_KEY`, a principal with the `delegate` role) as acting for the caller its
+    /// key proved, so the lead records the caller, never the gateway.
+    pub(crate) fn client_for(&self, principal: &keys::Principal) -> SkeinClient {
+        self.client.acting_for(&principal.name, &principal.roles)
+    }
+
+    /// [`Gateway::client_for`] a caller known by name, acting with `roles`.
+    pub(crate) fn client_for_name(&self, name: &str, roles: &[keys::Role]) -> SkeinClient {
+        self.client.acting_for(name, roles)
+    }
+}
+
 /// What every request handler shares.
 pub(crate) struct Gateway {
     pub client: SkeinClient,

@@ -36,9 +36,11 @@ use skein_common::agent::runtime::{Runtime, RuntimeSettings};
 use skein_common::bus::{
     Bus, BusError, ConsumerSettings, Delivery, Disposition, Envelope, Received, Slots,
 };
+use skein_common::audit::AuditRecord;
 use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
+use skein_common::principals::Operation;
 use skein_common::protocol::{Failure, FailureKind, TaskSubmission};
 use skein_common::shutdown::Workload;
 use skein_common::store::{SessionStore, StoreError};
@@ -89,7 +91,7 @@ pub(crate) struct Lead {
     pub(crate) bus: Bus,
     pub(crate) cancels: CancelRegistry,
     pub(crate) store: SessionStore,
-    agents: AgentCatalog,
+    pub(crate) agents: AgentCatalog,
     runtime: Runtime,
     listeners: Listeners,
     approvals: StoredApprovals,
@@ -272,8 +274,14 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     tracing::info!(lead_id = %instance, model = %cfg.model.provider, "lead ready");
     let (concurrency, grace) = (cfg.concurrency, cfg.process.grace);
     let cancels = CancelRegistry::default();
+    let cancel_audit = skein_common::audit::cancel_audit(bus.clone());
     cancels
-        .listen(&bus, &work.background, work.background_stop.clone())
+        .listen(
+            &bus,
+            &work.background,
+            work.background_stop.clone(),
+            Some(cancel_audit),
+        )
         .await?;
     let lead = Arc::new(Lead {
         bus,
@@ -397,10 +405,11 @@ impl Lead {
         delivery: Delivery<TaskSubmission>,
         abort: CancellationToken,
     ) {
-        let (envelope, submission) = delivery.into_parts();
+        let (envelope, mut submission) = delivery.into_parts();
         let checked = submission
             .validate(self.cfg.process.max_payload)
-            .and_then(|()| subject_matches(&envelope, &submission));
+            .and_then(|()| subject_matches(&envelope, &submission))
+            .and_then(|()| self.submitter(&envelope, &mut submission));
         if let Err(failure) = checked {
             let task_id = Some(submission.task_id.clone());
             return self.reject(envelope, task_id, failure).boxed().await;
@@ -423,6 +432,30 @@ impl Lead {
             .await;
         if freed {
             crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
+        }
+    }
+
+    /// Checks who submitted (see `principals`): a signed submission's `user` becomes its
+    /// verified principal; a refused one is recorded in the audit trail.
+    fn submitter(
+        self: &Arc<Self>,
+        envelope: &Envelope,
+        submission: &mut TaskSubmission,
+    ) -> Result<(), Failure> {
+        match envelope.acting(&submission.tenant, Operation::Submit, &submission.user) {
+            Ok(acting) => {
+                if acting.is_verified() && acting.name() != submission.user {
+                    submission.user = acting.name().to_owned();
+                }
+                Ok(())
+            }
+            Err(refusal) => {
+                let record =
+                    AuditRecord::refused(&refusal, &submission.tenant, "submit", &submission.task_id);
+                let (bus, what) = (self.bus.clone(), envelope.stream_sequence().to_string());
+                tokio::spawn(async move { bus.audit(&record, &what).await });
+                Err(Failure::new(FailureKind::Denied, refusal.reason))
+            }
         }
     }
 

@@ -18,7 +18,8 @@
 //!
 //! Layout: `rules` parses and matches rule strings (and documents their glob syntax, see
 //! [`Rule`]); `check` holds the tools' own checks; `combine` merges an agent's policy with its
-//! folder's ([`merge`]) and tightens it with a task's overrides ([`tighten`], [`restrict`]).
+//! folder's ([`merge`]) and tightens it with a task's overrides ([`tighten`], [`restrict`]);
+//! `approvers` says who may answer a call that asks ([`ApproverPolicy`]).
 
 use std::time::Duration;
 
@@ -26,15 +27,19 @@ use serde_json::Value;
 
 use crate::protocol::{PermissionMode, PermissionPolicy, ToolEffects, Verdict};
 
+mod approvers;
 mod check;
 mod combine;
 mod rules;
 
+pub use approvers::{
+    Approver, ApproverEntry, ApproverError, ApproverPolicy, ApproverRule, ROLE_PREFIX,
+};
 pub use check::{tool_check, RUNTIME_TOOLS, WORKSPACE_FILE_TOOLS};
 pub use combine::{merge, restrict, tighten};
 pub use rules::{
-    always_rule, compile_all, matches_any, primary_argument, PermissionError, Rule,
-    PRIMARY_ARGUMENT_KEYS,
+    always_rule, always_rule_for_call, check_always_rule, compile_all, matches_any,
+    primary_argument, PermissionError, Rule, PRIMARY_ARGUMENT_KEYS,
 };
 
 /// What happens to one call, and why.

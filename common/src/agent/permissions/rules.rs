@@ -145,19 +145,57 @@ pub fn primary_argument(arguments: &Value) -> Cow<'_, str> {
 /// The rule text that allows every call of `tool` (what a person's "always approve" adds): the
 /// name with its glob metacharacters escaped.
 pub fn always_rule(tool: &str) -> String {
-    let mut rule = String::with_capacity(tool.len());
-    for c in tool.chars() {
+    escape_glob(tool)
+}
+
+/// The rule text that allows the later calls of `tool` whose primary argument (see
+/// [`primary_argument`]) is the same as this call's, and no others: `tool(argument)` with the glob
+/// metacharacters of both parts escaped. An argument of only spaces keeps them, each in a class
+/// (`[ ]`), since a blank pattern does not parse; an empty one becomes `{}`, the empty
+/// alternation, which matches only the empty text.
+pub fn always_rule_for_call(tool: &str, arguments: &Value) -> String {
+    let argument = primary_argument(arguments);
+    let pattern = if argument.is_empty() {
+        "{}".to_owned()
+    } else if argument.trim().is_empty() {
+        argument.chars().map(|c| format!("[{c}]")).collect()
+    } else {
+        escape_glob(&argument)
+    };
+    format!("{}({pattern})", escape_glob(tool))
+}
+
+/// Checks a rule a person gave with their "always approve" in place of
+/// [`always_rule_for_call`]'s: it must parse and must match the call it approves. Returns the
+/// rule text to keep (trimmed), or why it is refused.
+pub fn check_always_rule(text: &str, tool: &str, arguments: &Value) -> Result<String, String> {
+    let rule = Rule::parse(text).map_err(|e| format!("the always rule does not parse: {e}"))?;
+    if !rule.matches(tool, arguments) {
+        return Err(format!(
+            "the always rule {:?} does not match the call it approves ({tool} with {:?})",
+            text.trim(),
+            crate::text::cut(&primary_argument(arguments), 200)
+        ));
+    }
+    Ok(text.trim().to_owned())
+}
+
+/// `text` as a glob that matches only itself: `? * [ ] { } ( )` each in a class of its own
+/// (`[*]`), a backslash doubled.
+fn escape_glob(text: &str) -> String {
+    let mut glob = String::with_capacity(text.len());
+    for c in text.chars() {
         match c {
             '?' | '*' | '[' | ']' | '{' | '}' | '(' | ')' => {
-                rule.push('[');
-                rule.push(c);
-                rule.push(']');
+                glob.push('[');
+                glob.push(c);
+                glob.push(']');
             }
-            '\\' => rule.push_str("\\\\"),
-            c => rule.push(c),
+            '\\' => glob.push_str("\\\\"),
+            c => glob.push(c),
         }
     }
-    rule
+    glob
 }
 
 /// Byte offset of the `(` that opens the argument pattern; a `[(]` (an escaped parenthesis in the
@@ -259,5 +297,96 @@ mod tests {
             assert!(compiled.matches(tool, &json!({"path": "x"})), "{text}");
         }
         assert!(!rule(&always_rule("odd*name")).matches("odd_other_name", &json!({})));
+    }
+
+    #[test]
+    fn always_rules_for_a_call_match_only_calls_with_its_primary_argument() {
+        let calls = [
+            ("shell", "command", "rm -rf build/*", "rm -rf build/out"),
+            ("shell", "command", "echo (a) b) (c", "echo (a) b) (x"),
+            ("write_file", "path", "notes/my file.md", "notes/my_file.md"),
+            ("read_file", "path", "a/[b]/{c,d}?.md", "a/b/c.md"),
+            ("shell", "command", "dir C:\\tmp\\*", "dir C:\\tmp\\x"),
+            (
+                "odd*name",
+                "url",
+                "https://x.test/(v1)/*",
+                "https://x.test/(v1)/y",
+            ),
+            ("with(paren)", "path", "p(1)", "p(2)"),
+        ];
+        for (tool, key, argument, neighbour) in calls {
+            let arguments = json!({ key: argument });
+            let text = always_rule_for_call(tool, &arguments);
+            let compiled = Rule::parse(&text).expect("an always rule for a call parses");
+            assert!(
+                compiled.matches(tool, &arguments),
+                "{text} matches its call"
+            );
+            assert!(
+                !compiled.matches(tool, &json!({ key: neighbour })),
+                "{text} does not match {neighbour:?}"
+            );
+            assert!(!compiled.matches("other_tool", &arguments), "{text}");
+        }
+        assert_eq!(
+            always_rule_for_call("shell", &json!({"command": "ls (a)*"})),
+            "shell(ls [(]a[)][*])"
+        );
+    }
+
+    #[test]
+    fn always_rules_for_a_call_without_a_primary_key_match_its_compact_json() {
+        let arguments = json!({"query": "a*(b)", "limit": 3, "tags": ["x/y", "{z}"]});
+        let text = always_rule_for_call("search", &arguments);
+        let compiled = Rule::parse(&text).expect("the rule for JSON arguments parses");
+        assert!(compiled.matches("search", &arguments), "{text}");
+        let other = json!({"query": "a*(b)", "limit": 4, "tags": ["x/y", "{z}"]});
+        assert!(!compiled.matches("search", &other), "{text}");
+        let wider = json!({"query": "a*(b)", "limit": 3, "tags": ["x/y", "{z}"], "more": 1});
+        assert!(!compiled.matches("search", &wider), "{text}");
+    }
+
+    #[test]
+    fn always_rules_for_a_blank_or_empty_argument_match_only_that_argument() {
+        for blank in ["", " ", "  \t"] {
+            let arguments = json!({ "command": blank });
+            let text = always_rule_for_call("shell", &arguments);
+            let compiled = Rule::parse(&text).expect("a rule for a blank argument parses");
+            assert!(compiled.matches("shell", &arguments), "{text:?}");
+            for other in ["", " ", "x", "  \t "] {
+                let expected = other == blank;
+                let call = json!({ "command": other });
+                assert_eq!(
+                    compiled.matches("shell", &call),
+                    expected,
+                    "{text:?} on {other:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_persons_own_always_rule_must_parse_and_match_the_call_it_approves() {
+        let call = json!({"command": "git push origin main"});
+        assert_eq!(
+            check_always_rule(" shell(git *) ", "shell", &call),
+            Ok("shell(git *)".to_owned())
+        );
+        assert_eq!(
+            check_always_rule("shell", "shell", &call),
+            Ok("shell".to_owned())
+        );
+        let narrow = check_always_rule("shell(git status*)", "shell", &call)
+            .expect_err("a rule that misses the call");
+        assert!(narrow.contains("does not match"), "{narrow}");
+        assert!(narrow.contains("git push origin main"), "{narrow}");
+        let other_tool =
+            check_always_rule("read_file", "shell", &call).expect_err("a rule for another tool");
+        assert!(other_tool.contains("does not match"), "{other_tool}");
+        let broken = check_always_rule("shell(git *", "shell", &call)
+            .expect_err("a rule that does not parse");
+        assert!(broken.contains("does not parse"), "{broken}");
+        assert!(broken.contains("missing the closing ')'"), "{broken}");
     }
 }

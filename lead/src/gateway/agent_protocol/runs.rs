@@ -19,7 +19,7 @@ use skein_common::store::threads::RunRecord;
 
 use super::super::approvals;
 use super::super::follow::Source;
-use super::super::keys::Principal;
+use super::super::keys::{Principal, Role};
 use super::super::request::{self, error, json_response, ApiError};
 use super::fold::Modes;
 use super::start::{start, Started};
@@ -141,7 +141,7 @@ async fn shown(gateway: &Gateway, tenant: &str, run: &RunRecord) -> Result<Value
 async fn submit(gateway: &Gateway, started: &Started) -> Result<(), ApiError> {
     if let Source::Submit(submission, _) = &started.source {
         gateway
-            .client
+            .client_for_name(&submission.user, &[Role::Submit])
             .submit(submission)
             .await
             .map_err(|e| request::unavailable("the run could not be submitted", e))?;
@@ -535,7 +535,7 @@ pub(super) async fn cancel(
                     }
                 }
                 "interrupt" | "rollback" => gateway
-                    .client
+                    .client_for(&principal)
                     .cancel(tenant, &run.task_id, &reason)
                     .await
                     .map_err(|e| request::unavailable("the cancel could not be sent", e))?,

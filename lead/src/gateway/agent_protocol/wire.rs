@@ -13,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use skein_common::store::threads::RunRecord;
 
-use super::super::keys::Principal;
+use super::super::keys::{Principal, Role};
 use crate::gateway::Gateway;
 
 /// Where a run is read (`Content-Location`) and where its output is read again (`Location`).
@@ -62,8 +62,8 @@ impl Drop for CancelOnDisconnect {
         if self.ended.load(Ordering::Relaxed) {
             return;
         }
-        let (gateway, tenant, task) = (
-            self.gateway.clone(),
+        let (client, tenant, task) = (
+            self.gateway.client_for_name(&self.by, &[Role::Submit]),
             self.tenant.clone(),
             self.task_id.clone(),
         );
@@ -72,7 +72,7 @@ impl Drop for CancelOnDisconnect {
             self.by
         );
         tokio::spawn(async move {
-            if let Err(e) = gateway.client.cancel(&tenant, &task, &reason).await {
+            if let Err(e) = client.cancel(&tenant, &task, &reason).await {
                 tracing::warn!(task, error = %e, "the run whose client left was not cancelled");
             }
         });

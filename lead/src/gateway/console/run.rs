@@ -253,7 +253,7 @@ pub(super) async fn submit(
                 },
             )?;
             gateway
-                .client
+                .client_for(&principal)
                 .submit(&submission)
                 .await
                 .map_err(|e| request::unavailable("the run could not be submitted", e))?;
@@ -312,7 +312,7 @@ pub(super) async fn action(
                         format!("cancelled in the console by {}", principal.name)
                     });
                     gateway
-                        .client
+                        .client_for(&principal)
                         .cancel(tenant, &task_id, &reason)
                         .await
                         .map_err(|e| request::unavailable("the cancel could not be sent", e))?;
@@ -398,7 +398,7 @@ async fn control(
         .validate()
         .map_err(|f| request::invalid(f.message))?;
     gateway
-        .client
+        .client_for(&principal)
         .bus()
         .publish_control(&control)
         .await
@@ -541,7 +541,7 @@ async fn replay(
         turn: record.turn,
     });
     gateway
-        .client
+        .client_for(&principal)
         .submit(&submission)
         .await
         .map_err(|e| request::unavailable("the replay could not be submitted", e))?;

@@ -165,7 +165,7 @@ async fn create_response(
     .await?;
     if record.background && !planned.stream {
         gateway
-            .client
+            .client_for(&principal)
             .submit(&planned.submission)
             .await
             .map_err(|e| request::unavailable("the run could not be submitted", e))?;
@@ -411,7 +411,7 @@ pub(super) async fn cancel(
             .map_err(|e| request::unavailable("the run's result could not be read", e))?;
         if ended.is_none() {
             gateway
-                .client
+                .client_for(&principal)
                 .cancel(
                     &principal.tenant,
                     record.task(),
