@@ -1,5 +1,16 @@
 //! The dead-letter stream: setting a message aside with why and how often it was tried, listing,
-//! replaying and removing letters.
+//! replaying and removing letters, and which tenant and task a letter belongs to.
+//!
+//! The stream is cluster-wide. A letter belongs to a tenant when what it carries says so without
+//! contradiction ([`DeadLetter::tenant`]):
+//! - a submission's subject (`skein.submit.{tenant}.{session}`) names its tenant; its body's
+//!   `tenant`, when it has one, must name the same;
+//! - a work message (`skein.tool.…`, `skein.agent.…`) names it in its body's `origin.tenant`;
+//! - any other letter, or one whose subject and body disagree, or whose body is cut or not JSON
+//!   (except a submission's, attributed by its subject), belongs to no tenant: only an operator
+//!   of every tenant sees or acts on it.
+//!
+//! Every reader that scopes letters by tenant (the console, `skein dlq`) uses this one rule.
 
 use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream::{self, stream};
@@ -54,6 +65,48 @@ impl DeadLetter {
             truncated_from: header(HEADER_TRUNCATED).and_then(|n| n.parse().ok()),
             payload: message.payload,
         }
+    }
+
+    /// The letter's body read as JSON, if it is (what [`DeadLetter::tenant`] and
+    /// [`DeadLetter::task_id`] read).
+    pub fn body(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.payload).ok()
+    }
+
+    /// What the original message was: `submit`, `tool`, `agent`, … (its subject's second word).
+    pub fn kind(&self) -> &str {
+        self.original_subject
+            .split('.')
+            .nth(1)
+            .unwrap_or_default()
+    }
+
+    /// The tenant the letter belongs to (see the module documentation), if any; `body` is
+    /// [`DeadLetter::body`], read once by the caller.
+    pub fn tenant<'a>(&'a self, body: Option<&'a serde_json::Value>) -> Option<&'a str> {
+        let tenant = match subjects::parse_submit(&self.original_subject) {
+            Some((tenant, _)) => match body.and_then(|b| b.get("tenant")) {
+                None => tenant,
+                Some(named) if named.as_str() == Some(tenant) => tenant,
+                Some(_) => return None,
+            },
+            None if matches!(self.kind(), "tool" | "agent") => {
+                body?.get("origin")?.get("tenant")?.as_str()?
+            }
+            None => return None,
+        };
+        crate::protocol::validate_token("tenant", tenant)
+            .is_ok()
+            .then_some(tenant)
+    }
+
+    /// The task the letter's body names (a submission's `task_id`, a work message's
+    /// `origin.task_id`), if it names one; `body` is [`DeadLetter::body`].
+    pub fn task_id<'a>(&self, body: Option<&'a serde_json::Value>) -> Option<&'a str> {
+        let body = body?;
+        body.get("task_id")
+            .or_else(|| body.get("origin")?.get("task_id"))?
+            .as_str()
     }
 }
 
@@ -186,6 +239,9 @@ impl Bus {
     }
 
     /// Publishes a dead letter's message again on its original subject, then removes the letter.
+    /// The message is signed when this connection has a key (a replay is an operation of whoever
+    /// replays it: the lead lets an `operate` principal of the letter's tenant replay any
+    /// operation).
     pub async fn replay_dead_letter(&self, letter: &DeadLetter) -> Result<(), BusError> {
         if let Some(size) = letter.truncated_from {
             return Err(BusError::Stream {
@@ -196,7 +252,7 @@ impl Bus {
                 ),
             });
         }
-        let mut headers = outgoing_headers();
+        let mut headers = self.signed_headers(&letter.original_subject, &letter.payload);
         let id = format!(
             "{}-replay-{}",
             letter.original_id.as_deref().unwrap_or("dlq"),
@@ -246,5 +302,70 @@ fn dlq_error(message: String) -> BusError {
     BusError::Stream {
         stream: subjects::DLQ_STREAM.into(),
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letter(subject: &str, body: &str) -> DeadLetter {
+        DeadLetter {
+            seq: 1,
+            original_subject: subject.to_owned(),
+            original_id: None,
+            reason: String::new(),
+            attempts: 1,
+            truncated_from: None,
+            payload: body.as_bytes().to_vec().into(),
+        }
+    }
+
+    #[test]
+    fn letters_belong_to_the_tenant_they_name_without_contradiction() {
+        let cases = [
+            (
+                "skein.submit.acme.s1",
+                r#"{"tenant":"acme","task_id":"t"}"#,
+                Some("acme"),
+            ),
+            ("skein.submit.acme.s1", "{ not json", Some("acme")),
+            ("skein.submit.acme.s1", r#"{"tenant":"globex"}"#, None),
+            (
+                "skein.tool.default.read_file",
+                r#"{"origin":{"tenant":"acme"}}"#,
+                Some("acme"),
+            ),
+            (
+                "skein.agent.default.helper",
+                r#"{"origin":{"tenant":"globex"}}"#,
+                Some("globex"),
+            ),
+            ("skein.tool.default.read_file", "garbage", None),
+            ("skein.tool.default.read_file", r#"{"tenant":"acme"}"#, None),
+            ("skein.result.acme.s1.t", r#"{"tenant":"acme"}"#, None),
+            (
+                "skein.tool.default.x",
+                r#"{"origin":{"tenant":"a.b"}}"#,
+                None,
+            ),
+        ];
+        for (subject, body, tenant) in cases {
+            let letter = letter(subject, body);
+            let read = letter.body();
+            assert_eq!(letter.tenant(read.as_ref()), tenant, "{subject} {body}");
+        }
+    }
+
+    #[test]
+    fn a_letter_names_its_task_from_a_submission_or_a_work_message() {
+        let submission = letter("skein.submit.acme.s1", r#"{"task_id":"t1"}"#);
+        assert_eq!(submission.task_id(submission.body().as_ref()), Some("t1"));
+        let work = letter("skein.tool.p.x", r#"{"origin":{"task_id":"t2"}}"#);
+        assert_eq!(work.task_id(work.body().as_ref()), Some("t2"));
+        let garbage = letter("skein.tool.p.x", "garbage");
+        assert_eq!(garbage.task_id(garbage.body().as_ref()), None);
+        assert_eq!(work.kind(), "tool");
+        assert_eq!(letter("nodots", "").kind(), "");
     }
 }

@@ -2,16 +2,23 @@
 //! removing one with its workspace's files (refused while a turn runs in it), the records of its
 //! ended turns, and forking a new session from one of them (history, summary, skills, and the
 //! workspace's files as they were at that point).
+//!
+//! A removal is an operation of whoever runs it (see `principal`): a tenant principal removes
+//! only its own tenant's sessions and needs the `operate` role; each removal is recorded in the
+//! audit trail (`session_remove`, the session as its target).
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
+use skein_common::principals::Role;
 use skein_common::protocol::validate_token;
 use skein_common::store::history::ForkPoint;
 use skein_common::store::SessionStore;
 use skein_common::workspace::{ObjectWorkspaces, SessionRef, WorkspaceStoreConfig};
+
+use super::principal::Caller;
 
 /// Characters of a message shown by `show`.
 const PREVIEW_CHARS: usize = 120;
@@ -67,7 +74,8 @@ pub enum SessionsAction {
     },
 }
 
-/// The workspace store a removal removes the session's files from.
+/// The workspace store a removal removes the session's files from (and the connection that
+/// says who removes it, and records the removal).
 #[derive(Debug, Args)]
 pub struct SessionFiles {
     #[command(flatten)]
@@ -268,9 +276,16 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
         }
         SessionsAction::Rm { session, workspace } => {
             validate_token("session", &session).map_err(|f| f.message)?;
+            let client = SkeinClient::connect(&workspace.nats)
+                .await
+                .map_err(|e| e.to_string())?;
+            let caller = Caller::of(client.bus())?;
+            caller.check_tenant(tenant, "remove the sessions")?;
+            caller.check_role(Role::Operate, "remove sessions")?;
+            // Found, never created: their replicas are left as they are.
             let objects = match workspace.keep_files {
                 true => None,
-                false => Some(open_workspaces(&workspace.nats).await?),
+                false => Some(ObjectWorkspaces::finder(client.bus())),
             };
             let Some(hold) = store
                 .hold_for_removal(tenant, &session)
@@ -300,19 +315,17 @@ async fn run(args: SessionsArgs) -> Result<(), String> {
             if keys == 0 && files == 0 {
                 return Err(format!("no session {session} for tenant {tenant}"));
             }
+            let record = caller
+                .record(tenant, "session_remove", "")
+                .with_target(session.as_str());
+            client
+                .bus()
+                .audit(&record, &uuid::Uuid::new_v4().simple().to_string())
+                .await;
             println!("removed session {session} ({keys} keys, {files} files)");
             Ok(())
         }
     }
-}
-
-/// The workspaces reached through `nats`, to remove files: the buckets are found, never created
-/// and their replicas left as they are.
-async fn open_workspaces(nats: &NatsConfig) -> Result<ObjectWorkspaces, String> {
-    let client = SkeinClient::connect(nats)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(ObjectWorkspaces::finder(client.bus()))
 }
 
 /// Removes every file of `session`'s workspace; how many it held.

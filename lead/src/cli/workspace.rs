@@ -8,18 +8,26 @@
 //!   replacing the file whole; the cap is checked before anything is sent;
 //! - `skein workspace rm <session> [PATH...]`: removes the files named (their earlier versions
 //!   stay for forks), or with no path the whole workspace, earlier versions included.
+//!
+//! Who runs them is checked (see `principal`): a tenant principal reaches only its own tenant's
+//! workspaces, and removing files takes the `operate` role; each removal is recorded in the audit
+//! trail (`workspace_remove`, the session and the paths as its target).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use skein_common::client::SkeinClient;
+use skein_common::bus::Bus;
 use skein_common::config::{NatsConfig, ENV_TENANT};
+use skein_common::principals::Role;
 use skein_common::workspace::objects::Expect;
 use skein_common::workspace::{
     human_size, ObjectWorkspaces, SessionRef, WorkspacePath, WorkspaceStoreConfig,
 };
 use tokio::io::AsyncReadExt;
+
+use super::principal::Caller;
 
 /// The command line does not re-read files, so it keeps no content cache.
 const NO_CACHE: usize = 0;
@@ -92,7 +100,7 @@ pub async fn workspace(args: WorkspaceArgs) -> ExitCode {
 async fn run(action: WorkspaceAction) -> Result<(), String> {
     match action {
         WorkspaceAction::Ls { target, session } => {
-            let (objects, session) = open(&target, &session).await?;
+            let (objects, session) = open(&target, &session).await?.files();
             let files = objects.list(&session).await.map_err(|e| e.describe())?;
             if files.is_empty() {
                 eprintln!("no files in session {}", session.session());
@@ -110,7 +118,7 @@ async fn run(action: WorkspaceAction) -> Result<(), String> {
             out,
         } => {
             let path = WorkspacePath::parse(&path).map_err(|e| e.to_string())?;
-            let (objects, session) = open(&target, &session).await?;
+            let (objects, session) = open(&target, &session).await?.files();
             let (content, _) = objects
                 .read(&session, &path)
                 .await
@@ -131,7 +139,7 @@ async fn run(action: WorkspaceAction) -> Result<(), String> {
             limits
                 .check_file(&path, content.len() as u64)
                 .map_err(|e| e.to_string())?;
-            let (objects, session) = open(&target, &session).await?;
+            let (objects, session) = open(&target, &session).await?.files();
             let size = content.len();
             objects
                 .write(&session, &path, content.into(), Expect::Any)
@@ -150,8 +158,24 @@ async fn run(action: WorkspaceAction) -> Result<(), String> {
             session,
             paths,
         } => {
-            let (objects, session) = open(&target, &session).await?;
-            remove(&objects, &session, &paths).await
+            let opened = open(&target, &session).await?;
+            opened
+                .caller
+                .check_role(Role::Operate, "remove workspace files")?;
+            remove(&opened.objects, &opened.session, &paths).await?;
+            let target = match paths.is_empty() {
+                true => session,
+                false => format!("{session}: {}", paths.join(", ")),
+            };
+            let record = opened
+                .caller
+                .record(opened.session.tenant(), "workspace_remove", "")
+                .with_target(target);
+            opened
+                .bus
+                .audit(&record, &uuid::Uuid::new_v4().simple().to_string())
+                .await;
+            Ok(())
         }
     }
 }
@@ -199,14 +223,37 @@ async fn remove(
     }
 }
 
-async fn open(target: &Target, session: &str) -> Result<(ObjectWorkspaces, SessionRef), String> {
+/// A session's workspace, opened by whoever runs the command.
+struct Opened {
+    objects: ObjectWorkspaces,
+    session: SessionRef,
+    bus: Bus,
+    caller: Caller,
+}
+
+impl Opened {
+    fn files(self) -> (ObjectWorkspaces, SessionRef) {
+        (self.objects, self.session)
+    }
+}
+
+/// Opens `session`'s workspace of the target's tenant, refused to a principal of another tenant.
+async fn open(target: &Target, session: &str) -> Result<Opened, String> {
     target.store.validate()?;
     let session = SessionRef::new(&target.tenant, session).map_err(|e| e.to_string())?;
     let client = SkeinClient::connect(&target.nats)
         .await
         .map_err(|e| e.to_string())?;
-    let objects = ObjectWorkspaces::new(client.bus(), &target.store, NO_CACHE);
-    Ok((objects, session))
+    let caller = Caller::of(client.bus())?;
+    caller.check_tenant(session.tenant(), "reach the workspaces")?;
+    let bus = client.bus().clone();
+    let objects = ObjectWorkspaces::new(&bus, &target.store, NO_CACHE);
+    Ok(Opened {
+        objects,
+        session,
+        bus,
+        caller,
+    })
 }
 
 /// The bytes of `file` (standard input for `-` or none), refused past `cap` bytes without

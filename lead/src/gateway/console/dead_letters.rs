@@ -2,14 +2,11 @@
 //! stream (refused, or failed on every attempt), listed and shown with any key of the tenant,
 //! replayed or removed with the `operate` role, as `skein dlq` does for the whole cluster.
 //!
-//! The stream is cluster-wide; a key sees only the letters of its own tenant. A letter belongs to
-//! a tenant when what it carries says so without contradiction:
-//! - a submission's subject (`skein.submit.{tenant}.{session}`) names its tenant; its body's
-//!   `tenant`, when it has one, must name the same;
-//! - a work message (`skein.tool.…`, `skein.agent.…`) names it in its body's `origin.tenant`;
-//! - any other letter, or one whose subject and body disagree, or whose body is cut or not JSON
-//!   (except a submission's, attributed by its subject), belongs to no tenant: no gateway key
-//!   sees or acts on it, and it stays for the operator's `skein dlq`.
+//! The stream is cluster-wide; a key sees only the letters of its own tenant, by the rule
+//! `skein_common::bus::DeadLetter::tenant` states (the one `skein dlq` scopes by too): a letter
+//! that belongs to no tenant is seen by no gateway key and stays for the operator's `skein dlq`.
+//! A replay is published as acting for the key's principal (signed by the gateway's own key, when
+//! it has one), so the lead records who replayed it.
 //!
 //! A letter of another tenant is not found (404), never refused (403), so a key learns nothing of
 //! what other tenants hold. A replay does what `skein dlq replay` does: it forgets the outcome
@@ -31,7 +28,6 @@ use axum::Router;
 use serde_json::{json, Value};
 use skein_common::bus::DeadLetter;
 use skein_common::store::ForgetError;
-use skein_common::subjects;
 use skein_common::text::cut;
 
 use super::super::keys::{Principal, Role};
@@ -61,44 +57,23 @@ struct Letter {
 
 impl Letter {
     fn new(letter: DeadLetter) -> Self {
-        let body = serde_json::from_slice(&letter.payload).ok();
+        let body = letter.body();
         Self { letter, body }
     }
 
-    /// The tenant the letter belongs to (see the module documentation), if any.
+    /// The tenant the letter belongs to (see [`DeadLetter::tenant`]), if any.
     fn tenant(&self) -> Option<&str> {
-        let body = self.body.as_ref();
-        let tenant = match subjects::parse_submit(&self.letter.original_subject) {
-            Some((tenant, _)) => match body.and_then(|b| b.get("tenant")) {
-                None => tenant,
-                Some(named) if named.as_str() == Some(tenant) => tenant,
-                Some(_) => return None,
-            },
-            None if matches!(self.kind(), "tool" | "agent") => {
-                body?.get("origin")?.get("tenant")?.as_str()?
-            }
-            None => return None,
-        };
-        skein_common::protocol::validate_token("tenant", tenant)
-            .is_ok()
-            .then_some(tenant)
+        self.letter.tenant(self.body.as_ref())
     }
 
-    /// What the original message was: `submit`, `tool`, `agent`, … (its subject's second word).
+    /// What the original message was: `submit`, `tool`, `agent`, … (see [`DeadLetter::kind`]).
     fn kind(&self) -> &str {
-        self.letter
-            .original_subject
-            .split('.')
-            .nth(1)
-            .unwrap_or_default()
+        self.letter.kind()
     }
 
-    /// The task the body names, if it names one.
+    /// The task the body names, if it names one (see [`DeadLetter::task_id`]).
     fn task_id(&self) -> Option<&str> {
-        let body = self.body.as_ref()?;
-        body.get("task_id")
-            .or_else(|| body.get("origin")?.get("task_id"))?
-            .as_str()
+        self.letter.task_id(self.body.as_ref())
     }
 
     fn summary(&self) -> Value {
@@ -221,7 +196,7 @@ async fn replay(
                     }
                 })?;
             gateway
-                .client
+                .client_for(&principal)
                 .bus()
                 .replay_dead_letter(&letter.letter)
                 .await
@@ -295,34 +270,18 @@ mod tests {
         })
     }
 
+    /// The rule itself is tested with `DeadLetter::tenant`; the console reads it through.
     #[test]
-    fn letters_belong_to_the_tenant_they_name_without_contradiction() {
+    fn the_console_attributes_letters_by_the_rule_of_the_stream() {
         let cases = [
-            (
-                "skein.submit.acme.s1",
-                r#"{"tenant":"acme","task_id":"t"}"#,
-                Some("acme"),
-            ),
             ("skein.submit.acme.s1", "{ not json", Some("acme")),
             ("skein.submit.acme.s1", r#"{"tenant":"globex"}"#, None),
-            (
-                "skein.tool.default.read_file",
-                r#"{"origin":{"tenant":"acme"}}"#,
-                Some("acme"),
-            ),
             (
                 "skein.agent.default.helper",
                 r#"{"origin":{"tenant":"globex"}}"#,
                 Some("globex"),
             ),
             ("skein.tool.default.read_file", "garbage", None),
-            ("skein.tool.default.read_file", r#"{"tenant":"acme"}"#, None),
-            ("skein.result.acme.s1.t", r#"{"tenant":"acme"}"#, None),
-            (
-                "skein.tool.default.x",
-                r#"{"origin":{"tenant":"a.b"}}"#,
-                None,
-            ),
         ];
         for (subject, body, tenant) in cases {
             assert_eq!(letter(subject, body).tenant(), tenant, "{subject} {body}");
