@@ -2,16 +2,19 @@
 //! true reason (never a retry loop, never a leaked lease, the session's later turns run), a lease
 //! planted without an expiry lapses so its session runs, a resubmitted task id cannot overwrite
 //! the answer that stands, refusals reach only the clients that sent them, dead letters and
-//! answers always fit a message. Forged internal messages and a battery of bad input are in
+//! answers always fit a message, and forged, expired, altered, unprivileged or replayed
+//! signatures run nothing. Forged internal messages and a battery of bad input are in
 //! `forged.rs`.
 
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
-use skein_common::protocol::{EventKind, FailureKind, TurnStatus};
+use skein_common::principals::Signer;
+use skein_common::protocol::{EventKind, FailureKind, TaskSubmission, TurnStatus};
 use skein_common::store::keys;
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::hostile::{last_event, letters_of, plant, publish_raw};
+use skein_tests::support::principals::{audited, client_of, hand_signed, people, refused_because};
 use skein_tests::support::{eventually, unique};
 
 /// A Redis command that corrupts what a task (session, task id) reads.
@@ -417,4 +420,126 @@ async fn an_answer_over_the_payload_cap_is_announced_by_reference() {
         Some(long.as_str()),
         "stored whole"
     );
+}
+
+/// On a cluster that requires signatures, a submission with a forged signature (a stranger's,
+/// under a listed key), an expired one (signed ten minutes before the broker stored it), one by
+/// a principal whose role may not submit, and one whose signed body was altered each end
+/// `denied` with that reason, none of them runs, and each is in the audit trail; a signed
+/// submission published again (a replay, under another message id) is answered with the answer
+/// that stands, and its turn does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_expired_altered_unprivileged_and_replayed_signatures_harm_no_one() {
+    let cluster = TestCluster::start();
+    let people = people(&cluster);
+    let principals = people.file.to_str().expect("utf-8 path").to_owned();
+    cluster
+        .start_nodes(
+            1,
+            &["--principals", &principals, "--require-signed", "true"],
+        )
+        .await;
+    let plain = client_of(&cluster, None).await;
+    let signed_at = |task: &TaskSubmission, signer: &Signer, named: &Signer, at_ms: u64| {
+        let subject = skein_common::subjects::submit(&task.tenant, &task.session);
+        let payload = serde_json::to_vec(task).expect("json");
+        let mut headers = hand_signed(signer, named, &subject, &payload, at_ms);
+        headers.insert(NATS_MESSAGE_ID, unique("msg").as_str());
+        (subject, headers, payload)
+    };
+    let now = skein_common::protocol::now_ms();
+    let stranger = Signer::generate();
+    let forged = submission("acme", &unique("s"), "forged");
+    let expired = submission("acme", &unique("s"), "expired");
+    let unprivileged = submission("acme", &unique("s"), "paul may only approve");
+    let altered = submission("acme", &unique("s"), "altered");
+    let cases = [
+        (
+            &forged,
+            signed_at(&forged, &stranger, &people.bob, now),
+            "does not verify",
+        ),
+        (
+            &expired,
+            signed_at(&expired, &people.bob, &people.bob, now - 600_000),
+            "expired",
+        ),
+        (
+            &unprivileged,
+            signed_at(&unprivileged, &people.paul, &people.paul, now),
+            "paul may not submit",
+        ),
+        (
+            &altered,
+            {
+                let (subject, headers, _) = signed_at(&altered, &people.bob, &people.bob, now);
+                let mut changed = altered.clone();
+                changed.input = "something else".into();
+                (
+                    subject,
+                    headers,
+                    serde_json::to_vec(&changed).expect("json"),
+                )
+            },
+            "does not verify",
+        ),
+    ];
+    for (task, (subject, headers, payload), needle) in cases {
+        skein_tests::support::principals::publish_raw(&plain, subject, headers, payload).await;
+        let result = eventually("the refusal's answer", Duration::from_secs(30), || async {
+            match last_event(&cluster, &task.task_id).await? {
+                (_, EventKind::Final { result }) => Some(result),
+                _ => None,
+            }
+        })
+        .await;
+        let failure = result.failure.clone().expect("a failure");
+        assert_eq!(failure.kind, FailureKind::Denied, "{result:?}");
+        assert!(
+            failure.message.contains(needle),
+            "{needle}: {}",
+            failure.message
+        );
+        audited(&plain, task, needle, refused_because(needle)).await;
+    }
+
+    // A signed submission, then the same signed message again under another message id.
+    let bob = client_of(&cluster, Some(&people.bob)).await;
+    let task = submission("acme", &unique("s"), "once");
+    let first = bob
+        .run(&task, Duration::from_secs(60), |_| {})
+        .await
+        .expect("answered");
+    assert_eq!(first.status, TurnStatus::Completed, "{first:?}");
+    let (before, _) = last_event(&cluster, &task.task_id)
+        .await
+        .expect("its final");
+    let (subject, mut headers, payload) = {
+        let subject = skein_common::subjects::submit(&task.tenant, &task.session);
+        let payload = serde_json::to_vec(&task).expect("json");
+        let mut headers = HeaderMap::new();
+        people.bob.sign(&mut headers, &subject, &payload, None);
+        (subject, headers, payload)
+    };
+    headers.insert(NATS_MESSAGE_ID, unique("replay").as_str());
+    skein_tests::support::principals::publish_raw(&plain, subject, headers, payload).await;
+    let again = eventually("the replay's answer", Duration::from_secs(30), || async {
+        match last_event(&cluster, &task.task_id).await? {
+            (seq, EventKind::Final { result }) if seq > before => Some(result),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!(
+        again.answer, first.answer,
+        "the answer that stands, not a new turn"
+    );
+    assert_eq!(again.iterations, first.iterations);
+    let turns = cluster
+        .store()
+        .await
+        .turn_records("acme", &task.session)
+        .await
+        .expect("turn records");
+    assert_eq!(turns.len(), 1, "the turn ran once: {turns:?}");
 }

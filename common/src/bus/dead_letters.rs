@@ -75,10 +75,7 @@ impl DeadLetter {
 
     /// What the original message was: `submit`, `tool`, `agent`, … (its subject's second word).
     pub fn kind(&self) -> &str {
-        self.original_subject
-            .split('.')
-            .nth(1)
-            .unwrap_or_default()
+        self.original_subject.split('.').nth(1).unwrap_or_default()
     }
 
     /// The tenant the letter belongs to (see the module documentation), if any; `body` is

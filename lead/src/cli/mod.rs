@@ -1,16 +1,21 @@
 //! The `skein` command: submit tasks and watch them, cancel, pause, resume or steer them, answer
 //! the calls that wait for approval, list live workers, print a session's plan, manage dead
 //! letters, list, fork, replay and remove sessions, list, fetch, seed and remove session
-//! workspaces, run a local cluster, or run a lead, a worker or the HTTP gateway in the foreground.
+//! workspaces, read the audit trail, make principal keys, run a local cluster, or run a lead, a
+//! worker or the HTTP gateway in the foreground. The commands that act on what tenants own are
+//! scoped by who runs them (`principal`).
 //! Also what the server binaries share: [`block_on`], [`run_lead`], [`run_gateway`] (with
 //! [`GatewayCommand`], the `skein-gateway` command line), [`run_worker`].
 
 mod approvals;
+mod audit;
 mod control;
 mod dev;
+mod keys;
 mod ops;
 mod pickup;
 mod plan;
+mod principal;
 mod replay;
 mod runs;
 mod sessions;
@@ -53,8 +58,12 @@ pub enum Command {
     Approve(Box<approvals::ApproveArgs>),
     /// Refuse a waiting call (or every waiting call) of a task or subagent run; the model is told why.
     Deny(Box<approvals::DenyArgs>),
-    /// Inspect, replay or purge dead letters.
+    /// Inspect, replay or purge dead letters (a tenant principal: its tenant's only).
     Dlq(Box<ops::DlqArgs>),
+    /// List the audit trail: who did what to which task, and what became of it.
+    Audit(Box<audit::AuditArgs>),
+    /// Make a principal's key pair: the seed for SKEIN_PRINCIPAL_KEY, and its principals entry.
+    Keys(keys::KeysArgs),
     /// Print a task's trace id and its Jaeger link.
     Trace(Box<ops::TraceArgs>),
     /// List, fetch, seed or remove the files of a session's workspace (NATS object store).
@@ -128,6 +137,8 @@ pub fn main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
             Command::Approve(args) => approvals::approve(*args).await,
             Command::Deny(args) => approvals::deny(*args).await,
             Command::Dlq(args) => ops::dlq(*args).await,
+            Command::Audit(args) => audit::audit(*args).await,
+            Command::Keys(args) => keys::keys(args).await,
             Command::Trace(args) => ops::trace(*args).await,
             Command::Workspace(args) => workspace::workspace(*args).await,
             Command::Sessions(args) => sessions::sessions(*args).await,

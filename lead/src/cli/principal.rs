@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn without_a_listed_key_the_caller_is_refused_or_unscoped() {
         let required = Caller::resolve(None, false, true, true, Some("bob")).expect_err("required");
-        assert!(required.contains("requires signed operations") && required.contains("SKEIN_PRINCIPAL_KEY"));
+        assert!(
+            required.contains("requires signed operations")
+                && required.contains("SKEIN_PRINCIPAL_KEY")
+        );
         let unlisted = Caller::resolve(None, true, true, false, None).expect_err("unlisted");
         assert!(unlisted.contains("not listed"), "{unlisted}");
         for (signs, book) in [(false, false), (false, true), (true, false)] {
@@ -174,7 +177,9 @@ mod tests {
             assert_eq!(caller.acting().proof, Proof::Claimed);
             assert_eq!(caller.tenant(), None);
             assert!(caller.sees(None) && caller.sees(Some("globex")));
-            assert!(caller.check_role(Role::Operate, "purge dead letters").is_ok());
+            assert!(caller
+                .check_role(Role::Operate, "purge dead letters")
+                .is_ok());
             assert!(caller.check_tenant("globex", "remove sessions").is_ok());
         }
     }
@@ -189,17 +194,25 @@ mod tests {
         let other = caller
             .check_tenant("globex", "remove sessions")
             .expect_err("another tenant");
-        assert!(other.contains("alice") && other.contains("globex"), "{other}");
+        assert!(
+            other.contains("alice") && other.contains("globex"),
+            "{other}"
+        );
         let role = caller
             .check_role(Role::Operate, "replay dead letters")
             .expect_err("no operate");
-        assert!(role.contains("alice") && role.contains("operate") && role.contains("submit"), "{role}");
+        assert!(
+            role.contains("alice") && role.contains("operate") && role.contains("submit"),
+            "{role}"
+        );
 
         let operator = principal(EVERY_TENANT, &[Role::Operate]);
         let caller = Caller::resolve(Some(&operator), true, true, true, None).expect("listed");
         assert_eq!(caller.tenant(), None);
         assert!(caller.sees(None) && caller.sees(Some("globex")));
-        assert!(caller.check_role(Role::Operate, "purge dead letters").is_ok());
+        assert!(caller
+            .check_role(Role::Operate, "purge dead letters")
+            .is_ok());
         assert!(caller.check_role(Role::Approve, "approve").is_err());
     }
 }

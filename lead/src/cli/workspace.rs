@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use skein_common::client::SkeinClient;
 use skein_common::bus::Bus;
+use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, ENV_TENANT};
 use skein_common::principals::Role;
 use skein_common::workspace::objects::Expect;

@@ -15,6 +15,7 @@ pub mod mcp_fixture;
 pub mod nats_cluster;
 pub mod node;
 pub mod otlp;
+pub mod principals;
 pub mod proxy;
 pub mod python_sdk;
 pub mod redis_ha;
