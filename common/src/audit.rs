@@ -16,13 +16,25 @@ use crate::principals::{Acting, Proof, Refusal};
 use crate::protocol::now_ms;
 
 /// The audit stream.
-pub const AUDIT_STREAM: &str = "SKEIN_AUDIT";
+pub use crate::subjects::AUDIT_STREAM;
 /// All its subjects.
 pub const AUDIT_ALL: &str = "skein.audit.>";
 
+/// The subject token of the records that belong to every tenant (`*`, an operator's whole purge):
+/// `~`, which no tenant token contains and which is no wildcard.
+const EVERY_TENANT_TOKEN: &str = "~";
+
+fn tenant_token(tenant: &str) -> &str {
+    if tenant == crate::principals::EVERY_TENANT {
+        EVERY_TENANT_TOKEN
+    } else {
+        tenant
+    }
+}
+
 /// Where a tenant's records of `action` go.
 pub fn subject(tenant: &str, action: &str) -> String {
-    format!("skein.audit.{tenant}.{action}")
+    format!("skein.audit.{}.{action}", tenant_token(tenant))
 }
 
 /// What became of an operation.
@@ -189,7 +201,7 @@ impl Bus {
             None => DeliverPolicy::All,
         };
         let filter_subject = match &filter.tenant {
-            Some(tenant) => format!("skein.audit.{tenant}.>"),
+            Some(tenant) => format!("skein.audit.{}.>", tenant_token(tenant)),
             None => AUDIT_ALL.to_owned(),
         };
         let consumer = stream

@@ -27,6 +27,7 @@ pub const WORK_STREAM: &str = "SKEIN_WORK";
 pub const EVENTS_STREAM: &str = "SKEIN_EVENTS";
 pub const DLQ_STREAM: &str = "SKEIN_DLQ";
 pub const CANCEL_STREAM: &str = "SKEIN_CANCEL";
+pub const AUDIT_STREAM: &str = "SKEIN_AUDIT";
 pub const LEADS_CONSUMER: &str = "skein-leads";
 pub const APPROVALS_STREAM: &str = "SKEIN_APPROVALS";
 pub const APPROVALS_CONSUMER: &str = "skein-leads-approvals";

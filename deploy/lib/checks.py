@@ -9,11 +9,14 @@
       pod a minute), the grace period outlasts SKEIN_GRACE, every pod is locked down, images are
       pinned, no secret is on a command line, pods reading an external Secret carry its hash, the
       gateways listen where their port, probes and Service say and find their keys file on the
-      mounted Secret, Ingresses lead to a Service port, DNS and egress policies work with
-      NodeLocal DNSCache, IPv6 and 100.64.0.0/10; NATS and Redis as stateful.py says, alerts and
-      dashboards as monitoring.py says. With --prod, also what production promises: replicated
-      NATS and Redis, autoscaled leads, workers and gateways, a collector in front of the tracing
-      backend, monitoring.
+      mounted Secret, a process that requires signed operations finds its principals file on a
+      mounted volume and one that signs finds its key on a mounted Secret, the settings every
+      process must share agree, Ingresses lead to a Service port, DNS and egress policies work
+      with NodeLocal DNSCache, IPv6 and 100.64.0.0/10; NATS and Redis as stateful.py says, alerts
+      and dashboards as monitoring.py says. With --prod, also what production promises: replicated
+      NATS and Redis, autoscaled leads, workers and gateways, signed operations required by leads
+      and workers and signing keys for leads and gateways (none for workers), a collector in
+      front of the tracing backend, monitoring.
 
   checks.py compose COMPOSE DOCKERFILE RENDERED_DEV
       Checks that the compose file starts the same processes as the dev overlay: the same images
@@ -59,12 +62,34 @@ BUILTIN_GROUPS = {
 }
 
 # Secrets the prod overlay expects to exist in the cluster rather than rendering them.
-EXTERNAL_SECRETS = {"skein-secrets", "skein-gateway-keys"}
+EXTERNAL_SECRETS = {"skein-secrets", "skein-gateway-keys", "skein-principals", "skein-principal-keys"}
 
 # The binaries that serve the admin server (SKEIN_ADMIN_ADDR: /metrics, /healthz, /readyz). The
 # gateway serves /healthz on its own port (SKEIN_GATEWAY_ADDR) and has no admin server.
 ADMIN_BINARIES = {"skein-lead", "skein-worker"}
 GATEWAY_BINARY = "skein-gateway"
+PROCESS_BINARIES = ADMIN_BINARIES | {GATEWAY_BINARY}
+
+# Signed operations (common/src/config.rs, NatsConfig): whether a process refuses unsigned ones,
+# the principals file it checks them against, and its own key (a seed, or the file that holds
+# one), which signs what it publishes.
+REQUIRE_SIGNED = "SKEIN_REQUIRE_SIGNED"
+PRINCIPALS = "SKEIN_PRINCIPALS"
+PRINCIPAL_KEY = "SKEIN_PRINCIPAL_KEY"
+PRINCIPAL_KEY_FILE = "SKEIN_PRINCIPAL_KEY_FILE"
+# What checks signatures (leads and workers) and what signs in production: a lead the cancels of
+# a multitask rollback, a gateway for the callers its API keys prove. Workers only check.
+CHECKING_BINARIES = ("skein-lead", "skein-worker")
+SIGNING_BINARIES = ("skein-lead", GATEWAY_BINARY)
+
+# Settings that must be the same in every process that reads them, with the default of an unset
+# one: a cluster where only some processes require signatures lets unsigned operations through
+# the others; the audit stream has one retention, whoever creates or updates it.
+SHARED_SETTINGS = {
+    REQUIRE_SIGNED: (CHECKING_BINARIES, "false"),
+    "SKEIN_SIGNATURE_WINDOW": (CHECKING_BINARIES, "5m"),
+    "SKEIN_AUDIT_RETENTION": (tuple(sorted(PROCESS_BINARIES)), "90days"),
+}
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "[::1]"}
 
 # Variables Kubernetes sets per pod, which compose has no counterpart for.
@@ -364,6 +389,7 @@ def check_container(r, w, c, volumes, problems):
         if period <= grace:
             problems.add(name, f"terminationGracePeriodSeconds {period} is not longer than SKEIN_GRACE {grace:g}s")
     binary = binary_of(c)
+    check_principals(r, name, c, env, volumes, problems)
     if env.get("SKEIN_ADMIN_ADDR") and binary in ADMIN_BINARIES:
         admin_port = int(env["SKEIN_ADMIN_ADDR"].rsplit(":", 1)[1])
         if ports.get("admin") != admin_port:
@@ -413,20 +439,73 @@ def check_gateway(r, w, c, env, ports, mounts, volumes, problems):
     if not keys:
         problems.add(name, "no SKEIN_GATEWAY_KEYS: the gateway does not start without its keys file")
         return
-    directory, _, file = keys.rpartition("/")
-    volume = volumes.get(mounts.get(directory))
-    secret = (volume or {}).get("secret")
-    if secret is None:
-        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: {directory} is not a mounted Secret")
-        return
-    items = secret.get("items")
-    if items is not None and file not in {i["path"] for i in items}:
-        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: Secret {secret['secretName']} is mounted "
-                     f"without {file} ({sorted(i['path'] for i in items)})")
-    key = next((i["key"] for i in items or [] if i["path"] == file), file)
-    rendered = r.kind("Secret").get(secret["secretName"])
-    if rendered is not None and key not in set(rendered.get("data") or {}) | set(rendered.get("stringData") or {}):
-        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: Secret {secret['secretName']} has no key {key}")
+    missing = mounted_file_problem(r, c, volumes, keys, ("Secret",))
+    if missing:
+        problems.add(name, f"SKEIN_GATEWAY_KEYS={keys}: {missing}")
+
+
+def mounted_file_problem(r, c, volumes, path, kinds):
+    """Why the file `path` is not one that container `c` reads from a mounted volume of one of
+    `kinds` (Secret, ConfigMap) that holds it, or None when it is: the deepest mount above it is
+    such a volume, projects the file (its `items`, if it lists any) and, when the object is
+    rendered here, has the key. A Secret created beforehand is taken to have it."""
+    mounts = c.get("volumeMounts") or []
+    above = [m for m in mounts if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not above:
+        return f"{path} is on no mounted volume (the image holds no such file)"
+    mount = max(above, key=lambda m: len(m["mountPath"]))
+    relative = path[len(mount["mountPath"].rstrip("/")) + 1:]
+    if mount.get("subPath"):
+        relative = "/".join(p for p in (mount["subPath"], relative) if p)
+    if not relative:
+        return f"{path} is where volume {mount['name']} is mounted: a directory, not a file"
+    volume = volumes.get(mount["name"]) or {}
+    for kind, field, name_field in (("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")):
+        source = volume.get(field)
+        if source is None:
+            continue
+        if kind not in kinds:
+            return f"{mount['mountPath']} is {kind} {source[name_field]}, not a {' or '.join(kinds)}"
+        items = source.get("items")
+        if items is not None and relative not in {i["path"] for i in items}:
+            return (f"{kind} {source[name_field]} is mounted at {mount['mountPath']} without {relative} "
+                    f"({sorted(i['path'] for i in items)})")
+        key = next((i["key"] for i in items or [] if i["path"] == relative), relative)
+        rendered = r.kind(kind).get(source[name_field])
+        data = "binaryData" if kind == "ConfigMap" else "stringData"
+        if rendered is not None and key not in set(rendered.get("data") or {}) | set(rendered.get(data) or {}):
+            return f"{kind} {source[name_field]} has no key {key}"
+        return None
+    return f"{mount['mountPath']} is not a mounted {' or '.join(kinds)}"
+
+
+def check_principals(r, name, c, env, volumes, problems):
+    """Signed operations: SKEIN_REQUIRE_SIGNED is true or false (the process refuses anything
+    else); a process that requires signatures has a principals file (SKEIN_PRINCIPALS; without one
+    it refuses to start), and the file, wherever it is set, is on a mounted Secret or ConfigMap
+    (it is read once, at start); a principal key is a seed, so it comes from a Secret: a file on
+    a mounted Secret (SKEIN_PRINCIPAL_KEY_FILE), or SKEIN_PRINCIPAL_KEY from a secretKeyRef, never
+    a value written in a manifest or config map."""
+    require = env.get(REQUIRE_SIGNED)
+    if require is not None and require not in ("true", "false"):
+        problems.add(name, f"{REQUIRE_SIGNED}={require}: say true or false")
+    principals = env.get(PRINCIPALS)
+    if require == "true" and not principals:
+        problems.add(name, f"{REQUIRE_SIGNED}=true without {PRINCIPALS}: the process refuses to start "
+                     "with no principals file to check signatures against")
+    if principals:
+        missing = mounted_file_problem(r, c, volumes, principals, ("Secret", "ConfigMap"))
+        if missing:
+            problems.add(name, f"{PRINCIPALS}={principals}: {missing}")
+    key_file = env.get(PRINCIPAL_KEY_FILE)
+    if key_file:
+        missing = mounted_file_problem(r, c, volumes, key_file, ("Secret",))
+        if missing:
+            problems.add(name, f"{PRINCIPAL_KEY_FILE}={key_file}: {missing}")
+    key = env.get(PRINCIPAL_KEY)
+    if PRINCIPAL_KEY in env and not (key or "").startswith("<secret "):
+        problems.add(name, f"{PRINCIPAL_KEY} is not from a Secret: a principal key is a seed; mount it "
+                     f"from a Secret and name the file in {PRINCIPAL_KEY_FILE}")
 
 
 def check_workspace_mode(r, name, env, mounts, volumes, problems):
@@ -685,11 +764,54 @@ def check_outside(np, blocks, problems):
                 problems.add(where(np), f"egress to {block['cidr']} does not leave out {private}")
 
 
+def skein_containers(r):
+    """(workload, container, binary, environment) of every container that runs a Skein process."""
+    for w in r.workloads():
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if binary_of(c) in PROCESS_BINARIES:
+                yield w, c, binary_of(c), r.container_env(c)
+
+
+def check_shared_settings(r, problems):
+    """The settings of SHARED_SETTINGS have one value in every process that reads them."""
+    for variable, (binaries, default) in SHARED_SETTINGS.items():
+        values = {}
+        for w, c, binary, env in skein_containers(r):
+            if binary in binaries:
+                values.setdefault(env.get(variable) or default, []).append(f"{where(w)} container {c['name']}")
+        if len(values) > 1:
+            problems.add("settings", f"{variable} differs between processes: "
+                         + "; ".join(f"{value} in {', '.join(sorted(at))}" for value, at in sorted(values.items()))
+                         + f" (set it once, in skein-common; unset means {default})")
+
+
+def check_signed_operations(r, problems):
+    """Production takes only signed operations: every lead and worker requires them and, as every
+    gateway, reads the principals file (check_principals holds it to a mounted volume); leads and
+    gateways sign with a key mounted from a Secret (SKEIN_PRINCIPAL_KEY_FILE); workers, which run
+    the tools, hold no key."""
+    for w, c, binary, env in skein_containers(r):
+        name = f"{where(w)} container {c['name']}"
+        if binary in CHECKING_BINARIES and env.get(REQUIRE_SIGNED) != "true":
+            problems.add(name, f"{REQUIRE_SIGNED} is {env.get(REQUIRE_SIGNED) or 'unset'}: production "
+                         "refuses unsigned operations (set it to true in skein-common)")
+        if not env.get(PRINCIPALS):
+            problems.add(name, f"no {PRINCIPALS}: {binary} reads the principals file in production "
+                         "(key principals.toml of the Secret skein-principals)")
+        if binary in SIGNING_BINARIES and not env.get(PRINCIPAL_KEY_FILE):
+            problems.add(name, f"no {PRINCIPAL_KEY_FILE}: {binary} signs what it publishes in production, "
+                         "with its key mounted from the Secret skein-principal-keys")
+        if binary not in SIGNING_BINARIES and (env.get(PRINCIPAL_KEY_FILE) or env.get(PRINCIPAL_KEY)):
+            problems.add(name, f"{binary} holds a principal key: it signs nothing, and a key where the "
+                         "tools run is one more place to steal it from")
+
+
 def check_prod(r, scaled, problems):
     """What the prod overlay promises beyond consistency."""
     for name in ("skein-lead", "skein-worker", GATEWAY_BINARY):
         if name not in scaled:
             problems.add("prod", f"nothing autoscales {name}")
+    check_signed_operations(r, problems)
     for w in r.kind("Deployment").values():
         for c in w["spec"]["template"]["spec"]["containers"]:
             endpoint = r.container_env(c).get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -731,6 +853,7 @@ def manifests(rendered_path, builtin_out, prod=False):
     check_selectors(r, problems)
     scaled = check_autoscalers(r, problems)
     check_network(r, problems)
+    check_shared_settings(r, problems)
     stateful.check(r, problems, prod)
     monitoring.check(r, problems, prod)
     if prod:

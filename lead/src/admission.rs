@@ -33,7 +33,11 @@ impl Lead {
         let action = operation.as_str();
         let acting = match envelope.acting(tenant, operation, claimed) {
             Ok(acting) => acting,
-            Err(refusal) => return self.refused(envelope, &refusal, tenant, action, task_id).await,
+            Err(refusal) => {
+                return self
+                    .refused(envelope, &refusal, tenant, action, task_id)
+                    .await
+            }
         };
         if let Some((key, nonce)) = &acting.nonce {
             let message = envelope.stream_sequence().to_string();
@@ -52,7 +56,9 @@ impl Lead {
                         ),
                         principal: Some(acting.name().to_owned()),
                     };
-                    return self.refused(envelope, &refusal, tenant, action, task_id).await;
+                    return self
+                        .refused(envelope, &refusal, tenant, action, task_id)
+                        .await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot check the signature's nonce; retrying");

@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use skein_common::agent::permissions::{always_rule_for_call, check_always_rule};
-use skein_common::audit::AuditRecord;
-use skein_common::principals::{Acting, Operation, Refusal};
 use skein_common::agent::runtime::Awaiting;
+use skein_common::audit::AuditRecord;
 use skein_common::bus::{Bus, BusError, Disposition, Envelope, Received};
+use skein_common::principals::{Acting, Operation, Refusal};
 use skein_common::protocol::{
     approval_key, now_ms, validate_token, ApprovalAnswer, ApprovalDecision, ApprovalRequest,
     PendingCall, TaskSubmission, PROTOCOL_VERSION,
@@ -305,9 +305,10 @@ impl Lead {
         let disposition = match self.record_decision(&decision, &acting).await {
             Ok(Recorded::Answered) => {
                 let verdict = if decision.approve { "approve" } else { "deny" };
-                let record = AuditRecord::done(&acting, &decision.tenant, verdict, &decision.task_id)
-                    .with_target(decision.call_id.clone().unwrap_or_default())
-                    .with_reason(decision.reason.clone());
+                let record =
+                    AuditRecord::done(&acting, &decision.tenant, verdict, &decision.task_id)
+                        .with_target(decision.call_id.clone().unwrap_or_default())
+                        .with_reason(decision.reason.clone());
                 self.bus
                     .audit(&record, &envelope.stream_sequence().to_string())
                     .await;
@@ -316,8 +317,14 @@ impl Lead {
             Ok(Recorded::Nothing) => Disposition::Ack,
             Ok(Recorded::NotAllowed(refusal)) => {
                 let action = if decision.approve { "approve" } else { "deny" };
-                self.refused(&envelope, &refusal, &decision.tenant, action, &decision.task_id)
-                    .await;
+                self.refused(
+                    &envelope,
+                    &refusal,
+                    &decision.tenant,
+                    action,
+                    &decision.task_id,
+                )
+                .await;
                 return self.refuse(envelope, "approval", &refusal.reason).await;
             }
             Err(e) => {

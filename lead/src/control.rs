@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use skein_common::agent::seams::{ControlUpdate, TurnControls};
-use skein_common::bus::{Disposition, Received};
 use skein_common::audit::AuditRecord;
+use skein_common::bus::{Disposition, Received};
 use skein_common::principals::Operation;
 use skein_common::protocol::{ControlAction, Failure, RunControl};
 use skein_common::store::control::Controls;

@@ -217,6 +217,9 @@ fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
             let family = name.strip_suffix('*');
             // Stream names (SKEIN_WORK, ...) share the prefix; they must exist too.
             let known = variables.contains(&name)
+                || name
+                    .strip_suffix("_FILE")
+                    .is_some_and(|secret| variables.contains(secret))
                 || streams.contains(&name)
                 || family.is_some_and(|f| variables.iter().any(|v| v.starts_with(f)));
             assert!(

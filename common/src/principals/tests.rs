@@ -157,6 +157,22 @@ fn without_the_requirement_an_unsigned_message_keeps_its_claim_marked_as_one() {
 }
 
 #[test]
+fn a_process_without_principals_takes_a_signed_message_at_its_word() {
+    let gate = Gate::open();
+    let headers = signed(&Signer::generate(), None);
+    let acting = gate
+        .check(
+            presented(&headers),
+            "acme",
+            Operation::Approve,
+            "carol",
+            false,
+        )
+        .expect("nothing to check against");
+    assert_eq!((acting.name(), acting.is_verified()), ("carol", false));
+}
+
+#[test]
 fn a_delegate_acts_for_the_caller_it_names_with_that_caller_s_roles() {
     let f = fixture(true);
     let headers = signed(&f.gateway, Some(("olga", &[Role::Approve])));

@@ -74,11 +74,6 @@ impl Caller {
         })
     }
 
-    /// Who acts, for the audit trail.
-    pub fn acting(&self) -> &Acting {
-        &self.acting
-    }
-
     pub fn name(&self) -> &str {
         self.acting.name()
     }
@@ -158,7 +153,7 @@ mod tests {
         let acme = principal("acme", &[Role::Operate]);
         let caller = Caller::resolve(Some(&acme), true, true, true, Some("bob")).expect("listed");
         assert_eq!(caller.name(), "alice");
-        assert_eq!(caller.acting().proof, Proof::Signed);
+        assert_eq!(caller.acting.proof, Proof::Signed);
         assert_eq!(caller.tenant(), Some("acme"));
     }
 
@@ -174,7 +169,7 @@ mod tests {
         for (signs, book) in [(false, false), (false, true), (true, false)] {
             let caller = Caller::resolve(None, signs, book, false, Some("bob")).expect("unscoped");
             assert_eq!(caller.name(), "bob");
-            assert_eq!(caller.acting().proof, Proof::Claimed);
+            assert_eq!(caller.acting.proof, Proof::Claimed);
             assert_eq!(caller.tenant(), None);
             assert!(caller.sees(None) && caller.sees(Some("globex")));
             assert!(caller

@@ -217,7 +217,7 @@ pub(crate) async fn answer(
     let mut answered = 0;
     for (decision, calls) in decisions {
         gateway
-            .client_for(&principal)
+            .client_for(principal)
             .bus()
             .publish_decision(&decision)
             .await

@@ -33,10 +33,10 @@ use skein_common::agent::hooks::Listeners;
 use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Provider};
 use skein_common::agent::runtime::{Runtime, RuntimeSettings};
+use skein_common::audit::AuditRecord;
 use skein_common::bus::{
     Bus, BusError, ConsumerSettings, Delivery, Disposition, Envelope, Received, Slots,
 };
-use skein_common::audit::AuditRecord;
 use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
@@ -450,8 +450,12 @@ impl Lead {
                 Ok(())
             }
             Err(refusal) => {
-                let record =
-                    AuditRecord::refused(&refusal, &submission.tenant, "submit", &submission.task_id);
+                let record = AuditRecord::refused(
+                    &refusal,
+                    &submission.tenant,
+                    "submit",
+                    &submission.task_id,
+                );
                 let (bus, what) = (self.bus.clone(), envelope.stream_sequence().to_string());
                 tokio::spawn(async move { bus.audit(&record, &what).await });
                 Err(Failure::new(FailureKind::Denied, refusal.reason))

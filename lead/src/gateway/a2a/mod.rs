@@ -278,7 +278,7 @@ async fn begin(
     let (record, submission) = start(gateway, principal, &incoming).await?;
     if incoming.return_immediately && !streaming {
         gateway
-            .client_for(&principal)
+            .client_for(principal)
             .submit(&submission)
             .await
             .map_err(unavailable)?;
@@ -295,7 +295,7 @@ async fn begin(
     )
     .await?;
     gateway
-        .client_for(&principal)
+        .client_for(principal)
         .submit(&submission)
         .await
         .map_err(unavailable)?;
@@ -530,7 +530,7 @@ async fn cancel(
     let record = task_of(gateway, principal, params).await?;
     let reason = format!("cancelled over A2A by {}", principal.name);
     gateway
-        .client_for(&principal)
+        .client_for(principal)
         .cancel(&principal.tenant, &record.id, &reason)
         .await
         .map_err(unavailable)?;

@@ -398,7 +398,7 @@ async fn control(
         .validate()
         .map_err(|f| request::invalid(f.message))?;
     gateway
-        .client_for(&principal)
+        .client_for(principal)
         .bus()
         .publish_control(&control)
         .await
@@ -541,7 +541,7 @@ async fn replay(
         turn: record.turn,
     });
     gateway
-        .client_for(&principal)
+        .client_for(principal)
         .submit(&submission)
         .await
         .map_err(|e| request::unavailable("the replay could not be submitted", e))?;
