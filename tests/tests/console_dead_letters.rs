@@ -233,9 +233,34 @@ async fn a_tenants_dead_letters_are_its_own_and_an_operator_replays_and_removes_
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (_, listed) = call(&http, Method::GET, &api, OTHER_TENANT_OPERATOR_KEY).await;
     assert_eq!(numbers(&listed), Vec::<u64>::new(), "{listed}");
-    let left = cluster
-        .client()
+    // Both are in the audit trail, under the keys' principals, proven by the gateway.
+    let client = cluster.client().await;
+    let records = client
+        .bus()
+        .audit_records(&Default::default(), 100)
         .await
+        .expect("audit readable");
+    let done: Vec<(&str, &str, &str, &str)> = records
+        .iter()
+        .filter(|r| r.action.starts_with("dlq_"))
+        .map(|r| {
+            (
+                r.action.as_str(),
+                r.tenant.as_str(),
+                r.principal.as_str(),
+                r.proof.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        done,
+        [
+            ("dlq_replay", "acme", "olga", "delegated:gateway"),
+            ("dlq_remove", "globex", "gina", "delegated:gateway"),
+        ],
+        "{records:?}"
+    );
+    let left = client
         .bus()
         .dead_letter_at(letters.tenantless)
         .await

@@ -130,6 +130,36 @@ impl Gateway {
         self.client.acting_for(&principal.name, &principal.roles)
     }
 
+    /// Records an operation the gateway carried out for `principal` in the audit trail (the
+    /// gateway proved the caller by its key: proof `delegated:<the gateway's principal>`).
+    pub(crate) async fn audit(
+        &self,
+        principal: &keys::Principal,
+        action: &str,
+        task_id: &str,
+        target: &str,
+    ) {
+        use skein_common::principals::{Acting, Principal, Proof};
+        let bus = self.client.bus();
+        let by = bus
+            .own_principal()
+            .map_or_else(|| "gateway".to_owned(), |p| p.name.clone());
+        let acting = Acting {
+            principal: Principal {
+                name: principal.name.clone(),
+                tenant: principal.tenant.clone(),
+                roles: principal.roles.clone(),
+            },
+            proof: Proof::Delegated { by },
+            nonce: None,
+        };
+        let record =
+            skein_common::audit::AuditRecord::done(&acting, &principal.tenant, action, task_id)
+                .with_target(target);
+        bus.audit(&record, &uuid::Uuid::new_v4().simple().to_string())
+            .await;
+    }
+
     /// [`Gateway::client_for`] a caller known by name, acting with `roles`.
     pub(crate) fn client_for_name(&self, name: &str, roles: &[keys::Role]) -> SkeinClient {
         self.client.acting_for(name, roles)

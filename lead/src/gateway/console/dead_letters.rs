@@ -208,6 +208,15 @@ async fn replay(
                 tenant = %principal.tenant,
                 "dead letter replayed from the console"
             );
+            let task_id = letter.task_id().unwrap_or_default();
+            gateway
+                .audit(
+                    &principal,
+                    "dlq_replay",
+                    task_id,
+                    &letter.letter.seq.to_string(),
+                )
+                .await;
             Ok(json_response(json!({
                 "replayed": letter.letter.seq,
                 "original_subject": letter.letter.original_subject,
@@ -239,6 +248,10 @@ async fn remove(
                 return Err(request::not_found(format!("no dead letter {seq}")));
             }
             tracing::info!(seq, principal = %principal.name, tenant = %principal.tenant, "dead letter removed from the console");
+            let task_id = letter.task_id().unwrap_or_default();
+            gateway
+                .audit(&principal, "dlq_remove", task_id, &seq.to_string())
+                .await;
             Ok(json_response(json!({ "removed": seq })))
         }
         .await,
