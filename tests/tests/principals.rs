@@ -380,3 +380,109 @@ async fn unsigned_foreign_and_unprivileged_operations_are_refused_with_their_rea
     .await;
     assert_eq!(record.principal, "olga");
 }
+
+/// Through the gateway on a cluster that requires signatures: the gateway signs with its own
+/// key (a `delegate`) as acting for the caller its API key proved. A run started by alice's key
+/// runs as alice; carol's answer (her key may approve, the approver rules do not name her) is
+/// refused and the call waits; olga's runs it once, recorded as olga, proven by the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_acts_for_the_callers_its_keys_prove() {
+    use skein_tests::support::gateway::{start_gateway, KEY, OPERATOR_KEY, READ_ONLY_KEY};
+    let cluster = TestCluster::start();
+    let people = people(&cluster);
+    signing_cluster(&cluster, &people, "ship").await;
+    let seed = people.gateway.seed();
+    let addr = start_gateway(
+        &cluster,
+        &[
+            "--principals",
+            people.file.to_str().expect("utf-8 path"),
+            "--principal-key",
+            &seed,
+        ],
+    )
+    .await;
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::new();
+    let post = |path: String, key: &'static str, body: serde_json::Value| {
+        let request = http
+            .post(format!("{base}{path}"))
+            .bearer_auth(key)
+            .json(&body);
+        async move {
+            let response = request.send().await.expect("sent");
+            let status = response.status();
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            assert!(status.is_success(), "{path}: {status} {body}");
+            body
+        }
+    };
+    let started = post(
+        "/console/api/runs".into(),
+        KEY,
+        json!({ "agent": "assistant", "input": "ship it" }),
+    )
+    .await;
+    let task_id = started["task_id"].as_str().expect("a task id").to_owned();
+    let session = started["session"].as_str().expect("a session").to_owned();
+    let mut task = submission("acme", &session, "ship it");
+    task.task_id = task_id.clone();
+    let store = cluster.store().await;
+    let request = eventually("the approval request", Duration::from_secs(30), || {
+        let store = store.clone();
+        let task_id = task_id.clone();
+        async move {
+            store
+                .approval_request("acme", &task_id)
+                .await
+                .ok()
+                .flatten()
+        }
+    })
+    .await;
+    assert_eq!(request.user, "alice", "the run is alice's");
+
+    let answer = format!("/console/api/approvals/{task_id}/answer");
+    post(answer.clone(), READ_ONLY_KEY, json!({ "approve": true })).await;
+    let observer = client_of(&cluster, None).await;
+    let refused = audited(
+        &observer,
+        &task,
+        "carol's answer refused",
+        refused_because("carol may not answer"),
+    )
+    .await;
+    assert_eq!(refused.principal, "carol");
+    assert_eq!(
+        effect_starts(&cluster, "ship"),
+        0,
+        "carol's answer ran nothing"
+    );
+
+    post(answer, OPERATOR_KEY, json!({ "approve": true })).await;
+    let recorded = audited(&observer, &task, "olga's answer recorded", |r| {
+        r.action == "approve" && r.verdict == Verdict::Done
+    })
+    .await;
+    assert_eq!(
+        (recorded.principal.as_str(), recorded.proof.as_str()),
+        ("olga", "delegated:gateway")
+    );
+    let result = eventually("the run's end", Duration::from_secs(30), || {
+        let (store, session, task_id) = (store.clone(), session.clone(), task_id.clone());
+        async move {
+            store
+                .final_result("acme", &session, &task_id)
+                .await
+                .ok()
+                .flatten()
+        }
+    })
+    .await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(
+        effect_starts(&cluster, "ship"),
+        1,
+        "the approved call ran once"
+    );
+}

@@ -30,11 +30,14 @@ pub struct People {
     pub paul: Signer,
     /// globex: approve and operate.
     pub gina: Signer,
+    /// every tenant: the gateway's own key (delegate, submit, approve, operate).
+    pub gateway: Signer,
     pub file: PathBuf,
 }
 
 pub fn people(cluster: &TestCluster) -> People {
-    let (alice, olga, bob, paul, gina) = (
+    let (alice, olga, bob, paul, gina, gateway) = (
+        Signer::generate(),
         Signer::generate(),
         Signer::generate(),
         Signer::generate(),
@@ -53,6 +56,12 @@ pub fn people(cluster: &TestCluster) -> People {
         entry("bob", "acme", "\"submit\"", &bob),
         entry("paul", "acme", "\"approve\"", &paul),
         entry("gina", "globex", "\"approve\", \"operate\"", &gina),
+        entry(
+            "gateway",
+            "*",
+            "\"delegate\", \"submit\", \"approve\", \"operate\"",
+            &gateway,
+        ),
     ]
     .concat();
     let file = cluster.dir.join("principals.toml");
@@ -63,6 +72,7 @@ pub fn people(cluster: &TestCluster) -> People {
         bob,
         paul,
         gina,
+        gateway,
         file,
     }
 }
