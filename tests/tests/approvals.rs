@@ -175,8 +175,15 @@ async fn an_approved_call_runs_once_after_the_suspending_lead_is_killed() {
             "nothing ran before approval"
         );
 
-        let (approved, text) = skein(&cluster, &["approve", &task.task_id, "--tenant", "acme"]);
+        let (approved, text) = skein(
+            &cluster,
+            &["approve", &task.task_id, "--tenant", "acme", "--by", "ann"],
+        );
         assert!(approved, "{text}");
+        assert!(
+            text.contains("recorded as ann"),
+            "the CLI waits to see the answer recorded: {text}"
+        );
         second
     };
     let ((result, events), _second) = tokio::join!(running, approving);

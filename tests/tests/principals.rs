@@ -27,6 +27,8 @@ use skein_tests::support::principals::{
 use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::{eventually, unique};
 
+const SKEIN: &str = env!("CARGO_BIN_EXE_skein-node");
+
 /// An agents folder whose `assistant` asks before `slow_effect`, and whose approver rules let
 /// only olga answer it, never the task's own submitter.
 fn guarded_agents(cluster: &TestCluster) -> PathBuf {
@@ -175,13 +177,11 @@ async fn only_an_allowed_principal_s_signed_approval_runs_the_call_and_it_is_aud
         )
         .await;
 
-        // A principal without the approve role, one of another tenant, the submitter herself,
-        // and an approver the rules do not name.
+        // A principal without the approve role, one of another tenant, and the submitter herself.
         for (who, needle) in [
             (&people.bob, "bob may not approve"),
             (&people.gina, "may not act on tenant acme"),
             (&people.alice, "they submitted"),
-            (&people.paul, "paul may not answer"),
         ] {
             let client = client_of(&cluster, Some(who)).await;
             client
@@ -192,6 +192,27 @@ async fn only_an_allowed_principal_s_signed_approval_runs_the_call_and_it_is_aud
             let record = audited(&client, &task, needle, refused_because(needle)).await;
             assert_eq!(record.action, "approve", "{record:?}");
         }
+        // `skein approve` as paul, an approver the rules do not name: it fails, saying why.
+        let paul_seed = people.paul.seed();
+        let out = tokio::process::Command::new(SKEIN)
+            .args(["approve", &task.task_id, "--tenant", "acme"])
+            .args([
+                "--nats-url",
+                &cluster.nats.url,
+                "--redis-url",
+                &cluster.redis.url,
+            ])
+            .args(["--principals", people.file.to_str().expect("utf-8 path")])
+            .args(["--principal-key", &paul_seed])
+            .output()
+            .await
+            .expect("skein runs");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains("a lead refused the answer") && said.contains("paul may not answer"),
+            "{said}"
+        );
         assert_eq!(
             effect_starts(&cluster, "deploy"),
             0,

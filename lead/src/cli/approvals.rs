@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use skein_common::audit::{AuditFilter, Verdict};
 use skein_common::client::{ClientError, SkeinClient};
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT};
 use skein_common::protocol::{
@@ -27,6 +28,10 @@ use skein_common::store::{SessionStore, StoreError};
 
 /// Longest a decision's connect and publish may take together.
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `skein approve` and `skein deny` wait to see a lead record or refuse the answer.
+pub const RECORD_WAIT: Duration = Duration::from_secs(10);
+/// How often they look meanwhile.
+const RECORD_POLL: Duration = Duration::from_millis(200);
 /// Longest shown form of a call's arguments, in characters.
 pub const ARGUMENTS_WIDTH: usize = 120;
 /// Who decided, when neither `--by` nor `$USER` says.
@@ -134,6 +139,8 @@ pub enum ApprovalError {
     NothingWaiting { task_id: String },
     #[error("the decision was not published within {0:?}")]
     TimedOut(Duration),
+    #[error("a lead refused the answer to task {task_id}: {reason}")]
+    Refused { task_id: String, reason: String },
 }
 
 /// What a decision says, before it is addressed to a task.
@@ -278,26 +285,91 @@ impl Answering {
                 std::env::var(ENV_LOGIN_USER).ok().as_deref(),
             ),
         };
+        let published_at_ms = now_ms();
         let publish = async {
             let client = SkeinClient::connect(&self.nats).await?;
             client
                 .bus()
                 .publish_decision(&decision)
                 .await
-                .map_err(ClientError::from)
+                .map_err(ClientError::from)?;
+            Ok::<_, ClientError>(client)
         };
-        tokio::time::timeout(PUBLISH_TIMEOUT, publish)
+        let client = tokio::time::timeout(PUBLISH_TIMEOUT, publish)
             .await
             .map_err(|_| ApprovalError::TimedOut(PUBLISH_TIMEOUT))??;
+        let key = approval_key(&self.task_id, request.run.as_deref());
+        let recorded = self
+            .recorded(&store, &client, &key, &answered, published_at_ms)
+            .await?;
         let still_waiting = request.unanswered().count() - answered.len();
-        Ok(confirmation(
+        let mut line = confirmation(
             &self.answer,
             &self.task_id,
             &answered,
             self.call_id.is_some(),
             still_waiting,
             request.run.is_some(),
-        ))
+        );
+        match recorded {
+            Some(note) => {
+                line.push('\n');
+                line.push_str(&note);
+            }
+            None => line.push_str(&format!(
+                "\nsent; no lead has recorded it within {RECORD_WAIT:?} (it is kept until one does)"
+            )),
+        }
+        Ok(line)
+    }
+
+    /// Waits until a lead records the answer (a note naming whom it was recorded for) or refuses
+    /// it (its audit record says why), for at most [`RECORD_WAIT`]; `None` when neither happened.
+    async fn recorded(
+        &self,
+        store: &SessionStore,
+        client: &SkeinClient,
+        key: &str,
+        answered: &[&PendingCall],
+        since_ms: u64,
+    ) -> Result<Option<String>, ApprovalError> {
+        // A refusal of this answer: by this CLI's principal when it signs as one.
+        let refusals = AuditFilter {
+            tenant: Some(self.tenant.clone()),
+            task_id: Some(self.task_id.clone()),
+            principal: client.bus().own_principal().map(|p| p.name.clone()),
+            since_ms: Some(since_ms.saturating_sub(1000)),
+            ..Default::default()
+        };
+        let deadline = tokio::time::Instant::now() + RECORD_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            match store.approval_request(&self.tenant, key).await? {
+                Some(request) => {
+                    let by = answered
+                        .iter()
+                        .map(|call| request.answers.get(&call.call_id).map(|a| a.by.clone()))
+                        .collect::<Option<Vec<_>>>();
+                    if let Some(by) = by.and_then(|by| by.into_iter().next()) {
+                        return Ok(Some(format!("recorded as {by}")));
+                    }
+                }
+                // Answered, and the turn went on to its end.
+                None => return Ok(Some("recorded; the turn has moved on".into())),
+            }
+            if let Ok(records) = client.bus().audit_records(&refusals, 100).await {
+                let refused = records.into_iter().find(|r| {
+                    r.verdict == Verdict::Refused && matches!(r.action.as_str(), "approve" | "deny")
+                });
+                if let Some(refused) = refused {
+                    return Err(ApprovalError::Refused {
+                        task_id: self.task_id.clone(),
+                        reason: refused.reason,
+                    });
+                }
+            }
+            tokio::time::sleep(RECORD_POLL).await;
+        }
+        Ok(None)
     }
 
     /// The request the decision answers: the run `--run` names; else the task's own turn's when
