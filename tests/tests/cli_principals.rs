@@ -424,6 +424,24 @@ async fn sessions_and_workspaces_are_removed_only_by_an_operator_of_their_tenant
         succeeded(&run(put).await);
     }
 
+    // Another tenant's approvals are out of sight; its own are listed (none wait).
+    let approvals = |tenant: &str| {
+        let mut args = vec![
+            "approvals".to_owned(),
+            "--redis-url".into(),
+            cluster.redis.url.clone(),
+        ];
+        args.extend(as_principal(&cluster, &people.file, &people.acme_viewer));
+        args.extend(["--tenant".to_owned(), tenant.to_owned(), "--json".into()]);
+        args
+    };
+    let error = failed(&run(approvals("globex")).await);
+    assert!(
+        error.contains("may not list the approvals of tenant globex"),
+        "{error}"
+    );
+    assert_eq!(succeeded(&run(approvals("acme")).await).trim(), "[]");
+
     // Another tenant's workspace is out of reach; removing takes the operate role.
     let foreign = run(workspace(&people.acme_ops, "globex", &["ls", &first])).await;
     let error = failed(&foreign);

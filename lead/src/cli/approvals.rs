@@ -41,6 +41,9 @@ pub(super) const ENV_LOGIN_USER: &str = "USER";
 
 #[derive(Debug, Args)]
 pub struct ApprovalsArgs {
+    /// Only the principal settings are used (who lists; nothing is read from NATS).
+    #[command(flatten)]
+    pub nats: NatsConfig,
     #[command(flatten)]
     pub redis: RedisConfig,
     #[arg(long, env = ENV_TENANT, default_value = "default")]
@@ -139,6 +142,8 @@ pub enum ApprovalError {
     NothingWaiting { task_id: String },
     #[error("the decision was not published within {0:?}")]
     TimedOut(Duration),
+    #[error("{0}")]
+    NotAllowed(String),
     #[error("a lead refused the answer to task {task_id}: {reason}")]
     Refused { task_id: String, reason: String },
 }
@@ -248,6 +253,9 @@ fn fail(e: &ApprovalError) -> ExitCode {
 /// turn resumed while they were read is left out.
 async fn list_requests(args: &ApprovalsArgs) -> Result<Vec<ApprovalRequest>, ApprovalError> {
     validate_token("tenant", &args.tenant).map_err(ApprovalError::Invalid)?;
+    super::principal::Caller::of_settings(&args.nats)
+        .and_then(|caller| caller.check_tenant(&args.tenant, "list the approvals"))
+        .map_err(ApprovalError::NotAllowed)?;
     let store = SessionStore::connect(&args.redis).await?;
     let listed = store.approval_requests(&args.tenant).await?;
     let mut requests = Vec::with_capacity(listed.len());

@@ -1,5 +1,5 @@
 //! Who runs a command that reads or changes what tenants own (`skein dlq`, `skein sessions rm`,
-//! `skein workspace`, `skein audit`): the principal the command line's own key
+//! `skein workspace`, `skein audit`, `skein approvals`): the principal the command line's own key
 //! (`SKEIN_PRINCIPAL_KEY`) is listed as in the principals file (`SKEIN_PRINCIPALS`), or, with no
 //! key (or no file) on a cluster that does not require signed operations, an unscoped operator
 //! named by the login (`$USER`), as before principals existed.
@@ -17,7 +17,7 @@
 
 use skein_common::audit::AuditRecord;
 use skein_common::bus::Bus;
-use skein_common::config::{ENV_PRINCIPALS, ENV_PRINCIPAL_KEY};
+use skein_common::config::{NatsConfig, ENV_PRINCIPALS, ENV_PRINCIPAL_KEY};
 use skein_common::principals::{Acting, Principal, Proof, Role, EVERY_TENANT};
 
 use super::approvals::{decider, ENV_LOGIN_USER};
@@ -35,6 +35,23 @@ impl Caller {
         Self::resolve(
             bus.own_principal(),
             bus.signs(),
+            !gate.book().is_empty(),
+            gate.is_required(),
+            std::env::var(ENV_LOGIN_USER).ok().as_deref(),
+        )
+    }
+
+    /// [`Caller::of`] without a connection: from the settings alone (the principals file and the
+    /// key), for commands that read only Redis.
+    pub fn of_settings(nats: &NatsConfig) -> Result<Self, String> {
+        let gate = nats.gate()?;
+        let signer = nats.signer()?;
+        let listed = signer
+            .as_ref()
+            .and_then(|signer| gate.book().get(&signer.public_key()));
+        Self::resolve(
+            listed,
+            signer.is_some(),
             !gate.book().is_empty(),
             gate.is_required(),
             std::env::var(ENV_LOGIN_USER).ok().as_deref(),
