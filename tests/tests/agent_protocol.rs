@@ -346,6 +346,20 @@ async fn threads_and_runs_are_sessions_and_tasks_streamed_read_again_and_fenced_
         0,
         "the thread's files went with it"
     );
+    let audited = cluster
+        .client()
+        .await
+        .bus()
+        .audit_records(&Default::default(), 100)
+        .await
+        .expect("audit readable");
+    assert!(
+        audited.iter().any(|r| r.action == "session_remove"
+            && r.target == thread
+            && r.principal == "alice"
+            && r.tenant == "acme"),
+        "the removal is in the audit trail: {audited:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,6 +379,7 @@ pub(in crate::gateway) async fn remove(
                         .forget_thread(&principal.tenant, &id)
                         .await
                         .map_err(unavailable)?;
+                    gateway.audit(&principal, "session_remove", "", &id).await;
                     Ok(StatusCode::NO_CONTENT.into_response())
                 }
             }
