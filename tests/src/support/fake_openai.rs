@@ -891,6 +891,7 @@ mod tests {
             agent: "tester".to_owned(),
             messages: vec![Message::user("hello")],
             tools: Vec::new().into(),
+            max_output_tokens: None,
         };
 
         let whole = client

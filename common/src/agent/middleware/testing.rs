@@ -97,6 +97,7 @@ pub(super) fn model_call(deltas: Option<Arc<dyn DeltaSink>>) -> ModelCall {
             agent: "coder".into(),
             messages: vec![Message::user("hello")],
             tools: Arc::from(Vec::new()),
+            max_output_tokens: None,
         },
         deltas,
         origin: None,

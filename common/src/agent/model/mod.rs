@@ -31,6 +31,10 @@ pub struct ModelRequest {
     /// Tools the model may call; empty means none. Shared: every turn of an agent offers the same
     /// snapshot, so no call holds a copy of its own.
     pub tools: Arc<[ToolSpec]>,
+    /// The most output tokens the answer may take, sent to the server (`max_tokens`); `None`
+    /// leaves it to the provider's default (which Anthropic's API requires: the configured
+    /// `SKEIN_MODEL_MAX_OUTPUT_TOKENS`).
+    pub max_output_tokens: Option<u64>,
 }
 
 /// A whole answer of the model.

@@ -558,6 +558,7 @@ mod tests {
             agent: "assistant".to_owned(),
             messages,
             tools: tools.into(),
+            max_output_tokens: None,
         }
     }
 

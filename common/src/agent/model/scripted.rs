@@ -491,6 +491,7 @@ mod tests {
             agent: agent.to_owned(),
             messages,
             tools: if with_tools { vec![tool()] } else { Vec::new() }.into(),
+            max_output_tokens: None,
         }
     }
 

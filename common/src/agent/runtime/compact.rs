@@ -259,6 +259,7 @@ impl Runtime {
                 agent: turn.agent.name.clone(),
                 messages,
                 tools: Arc::from([]),
+                max_output_tokens: None,
             },
             deltas: None,
             origin: Some(Arc::new(turn.origin.clone())),

@@ -109,6 +109,7 @@ impl Runtime {
             agent: turn.agent.name.clone(),
             messages,
             tools,
+            max_output_tokens: None,
         };
         let started = std::time::Instant::now();
         let result = self

@@ -356,6 +356,7 @@ mod tests {
             agent: "a".into(),
             messages: vec![Message::system("be brief"), Message::user(text)],
             tools: Arc::from([]),
+            max_output_tokens: None,
         };
         let short = estimate_prompt_tokens(&request("hi"));
         let long = estimate_prompt_tokens(&request(&"x".repeat(4000)));
