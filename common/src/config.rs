@@ -41,6 +41,8 @@ pub const ENV_MODEL_MAX_CONCURRENCY: &str = "SKEIN_MODEL_MAX_CONCURRENCY";
 pub const ENV_MODEL_TOKENS_PER_MINUTE: &str = "SKEIN_MODEL_TOKENS_PER_MINUTE";
 pub const ENV_MODEL_PRICES: &str = "SKEIN_MODEL_PRICES";
 pub const ENV_MODEL_MAX_OUTPUT_TOKENS: &str = "SKEIN_MODEL_MAX_OUTPUT_TOKENS";
+pub const ENV_MODEL_MAX_TOKENS_FIELD: &str = "SKEIN_MODEL_MAX_TOKENS_FIELD";
+pub const ENV_MODEL_API_VERSION: &str = "SKEIN_MODEL_API_VERSION";
 pub const ENV_TENANT_DAILY_TOKENS: &str = "SKEIN_TENANT_DAILY_TOKENS";
 pub const ENV_TENANT_DAILY_COST_USD: &str = "SKEIN_TENANT_DAILY_COST_USD";
 pub const ENV_TENANT_BUDGETS: &str = "SKEIN_TENANT_BUDGETS";
@@ -368,12 +370,22 @@ pub fn redact_url(url: &str) -> String {
 /// Which model answers, and how to reach it. The API key is never logged.
 #[derive(Clone, Args)]
 pub struct ModelConfig {
-    /// `scripted` (replays a scenario file, offline) or `openai` (any OpenAI-compatible server).
+    /// `scripted` (replays a scenario file, offline), `openai` (any OpenAI-compatible server),
+    /// `azure` (Azure OpenAI) or `anthropic` (Anthropic's Messages API).
     #[arg(id = "model_provider", long = "model-provider", env = ENV_MODEL_PROVIDER, default_value = "scripted")]
     pub provider: String,
-    /// Base URL of the OpenAI-compatible API, up to and including `/v1`.
+    /// Base URL of the OpenAI-compatible API, up to and including `/v1`; for `azure`, the
+    /// resource's endpoint (`https://<resource>.openai.azure.com`).
     #[arg(id = "model_base_url", long = "model-base-url", env = ENV_MODEL_BASE_URL, default_value = "https://api.openai.com/v1")]
     pub base_url: String,
+    /// Azure OpenAI's `api-version` (read by the `azure` provider only).
+    #[arg(id = "model_api_version", long = "model-api-version", env = ENV_MODEL_API_VERSION, default_value = crate::agent::model::openai::DEFAULT_AZURE_API_VERSION)]
+    pub api_version: String,
+    /// The request field that carries a call's answer bound: `max_tokens`,
+    /// `max_completion_tokens`, or `auto` (`max_completion_tokens` for OpenAI's own API and Azure
+    /// OpenAI, `max_tokens` for any other server).
+    #[arg(id = "model_max_tokens_field", long = "model-max-tokens-field", env = ENV_MODEL_MAX_TOKENS_FIELD, default_value = "auto", value_parser = ["auto", "max_tokens", "max_completion_tokens"])]
+    pub max_tokens_field: String,
     #[arg(id = "model_api_key", long = "model-api-key", env = ENV_MODEL_API_KEY, hide_env_values = true)]
     pub api_key: Option<String>,
     /// Default model name, used where an agent definition names none.
@@ -398,8 +410,9 @@ pub struct ModelConfig {
     /// tokens; a `"*"` entry prices every other model), inline or as a file path.
     #[arg(id = "model_prices", long = "model-prices", env = ENV_MODEL_PRICES)]
     pub prices: Option<String>,
-    /// The most completion tokens a model call is assumed to use: with its estimated prompt,
-    /// the worst case it reserves on its budgets before it starts.
+    /// The most answer tokens a model call under a budget may take: sent to the server as the
+    /// call's bound (less when the budget has less room left) and, with its prompt's bound, the
+    /// worst case it reserves on its budgets before it starts.
     #[arg(id = "model_max_output_tokens", long = "model-max-output-tokens", env = ENV_MODEL_MAX_OUTPUT_TOKENS, default_value_t = 4096)]
     pub max_output_tokens: u64,
     /// Most model tokens each tenant may use per UTC day, across every lead and worker sharing
@@ -427,9 +440,13 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Checks values clap cannot: the API key must read and be long enough to mask; the prices,
-    /// the tenant budgets and the traffic limits file must read.
+    /// the tenant budgets and the traffic limits file must read; Azure's endpoint must be a URL
+    /// other than OpenAI's, with an `api-version`.
     pub fn validate(&self) -> Result<(), String> {
         self.api_key()?;
+        if self.provider == "azure" {
+            crate::agent::model::openai::azure_root(&self.base_url, &self.api_version)?;
+        }
         crate::agent::middleware::BudgetSettings::from_config(self).map(|_| ())?;
         crate::agent::middleware::TrafficPolicy::from_config(self).map(|_| ())
     }
@@ -452,6 +469,8 @@ impl std::fmt::Debug for ModelConfig {
         f.debug_struct("ModelConfig")
             .field("provider", &self.provider)
             .field("base_url", &self.base_url)
+            .field("api_version", &self.api_version)
+            .field("max_tokens_field", &self.max_tokens_field)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("model", &self.model)
             .field("timeout", &self.timeout)

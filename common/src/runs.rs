@@ -310,6 +310,7 @@ mod tests {
             usage: crate::protocol::message::Usage {
                 prompt_tokens: 10,
                 completion_tokens: 5,
+                ..Default::default()
             },
             trace_id: None,
             spent: None,
@@ -329,6 +330,7 @@ mod tests {
                     usage: crate::protocol::message::Usage {
                         prompt_tokens: 7,
                         completion_tokens: 3,
+                        ..Default::default()
                     },
                 },
             ),

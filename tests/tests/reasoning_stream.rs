@@ -1,7 +1,8 @@
-//! Thinking models: a recorded DeepSeek thinking-mode stream, served by the fake OpenAI server
-//! so the real provider code reads it, reaches a watcher as `reasoning_delta` events, in the
-//! order they streamed, before the answer's `model_delta` events; the reasoning stays off the
-//! answer and is kept on the assistant message of the session's history.
+//! Thinking models: a DeepSeek thinking-mode stream written from its documentation, served by
+//! the fake OpenAI server so the real provider code reads it, reaches a watcher as
+//! `reasoning_delta` events, in the order they streamed, before the answer's `model_delta`
+//! events; the reasoning stays off the answer and is kept on the assistant message of the
+//! session's history.
 
 use skein_common::protocol::message::Role;
 use skein_common::protocol::{EventKind, TurnStatus};

@@ -261,11 +261,12 @@ async fn a_compacted_session_loads_only_what_its_summary_does_not_stand_for_and_
             let compacted = state.history.len() - 4;
             summarised += compacted as u64;
             state.compact(&Compaction {
-                summary: Summary {
+                summary: Some(Summary {
                     text: format!("summary at turn {turn}"),
                     messages: summarised,
-                },
+                }),
                 compacted,
+                steps: None,
             });
         }
         state

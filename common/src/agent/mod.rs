@@ -16,8 +16,8 @@
 //! - [`context`]: what of the history goes to the model; eviction of huge tool results.
 //! - [`tokens`]: counting a conversation's tokens (a tokenizer for OpenAI models, an estimate
 //!   otherwise) and each model's context size.
-//! - [`compaction`]: when a session's history is summarised, where it is cut, what the summary
-//!   request says.
+//! - [`compaction`]: when a session's history, or a turn's own older steps, are summarised, where
+//!   they are cut, what the summary requests say.
 //! - [`replay`]: a recorded turn's calls, answering a replay of it without repeating side effects.
 //! - [`hooks`]: listeners that observe every event of a turn.
 //! - [`memory`]: in-memory implementations of every seam, for embedding and tests.

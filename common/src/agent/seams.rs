@@ -98,6 +98,15 @@ pub trait DeltaSink: Send + Sync {
         let _ = text;
         Box::pin(futures::future::ready(()))
     }
+
+    /// The attempt that streamed the pieces since the call began (or since the last discard)
+    /// failed with `failure` and the call is made again: those pieces are not part of the
+    /// answer. Dropped unless the sink takes it; a layer that wraps a sink forwards it (and drops
+    /// what it holds back of that attempt).
+    fn discard(&self, failure: Failure) -> BoxFuture<'_, ()> {
+        let _ = failure;
+        Box::pin(futures::future::ready(()))
+    }
 }
 
 /// Where a turn's events go.

@@ -48,8 +48,15 @@ pub enum EventKind {
     ReasoningDelta {
         text: String,
     },
-    /// The session's older history was summarised so the turn's requests fit the model's
-    /// context: `messages` left the context (they stay stored), replaced by a summary.
+    /// A model call failed after it had begun to stream, and is made again: the `model_delta`
+    /// and `reasoning_delta` events of the same source since its last event of another type are
+    /// not part of the answer, and a client drops them. `failure` says why the attempt failed.
+    OutputDiscarded {
+        failure: Failure,
+    },
+    /// The session's older history, or the turn's own older steps, were summarised so the
+    /// turn's requests fit the model's context: `messages` left the context (they stay stored),
+    /// replaced by a summary.
     Compacted {
         messages: u64,
         /// Why: `tokens` (the request would fill too much of the context), `messages` (too many

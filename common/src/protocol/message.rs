@@ -32,6 +32,11 @@ pub struct Message {
     /// refuse a follow-up without it. Absent in sessions written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
+    /// The provider's signature over `reasoning` (Anthropic's signed `thinking` block), sent back
+    /// with it so the provider can check the reasoning is its own and unchanged. Absent when the
+    /// provider signs nothing, and in sessions written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_signature: Option<String>,
 }
 
 impl Message {
@@ -54,6 +59,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
             reasoning: None,
+            reasoning_signature: None,
         }
     }
 
@@ -64,6 +70,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             reasoning: None,
+            reasoning_signature: None,
         }
     }
 }
@@ -81,8 +88,25 @@ pub struct ToolCall {
 /// Tokens used by model calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
+    /// Every token of the prompt, those read from or written to a prompt cache included.
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    // The cache counts are plain numbers, not options, which would take twice the room: `Usage`
+    // travels inline in `FinalResult` and turn checkpoints, which enums hold by value, and those
+    // are at clippy's `large_enum_variant` bound. "None" and "not said" both count as 0.
+    /// Of `prompt_tokens`, those read from the provider's prompt cache (Anthropic's
+    /// `cache_read_input_tokens`); 0, and left out, when none were or the provider does not say.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Of `prompt_tokens`, those written to the provider's prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`); 0, and left out, when none were or the provider does not
+    /// say.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -92,6 +116,12 @@ impl Usage {
         self.completion_tokens = self
             .completion_tokens
             .saturating_add(other.completion_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
     }
 }
 
@@ -105,8 +135,19 @@ mod tests {
         let message: Message = serde_json::from_str(old).expect("an old message decodes");
         assert_eq!(message.role, Role::Assistant);
         assert_eq!(message.reasoning, None);
+        assert_eq!(message.reasoning_signature, None);
         let written = serde_json::to_value(&message).expect("encodes");
         assert!(written.get("reasoning").is_none(), "{written}");
+        assert!(written.get("reasoning_signature").is_none(), "{written}");
+    }
+
+    #[test]
+    fn usage_stored_before_cache_counts_existed_still_decodes_and_is_written_alike() {
+        let old = r#"{"prompt_tokens": 3, "completion_tokens": 4}"#;
+        let usage: Usage = serde_json::from_str(old).expect("an old usage decodes");
+        assert_eq!((usage.cache_read_tokens, usage.cache_write_tokens), (0, 0));
+        let written = serde_json::to_string(&usage).expect("encodes");
+        assert_eq!(written, r#"{"prompt_tokens":3,"completion_tokens":4}"#);
     }
 
     #[test]
@@ -114,12 +155,18 @@ mod tests {
         let mut total = Usage {
             prompt_tokens: u64::MAX,
             completion_tokens: 1,
+            cache_read_tokens: u64::MAX,
+            cache_write_tokens: 2,
         };
         total.add(Usage {
             prompt_tokens: 5,
             completion_tokens: u64::MAX,
+            cache_read_tokens: 5,
+            cache_write_tokens: 3,
         });
         assert_eq!(total.prompt_tokens, u64::MAX);
         assert_eq!(total.completion_tokens, u64::MAX);
+        assert_eq!(total.cache_read_tokens, u64::MAX);
+        assert_eq!(total.cache_write_tokens, 5);
     }
 }

@@ -448,7 +448,8 @@ pub enum FailureKind {
     ModelFailed,
     /// A model call would go over the task's budget or its tenant's daily budget.
     BudgetExhausted,
-    /// The model refused the request as longer than its context.
+    /// The request is longer than the model's context: the model refused it, or its latest step
+    /// alone does not fit, with nothing left to compact.
     ContextOverflow,
     Cancelled,
     /// A cancel request for this subagent run alone stopped it; the task goes on.

@@ -170,11 +170,15 @@ pub struct SessionState {
 
 impl SessionState {
     /// Records a turn's compaction: its summary stands for the first `compacted` messages of
-    /// `history`, which leave it (they stay in the stored list, before the loaded part).
+    /// `history`, which leave it (they stay in the stored list, before the loaded part). A turn
+    /// that compacted only its own steps changes nothing here: its messages are stored whole.
     pub fn compact(&mut self, compaction: &Compaction) {
+        let Some(summary) = &compaction.summary else {
+            return;
+        };
         let compacted = compaction.compacted.min(self.history.len());
         self.history.drain(..compacted);
-        self.summary = Some(compaction.summary.clone());
+        self.summary = Some(summary.clone());
         if self.stored.loaded && compacted <= self.stored.count {
             self.stored.count -= compacted;
             self.stored.offset += compacted as u64;

@@ -303,6 +303,13 @@ impl Progress {
                 let _ = write!(err, "\r{who}thinking {}", Self::SPINNER[self.ticks % 4]);
                 let _ = err.flush();
             }
+            EventKind::OutputDiscarded { failure } => {
+                let _ = writeln!(
+                    err,
+                    "\r{who}↺ the model's output broke off ({}); asking again",
+                    failure.message
+                );
+            }
             EventKind::ToolStarted {
                 tool, arguments, ..
             } => {

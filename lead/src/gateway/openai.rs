@@ -7,6 +7,12 @@
 //! usage when `stream_options.include_usage` asks for it, and `data: [DONE]`. A client that goes
 //! away does not stop its run.
 //!
+//! Chunks cannot take text back. When a model attempt that streamed text fails and is made again
+//! (`output_discarded`), the stream marks it: a chunk whose content is [`DISCARDED_MARK`], a
+//! visible note that the text before it broke off, carrying `skein_output_discarded` (the
+//! failure) for a client that knows to cut its text there; the retried text follows. The
+//! non-streamed answer, and the session, hold the answering attempt's text only.
+//!
 //! `Idempotency-Key` makes a retried request the same task (and session): the run is not started
 //! twice, and the retry gets the same answer.
 
@@ -23,7 +29,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::message::Message;
-use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnStatus};
+use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent, TurnStatus};
 
 use super::keys::{Principal, Role};
 use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
@@ -245,10 +251,45 @@ fn completion(submission: &TaskSubmission, result: &FinalResult) -> Response {
     }))
 }
 
+/// The text a streamed completion shows where a model attempt's streamed text was discarded.
+pub(crate) const DISCARDED_MARK: &str =
+    "\n[output discarded: the model failed mid-answer and was asked again]\n";
+
 /// What the running task passes to its stream.
+#[derive(Debug, PartialEq)]
 enum Streamed {
     Delta(String),
+    /// The text since the model call began was a failed attempt's (its failure).
+    Discarded(Value),
     Ended(Result<FinalResult, String>),
+}
+
+/// Picks the lead's text out of a task's events, and the discards of text already streamed.
+#[derive(Debug, Default)]
+struct LeadText {
+    /// Whether text of the model call under way was streamed since it began or was discarded.
+    streamed: bool,
+}
+
+impl LeadText {
+    fn pick(&mut self, event: &TurnEvent) -> Option<Streamed> {
+        if event.source != "lead" {
+            return None;
+        }
+        match &event.event {
+            EventKind::ModelDelta { text } => {
+                self.streamed = true;
+                Some(Streamed::Delta(text.clone()))
+            }
+            EventKind::ReasoningDelta { .. } => None,
+            EventKind::OutputDiscarded { failure } => std::mem::take(&mut self.streamed)
+                .then(|| Streamed::Discarded(json!({ "failure": failure }))),
+            _ => {
+                self.streamed = false;
+                None
+            }
+        }
+    }
 }
 
 /// The chunk a retried streamed request resumes after (`Last-Event-ID`), which names a chunk of
@@ -278,13 +319,12 @@ fn stream(gateway: Arc<Gateway>, planned: Planned, resume_after: Option<u64>) ->
     let submission = planned.submission.clone();
     tokio::spawn(async move {
         let deltas = sender.clone();
+        let mut text = LeadText::default();
         let result = gateway
             .client
             .run(&submission, gateway.run_timeout, move |event| {
-                if let (EventKind::ModelDelta { text }, "lead") =
-                    (&event.event, event.source.as_str())
-                {
-                    let _ = deltas.send(Streamed::Delta(text.clone()));
+                if let Some(streamed) = text.pick(event) {
+                    let _ = deltas.send(streamed);
                 }
             })
             .await
@@ -312,6 +352,11 @@ fn stream(gateway: Arc<Gateway>, planned: Planned, resume_after: Option<u64>) ->
     let rest = tokio_stream_of(receiver).flat_map(move |item| {
         let events: Vec<Value> = match item {
             Streamed::Delta(text) => vec![chunk(json!({ "content": text }), None)],
+            Streamed::Discarded(why) => {
+                let mut mark = chunk(json!({ "content": DISCARDED_MARK }), None);
+                mark["skein_output_discarded"] = why;
+                vec![mark]
+            }
             Streamed::Ended(Ok(result)) => match failed(&result) {
                 None => {
                     let mut last = vec![chunk(json!({}), Some(finish_reason(&result)))];
@@ -363,4 +408,62 @@ fn tokio_stream_of(
         *ended = matches!(item, Streamed::Ended(_));
         futures::future::ready(Some(item))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use skein_common::protocol::{Failure, FailureKind, PROTOCOL_VERSION};
+
+    use super::*;
+
+    fn event(source: &str, kind: EventKind) -> TurnEvent {
+        TurnEvent {
+            v: PROTOCOL_VERSION,
+            task_id: "task".into(),
+            source: source.into(),
+            seq: 0,
+            at_ms: 0,
+            event: kind,
+        }
+    }
+
+    #[test]
+    fn a_discard_of_streamed_text_is_marked_once_and_only_after_text() {
+        let failure = Failure::new(FailureKind::ModelFailed, "stream broke");
+        let discarded = || {
+            event(
+                "lead",
+                EventKind::OutputDiscarded {
+                    failure: failure.clone(),
+                },
+            )
+        };
+        let delta = |source: &str, text: &str| {
+            event(
+                source,
+                EventKind::ModelDelta {
+                    text: text.to_owned(),
+                },
+            )
+        };
+        let events = [
+            // A discard of reasoning alone: no text of the completion to mark.
+            event("lead", EventKind::ReasoningDelta { text: "hmm".into() }),
+            discarded(),
+            delta("subagent:c1", "not the lead's"),
+            delta("lead", "The answer is"),
+            discarded(),
+            delta("lead", "42."),
+        ];
+        let mut text = LeadText::default();
+        let picked: Vec<Streamed> = events.iter().filter_map(|e| text.pick(e)).collect();
+        assert_eq!(
+            picked,
+            [
+                Streamed::Delta("The answer is".into()),
+                Streamed::Discarded(json!({ "failure": failure })),
+                Streamed::Delta("42.".into()),
+            ]
+        );
+    }
 }

@@ -1,29 +1,43 @@
 //! A fake OpenAI-compatible chat-completions server, so the real provider code (HTTP client, SSE
-//! parsing, tool-call assembly) runs in tests. It serves `POST /v1/chat/completions` on a free
+//! parsing, tool-call assembly) runs in tests. It serves `POST /v1/chat/completions` (OpenAI's
+//! path) and `POST /openai/deployments/{deployment}/chat/completions` (Azure OpenAI's) on a free
 //! 127.0.0.1 port with a minimal hand-written HTTP/1.1 layer (one request per connection),
 //! answers from a FIFO script of [`FakeReply`]s — whole JSON or server-sent events, as the request
-//! asks — and records every request body and `Authorization` header.
+//! asks — and records every request: its path, query, headers and body ([`FakeOpenAi::received`]).
+//!
+//! It obeys an answer bound as a real server does: a request that carries `max_tokens` or
+//! `max_completion_tokens` gets an answer of at most that many completion tokens (cut, with
+//! finish reason `length`, when the scripted answer is longer), and its usage says so; a request
+//! that carries both is refused with 400, as OpenAI does. Its tokens: a text or tool-call reply
+//! counts [`FAKE_COMPLETION_TOKENS`] whatever its length, a [`FakeReply::Long`] answer one per
+//! word. Its prompt counts [`FAKE_PROMPT_TOKENS`], or, after [`FakeOpenAi::count_prompt_bytes`],
+//! one token per byte of the request's messages and tools (the most any tokenizer could make of
+//! them). [`FakeReply::Events`] are sent as scripted, bound or not.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-/// `usage.prompt_tokens` of every answer.
+mod http;
+
+use http::{json_answer, read_request, write_answer, Answer, HttpRequest};
+
+/// `usage.prompt_tokens` of every answer (unless the prompt is counted in bytes).
 pub const FAKE_PROMPT_TOKENS: u64 = 11;
-/// `usage.completion_tokens` of every answer.
+/// `usage.completion_tokens` of every text or tool-call answer (unless a bound cuts it).
 pub const FAKE_COMPLETION_TOKENS: u64 = 7;
+/// The word a [`FakeReply::Long`] answer repeats.
+pub const LONG_ANSWER_WORD: &str = "lorem";
 
 /// The text answered once the script is used up.
 const EXHAUSTED: &str = "(script exhausted)";
 /// Bound on reading one request and writing its answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
-/// Upper bound on a request's head (request line plus headers).
-const MAX_HEAD_BYTES: u64 = 64 * 1024;
 
 /// One scripted answer of the fake server.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,8 +49,11 @@ pub enum FakeReply {
     /// The server fails with this HTTP status and body.
     Status(u16, String),
     /// The server streams exactly these chunks (the JSON of each `data:` event, `[DONE]` added),
-    /// whether or not the request asked for a stream: a recorded answer of a real server.
+    /// whether or not the request asked for a stream: an answer in a real server's shape.
     Events(Vec<Value>),
+    /// The assistant answers at length: this many words ([`LONG_ANSWER_WORD`]), one token each,
+    /// unless the request's bound cuts it short.
+    Long(u64),
 }
 
 impl FakeReply {
@@ -50,7 +67,9 @@ impl FakeReply {
         FakeReply::Answer(text.into())
     }
 
-    /// The events of a recorded server-sent-events body (its `data:` lines but `[DONE]`).
+    /// The events of a server-sent-events body, such as a fixture of
+    /// `common/src/agent/model/fixtures/` (its `data:` lines but `[DONE]`; comment lines, which
+    /// start with `:`, are left out).
     ///
     /// # Panics
     /// When a `data:` line is not JSON.
@@ -66,11 +85,52 @@ impl FakeReply {
     }
 }
 
+/// One request the fake received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceivedRequest {
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    /// The query string (after `?`), if any.
+    pub query: Option<String>,
+    /// Every header, names lower-cased, in the order sent.
+    pub headers: Vec<(String, String)>,
+    /// The body as JSON (a body that is not JSON is a JSON string holding its text).
+    pub body: Value,
+}
+
+impl ReceivedRequest {
+    /// The value of header `name` (any case), if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The value of query parameter `name`, if sent (undecoded).
+    pub fn query_param(&self, name: &str) -> Option<&str> {
+        self.query.as_deref()?.split('&').find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (key == name).then_some(value)
+        })
+    }
+}
+
+/// The answer bound a request body carries: `max_completion_tokens` or `max_tokens`.
+pub fn answer_bound(body: &Value) -> Option<u64> {
+    body.get("max_completion_tokens")
+        .and_then(Value::as_u64)
+        .or_else(|| body.get("max_tokens").and_then(Value::as_u64))
+}
+
 #[derive(Debug, Default)]
 struct State {
     script: VecDeque<FakeReply>,
-    requests: Vec<Value>,
-    auth_headers: Vec<Option<String>>,
+    received: Vec<ReceivedRequest>,
+    /// Whether prompts are counted one token per byte (else [`FAKE_PROMPT_TOKENS`]).
+    prompt_in_bytes: bool,
     next_id: u64,
     /// While set, each request waits for a permit before it is answered.
     gate: Option<Arc<tokio::sync::Semaphore>>,
@@ -102,6 +162,8 @@ impl State {
 pub struct FakeOpenAi {
     /// `http://127.0.0.1:PORT/v1`: the base URL to configure a provider with.
     pub base_url: String,
+    /// `http://127.0.0.1:PORT`: the endpoint to configure an Azure OpenAI provider with.
+    pub root_url: String,
     state: Arc<Mutex<State>>,
     task: JoinHandle<()>,
 }
@@ -134,6 +196,7 @@ impl FakeOpenAi {
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&state)));
         Self {
             base_url: format!("http://127.0.0.1:{port}/v1"),
+            root_url: format!("http://127.0.0.1:{port}"),
             state,
             task,
         }
@@ -189,12 +252,41 @@ impl FakeOpenAi {
     /// Every request body so far, parsed as JSON (a body that is not JSON is recorded as a JSON
     /// string holding its text).
     pub fn requests(&self) -> Vec<Value> {
-        self.lock().requests.clone()
+        self.lock()
+            .received
+            .iter()
+            .map(|r| r.body.clone())
+            .collect()
     }
 
     /// The `Authorization` header of every request so far, in request order.
     pub fn auth_headers(&self) -> Vec<Option<String>> {
-        self.lock().auth_headers.clone()
+        self.lock()
+            .received
+            .iter()
+            .map(|r| r.header("authorization").map(str::to_owned))
+            .collect()
+    }
+
+    /// Every request so far, whole: path, query, headers and body.
+    pub fn received(&self) -> Vec<ReceivedRequest> {
+        self.lock().received.clone()
+    }
+
+    /// The answer bound ([`answer_bound`]) of every request so far, in request order.
+    pub fn answer_bounds(&self) -> Vec<Option<u64>> {
+        self.lock()
+            .received
+            .iter()
+            .map(|r| answer_bound(&r.body))
+            .collect()
+    }
+
+    /// From now on, reports each request's prompt tokens as the bytes of its messages (content,
+    /// reasoning, tool calls' names and arguments, tool-call ids) and tool specs (names,
+    /// descriptions, parameter schemas): the most any tokenizer could make of them.
+    pub fn count_prompt_bytes(&self) {
+        self.lock().prompt_in_bytes = true;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -235,37 +327,6 @@ async fn accept_loop(listener: TcpListener, state: Arc<Mutex<State>>) {
     }
 }
 
-#[derive(Debug)]
-struct HttpRequest {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl HttpRequest {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(name))
-            .map(|(_, value)| value.as_str())
-    }
-}
-
-/// What to send back.
-enum Answer {
-    Whole {
-        status: u16,
-        content_type: &'static str,
-        body: String,
-    },
-    Events(Vec<Value>),
-    /// `429 Too Many Requests` with this `Retry-After` (seconds).
-    Refused {
-        retry_after: u64,
-    },
-}
-
 /// Counts a request in flight until it is dropped (its answer starts, or the connection ends).
 struct InFlight(Arc<Mutex<State>>);
 
@@ -303,182 +364,52 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<(
     let answer = answer(&request, &state);
     // The answer starts now: a client sees its end only after this.
     drop(in_flight);
-    let mut stream = reader.into_inner();
-    match answer {
-        Answer::Whole {
-            status,
-            content_type,
-            body,
-        } => {
-            let head = format!(
-                "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                reason(status),
-                body.len()
-            );
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body.as_bytes()).await?;
-        }
-        Answer::Refused { retry_after } => {
-            let body = r#"{"error":{"message":"rate limited","type":"rate_limit_error"}}"#;
-            let head = format!(
-                "HTTP/1.1 429 {}\r\ncontent-type: application/json\r\nretry-after: {retry_after}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                reason(429),
-                body.len()
-            );
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body.as_bytes()).await?;
-        }
-        Answer::Events(events) => {
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
-            stream.write_all(head.as_bytes()).await?;
-            let data = events
-                .iter()
-                .map(Value::to_string)
-                .chain(std::iter::once("[DONE]".to_owned()));
-            for data in data {
-                // One event per HTTP chunk, flushed separately, so the client really streams.
-                let event = format!("data: {data}\n\n");
-                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
-                stream.write_all(chunk.as_bytes()).await?;
-                stream.flush().await?;
-            }
-            stream.write_all(b"0\r\n\r\n").await?;
-        }
-    }
-    stream.flush().await?;
-    stream.shutdown().await
-}
-
-/// Reads one request; `None` when the client closed the connection without sending one.
-async fn read_request<R: AsyncBufRead + Unpin>(
-    reader: &mut R,
-) -> std::io::Result<Option<HttpRequest>> {
-    let mut head = String::new();
-    let mut limited = reader.take(MAX_HEAD_BYTES);
-    let mut lines = Vec::new();
-    loop {
-        head.clear();
-        if limited.read_line(&mut head).await? == 0 {
-            if lines.is_empty() {
-                return Ok(None);
-            }
-            return Err(invalid("the request head ended early"));
-        }
-        let line = head.trim_end_matches(['\r', '\n']);
-        if line.is_empty() {
-            if lines.is_empty() {
-                continue; // Tolerate stray blank lines before the request line.
-            }
-            break;
-        }
-        lines.push(line.to_owned());
-    }
-    let reader = limited.into_inner();
-    let mut request_line = lines[0].split_whitespace();
-    let method = request_line.next().unwrap_or_default().to_owned();
-    let target = request_line.next().unwrap_or_default();
-    let path = target.split('?').next().unwrap_or_default().to_owned();
-    let headers: Vec<(String, String)> = lines[1..]
-        .iter()
-        .filter_map(|line| line.split_once(':'))
-        .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
-        .collect();
-    let mut request = HttpRequest {
-        method,
-        path,
-        headers,
-        body: Vec::new(),
-    };
-    let chunked = request
-        .header("transfer-encoding")
-        .is_some_and(|value| value.to_ascii_lowercase().contains("chunked"));
-    if chunked {
-        request.body = read_chunked(reader).await?;
-    } else if let Some(length) = request.header("content-length") {
-        let length: usize = length
-            .parse()
-            .map_err(|_| invalid("a content-length that is not a number"))?;
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).await?;
-        request.body = body;
-    }
-    Ok(Some(request))
-}
-
-async fn read_chunked<R: AsyncBufRead + Unpin>(reader: &mut R) -> std::io::Result<Vec<u8>> {
-    let mut body = Vec::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).await?;
-        let size = line.trim().split(';').next().unwrap_or_default();
-        let size = usize::from_str_radix(size, 16).map_err(|_| invalid("a bad chunk size"))?;
-        if size == 0 {
-            // Skip trailers up to the closing blank line.
-            loop {
-                line.clear();
-                if reader.read_line(&mut line).await? == 0 || line.trim().is_empty() {
-                    return Ok(body);
-                }
-            }
-        }
-        let start = body.len();
-        body.resize(start + size, 0);
-        reader.read_exact(&mut body[start..]).await?;
-        line.clear();
-        reader.read_line(&mut line).await?; // The CRLF after the chunk data.
-    }
-}
-
-fn invalid(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned())
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        408 => "Request Timeout",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "Status",
-    }
-}
-
-fn json_answer(status: u16, body: &Value) -> Answer {
-    Answer::Whole {
-        status,
-        content_type: "application/json",
-        body: body.to_string(),
-    }
+    write_answer(reader.into_inner(), answer).await
 }
 
 // ---------------------------------------------------------------------------------------------
 // Chat completions
 
+/// Whether `path` is a chat-completions endpoint: OpenAI's, or an Azure OpenAI deployment's.
+fn is_chat_path(path: &str) -> bool {
+    if path == "/v1/chat/completions" {
+        return true;
+    }
+    path.strip_prefix("/openai/deployments/")
+        .and_then(|rest| rest.strip_suffix("/chat/completions"))
+        .is_some_and(|deployment| !deployment.is_empty() && !deployment.contains('/'))
+}
+
 /// Records `request` and builds its answer from the next scripted reply.
 fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
-    if request.method != "POST" || request.path != "/v1/chat/completions" {
+    if request.method != "POST" || !is_chat_path(&request.path) {
         let error = json!({ "error": { "message": format!(
-            "the fake OpenAI server only serves POST /v1/chat/completions, not {} {}",
+            "the fake OpenAI server only serves POST /v1/chat/completions and \
+             /openai/deployments/{{deployment}}/chat/completions, not {} {}",
             request.method, request.path
         ), "type": "invalid_request_error" } });
         return json_answer(404, &error);
     }
-    let auth = request.header("authorization").map(str::to_owned);
     let mut state = lock(state);
-    state.auth_headers.push(auth);
-    let body: Value = match serde_json::from_slice(&request.body) {
+    let parsed: Result<Value, _> = serde_json::from_slice(&request.body);
+    let recorded = match &parsed {
+        Ok(body) => body.clone(),
+        Err(_) => Value::String(String::from_utf8_lossy(&request.body).into_owned()),
+    };
+    state.received.push(ReceivedRequest {
+        method: request.method.clone(),
+        path: request.path.clone(),
+        query: request.query.clone(),
+        headers: request
+            .headers
+            .iter()
+            .map(|(key, value)| (key.to_ascii_lowercase(), value.clone()))
+            .collect(),
+        body: recorded,
+    });
+    let body = match parsed {
         Ok(body) => body,
         Err(error) => {
-            let text = String::from_utf8_lossy(&request.body).into_owned();
-            state.requests.push(Value::String(text));
             let error = json!({ "error": {
                 "message": format!("the request body is not JSON: {error}"),
                 "type": "invalid_request_error",
@@ -486,7 +417,16 @@ fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
             return json_answer(400, &error);
         }
     };
-    state.requests.push(body.clone());
+    if body.get("max_tokens").is_some() && body.get("max_completion_tokens").is_some() {
+        // OpenAI's answer to a request that sets both.
+        let error = json!({ "error": {
+            "message": "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "invalid_parameter_combination",
+        } });
+        return json_answer(400, &error);
+    }
     if state.refusals_left > 0 {
         state.refusals_left -= 1;
         state.refused += 1;
@@ -505,6 +445,42 @@ fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
         .to_owned();
     let streamed = body.get("stream").and_then(Value::as_bool) == Some(true);
     let completion_id = state.fresh_id("chatcmpl");
+    let usage = Usage {
+        prompt: if state.prompt_in_bytes {
+            prompt_bytes(&body)
+        } else {
+            FAKE_PROMPT_TOKENS
+        },
+        bound: answer_bound(&body),
+    };
+    let reply = match (reply, usage.bound) {
+        // A reply the bound cuts short: its first `bound` tokens.
+        (FakeReply::Long(words), Some(bound)) if words > bound => {
+            return cut_answer(
+                &completion_id,
+                &model,
+                streamed,
+                long_text(bound),
+                usage,
+                bound,
+            );
+        }
+        (FakeReply::Answer(text), Some(bound)) if bound < FAKE_COMPLETION_TOKENS => {
+            let cut: String = text.chars().take(bound as usize).collect();
+            return cut_answer(&completion_id, &model, streamed, cut, usage, bound);
+        }
+        (FakeReply::ToolCalls(_), Some(bound)) if bound < FAKE_COMPLETION_TOKENS => {
+            return cut_answer(
+                &completion_id,
+                &model,
+                streamed,
+                String::new(),
+                usage,
+                bound,
+            );
+        }
+        (reply, _) => reply,
+    };
     match reply {
         FakeReply::Status(status, body) => {
             let content_type = if serde_json::from_str::<Value>(&body).is_ok() {
@@ -519,20 +495,29 @@ fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
             }
         }
         FakeReply::Events(events) => Answer::Events(events),
-        FakeReply::Answer(text) if streamed => {
-            Answer::Events(streamed_text(&completion_id, &model, &text))
+        FakeReply::Long(words) => {
+            let done = usage.of(words);
+            text_answer(
+                &completion_id,
+                &model,
+                streamed,
+                long_text(words),
+                "stop",
+                done,
+            )
         }
         FakeReply::Answer(text) => {
-            let message = json!({ "role": "assistant", "content": text });
-            json_answer(200, &whole(&completion_id, &model, message, "stop"))
+            let done = usage.of(FAKE_COMPLETION_TOKENS);
+            text_answer(&completion_id, &model, streamed, text, "stop", done)
         }
         FakeReply::ToolCalls(calls) => {
+            let done = usage.of(FAKE_COMPLETION_TOKENS);
             let calls: Vec<(String, String, Value)> = calls
                 .into_iter()
                 .map(|(name, arguments)| (state.fresh_id("call"), name, arguments))
                 .collect();
             if streamed {
-                Answer::Events(streamed_tool_calls(&completion_id, &model, &calls))
+                Answer::Events(streamed_tool_calls(&completion_id, &model, &calls, done))
             } else {
                 let tool_calls: Vec<Value> = calls
                     .iter()
@@ -546,29 +531,123 @@ fn answer(request: &HttpRequest, state: &Mutex<State>) -> Answer {
                     .collect();
                 let message =
                     json!({ "role": "assistant", "content": null, "tool_calls": tool_calls });
-                json_answer(200, &whole(&completion_id, &model, message, "tool_calls"))
+                json_answer(
+                    200,
+                    &whole(&completion_id, &model, message, "tool_calls", done),
+                )
             }
         }
     }
 }
 
-fn usage() -> Value {
-    json!({
-        "prompt_tokens": FAKE_PROMPT_TOKENS,
-        "completion_tokens": FAKE_COMPLETION_TOKENS,
-        "total_tokens": FAKE_PROMPT_TOKENS + FAKE_COMPLETION_TOKENS,
-    })
+/// What a request is charged: its prompt's tokens, and the bound on its answer, if any.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    prompt: u64,
+    bound: Option<u64>,
+}
+
+impl Usage {
+    /// The `usage` object of an answer of `completion` tokens.
+    fn of(self, completion: u64) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt + completion,
+        })
+    }
+}
+
+/// `words` words of a long answer.
+fn long_text(words: u64) -> String {
+    vec![LONG_ANSWER_WORD; usize::try_from(words).unwrap_or(usize::MAX)].join(" ")
+}
+
+/// An answer cut at the request's `bound`: `text`, finish reason `length`, `bound` completion
+/// tokens.
+fn cut_answer(
+    id: &str,
+    model: &str,
+    streamed: bool,
+    text: String,
+    usage: Usage,
+    bound: u64,
+) -> Answer {
+    text_answer(id, model, streamed, text, "length", usage.of(bound))
+}
+
+/// A text answer, whole or streamed as the request asked.
+fn text_answer(
+    id: &str,
+    model: &str,
+    streamed: bool,
+    text: String,
+    finish_reason: &str,
+    usage: Value,
+) -> Answer {
+    if streamed {
+        Answer::Events(streamed_text(id, model, &text, finish_reason, usage))
+    } else {
+        let message = json!({ "role": "assistant", "content": text });
+        json_answer(200, &whole(id, model, message, finish_reason, usage))
+    }
+}
+
+/// The bytes of a request's messages and tool specs: what [`FakeOpenAi::count_prompt_bytes`]
+/// counts as its prompt tokens.
+fn prompt_bytes(body: &Value) -> u64 {
+    let text = |value: &Value| value.as_str().map_or(0, str::len) as u64;
+    let messages: u64 = body["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|m| {
+                    let calls: u64 = m["tool_calls"]
+                        .as_array()
+                        .map(|calls| {
+                            calls
+                                .iter()
+                                .map(|c| {
+                                    text(&c["function"]["name"]) + text(&c["function"]["arguments"])
+                                })
+                                .sum()
+                        })
+                        .unwrap_or(0);
+                    text(&m["content"])
+                        + text(&m["reasoning_content"])
+                        + text(&m["tool_call_id"])
+                        + calls
+                })
+                .sum()
+        })
+        .unwrap_or(0);
+    let tools: u64 = body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| {
+                    let function = &t["function"];
+                    text(&function["name"])
+                        + text(&function["description"])
+                        + function["parameters"].to_string().len() as u64
+                })
+                .sum()
+        })
+        .unwrap_or(0);
+    messages + tools
 }
 
 /// A whole (non-streamed) completion.
-fn whole(id: &str, model: &str, message: Value, finish_reason: &str) -> Value {
+fn whole(id: &str, model: &str, message: Value, finish_reason: &str, usage: Value) -> Value {
     json!({
         "id": id,
         "object": "chat.completion",
         "created": 0,
         "model": model,
         "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason }],
-        "usage": usage(),
+        "usage": usage,
     })
 }
 
@@ -584,18 +663,24 @@ fn chunk(id: &str, model: &str, delta: Value, finish_reason: Option<&str>) -> Va
 }
 
 /// The closing usage chunk.
-fn usage_chunk(id: &str, model: &str) -> Value {
+fn usage_chunk(id: &str, model: &str, usage: Value) -> Value {
     json!({
         "id": id,
         "object": "chat.completion.chunk",
         "created": 0,
         "model": model,
         "choices": [],
-        "usage": usage(),
+        "usage": usage,
     })
 }
 
-fn streamed_text(id: &str, model: &str, text: &str) -> Vec<Value> {
+fn streamed_text(
+    id: &str,
+    model: &str,
+    text: &str,
+    finish_reason: &str,
+    usage: Value,
+) -> Vec<Value> {
     let mut events: Vec<Value> = split_text(text, 3)
         .into_iter()
         .enumerate()
@@ -608,12 +693,17 @@ fn streamed_text(id: &str, model: &str, text: &str) -> Vec<Value> {
             chunk(id, model, delta, None)
         })
         .collect();
-    events.push(chunk(id, model, json!({}), Some("stop")));
-    events.push(usage_chunk(id, model));
+    events.push(chunk(id, model, json!({}), Some(finish_reason)));
+    events.push(usage_chunk(id, model, usage));
     events
 }
 
-fn streamed_tool_calls(id: &str, model: &str, calls: &[(String, String, Value)]) -> Vec<Value> {
+fn streamed_tool_calls(
+    id: &str,
+    model: &str,
+    calls: &[(String, String, Value)],
+    usage: Value,
+) -> Vec<Value> {
     let mut events = Vec::new();
     for (index, (call_id, name, arguments)) in calls.iter().enumerate() {
         let opening = json!({ "tool_calls": [{
@@ -639,7 +729,7 @@ fn streamed_tool_calls(id: &str, model: &str, calls: &[(String, String, Value)])
         }
     }
     events.push(chunk(id, model, json!({}), Some("tool_calls")));
-    events.push(usage_chunk(id, model));
+    events.push(usage_chunk(id, model, usage));
     events
 }
 
@@ -926,5 +1016,230 @@ mod tests {
             fake.auth_headers(),
             vec![Some("Bearer sk-real".to_owned()); 2]
         );
+    }
+
+    fn long_request(stream: bool, bound: Option<(&str, u64)>) -> Value {
+        let mut body = json!({
+            "model": "m",
+            "messages": [{ "role": "user", "content": "tell me everything" }],
+            "stream": stream,
+        });
+        if let Some((field, bound)) = bound {
+            body[field] = json!(bound);
+        }
+        body
+    }
+
+    #[tokio::test]
+    async fn an_answer_never_exceeds_the_requests_bound_and_its_usage_says_so() {
+        let fake = FakeOpenAi::start(vec![
+            FakeReply::Long(500),
+            FakeReply::Long(500),
+            FakeReply::Long(3),
+            FakeReply::answer("a short answer"),
+            FakeReply::tool("echo", json!({ "text": "hi" })),
+        ])
+        .await;
+        let http = client();
+
+        // Whole, bounded by `max_tokens`: cut at 40 words.
+        let whole: Value = http
+            .post(fake.chat_url())
+            .json(&long_request(false, Some(("max_tokens", 40))))
+            .send()
+            .await
+            .expect("the fake server answers")
+            .json()
+            .await
+            .expect("the answer is JSON");
+        let text = whole["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("a text answer");
+        assert_eq!(text.split_whitespace().count(), 40);
+        assert_eq!(whole["choices"][0]["finish_reason"], "length");
+        assert_eq!(whole["usage"]["completion_tokens"], 40);
+        assert_eq!(whole["usage"]["prompt_tokens"], FAKE_PROMPT_TOKENS);
+
+        // Streamed, bounded by `max_completion_tokens`: cut at 25 words.
+        let response = http
+            .post(fake.chat_url())
+            .json(&long_request(true, Some(("max_completion_tokens", 25))))
+            .send()
+            .await
+            .expect("the fake server answers");
+        let chunks: Vec<Value> = sse_data(&response.text().await.expect("the stream is read"))
+            .iter()
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).expect("each event is JSON"))
+            .collect();
+        let text: String = chunks
+            .iter()
+            .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text.split_whitespace().count(), 25);
+        assert!(chunks
+            .iter()
+            .any(|chunk| chunk["choices"][0]["finish_reason"] == "length"));
+        let usage = &chunks.last().expect("a usage chunk")["usage"];
+        assert_eq!(usage["completion_tokens"], 25);
+
+        // Shorter than its bound: whole, and counted as it is.
+        let short: Value = http
+            .post(fake.chat_url())
+            .json(&long_request(false, Some(("max_tokens", 40))))
+            .send()
+            .await
+            .expect("the fake server answers")
+            .json()
+            .await
+            .expect("the answer is JSON");
+        assert_eq!(
+            short["choices"][0]["message"]["content"],
+            "lorem lorem lorem"
+        );
+        assert_eq!(short["choices"][0]["finish_reason"], "stop");
+        assert_eq!(short["usage"]["completion_tokens"], 3);
+
+        // Text and tool calls cost FAKE_COMPLETION_TOKENS: a smaller bound cuts them.
+        for _ in 0..2 {
+            let cut: Value = http
+                .post(fake.chat_url())
+                .json(&long_request(false, Some(("max_tokens", 2))))
+                .send()
+                .await
+                .expect("the fake server answers")
+                .json()
+                .await
+                .expect("the answer is JSON");
+            assert_eq!(cut["choices"][0]["finish_reason"], "length", "{cut}");
+            assert_eq!(cut["usage"]["completion_tokens"], 2);
+            assert!(cut["choices"][0]["message"].get("tool_calls").is_none());
+            let text = cut["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(text.chars().count() <= 2, "{text}");
+        }
+        assert_eq!(
+            fake.answer_bounds(),
+            vec![Some(40), Some(25), Some(40), Some(2), Some(2)]
+        );
+    }
+
+    #[tokio::test]
+    async fn both_bound_fields_at_once_are_refused_as_openai_refuses_them() {
+        let fake = FakeOpenAi::start(vec![FakeReply::answer("never sent")]).await;
+        let mut body = long_request(false, Some(("max_tokens", 10)));
+        body["max_completion_tokens"] = json!(10);
+        let response = client()
+            .post(fake.chat_url())
+            .json(&body)
+            .send()
+            .await
+            .expect("the fake server answers");
+        assert_eq!(response.status().as_u16(), 400);
+        let error: Value = response.json().await.expect("an error body");
+        assert_eq!(error["error"]["code"], "invalid_parameter_combination");
+        assert_eq!(fake.remaining(), 1, "the script was not read");
+    }
+
+    #[tokio::test]
+    async fn prompts_counted_in_bytes_count_every_byte_of_messages_and_tools() {
+        let fake = FakeOpenAi::start(vec![FakeReply::answer("ok")]).await;
+        fake.count_prompt_bytes();
+        let body = json!({
+            "model": "m",
+            "messages": [
+                { "role": "user", "content": "12345" },
+                { "role": "assistant", "content": null, "tool_calls": [
+                    { "id": "c1", "type": "function",
+                      "function": { "name": "echo", "arguments": "{\"a\":1}" } } ] },
+                { "role": "tool", "tool_call_id": "c1", "content": "xy" },
+            ],
+            "tools": [{ "type": "function", "function": {
+                "name": "echo", "description": "Echo.", "parameters": { "type": "object" } } }],
+        });
+        let answer: Value = client()
+            .post(fake.chat_url())
+            .json(&body)
+            .send()
+            .await
+            .expect("the fake server answers")
+            .json()
+            .await
+            .expect("the answer is JSON");
+        // 5 + (4 + 7) + (2 + 2) + (4 + 5 + 17)
+        assert_eq!(answer["usage"]["prompt_tokens"], 46);
+    }
+
+    #[tokio::test]
+    async fn azure_deployment_paths_are_served_and_recorded_whole() {
+        let fake = FakeOpenAi::start(vec![FakeReply::answer("from azure")]).await;
+        let url = format!(
+            "{}/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+            fake.root_url
+        );
+        let answer: Value = client()
+            .post(&url)
+            .header("api-key", "azure-key")
+            .json(&long_request(false, None))
+            .send()
+            .await
+            .expect("the fake server answers")
+            .json()
+            .await
+            .expect("the answer is JSON");
+        assert_eq!(answer["choices"][0]["message"]["content"], "from azure");
+        let received = fake.received();
+        assert_eq!(received.len(), 1);
+        let request = &received[0];
+        assert_eq!(request.method, "POST");
+        assert_eq!(
+            request.path,
+            "/openai/deployments/gpt-4o-prod/chat/completions"
+        );
+        assert_eq!(request.query_param("api-version"), Some("2024-10-21"));
+        assert_eq!(request.header("API-Key"), Some("azure-key"));
+        assert_eq!(request.header("authorization"), None);
+        assert_eq!(fake.auth_headers(), vec![None]);
+        for wrong in [
+            "/openai/deployments//chat/completions",
+            "/openai/deployments/a/b/chat/completions",
+            "/chat/completions",
+        ] {
+            let response = client()
+                .post(format!("{}{wrong}", fake.root_url))
+                .json(&long_request(false, None))
+                .send()
+                .await
+                .expect("the fake server answers");
+            assert_eq!(response.status().as_u16(), 404, "{wrong}");
+        }
+        assert_eq!(fake.received().len(), 1, "refused paths are not recorded");
+    }
+
+    /// The real provider sends the bound it is given and reads the cut answer.
+    #[tokio::test]
+    async fn the_real_openai_client_sends_the_bound_and_reads_a_cut_answer() {
+        use skein_common::agent::model::openai::OpenAiClient;
+        use skein_common::agent::model::{ModelClient, ModelRequest};
+        use skein_common::protocol::message::Message;
+
+        let fake = FakeOpenAi::start(vec![FakeReply::Long(1000)]).await;
+        let client = OpenAiClient::new(fake.base_url.clone(), None, Duration::from_secs(10))
+            .expect("the client builds");
+        let request = ModelRequest {
+            model: "m".to_owned(),
+            agent: "tester".to_owned(),
+            messages: vec![Message::user("hello")],
+            tools: Vec::new().into(),
+            max_output_tokens: Some(12),
+        };
+        let whole = client.complete(request).await.expect("the answer parses");
+        assert_eq!(whole.message.content.split_whitespace().count(), 12);
+        assert_eq!(whole.finish_reason.as_deref(), Some("length"));
+        assert_eq!(whole.usage.completion_tokens, 12);
+        let body = &fake.requests()[0];
+        assert_eq!(body["max_tokens"], json!(12));
+        assert!(body.get("max_completion_tokens").is_none(), "{body}");
     }
 }

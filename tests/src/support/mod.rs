@@ -8,6 +8,7 @@ pub mod browser;
 pub mod chaos;
 pub mod cluster;
 pub mod effects_http;
+pub mod fake_anthropic;
 pub mod fake_openai;
 pub mod gateway;
 pub mod hostile;

@@ -138,7 +138,11 @@ impl Redactor {
     fn redact_message(&self, message: &mut Message) {
         self.redact_in_place(&mut message.content);
         if let Some(reasoning) = &mut message.reasoning {
-            self.redact_in_place(reasoning);
+            if let Some(masked) = self.redact(reasoning) {
+                *reasoning = masked;
+                // The signature no longer covers the text: a server would refuse it sent back.
+                message.reasoning_signature = None;
+            }
         }
         for call in &mut message.tool_calls {
             self.redact_json(&mut call.arguments);
@@ -329,6 +333,14 @@ impl DeltaSink for RedactedDeltas {
             }
         })
     }
+
+    /// What was held back belongs to the discarded attempt: dropped, never forwarded.
+    fn discard(&self, failure: Failure) -> BoxFuture<'_, ()> {
+        for held in [&self.held, &self.held_reasoning] {
+            held.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
+        self.inner.discard(self.redactor.redact_failure(failure))
+    }
 }
 
 #[cfg(test)]
@@ -370,6 +382,26 @@ mod tests {
             inside_the_mask.redact("redacted").as_deref(),
             Some("[redacted]")
         );
+    }
+
+    #[test]
+    fn masked_reasoning_loses_its_signature_and_untouched_reasoning_keeps_it() {
+        let redactor = redactor();
+        let signed = |reasoning: &str| Message {
+            reasoning: Some(reasoning.to_owned()),
+            reasoning_signature: Some("sig".to_owned()),
+            ..Message::assistant("answer")
+        };
+        let mut leaked = signed("the key is s3cret42");
+        redactor.redact_message(&mut leaked);
+        assert_eq!(leaked.reasoning.as_deref(), Some("the key is [redacted]"));
+        assert_eq!(
+            leaked.reasoning_signature, None,
+            "the signature covered other text"
+        );
+        let mut clean = signed("nothing secret");
+        redactor.redact_message(&mut clean);
+        assert_eq!(clean.reasoning_signature.as_deref(), Some("sig"));
     }
 
     #[test]
@@ -532,6 +564,46 @@ mod tests {
             Some(&(false, "done".to_owned())),
             "the held-back reasoning goes out before the answer: {all:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_discard_drops_what_was_held_back_and_goes_on_masked() {
+        /// Forwards text to `text` and keeps the failures of discards.
+        #[derive(Default)]
+        struct Sink {
+            text: CollectedDeltas,
+            discarded: std::sync::Mutex<Vec<Failure>>,
+        }
+        impl DeltaSink for Sink {
+            fn delta(&self, text: String) -> BoxFuture<'_, ()> {
+                self.text.delta(text)
+            }
+            fn discard(&self, failure: Failure) -> BoxFuture<'_, ()> {
+                self.discarded.lock().expect("discarded").push(failure);
+                Box::pin(futures::future::ready(()))
+            }
+        }
+        let inner = tower::service_fn(|call: ModelCall| async move {
+            let deltas = call.deltas.expect("streamed");
+            // The attempt breaks off on what could start a secret, then the call is made again.
+            deltas.delta("partial s3".into()).await;
+            let broke = Failure::new(FailureKind::ModelFailed, "stream broke near s3cret42");
+            deltas.discard(broke).await;
+            deltas.delta("good".into()).await;
+            Ok::<_, BoxError>(text_response("good"))
+        });
+        let sink = Arc::new(Sink::default());
+
+        RedactLayer::new(redactor())
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect("model response");
+
+        assert_eq!(sink.text.text(), "partial good");
+        let discarded = sink.discarded.lock().expect("discarded").clone();
+        assert_eq!(discarded.len(), 1);
+        assert_eq!(discarded[0].message, "stream broke near [redacted]");
     }
 }
 

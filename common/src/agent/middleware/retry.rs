@@ -2,9 +2,11 @@
 //!
 //! Invariants:
 //! - a model call is tried again only when its error is transient: a
-//!   [`Failure`] marked `retryable` (429, 5xx, unreachable, timed out) or a timeout layer's
-//!   `Elapsed`; and only while none of its text or reasoning has been streamed (the consumer has
-//!   seen the deltas of a failed attempt, a second attempt would repeat them);
+//!   [`Failure`] marked `retryable` (429, 5xx, unreachable, timed out, a stream cut short or
+//!   ended by the server's error) or a timeout layer's `Elapsed`; also after some of its text or
+//!   reasoning was streamed, under the same attempts and waits: the consumer's sink is then told
+//!   to drop what the failed attempt streamed ([`DeltaSink::discard`]) before the next attempt
+//!   streams anything, so what it sees after the last discard is one attempt's output;
 //! - a tool call is tried again only when it failed `unavailable` and `retryable` (it never
 //!   reached a tool); a `timed_out` call is never tried again, it may still run. The next attempt
 //!   is marked `may_have_run`, so the tool service looks for a recorded result before running it;
@@ -115,9 +117,10 @@ where
 
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let streamed = Arc::new(AtomicBool::new(false));
-        if let Some(sink) = call.deltas.take() {
+        let consumer = call.deltas.take();
+        if let Some(sink) = &consumer {
             call.deltas = Some(Arc::new(WatchedDeltas {
-                inner: sink,
+                inner: sink.clone(),
                 streamed: streamed.clone(),
             }));
         }
@@ -126,6 +129,7 @@ where
             waits_left: RETRY_AFTER_WAITS,
             backoff: self.backoff.make_backoff(),
             streamed,
+            consumer,
             deadline: call
                 .origin
                 .as_ref()
@@ -150,10 +154,16 @@ impl DeltaSink for WatchedDeltas {
         self.inner.delta(text)
     }
 
-    /// Reasoning already shown counts as streamed output: a retry would show it twice.
+    /// Reasoning already shown counts as streamed output: a retry discards it too.
     fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
         self.streamed.store(true, Ordering::Release);
         self.inner.reasoning(text)
+    }
+
+    /// A layer inside this one discarded what streamed so far: nothing of it is left to drop.
+    fn discard(&self, failure: Failure) -> BoxFuture<'_, ()> {
+        self.streamed.store(false, Ordering::Release);
+        self.inner.discard(failure)
     }
 }
 
@@ -169,7 +179,10 @@ struct ModelRetryPolicy {
     /// `Retry-After` waits left.
     waits_left: u32,
     backoff: ExponentialBackoff,
+    /// Whether the attempt under way streamed anything to the consumer.
     streamed: Arc<AtomicBool>,
+    /// The consumer's sink, told to drop a failed attempt's output before the call is retried.
+    consumer: Option<Arc<dyn DeltaSink>>,
     /// The task's deadline: no retry waits past it.
     deadline: Option<tokio::time::Instant>,
 }
@@ -182,7 +195,7 @@ impl ModelRetryPolicy {
 }
 
 impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
-    type Future = tokio::time::Sleep;
+    type Future = BoxFuture<'static, ()>;
 
     fn retry(
         &mut self,
@@ -190,7 +203,34 @@ impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
         result: &mut Result<ModelResponse, BoxError>,
     ) -> Option<Self::Future> {
         let Err(error) = result else { return None };
-        if self.streamed.load(Ordering::Acquire) || !is_transient_model_error(error) {
+        let wait = self.wait_before_retry(error)?;
+        // Reset before the next attempt can stream: what it streams is its own.
+        let streamed = self.streamed.swap(false, Ordering::AcqRel);
+        let discard = streamed.then(|| self.consumer.clone()).flatten();
+        let Some(consumer) = discard else {
+            return Some(Box::pin(wait));
+        };
+        let failure = failure_of(error);
+        tracing::debug!(
+            error.kind = failure.kind.as_str(),
+            "model call failed after it streamed; its output is discarded"
+        );
+        Some(Box::pin(async move {
+            consumer.discard(failure).await;
+            wait.await;
+        }))
+    }
+
+    fn clone_request(&mut self, call: &ModelCall) -> Option<ModelCall> {
+        (self.retries_left > 0 || self.waits_left > 0).then(|| call.clone())
+    }
+}
+
+impl ModelRetryPolicy {
+    /// The wait before the next attempt after `error`, or `None` when the call is not tried
+    /// again (not transient, attempts or waits used up, the deadline too near).
+    fn wait_before_retry(&mut self, error: &BoxError) -> Option<tokio::time::Sleep> {
+        if !is_transient_model_error(error) {
             return None;
         }
         let asked_to_wait = error
@@ -225,9 +265,16 @@ impl Policy<ModelCall, ModelResponse, BoxError> for ModelRetryPolicy {
         );
         Some(backoff)
     }
+}
 
-    fn clone_request(&mut self, call: &ModelCall) -> Option<ModelCall> {
-        (self.retries_left > 0 || self.waits_left > 0).then(|| call.clone())
+/// The failure an error stands for, as the consumer is told it.
+fn failure_of(error: &BoxError) -> Failure {
+    match error.downcast_ref::<Failure>() {
+        Some(failure) => failure.clone(),
+        None => Failure {
+            retryable: true,
+            ..Failure::new(FailureKind::TimedOut, "the model call timed out")
+        },
     }
 }
 
@@ -485,58 +532,196 @@ mod tests {
         assert_eq!(crate::agent::model::retry_after(&unavailable()), None);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_model_call_that_streamed_text_is_not_tried_again() {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let counted = calls.clone();
-        let inner = tower::service_fn(move |call: ModelCall| {
-            let calls = counted.clone();
-            async move {
+    /// What a sink was told, in order.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Told {
+        Text(String),
+        Reasoning(String),
+        Discard(Failure),
+    }
+
+    #[derive(Default)]
+    struct ToldSink(Mutex<Vec<Told>>);
+
+    impl ToldSink {
+        fn told(&self) -> Vec<Told> {
+            self.0.lock().expect("told").clone()
+        }
+    }
+
+    impl DeltaSink for ToldSink {
+        fn delta(&self, text: String) -> BoxFuture<'_, ()> {
+            self.0.lock().expect("told").push(Told::Text(text));
+            Box::pin(futures::future::ready(()))
+        }
+
+        fn reasoning(&self, text: String) -> BoxFuture<'_, ()> {
+            self.0.lock().expect("told").push(Told::Reasoning(text));
+            Box::pin(futures::future::ready(()))
+        }
+
+        fn discard(&self, failure: Failure) -> BoxFuture<'_, ()> {
+            self.0.lock().expect("told").push(Told::Discard(failure));
+            Box::pin(futures::future::ready(()))
+        }
+    }
+
+    /// One scripted attempt: what it streams (`true` for reasoning), then how it ends.
+    type Attempt = (Vec<(bool, &'static str)>, Result<&'static str, Failure>);
+
+    /// An inner model service that plays `attempts` in turn, streaming to the call's sink.
+    fn streaming_model(
+        attempts: Vec<Attempt>,
+        calls: Arc<AtomicUsize>,
+    ) -> impl Service<
+        ModelCall,
+        Response = ModelResponse,
+        Error = BoxError,
+        Future = BoxFuture<'static, Result<ModelResponse, BoxError>>,
+    > + Clone {
+        let attempts = Arc::new(Mutex::new(attempts));
+        tower::service_fn(move |call: ModelCall| {
+            let (attempts, calls) = (attempts.clone(), calls.clone());
+            Box::pin(async move {
                 calls.fetch_add(1, Ordering::SeqCst);
-                if let Some(deltas) = &call.deltas {
-                    deltas.delta("partial".into()).await;
+                let (streams, end) = attempts.lock().expect("attempts").remove(0);
+                let sink = call.deltas.expect("the call streams");
+                for (reasoning, piece) in streams {
+                    if reasoning {
+                        sink.reasoning(piece.to_owned()).await;
+                    } else {
+                        sink.delta(piece.to_owned()).await;
+                    }
                 }
-                Err::<ModelResponse, BoxError>(Box::new(unavailable()))
-            }
-        });
-        let sink = Arc::new(CollectedDeltas::default());
+                end.map(text_response)
+                    .map_err(|failure| Box::new(failure) as BoxError)
+            }) as BoxFuture<'static, _>
+        })
+    }
 
-        let error = model_layer(3)
-            .layer(inner)
-            .oneshot(model_call(Some(sink.clone())))
-            .await
-            .expect_err("the stream broke");
-
-        assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(sink.text(), "partial");
+    /// A stream the server ended with an error after its first tokens (OpenRouter's mid-stream
+    /// `error` chunk), as the provider reports it.
+    fn broke_off() -> Failure {
+        Failure {
+            kind: FailureKind::ModelFailed,
+            message: "model server error: Provider disconnected unexpectedly".into(),
+            retryable: true,
+        }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_model_call_that_streamed_reasoning_is_not_tried_again() {
+    async fn a_call_that_broke_off_after_streaming_is_discarded_and_tried_again() {
         let calls = Arc::new(AtomicUsize::new(0));
-        let counted = calls.clone();
-        let inner = tower::service_fn(move |call: ModelCall| {
-            let calls = counted.clone();
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                if let Some(deltas) = &call.deltas {
-                    deltas.reasoning("thinking".into()).await;
-                }
-                Err::<ModelResponse, BoxError>(Box::new(unavailable()))
-            }
-        });
-        let sink = Arc::new(CollectedDeltas::default());
+        let inner = streaming_model(
+            vec![
+                (
+                    vec![(true, "thinking"), (false, "The answer is")],
+                    Err(broke_off()),
+                ),
+                (vec![(false, "42.")], Ok("42.")),
+            ],
+            calls.clone(),
+        );
+        let sink = Arc::new(ToldSink::default());
+
+        let response = model_layer(3)
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect("the second attempt answers");
+
+        assert_eq!(response.message.content, "42.");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            sink.told(),
+            [
+                Told::Reasoning("thinking".into()),
+                Told::Text("The answer is".into()),
+                Told::Discard(broke_off()),
+                Told::Text("42.".into()),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_discarded_attempt_uses_up_an_attempt_and_waits_out_the_backoff() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = streaming_model(
+            vec![
+                (vec![(false, "one")], Err(broke_off())),
+                (vec![(false, "two")], Err(broke_off())),
+                (vec![(false, "three")], Ok("three")),
+            ],
+            calls.clone(),
+        );
+        let sink = Arc::new(ToldSink::default());
+        let started = tokio::time::Instant::now();
+
+        let error = model_layer(2)
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect_err("two attempts, both broke off");
+
+        assert_eq!(failure_from_error(error), broke_off());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // The last attempt's output is not discarded: no attempt follows it.
+        assert_eq!(
+            sink.told(),
+            [
+                Told::Text("one".into()),
+                Told::Discard(broke_off()),
+                Told::Text("two".into()),
+            ]
+        );
+        // Paused time advances exactly by the backoff: at least its base.
+        assert!(started.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_streamed_and_failed_for_good_is_not_tried_again() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let refused = Failure::new(FailureKind::ModelFailed, "model server answered 400");
+        let inner = streaming_model(
+            vec![
+                (vec![(false, "partial")], Err(refused.clone())),
+                (vec![(false, "never")], Ok("never")),
+            ],
+            calls.clone(),
+        );
+        let sink = Arc::new(ToldSink::default());
 
         let error = model_layer(3)
             .layer(inner)
             .oneshot(model_call(Some(sink.clone())))
             .await
-            .expect_err("the stream broke");
+            .expect_err("not retried");
 
-        assert_eq!(failure_from_error(error).kind, FailureKind::Unavailable);
+        assert_eq!(failure_from_error(error), refused);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(sink.all(), vec![(true, "thinking".to_owned())]);
+        assert_eq!(sink.told(), [Told::Text("partial".into())]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_of_a_call_that_streamed_nothing_discards_nothing() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = streaming_model(
+            vec![
+                (vec![], Err(unavailable())),
+                (vec![(false, "answer")], Ok("answer")),
+            ],
+            calls.clone(),
+        );
+        let sink = Arc::new(ToldSink::default());
+
+        model_layer(3)
+            .layer(inner)
+            .oneshot(model_call(Some(sink.clone())))
+            .await
+            .expect("the second attempt answers");
+
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(sink.told(), [Told::Text("answer".into())]);
     }
 
     /// An inner tool service that answers `replies` in turn and keeps the requests it got.

@@ -3,10 +3,11 @@
 //! deltas (reasoning first, for thinking models, then text) ending in the whole response
 //! (`stream`).
 //!
-//! Providers: [`openai::OpenAiClient`] (any OpenAI-compatible chat-completions server) and
-//! [`scripted::ScriptedModel`] (replays a scenario file; offline runs and tests). [`Provider`] picks
-//! one from configuration.
+//! Providers: [`openai::OpenAiClient`] (any OpenAI-compatible chat-completions server),
+//! [`anthropic::AnthropicClient`] (Anthropic's Messages API) and [`scripted::ScriptedModel`]
+//! (replays a scenario file; offline runs and tests). [`Provider`] picks one from configuration.
 
+pub mod anthropic;
 pub mod openai;
 pub mod scripted;
 
@@ -31,7 +32,8 @@ pub struct ModelRequest {
     /// Tools the model may call; empty means none. Shared: every turn of an agent offers the same
     /// snapshot, so no call holds a copy of its own.
     pub tools: Arc<[ToolSpec]>,
-    /// The most output tokens the answer may take, sent to the server (`max_tokens`); `None`
+    /// The most output tokens the answer may take, sent to the server (`max_tokens`, or
+    /// `max_completion_tokens` where that is what the server reads); `None`
     /// leaves it to the provider's default (which Anthropic's API requires: the configured
     /// `SKEIN_MODEL_MAX_OUTPUT_TOKENS`).
     pub max_output_tokens: Option<u64>,
@@ -195,14 +197,16 @@ impl<M: ModelClient> ModelClient for Arc<M> {
 #[derive(Clone)]
 pub enum Provider {
     OpenAi(Arc<openai::OpenAiClient>),
+    Anthropic(Arc<anthropic::AnthropicClient>),
     Scripted(Arc<scripted::ScriptedModel>),
 }
 
 impl Provider {
-    /// A short label for logs and events (`openai` or `scripted`).
+    /// A short label for logs and events (`openai`, `anthropic` or `scripted`).
     pub fn label(&self) -> &'static str {
         match self {
             Provider::OpenAi(_) => "openai",
+            Provider::Anthropic(_) => "anthropic",
             Provider::Scripted(_) => "scripted",
         }
     }
@@ -212,6 +216,7 @@ impl ModelClient for Provider {
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
         match self {
             Provider::OpenAi(m) => m.complete(request).await,
+            Provider::Anthropic(m) => m.complete(request).await,
             Provider::Scripted(m) => m.complete(request).await,
         }
     }
@@ -222,6 +227,7 @@ impl ModelClient for Provider {
     ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
         match self {
             Provider::OpenAi(m) => m.stream(request).await,
+            Provider::Anthropic(m) => m.stream(request).await,
             Provider::Scripted(m) => m.stream(request).await,
         }
     }
@@ -252,11 +258,19 @@ impl Provider {
     /// Builds the provider configuration asks for.
     pub fn from_config(cfg: &crate::config::ModelConfig) -> Result<Self, ModelError> {
         match cfg.provider.as_str() {
-            "openai" => Ok(Provider::OpenAi(Arc::new(openai::OpenAiClient::new(
-                cfg.base_url.clone(),
-                cfg.api_key().map_err(ModelError::Misconfigured)?,
-                cfg.timeout,
-            )?))),
+            // Azure OpenAI is the same API behind another URL and header (`openai.rs`).
+            "openai" | "azure" => Ok(Provider::OpenAi(Arc::new(
+                openai::OpenAiClient::from_config(cfg)?,
+            ))),
+            // `SKEIN_MODEL_BASE_URL` defaults to OpenAI's API; left so, Anthropic's is meant.
+            "anthropic" => Ok(Provider::Anthropic(Arc::new(
+                anthropic::AnthropicClient::new(
+                    anthropic::base_url_for(&cfg.base_url),
+                    cfg.api_key().map_err(ModelError::Misconfigured)?,
+                    cfg.timeout,
+                    cfg.max_output_tokens,
+                )?,
+            ))),
             "scripted" => {
                 let model = match &cfg.scenario {
                     Some(path) => scripted::ScriptedModel::from_file(path)?,
@@ -265,7 +279,7 @@ impl Provider {
                 Ok(Provider::Scripted(Arc::new(model)))
             }
             other => Err(ModelError::Misconfigured(format!(
-                "unknown model provider {other:?} (use \"scripted\" or \"openai\")"
+                "unknown model provider {other:?} (use \"scripted\", \"openai\", \"azure\" or \"anthropic\")"
             ))),
         }
     }

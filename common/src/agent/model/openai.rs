@@ -1,8 +1,21 @@
 //! [`OpenAiClient`]: a client for any OpenAI-compatible chat-completions server (OpenAI, vLLM,
-//! Ollama, ...). This file owns the wire mapping between Skein's conversation model
-//! ([`Message`], [`ToolCall`], [`ToolSpec`]) and the `/chat/completions` JSON for whole answers,
-//! plus the mapping of transport failures onto [`ModelError`]; `stream` reads streamed
-//! (server-sent events) answers.
+//! Ollama, ...) and for Azure OpenAI. This file owns the wire mapping between Skein's
+//! conversation model ([`Message`], [`ToolCall`], [`ToolSpec`]) and the `/chat/completions` JSON
+//! for whole answers, plus the mapping of transport failures onto [`ModelError`]; `stream` reads
+//! streamed (server-sent events) answers.
+//!
+//! Two flavours of the same API ([`Flavour`]): an OpenAI-compatible server is posted at
+//! `{base}/chat/completions` with the key as a bearer token; Azure OpenAI at
+//! `{base}/openai/deployments/{deployment}/chat/completions?api-version={version}`, the
+//! deployment being the request's model name, with the key in an `api-key` header (Azure's key
+//! authentication; no `Authorization` header is sent).
+//!
+//! The answer's bound (`ModelRequest::max_output_tokens`, set by the budget layer) goes out in
+//! one field, never both: some servers refuse a request that sets both. Which one is
+//! [`MaxTokensField`]: `max_completion_tokens` for OpenAI's own API and Azure OpenAI (both
+//! deprecate `max_tokens`, and refuse it for reasoning models), `max_tokens` for every other
+//! server (the field OpenAI-compatible servers read; one that ignored `max_completion_tokens`
+//! would let an answer run past its budget), unless configured otherwise.
 //!
 //! Timeouts: connecting is bounded by the smaller of the configured timeout and
 //! [`MAX_CONNECT_TIMEOUT`]; a whole call, streamed or not, is bounded by the configured timeout
@@ -34,10 +47,13 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use reqwest::header::HeaderValue;
+use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
+use crate::config::{ModelConfig, ENV_MODEL_BASE_URL};
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
 use crate::protocol::ToolSpec;
 
@@ -51,31 +67,107 @@ pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 /// Most tool calls one response may carry.
 pub const MAX_TOOL_CALLS: usize = 128;
+/// The Azure OpenAI `api-version` used when none is configured: the current generally available
+/// version of the inference API.
+pub const DEFAULT_AZURE_API_VERSION: &str = "2024-10-21";
 
 /// Longest error body kept in [`ModelError::Status`].
 const MAX_ERROR_BODY_BYTES: usize = 2048;
+/// The host of OpenAI's own API.
+const OPENAI_HOST: &str = "api.openai.com";
+
+/// Which shape of the chat-completions API a server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// OpenAI and every OpenAI-compatible server: `{base}/chat/completions`, bearer key.
+    OpenAi,
+    /// Azure OpenAI: a deployment's endpoint with an `api-version`, `api-key` header.
+    Azure,
+}
+
+/// The request field that carries the answer's bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxTokensField {
+    /// `max_tokens`: what OpenAI-compatible servers read.
+    MaxTokens,
+    /// `max_completion_tokens`: what OpenAI and Azure OpenAI want (reasoning tokens included).
+    MaxCompletionTokens,
+}
+
+impl MaxTokensField {
+    /// The field's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
+
+    /// The field a `setting` (`auto`, `max_tokens` or `max_completion_tokens`) names; `auto`
+    /// picks by server: `max_completion_tokens` for Azure OpenAI and OpenAI's own API,
+    /// `max_tokens` for any other.
+    pub fn from_setting(setting: &str, flavour: Flavour, base_url: &str) -> Result<Self, String> {
+        match setting {
+            "max_tokens" => Ok(MaxTokensField::MaxTokens),
+            "max_completion_tokens" => Ok(MaxTokensField::MaxCompletionTokens),
+            "auto" => Ok(Self::auto(flavour, base_url)),
+            other => Err(format!(
+                "unknown max tokens field {other:?} (use auto, max_tokens or max_completion_tokens)"
+            )),
+        }
+    }
+
+    fn auto(flavour: Flavour, base_url: &str) -> Self {
+        let openai = Url::parse(base_url.trim())
+            .ok()
+            .is_some_and(|url| url.host_str() == Some(OPENAI_HOST));
+        if flavour == Flavour::Azure || openai {
+            MaxTokensField::MaxCompletionTokens
+        } else {
+            MaxTokensField::MaxTokens
+        }
+    }
+}
+
+/// Where calls are posted.
+#[derive(Debug, Clone)]
+enum Endpoint {
+    OpenAi {
+        chat_url: String,
+    },
+    /// `root` is the resource's URL; a deployment's path is built on it per call.
+    Azure {
+        root: Url,
+        api_version: String,
+    },
+}
 
 /// A chat-completions client; cheap to share behind an `Arc`.
 pub struct OpenAiClient {
     http: reqwest::Client,
-    chat_url: String,
+    endpoint: Endpoint,
     api_key: Option<String>,
+    /// The key as Azure's `api-key` header (marked sensitive, so it is never printed).
+    key_header: Option<HeaderValue>,
     timeout: Duration,
+    max_tokens_field: MaxTokensField,
 }
 
 impl std::fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("chat_url", &self.chat_url)
+            .field("endpoint", &self.endpoint)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("timeout", &self.timeout)
+            .field("max_tokens_field", &self.max_tokens_field)
             .finish()
     }
 }
 
 impl OpenAiClient {
-    /// A client for the API at `base_url` (up to and including `/v1`; a trailing slash is fine).
-    /// A blank `api_key` counts as none.
+    /// A client for the OpenAI-compatible API at `base_url` (up to and including `/v1`; a
+    /// trailing slash is fine), sending the answer's bound in the field [`MaxTokensField`]'s
+    /// `auto` picks. A blank `api_key` counts as none.
     pub fn new(
         base_url: impl Into<String>,
         api_key: Option<String>,
@@ -83,43 +175,165 @@ impl OpenAiClient {
     ) -> Result<Self, ModelError> {
         let base_url = base_url.into();
         let chat_url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+        let max_tokens_field = MaxTokensField::auto(Flavour::OpenAi, &base_url);
+        Self::build(
+            Endpoint::OpenAi { chat_url },
+            api_key,
+            timeout,
+            max_tokens_field,
+        )
+    }
+
+    /// A client for the Azure OpenAI resource at `base_url` (`https://<resource>.openai.azure.com`;
+    /// a trailing `/` or `/openai` is fine), calling each request's model as a deployment with
+    /// `api_version`.
+    pub fn azure(
+        base_url: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+        api_version: &str,
+    ) -> Result<Self, ModelError> {
+        let root = azure_root(base_url, api_version).map_err(ModelError::Misconfigured)?;
+        let endpoint = Endpoint::Azure {
+            root,
+            api_version: api_version.trim().to_owned(),
+        };
+        Self::build(
+            endpoint,
+            api_key,
+            timeout,
+            MaxTokensField::auto(Flavour::Azure, base_url),
+        )
+    }
+
+    /// The client `cfg` configures: `azure` is Azure OpenAI, anything else an OpenAI-compatible
+    /// server.
+    pub fn from_config(cfg: &ModelConfig) -> Result<Self, ModelError> {
+        let api_key = cfg.api_key().map_err(ModelError::Misconfigured)?;
+        let (client, flavour) = if cfg.provider == "azure" {
+            let client = Self::azure(&cfg.base_url, api_key, cfg.timeout, &cfg.api_version)?;
+            (client, Flavour::Azure)
+        } else {
+            let client = Self::new(cfg.base_url.clone(), api_key, cfg.timeout)?;
+            (client, Flavour::OpenAi)
+        };
+        let field = MaxTokensField::from_setting(&cfg.max_tokens_field, flavour, &cfg.base_url)
+            .map_err(ModelError::Misconfigured)?;
+        Ok(client.with_max_tokens_field(field))
+    }
+
+    /// The same client, sending the answer's bound as `field`.
+    pub fn with_max_tokens_field(mut self, field: MaxTokensField) -> Self {
+        self.max_tokens_field = field;
+        self
+    }
+
+    fn build(
+        endpoint: Endpoint,
+        api_key: Option<String>,
+        timeout: Duration,
+        max_tokens_field: MaxTokensField,
+    ) -> Result<Self, ModelError> {
+        let api_key = api_key.filter(|key| !key.trim().is_empty());
+        let key_header = match (&endpoint, &api_key) {
+            (Endpoint::Azure { .. }, Some(key)) => {
+                let mut value = HeaderValue::from_str(key).map_err(|_| {
+                    ModelError::Misconfigured(
+                        "the model API key holds characters an HTTP header cannot carry".into(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            _ => None,
+        };
         let http = reqwest::Client::builder()
             .connect_timeout(timeout.min(MAX_CONNECT_TIMEOUT))
             .build()
             .map_err(ModelError::Unreachable)?;
         Ok(Self {
             http,
-            chat_url,
-            api_key: api_key.filter(|key| !key.trim().is_empty()),
+            endpoint,
+            api_key,
+            key_header,
             timeout,
+            max_tokens_field,
         })
     }
 
-    /// The endpoint every call is posted to.
-    pub fn chat_url(&self) -> &str {
-        &self.chat_url
+    /// The endpoint a call of `model` is posted to.
+    pub fn chat_url(&self, model: &str) -> String {
+        match &self.endpoint {
+            Endpoint::OpenAi { chat_url } => chat_url.clone(),
+            Endpoint::Azure { root, api_version } => azure_chat_url(root, model, api_version),
+        }
     }
 
-    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
-        let builder = self.http.post(&self.chat_url).json(body);
-        match &self.api_key {
+    /// The field the answer's bound is sent in.
+    pub fn max_tokens_field(&self) -> MaxTokensField {
+        self.max_tokens_field
+    }
+
+    fn post(&self, model: &str, body: &Value) -> reqwest::RequestBuilder {
+        let builder = self.http.post(self.chat_url(model)).json(body);
+        match (&self.endpoint, &self.api_key, &self.key_header) {
+            (Endpoint::Azure { .. }, _, Some(header)) => builder.header("api-key", header.clone()),
             // `bearer_auth` marks the header sensitive, so it is never printed.
-            Some(key) => builder.bearer_auth(key),
-            None => builder,
+            (Endpoint::OpenAi { .. }, Some(key), _) => builder.bearer_auth(key),
+            _ => builder,
         }
     }
 
     fn log_call(&self, request: &ModelRequest, streamed: bool) {
         tracing::debug!(
-            url = %self.chat_url,
+            url = %self.chat_url(&request.model),
             model = %request.model,
             agent = %request.agent,
             messages = request.messages.len(),
             tools = request.tools.len(),
+            max_output_tokens = request.max_output_tokens,
             streamed,
             "chat completion request"
         );
     }
+}
+
+/// The root URL of the Azure OpenAI resource `base_url` names (a trailing `/` or `/openai` is
+/// dropped); refused when it is not an http(s) URL, is OpenAI's own API (the default base URL,
+/// left unset), or `api_version` is blank.
+pub fn azure_root(base_url: &str, api_version: &str) -> Result<Url, String> {
+    if api_version.trim().is_empty() {
+        return Err("the Azure OpenAI api-version is blank".into());
+    }
+    let trimmed = base_url.trim().trim_end_matches('/');
+    let trimmed = trimmed.strip_suffix("/openai").unwrap_or(trimmed);
+    let root = Url::parse(trimmed)
+        .map_err(|e| format!("{ENV_MODEL_BASE_URL} {base_url:?} is not a URL: {e}"))?;
+    if !matches!(root.scheme(), "http" | "https") || root.cannot_be_a_base() {
+        return Err(format!(
+            "{ENV_MODEL_BASE_URL} {base_url:?} is not an http(s) URL"
+        ));
+    }
+    if root.host_str() == Some(OPENAI_HOST) {
+        return Err(format!(
+            "{ENV_MODEL_BASE_URL} must name the Azure OpenAI resource \
+             (https://<resource>.openai.azure.com), not {OPENAI_HOST}"
+        ));
+    }
+    Ok(root)
+}
+
+/// `{root}/openai/deployments/{deployment}/chat/completions?api-version={api_version}`, the
+/// deployment escaped as one path segment.
+fn azure_chat_url(root: &Url, deployment: &str, api_version: &str) -> String {
+    let mut url = root.clone();
+    if let Ok(mut path) = url.path_segments_mut() {
+        path.pop_if_empty()
+            .extend(["openai", "deployments", deployment, "chat", "completions"]);
+    }
+    url.query_pairs_mut()
+        .append_pair("api-version", api_version);
+    url.into()
 }
 
 impl ModelClient for OpenAiClient {
@@ -169,10 +383,11 @@ fn log_failure(error: &ModelError, secret: Option<&str>) {
 impl OpenAiClient {
     async fn complete_once(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
         self.log_call(&request, false);
-        let body = request_body(&request, false);
+        let body = request_body(&request, false, self.max_tokens_field);
         let timeout = self.timeout;
         // The request timeout bounds the whole call, reading the body included.
-        let response = bounded(timeout, self.post(&body).timeout(timeout).send()).await?;
+        let post = self.post(&request.model, &body).timeout(timeout);
+        let response = bounded(timeout, post.send()).await?;
         let response = error_for_status(response, timeout).await?;
         let bytes = read_capped(response, timeout).await?;
         parse_completion(&bytes)
@@ -183,12 +398,12 @@ impl OpenAiClient {
         request: ModelRequest,
     ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
         self.log_call(&request, true);
-        let body = request_body(&request, true);
+        let body = request_body(&request, true, self.max_tokens_field);
         let timeout = self.timeout;
         // The whole call, the stream included, ends by this deadline; each step (the head, every
         // gap between events) is bounded by the timeout too.
         let deadline = tokio::time::Instant::now() + timeout;
-        let response = bounded(timeout, self.post(&body).send()).await?;
+        let response = bounded(timeout, self.post(&request.model, &body).send()).await?;
         let response = error_for_status(response, timeout).await?;
         if answers_with_json(&response) {
             // The server ignored `stream: true` and sent a whole answer.
@@ -211,12 +426,15 @@ impl OpenAiClient {
 // ---------------------------------------------------------------------------------------------
 // Request body
 
-/// The `/chat/completions` body for `request`.
-fn request_body(request: &ModelRequest, stream: bool) -> Value {
+/// The `/chat/completions` body for `request`, its answer's bound (if it has one) in `field`.
+fn request_body(request: &ModelRequest, stream: bool, field: MaxTokensField) -> Value {
     let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
     let mut body = json!({ "model": request.model, "messages": messages, "stream": stream });
     if !request.tools.is_empty() {
         body["tools"] = request.tools.iter().map(wire_tool).collect();
+    }
+    if let Some(bound) = request.max_output_tokens {
+        body[field.as_str()] = json!(bound);
     }
     if stream {
         body["stream_options"] = json!({ "include_usage": true });
@@ -338,6 +556,7 @@ impl From<WireUsage> for Usage {
         Usage {
             prompt_tokens: usage.prompt_tokens.unwrap_or(0),
             completion_tokens: output_tokens(&usage),
+            ..Usage::default()
         }
     }
 }
@@ -426,6 +645,7 @@ fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
                 .reasoning_content
                 .or(choice.message.reasoning)
                 .filter(|r| !r.is_empty()),
+            reasoning_signature: None,
         },
         finish_reason: choice.finish_reason,
         usage: completion.usage.unwrap_or_default().into(),
@@ -602,6 +822,7 @@ mod tests {
             }],
             tool_call_id: None,
             reasoning: None,
+            reasoning_signature: None,
         };
         let req = request(
             vec![
@@ -613,7 +834,7 @@ mod tests {
             ],
             vec![write_file_spec()],
         );
-        let body = request_body(&req, false);
+        let body = request_body(&req, false, MaxTokensField::MaxTokens);
         assert_eq!(
             body,
             json!({
@@ -641,7 +862,7 @@ mod tests {
     #[test]
     fn streaming_body_asks_for_usage_and_omits_empty_tools() {
         let req = request(vec![Message::user("hi")], Vec::new());
-        let body = request_body(&req, true);
+        let body = request_body(&req, true, MaxTokensField::MaxTokens);
         assert_eq!(body["stream"], json!(true));
         assert_eq!(body["stream_options"], json!({"include_usage": true}));
         assert!(body.get("tools").is_none());
@@ -687,7 +908,8 @@ mod tests {
             response.usage,
             Usage {
                 prompt_tokens: 12,
-                completion_tokens: 7
+                completion_tokens: 7,
+                ..Usage::default()
             }
         );
         assert_eq!(
@@ -930,7 +1152,42 @@ mod tests {
     }
 
     // -----------------------------------------------------------------------------------------
-    // Recorded answers of real servers (fixtures/)
+    // Answers in real servers' shapes (fixtures/), written from their public documentation and
+    // issue threads, not recorded: each names its source (fixtures/README.md).
+
+    /// Every fixture says where its shape comes from: an SSE one in its first line (a comment,
+    /// which SSE readers skip), a JSON one in the folder's README.
+    #[test]
+    fn every_fixture_names_its_source() {
+        let folder =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/model/fixtures");
+        let readme = std::fs::read_to_string(folder.join("README.md")).expect("fixtures/README.md");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&folder).expect("the fixtures folder") {
+            let path = entry.expect("an entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("a name")
+                .to_owned();
+            let text = std::fs::read_to_string(&path).expect("a fixture reads");
+            if name.ends_with(".sse") {
+                let first = text.lines().next().unwrap_or_default();
+                assert!(
+                    first.starts_with(": ") && first.contains("recorded"),
+                    "{name} does not name its source in its first line: {first:?}"
+                );
+                seen += 1;
+            } else if name.ends_with(".json") {
+                assert!(
+                    readme.contains(&format!("`{name}`")),
+                    "{name} is not in the README"
+                );
+                seen += 1;
+            }
+        }
+        assert!(seen >= 9, "found the fixtures: {seen}");
+    }
 
     /// The SSE body of a fixture, cut into its events, each a separate read.
     fn fixture_pieces(raw: &str) -> Vec<Vec<u8>> {
@@ -1001,7 +1258,7 @@ mod tests {
             vec![Message::user("which is greater?"), response.message.clone()],
             Vec::new(),
         );
-        let body = request_body(&req, true);
+        let body = request_body(&req, true, MaxTokensField::MaxTokens);
         assert_eq!(
             body["messages"][1]["reasoning_content"],
             json!("Compare 9.11 and 9.8: 0.8 > 0.11.")
@@ -1067,7 +1324,7 @@ mod tests {
             Vec::new(),
         );
         assert_eq!(
-            request_body(&req, true)["messages"][1]["reasoning_content"],
+            request_body(&req, true, MaxTokensField::MaxTokens)["messages"][1]["reasoning_content"],
             json!("The user wants a prime. 7 has no divisors but 1 and 7.")
         );
     }
@@ -1224,7 +1481,8 @@ mod tests {
             usage,
             Usage {
                 prompt_tokens: 150_383,
-                completion_tokens: 304
+                completion_tokens: 304,
+                ..Usage::default()
             }
         );
         let nulls = r#"{"prompt_tokens": null, "completion_tokens": null, "total_tokens": null,
@@ -1244,8 +1502,175 @@ mod tests {
         assert!(!printed.contains("sk-secret"));
         assert!(printed.contains("<redacted>"));
         assert_eq!(
-            client.chat_url(),
+            client.chat_url("any-model"),
             "http://localhost:8000/v1/chat/completions"
+        );
+    }
+
+    #[test]
+    fn the_answer_bound_goes_out_in_one_field_and_only_when_set() {
+        let mut req = request(vec![Message::user("hi")], Vec::new());
+        for field in [
+            MaxTokensField::MaxTokens,
+            MaxTokensField::MaxCompletionTokens,
+        ] {
+            let body = request_body(&req, true, field);
+            assert!(body.get("max_tokens").is_none(), "{body}");
+            assert!(body.get("max_completion_tokens").is_none(), "{body}");
+        }
+        req.max_output_tokens = Some(300);
+        let body = request_body(&req, false, MaxTokensField::MaxTokens);
+        assert_eq!(body["max_tokens"], json!(300));
+        assert!(body.get("max_completion_tokens").is_none(), "{body}");
+        let body = request_body(&req, true, MaxTokensField::MaxCompletionTokens);
+        assert_eq!(body["max_completion_tokens"], json!(300));
+        assert!(body.get("max_tokens").is_none(), "{body}");
+    }
+
+    #[test]
+    fn the_bound_field_is_max_completion_tokens_for_openai_and_azure_and_max_tokens_elsewhere() {
+        use MaxTokensField::{MaxCompletionTokens, MaxTokens};
+        // (setting, flavour, base URL, field)
+        let cases = [
+            (
+                "auto",
+                Flavour::OpenAi,
+                "https://api.openai.com/v1",
+                MaxCompletionTokens,
+            ),
+            (
+                "auto",
+                Flavour::OpenAi,
+                "https://api.openai.com/v1/",
+                MaxCompletionTokens,
+            ),
+            (
+                "auto",
+                Flavour::Azure,
+                "https://acme.openai.azure.com",
+                MaxCompletionTokens,
+            ),
+            (
+                "auto",
+                Flavour::OpenAi,
+                "http://localhost:11434/v1",
+                MaxTokens,
+            ),
+            (
+                "auto",
+                Flavour::OpenAi,
+                "https://openrouter.ai/api/v1",
+                MaxTokens,
+            ),
+            (
+                "auto",
+                Flavour::OpenAi,
+                "https://api.openai.com.example/v1",
+                MaxTokens,
+            ),
+            ("auto", Flavour::OpenAi, "not a url", MaxTokens),
+            (
+                "max_tokens",
+                Flavour::Azure,
+                "https://acme.openai.azure.com",
+                MaxTokens,
+            ),
+            (
+                "max_completion_tokens",
+                Flavour::OpenAi,
+                "http://vllm:8000/v1",
+                MaxCompletionTokens,
+            ),
+        ];
+        for (setting, flavour, base, field) in cases {
+            assert_eq!(
+                MaxTokensField::from_setting(setting, flavour, base),
+                Ok(field),
+                "{setting} {flavour:?} {base}"
+            );
+        }
+        let unknown = MaxTokensField::from_setting("max_output_tokens", Flavour::OpenAi, "x")
+            .expect_err("an unknown field");
+        assert!(unknown.contains("max_output_tokens"), "{unknown}");
+        let client = OpenAiClient::new("http://127.0.0.1:1/v1", None, Duration::from_secs(1))
+            .expect("client builds");
+        assert_eq!(client.max_tokens_field(), MaxTokens);
+        let client = client.with_max_tokens_field(MaxCompletionTokens);
+        assert_eq!(client.max_tokens_field(), MaxCompletionTokens);
+    }
+
+    #[test]
+    fn azure_calls_the_models_deployment_with_the_api_version() {
+        for base in [
+            "https://acme.openai.azure.com",
+            "https://acme.openai.azure.com/",
+            "https://acme.openai.azure.com/openai",
+            " https://acme.openai.azure.com/openai/ ",
+        ] {
+            let client = OpenAiClient::azure(
+                base,
+                Some("azure-key-123".into()),
+                Duration::from_secs(3),
+                "2024-10-21",
+            )
+            .expect("client builds");
+            assert_eq!(
+                client.chat_url("gpt-4o-prod"),
+                "https://acme.openai.azure.com/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21",
+                "{base}"
+            );
+            assert_eq!(
+                client.max_tokens_field(),
+                MaxTokensField::MaxCompletionTokens
+            );
+            let printed = format!("{client:?}");
+            assert!(!printed.contains("azure-key-123"), "{printed}");
+        }
+        // A gateway under a path keeps it; a deployment name is one escaped path segment.
+        let client = OpenAiClient::azure(
+            "http://127.0.0.1:9/proxy",
+            None,
+            Duration::from_secs(3),
+            "2025-04-01-preview",
+        )
+        .expect("client builds");
+        assert_eq!(
+            client.chat_url("team/model"),
+            "http://127.0.0.1:9/proxy/openai/deployments/team%2Fmodel/chat/completions?api-version=2025-04-01-preview"
+        );
+    }
+
+    #[test]
+    fn an_azure_endpoint_must_be_a_resource_url_with_an_api_version() {
+        for (base, version, says) in [
+            (
+                "https://api.openai.com/v1",
+                "2024-10-21",
+                "must name the Azure OpenAI resource",
+            ),
+            ("acme.openai.azure.com", "2024-10-21", "is not a URL"),
+            (
+                "ftp://acme.openai.azure.com",
+                "2024-10-21",
+                "is not an http(s) URL",
+            ),
+            ("https://acme.openai.azure.com", " ", "api-version is blank"),
+        ] {
+            let refused = azure_root(base, version).expect_err(base);
+            assert!(refused.contains(says), "{base}: {refused}");
+            let error =
+                OpenAiClient::azure(base, None, Duration::from_secs(1), version).expect_err(base);
+            assert!(matches!(error, ModelError::Misconfigured(_)), "{error:?}");
+        }
+        let bad_key = OpenAiClient::azure(
+            "https://acme.openai.azure.com",
+            Some("line\nbreak-key".into()),
+            Duration::from_secs(1),
+            "2024-10-21",
+        );
+        assert!(
+            matches!(bad_key, Err(ModelError::Misconfigured(_))),
+            "{bad_key:?}"
         );
     }
 

@@ -224,6 +224,7 @@ impl ScriptedModel {
                     tool_calls,
                     tool_call_id: None,
                     reasoning: None,
+                    reasoning_signature: None,
                 };
                 (message, "tool_calls", words)
             }
@@ -245,6 +246,7 @@ impl ScriptedModel {
             usage: Usage {
                 prompt_tokens,
                 completion_tokens,
+                ..Usage::default()
             },
         })
     }

@@ -471,10 +471,9 @@ impl Runtime {
                     );
                     return finished_failed(turn, out, failure);
                 }
-                // The prompt with the new summary, when the history was compacted.
+                // The prompt with the new summaries, when the history or the turn was compacted.
                 let system = compacted.unwrap_or(system);
-                let messages =
-                    conversation(&system, window.visible(max_messages), &out.new_messages);
+                let messages = window.conversation(&system, &out, max_messages);
                 match self
                     .model_call(turn, out.iterations, messages, tools.clone())
                     .await
@@ -505,7 +504,7 @@ impl Runtime {
         // Iteration limit: one more call, without tools, for a summary answer.
         out.limit_reached = true;
         let system = self.system_prompt(turn, &out, window.summary.as_ref());
-        let mut messages = conversation(&system, window.visible(max_messages), &out.new_messages);
+        let mut messages = window.conversation(&system, &out, max_messages);
         messages.push(Message::system(format!(
             "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
              summarise what you found and what is left to do.",
@@ -589,6 +588,13 @@ impl Runtime {
                 crate::agent::compaction::summary_section(&summary.text, summary.messages),
             );
         }
+        if let Some(steps) = compact::steps_summary(out) {
+            prompt.add(
+                "turn_summary",
+                priority::SUMMARY + 1,
+                crate::agent::compaction::steps_section(&steps.text, steps.messages),
+            );
+        }
         if !turn.agent.subagents.is_empty() && turn.depth < self.settings.max_depth {
             let mut roster =
                 format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
@@ -654,15 +660,6 @@ fn turn_context(turn: &TurnInput<'_>, step: u32) -> TurnContext {
 pub(crate) fn record_failure(span: &tracing::Span, failure: &Failure) {
     span.record("otel.status_code", "ERROR");
     span.record("error.type", failure.kind.as_str());
-}
-
-/// The messages of one model call: system prompt, prepared history, this turn so far.
-fn conversation(system: &str, history: &[Message], turn_messages: &[Message]) -> Vec<Message> {
-    let mut messages = Vec::with_capacity(1 + history.len() + turn_messages.len());
-    messages.push(Message::system(system));
-    messages.extend_from_slice(history);
-    messages.extend_from_slice(turn_messages);
-    messages
 }
 
 /// A turn that ends failed; a failure caused by cancellation is an interruption instead. A

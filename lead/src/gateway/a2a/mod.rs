@@ -15,7 +15,9 @@
 //! `approve` role), and the task goes on to its next stop. `SendMessage` answers with the task
 //! there (at once, submitted, with `configuration.returnImmediately`, 0.3's `blocking: false`):
 //! its state, the answer as an artifact and as the status message. `SendStreamingMessage` answers
-//! with SSE: the task, `working`, the lead's text as artifact updates, the stop's status.
+//! with SSE: the task, `working`, the lead's text as artifact updates, the stop's status; the text
+//! of a model attempt discarded for a retry (`output_discarded`) is taken back by sending the
+//! artifact again whole without it (`append: false`).
 //! `SubscribeToTask` replays a task's events from its first one the same way, live on to its stop.
 //! `GetTask` reads the state: waiting (`input-required`), ended, else working.
 //!
@@ -39,7 +41,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{json, Value};
-use skein_common::protocol::{EventKind, TaskSubmission};
+use skein_common::protocol::{EventKind, TaskSubmission, TurnEvent};
 use skein_common::store::responses::ResponseRecord;
 
 use super::approvals::{self, Answer, Verdict};
@@ -577,6 +579,46 @@ async fn subscribe(
     })
 }
 
+/// The answer artifact as a stream has sent it: the lead's text, appended piece by piece. When a
+/// model attempt that streamed text fails and is made again (`output_discarded`), the artifact is
+/// sent again whole (`append: false`, which replaces it) without that attempt's text.
+#[derive(Debug, Default)]
+struct AnswerArtifact {
+    text: String,
+    /// Where the text of the model call under way begins in `text`.
+    call_start: usize,
+    /// Whether the artifact was sent (later pieces are appended to it).
+    sent: bool,
+}
+
+impl AnswerArtifact {
+    /// The artifact update `event` makes, if any: its text and whether it is appended.
+    fn update(&mut self, event: &TurnEvent) -> Option<(String, bool)> {
+        if event.source != "lead" {
+            return None;
+        }
+        match &event.event {
+            EventKind::ModelDelta { text } => {
+                self.text.push_str(text);
+                let append = std::mem::replace(&mut self.sent, true);
+                Some((text.clone(), append))
+            }
+            EventKind::ReasoningDelta { .. } => None,
+            EventKind::OutputDiscarded { .. } => {
+                if self.text.len() == self.call_start {
+                    return None;
+                }
+                self.text.truncate(self.call_start);
+                Some((self.text.clone(), false))
+            }
+            _ => {
+                self.call_start = self.text.len();
+                None
+            }
+        }
+    }
+}
+
 /// An opened task as SSE, each event a JSON-RPC result: the opening, the lead's text as artifact
 /// updates, the stop's status (the last). A client that goes away stops the reading, not the
 /// task.
@@ -592,17 +634,16 @@ fn stream(id: Value, dialect: Dialect, opened: Opened) -> Response {
             .map(move |(what, value)| shapes::reply(dialect, what, value)),
     );
     let updates = futures::stream::unfold(
-        (follower, record, false),
-        move |(mut follower, record, mut appending)| async move {
+        (follower, record, AnswerArtifact::default()),
+        move |(mut follower, record, mut answer)| async move {
             loop {
                 let update = match follower.next().await? {
-                    Step::Event(event) => match (&event.event, event.source.as_str()) {
-                        (EventKind::ModelDelta { text }, "lead") => {
-                            let update = shapes::answer_update(&record, text, appending);
-                            appending = true;
+                    Step::Event(event) => match answer.update(&event) {
+                        Some((text, append)) => {
+                            let update = shapes::answer_update(&record, &text, append);
                             shapes::reply(dialect, Reply::Artifact, update)
                         }
-                        _ => continue,
+                        None => continue,
                     },
                     Step::Stopped(stop) => {
                         let status = stopped_status(&record, &stop);
@@ -610,7 +651,7 @@ fn stream(id: Value, dialect: Dialect, opened: Opened) -> Response {
                         shapes::reply(dialect, Reply::Status { last: true }, update)
                     }
                 };
-                return Some((update, (follower, record, appending)));
+                return Some((update, (follower, record, answer)));
             }
         },
     );
@@ -625,6 +666,61 @@ fn stream(id: Value, dialect: Dialect, opened: Opened) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_discarded_attempts_text_is_taken_out_of_the_answer_artifact() {
+        use skein_common::protocol::{Failure, PROTOCOL_VERSION};
+        let event = |source: &str, kind: EventKind| TurnEvent {
+            v: PROTOCOL_VERSION,
+            task_id: "task".into(),
+            source: source.into(),
+            seq: 0,
+            at_ms: 0,
+            event: kind,
+        };
+        let delta = |text: &str| {
+            event(
+                "lead",
+                EventKind::ModelDelta {
+                    text: text.to_owned(),
+                },
+            )
+        };
+        let discarded = || {
+            event(
+                "lead",
+                EventKind::OutputDiscarded {
+                    failure: Failure::new(
+                        skein_common::protocol::FailureKind::ModelFailed,
+                        "stream broke",
+                    ),
+                },
+            )
+        };
+        let events = [
+            delta("Let me look. "),
+            event("lead", EventKind::Resumed {}),
+            delta("The answer"),
+            delta(" is"),
+            discarded(),
+            // Nothing streamed since: nothing to take back.
+            discarded(),
+            delta("42."),
+        ];
+        let mut answer = AnswerArtifact::default();
+        let updates: Vec<(String, bool)> = events.iter().filter_map(|e| answer.update(e)).collect();
+        let expected = [
+            ("Let me look. ", false),
+            ("The answer", true),
+            (" is", true),
+            ("Let me look. ", false),
+            ("42.", true),
+        ];
+        assert_eq!(
+            updates,
+            expected.map(|(text, append)| (text.to_owned(), append))
+        );
+    }
 
     #[test]
     fn both_versions_name_every_method() {

@@ -11,6 +11,11 @@
 //! it answered (`after_events`); events before that are folded into the messages but not shown.
 //! The parts are numbered, and the same events give the same parts, so a stream read again
 //! resumes after the `Last-Event-ID` its client saw.
+//!
+//! A model attempt that failed after it streamed and was made again (`output_discarded`) leaves
+//! nothing in the step's message: the `agent` update and the `values` carry the answering
+//! attempt's text only. The `messages` chunks already sent cannot be taken back; they carry the
+//! same message id, so the whole message of the next `updates` or `values` part replaces them.
 
 use serde_json::{json, Value};
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
@@ -254,6 +259,10 @@ impl Fold for RunFold {
                     });
                     self.part(&mut out, "messages", json!([chunk, metadata]));
                 }
+            }
+            EventKind::OutputDiscarded { .. } if lead => {
+                self.next_step();
+                self.text.clear();
             }
             EventKind::ToolStarted {
                 call_id,
@@ -605,6 +614,52 @@ mod tests {
         assert_eq!(names(&settled), ["updates", "updates", "values", "end"]);
         assert_eq!(settled[1]["data"]["__interrupt__"][0]["id"], "c1");
         assert!(left.stopped());
+    }
+
+    #[test]
+    fn a_discarded_attempts_text_is_left_out_of_the_steps_message() {
+        let delta = |text: &str| {
+            event(
+                LEAD,
+                EventKind::ModelDelta {
+                    text: text.to_owned(),
+                },
+            )
+        };
+        let discarded = event(
+            LEAD,
+            EventKind::OutputDiscarded {
+                failure: skein_common::protocol::Failure::new(
+                    skein_common::protocol::FailureKind::ModelFailed,
+                    "stream broke",
+                ),
+            },
+        );
+        let events = turn();
+        let mut fold = RunFold::new(RunShape {
+            ends_at_interrupt: false,
+            ..shape(0, all())
+        });
+        let mut parts = fold.opening();
+        for event in [delta("let us"), discarded, delta("let me ")]
+            .iter()
+            .chain(&events[2..])
+        {
+            parts.extend(fold.event(event));
+        }
+        parts.extend(fold.finish(&result(TurnStatus::Completed)));
+        let agent = parts
+            .iter()
+            .find_map(|p| p["data"]["agent"]["messages"][0].as_object())
+            .expect("the step's message is shown");
+        assert_eq!(agent["content"], "let me ");
+        let last = &parts
+            .iter()
+            .rev()
+            .find(|p| p["event"] == "values")
+            .expect("values")["data"]["messages"];
+        assert_eq!(last[2]["content"], "let me ");
+        assert_eq!(last[4]["content"], "done");
     }
 
     #[test]

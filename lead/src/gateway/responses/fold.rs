@@ -10,6 +10,12 @@
 //! calls), and every tool or subagent call the lead's turn made a `skein_tool_call` item — a type
 //! of Skein's own, never `function_call`, which a client would try to run itself. Subagents'
 //! own events stay inside their calls.
+//!
+//! A model attempt that failed after it streamed text and was made again (`output_discarded`)
+//! leaves its message item `incomplete` with its text emptied (`response.output_item.done` says
+//! so); the text of the attempt that answers goes into a new message item. A stream cannot take
+//! back the `response.output_text.delta`s already sent: a client that assembles text from them
+//! drops the text of an item that ends `incomplete` and empty, as the final response does.
 
 use serde_json::{json, Value};
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
@@ -137,6 +143,7 @@ impl ResponseFold {
                 ));
                 events
             }
+            EventKind::OutputDiscarded { .. } => self.discard_message(),
             EventKind::ToolStarted {
                 call_id,
                 tool,
@@ -272,6 +279,19 @@ impl ResponseFold {
             json!({ "item_id": item_id, "output_index": index, "content_index": 0, "part": part }),
         ));
         index
+    }
+
+    /// Ends the open message as `incomplete` and empty: its text was a discarded attempt's.
+    fn discard_message(&mut self) -> Vec<Value> {
+        let Some(index) = self.open_message else {
+            return Vec::new();
+        };
+        let mut events = self.close_message(Some(""));
+        self.output[index]["status"] = json!("incomplete");
+        if let Some(done) = events.last_mut() {
+            done["item"]["status"] = json!("incomplete");
+        }
+        events
     }
 
     /// Closes the open message, with `text` as its whole text when given.
@@ -416,7 +436,7 @@ mod tests {
         serde_json::from_value(json!({
             "v": 1, "task_id": "resp_1", "tenant": "t", "session": "s", "status": "completed",
             "answer": answer, "iterations": 2, "limit_reached": false,
-            "usage": Usage { prompt_tokens: 10, completion_tokens: 5 },
+            "usage": Usage { prompt_tokens: 10, completion_tokens: 5, ..Usage::default() },
         }))
         .expect("a final result")
     }
@@ -577,6 +597,64 @@ mod tests {
             "only what came after the answered call"
         );
         assert!(!crate::gateway::follow::Fold::stopped(&second));
+    }
+
+    #[test]
+    fn a_discarded_attempts_text_ends_its_item_incomplete_and_empty() {
+        let delta = |text: &str| {
+            event(
+                LEAD,
+                EventKind::ModelDelta {
+                    text: text.to_owned(),
+                },
+            )
+        };
+        let discarded = event(
+            LEAD,
+            EventKind::OutputDiscarded {
+                failure: skein_common::protocol::Failure::new(
+                    skein_common::protocol::FailureKind::ModelFailed,
+                    "stream broke",
+                ),
+            },
+        );
+        let mut fold = ResponseFold::new(record());
+        let mut events = fold.opening();
+        events.extend(fold.event(&delta("The answer is")));
+        let at_discard = events.len();
+        events.extend(fold.event(&discarded));
+        events.extend(fold.event(&delta("42.")));
+        events.extend(fold.finish(&result("42.")));
+
+        let dropped = &events[at_discard..at_discard + 3];
+        assert_eq!(
+            types(dropped),
+            [
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done"
+            ]
+        );
+        assert_eq!(dropped[0]["text"], "");
+        assert_eq!(dropped[2]["item"]["status"], "incomplete");
+        assert_eq!(dropped[2]["item"]["content"][0]["text"], "");
+        let done = &events[events.len() - 1]["response"];
+        let output = done["output"].as_array().expect("output");
+        assert_eq!(output.len(), 2);
+        assert_eq!(
+            (
+                output[0]["status"].as_str(),
+                output[0]["content"][0]["text"].as_str()
+            ),
+            (Some("incomplete"), Some(""))
+        );
+        assert_eq!(
+            (
+                output[1]["status"].as_str(),
+                output[1]["content"][0]["text"].as_str()
+            ),
+            (Some("completed"), Some("42."))
+        );
     }
 
     #[test]

@@ -1,8 +1,22 @@
 //! Spending budgets kept across the cluster: a layer that reserves each model attempt's worst
 //! case on the ledgers it draws from (its task's budget, which its subagents share, and its
 //! tenant's budget for the day, both in Redis through `store::budget`) before the attempt
-//! starts, and settles them with what the attempt really used after it; and the spending as a
-//! metric and as attributes of the `chat` span.
+//! starts, tells the server the answer bound it reserved, and settles the ledgers with what the
+//! attempt really used after it; and the spending as a metric and as attributes of the `chat`
+//! span.
+//!
+//! The rule that keeps a turn within its budget: an attempt costs its prompt plus its answer.
+//! The answer is bounded by the server, which is sent the bound the attempt reserved
+//! (`ModelRequest::max_output_tokens`, `max_tokens` on the wire). The prompt is only estimated
+//! before the call (a quarter of its bytes), and an estimate can fall short: code, JSON and
+//! non-Latin text take more tokens than that. So the prompt is reserved at its bound instead:
+//! its bytes plus a little framing per message ([`prompt_bound`]), since no tokenizer
+//! makes more tokens of a text than it has bytes. An attempt that answers then takes at most
+//! what it reserved, and the ledger's script never grants more than its limit leaves; only what
+//! a server's chat template adds beyond the framing counted per message can take a ledger past
+//! its limit (and the next attempt is then refused). The price of the guarantee is headroom: an
+//! attempt holds up to four times its likely prompt while it runs, and a budget near its end
+//! refuses an attempt whose true prompt might still have fitted.
 //!
 //! Invariants:
 //! - the layer sits right around the provider, inside the retry layer and outside the traffic
@@ -10,12 +24,18 @@
 //!   price is that model's), and an attempt waiting for a model slot already holds its worst case
 //!   (a refused one never waits for a slot; one that waits longer than the hold's lease stops
 //!   counting as held, though what it uses still counts when it settles);
-//! - an attempt's worst case is its estimated prompt (a quarter of its bytes) plus
-//!   `max_output_tokens`, priced at its model's price; an attempt whose worst case would take a
-//!   ledger over a limit is not made: it fails `budget_exhausted` (not retryable) with a message
-//!   that says what was spent, and whatever it reserved on another ledger is given back;
+//! - an attempt with a ledger to draw from reserves its prompt's bound plus an answer bound,
+//!   priced at its model's price, and is sent with that answer bound: `max_output_tokens`
+//!   (`SKEIN_MODEL_MAX_OUTPUT_TOKENS`, or the request's own bound when smaller) when a ledger
+//!   holds that much, else the most a refusing ledger leaves room for, if that is at least
+//!   [`MIN_OUTPUT_TOKENS`] (or the configured bound when smaller); with less room it is
+//!   not made: it fails `budget_exhausted` (not retryable) with a message that says what was
+//!   spent, and whatever it reserved on another ledger is given back. An attempt without a
+//!   ledger is sent as it came (the provider's default bound);
 //! - the task's ledger is reserved first, then the tenant's day (their keys live in different
-//!   hash slots, so they are two scripts; a refusal by the second gives back the first);
+//!   hash slots, so they are two scripts; a refusal by the second gives back the first). A
+//!   smaller attempt starts over on every ledger with a fresh reservation, at most
+//!   [`RESERVE_ROUNDS`] times (other attempts may take room between two rounds);
 //! - an attempt that answers settles with the usage the model reported (with none reported, with
 //!   the estimate of its prompt and answer); an attempt that fails, or whose turn is cancelled,
 //!   gives back what it held and counts nothing;
@@ -27,6 +47,7 @@
 //!   lapses after its lease.
 
 mod settings;
+mod sizing;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -39,6 +60,9 @@ pub use settings::{
     estimate_prompt_tokens, estimate_text_tokens, BudgetSettings, Price, Prices, TenantBudgets,
     TenantDaily, ANY_MODEL,
 };
+pub use sizing::{prompt_bound, MIN_OUTPUT_TOKENS};
+
+use sizing::{smaller_output, Need, Sizing};
 
 use crate::agent::model::ModelResponse;
 use crate::agent::seams::{BoxError, ModelCall};
@@ -50,6 +74,9 @@ use crate::store::SessionStore;
 
 /// The tenant of a call made outside any task.
 const NO_TENANT: &str = "-";
+
+/// Most rounds of reservations one attempt makes, each with a smaller answer bound than the last.
+pub const RESERVE_ROUNDS: usize = 4;
 
 /// Reserves and settles model attempts on their budgets; see the module's invariants.
 #[derive(Clone)]
@@ -110,7 +137,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, call: ModelCall) -> Self::Future {
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let mut ready = super::take_ready(&mut self.inner);
         let shared = self.shared.clone();
         Box::pin(async move {
@@ -122,9 +149,9 @@ where
                 .to_owned();
             let price = shared.settings.prices.get(&model).copied();
             let ledgers = shared.ledgers(call.origin.as_deref())?;
-            // What a reservation holds for the prompt, and what an answer without usage is
-            // charged. Without a ledger it only serves the spend metric of a server that reports
-            // no usage; it is counted all the same, since the request is gone by then.
+            // What an answer without usage is charged for its prompt. Without a ledger it only
+            // serves the spend metric of a server that reports no usage; it is counted all the
+            // same, since the request is gone by then.
             let prompt = estimate_prompt_tokens(&call.request);
             let holds = if ledgers.is_empty() {
                 None
@@ -132,14 +159,27 @@ where
                 if price.is_none() && ledgers.iter().any(|l| l.limits.cost_nanos > 0) {
                     return Err(no_price(&model).into());
                 }
-                let output = shared.settings.max_output_tokens;
-                let hold = Hold {
-                    id: uuid::Uuid::new_v4().simple().to_string(),
-                    tokens: prompt.saturating_add(output),
-                    cost_nanos: price.map_or(0, |p| p.cost_nanos(prompt, output)),
-                    lease: shared.settings.hold,
+                let sizing = Sizing {
+                    prompt: prompt_bound(&call.request),
+                    price,
                 };
-                Some(Holds::take(&shared.store, ledgers, hold).await?)
+                let ceiling = call
+                    .request
+                    .max_output_tokens
+                    .map_or(shared.settings.max_output_tokens, |asked| {
+                        asked.min(shared.settings.max_output_tokens)
+                    });
+                let (holds, output) = reserve(
+                    &shared.store,
+                    ledgers,
+                    sizing,
+                    ceiling,
+                    shared.settings.hold,
+                )
+                .await?;
+                // The server stops the answer where the reservation ends.
+                call.request.max_output_tokens = Some(output);
+                Some(holds)
             };
             let result = ready.call(call).await.map_err(Into::into);
             let response = match result {
@@ -166,6 +206,34 @@ where
             shared.record(&tenant, &model, tokens, cost_nanos);
             Ok(response)
         })
+    }
+}
+
+/// Reserves an attempt's worst case on every ledger, with an answer bound of `ceiling` or, when
+/// a ledger has less room, the most it has (see the module's invariants); returns the holds and
+/// the answer bound they were made for.
+async fn reserve(
+    store: &SessionStore,
+    ledgers: Vec<Ledger>,
+    sizing: Sizing,
+    ceiling: u64,
+    lease: std::time::Duration,
+) -> Result<(Holds, u64), Failure> {
+    let floor = ceiling.min(MIN_OUTPUT_TOKENS);
+    let mut output = ceiling;
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let hold = sizing.hold(output, lease);
+        let (ledger, state) = match Holds::take(store, ledgers.clone(), hold).await? {
+            Taken::Held(holds) => return Ok((holds, output)),
+            Taken::Refused { ledger, state } => (ledger, state),
+        };
+        let room = sizing.room(&ledger.limits, &state, output);
+        match smaller_output(output, room, floor) {
+            Some(smaller) if rounds < RESERVE_ROUNDS => output = smaller,
+            _ => return Err(refusal(&ledger, &state, sizing, floor)),
+        }
     }
 }
 
@@ -257,10 +325,24 @@ struct Holds {
     settled: bool,
 }
 
+/// What reserving on every ledger came to.
+enum Taken {
+    Held(Holds),
+    /// `ledger` refused, as it stood (`state`); nothing is held anywhere.
+    Refused {
+        ledger: Ledger,
+        state: LedgerState,
+    },
+}
+
 impl Holds {
     /// Reserves `hold` on each ledger in turn; a refusal or a store failure gives back what was
     /// taken.
-    async fn take(store: &SessionStore, ledgers: Vec<Ledger>, hold: Hold) -> Result<Self, Failure> {
+    async fn take(
+        store: &SessionStore,
+        ledgers: Vec<Ledger>,
+        hold: Hold,
+    ) -> Result<Taken, Failure> {
         let mut holds = Holds {
             store: store.clone(),
             ledgers: Vec::with_capacity(ledgers.len()),
@@ -268,22 +350,20 @@ impl Holds {
             settled: false,
         };
         for ledger in ledgers {
-            let refused = match store.reserve_budget(&ledger, &holds.hold).await {
+            let outcome = match store.reserve_budget(&ledger, &holds.hold).await {
                 Ok(Reservation::Held) => {
                     holds.ledgers.push(ledger);
                     continue;
                 }
-                Ok(Reservation::Refused {
-                    over_tokens,
-                    over_cost,
-                    ledger: state,
-                }) => refusal(&ledger, &state, &holds.hold, over_tokens, over_cost),
-                Err(error) => error.to_failure(),
+                Ok(Reservation::Refused { ledger: state, .. }) => {
+                    Ok(Taken::Refused { ledger, state })
+                }
+                Err(error) => Err(error.to_failure()),
             };
             holds.settle(0, 0).await;
-            return Err(refused);
+            return outcome;
         }
-        Ok(holds)
+        Ok(Taken::Held(holds))
     }
 
     /// Ends every reservation, counting what the attempt used.
@@ -322,14 +402,11 @@ async fn settle(store: &SessionStore, ledger: &Ledger, hold: &Hold, tokens: u64,
     }
 }
 
-/// The failure of an attempt `ledger` refused, saying what was spent.
-fn refusal(
-    ledger: &Ledger,
-    state: &LedgerState,
-    hold: &Hold,
-    over_tokens: bool,
-    over_cost: bool,
-) -> Failure {
+/// The failure of an attempt `ledger` refused (as it stood: `state`) with no room for an answer
+/// of `floor` tokens, saying what was spent and what the smallest attempt would have needed.
+fn refusal(ledger: &Ledger, state: &LedgerState, sizing: Sizing, floor: u64) -> Failure {
+    let need = sizing.need(floor);
+    let (over_tokens, over_cost) = Sizing::over(&ledger.limits, state, need);
     let whose = match &ledger.name {
         LedgerName::Task { .. } => "the task's budget".to_owned(),
         LedgerName::TenantDay { tenant, day } => {
@@ -348,17 +425,21 @@ fn refusal(
     let over = match (over_tokens, over_cost) {
         (true, true) => "token and cost limits",
         (true, false) => "token limit",
-        _ => "cost limit",
+        (false, true) => "cost limit",
+        // Room that calls in flight took between two rounds of reservations.
+        (false, false) => "limits",
     };
+    let Need { tokens, cost_nanos } = need;
     Failure::new(
         FailureKind::BudgetExhausted,
         format!(
-            "{whose} is exhausted: {} spent{held} of {}; the next model call could use up to {} \
-             tokens and {}, which would go over its {over}",
+            "{whose} is exhausted: {} spent{held} of {}; the next model call needs room for {} \
+             tokens and {} (its prompt and an answer of at least {floor} tokens), which would go \
+             over its {over}",
             state.spent(),
             limits(&ledger.limits),
-            hold.tokens,
-            Usd(nanos_to_usd(hold.cost_nanos)),
+            tokens,
+            Usd(nanos_to_usd(cost_nanos)),
         ),
     )
 }
@@ -390,15 +471,6 @@ mod tests {
         Ledger::task("acme", &scope)
     }
 
-    fn hold(tokens: u64, cost_nanos: u64) -> Hold {
-        Hold {
-            id: "h".into(),
-            tokens,
-            cost_nanos,
-            lease: std::time::Duration::from_secs(1),
-        }
-    }
-
     #[test]
     fn a_refusal_says_what_was_spent_and_is_not_retried() {
         let state = LedgerState {
@@ -407,20 +479,22 @@ mod tests {
             held_tokens: 0,
             held_cost_nanos: 0,
         };
-        let failure = refusal(
-            &task_ledger(Some(100), Some(20.0)),
-            &state,
-            &hold(70, 10_000_000_000),
-            false,
-            true,
-        );
+        // A 60-token prompt and an answer of at least 10 tokens at $1 each: $10.
+        let sizing = Sizing {
+            prompt: 60,
+            price: Some(Price {
+                input_per_million: 0.0,
+                output_per_million: 1_000_000.0,
+            }),
+        };
+        let failure = refusal(&task_ledger(Some(200), Some(20.0)), &state, sizing, 10);
         assert_eq!(failure.kind, FailureKind::BudgetExhausted);
         assert!(!failure.retryable);
         assert_eq!(
             failure.message,
-            "the task's budget is exhausted: 36 tokens and $14.00 spent of 100 tokens and $20.00; \
-             the next model call could use up to 70 tokens and $10.00, which would go over its \
-             cost limit"
+            "the task's budget is exhausted: 36 tokens and $14.00 spent of 200 tokens and $20.00; \
+             the next model call needs room for 70 tokens and $10.00 (its prompt and an answer \
+             of at least 10 tokens), which would go over its cost limit"
         );
         let day = Ledger {
             name: LedgerName::TenantDay {
@@ -436,7 +510,11 @@ mod tests {
             held_tokens: 20,
             ..state
         };
-        let failure = refusal(&day, &busy, &hold(70, 0), true, false);
+        let unpriced = Sizing {
+            prompt: 60,
+            price: None,
+        };
+        let failure = refusal(&day, &busy, unpriced, 10);
         assert!(
             failure
                 .message

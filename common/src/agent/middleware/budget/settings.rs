@@ -1,5 +1,6 @@
-//! What the budget layer is configured with: model prices, the worst case of a call's answer,
-//! and the tenants' daily budgets; and the estimate of a request's size.
+//! What the budget layer is configured with: model prices, the bound of a call's answer, and the
+//! tenants' daily budgets; and the estimate of a request's size (what an answer without reported
+//! usage is charged; the reservation holds the prompt's bound, `sizing::prompt_bound`).
 //!
 //! Invariants: settings that passed [`BudgetSettings::from_config`] hold only finite,
 //! non-negative prices and positive or absent limits; a price or tenant setting is JSON, given
@@ -143,7 +144,8 @@ fn daily_cost(usd: f64) -> Result<u64, String> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BudgetSettings {
     pub prices: Prices,
-    /// The most completion tokens a call is assumed to use before it answers (its worst case).
+    /// The most answer tokens an attempt under a budget may take: reserved as part of its worst
+    /// case and sent to the server as its bound (less when the budget has less room left).
     pub max_output_tokens: u64,
     pub tenants: TenantBudgets,
     /// How long a reservation stands if its holder never settles it.

@@ -190,6 +190,7 @@ impl StreamAccumulator {
                 tool_calls,
                 tool_call_id: None,
                 reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
+                reasoning_signature: None,
             },
             finish_reason: self.finish_reason,
             usage: self.usage,

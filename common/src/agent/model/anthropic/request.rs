@@ -1,0 +1,149 @@
+//! The `/v1/messages` request body for a [`ModelRequest`]: Skein's conversation mapped onto
+//! Anthropic's content blocks.
+//!
+//! - System messages, wherever they stand, become the top-level `system` text blocks, in order;
+//!   the last carries `cache_control: {"type": "ephemeral"}`, and so does the last tool, so the
+//!   tools and the system prompt, the prefix every step of a turn repeats, are cached.
+//! - User text is a `text` block. An assistant message is its `thinking` block (only when it
+//!   kept both the thinking and its signature: the API refuses unsigned thinking), its `text`,
+//!   then one `tool_use` block per call (`input` must be an object: anything else goes as `{}`,
+//!   as the OpenAI client does). A tool message is a `tool_result` block in a user message.
+//! - The API wants user and assistant turns to alternate, so consecutive messages of one role
+//!   are merged into one message (the results of parallel calls become one user message), and in
+//!   a user message the `tool_result` blocks come before any text (the API requires it; a
+//!   steering message sent after tool results joins their message after them).
+//! - Empty text is left out (the API refuses empty text blocks); a message left with no block is
+//!   dropped.
+
+use serde_json::{json, Value};
+
+use super::super::ModelRequest;
+use crate::protocol::message::{Message, Role};
+use crate::protocol::ToolSpec;
+
+/// The smallest thinking budget the API accepts.
+pub const MIN_THINKING_BUDGET: u64 = 1024;
+
+/// The body asking for `request`, streamed, in at most `max_tokens` output tokens, thinking
+/// within `thinking_budget` tokens when one is set and fits under `max_tokens`.
+pub(super) fn request_body(
+    request: &ModelRequest,
+    max_tokens: u64,
+    thinking_budget: Option<u64>,
+) -> Value {
+    let mut body = json!({
+        "model": request.model,
+        "max_tokens": max_tokens,
+        "messages": wire_messages(&request.messages),
+        "stream": true,
+    });
+    let system = system_blocks(&request.messages);
+    if !system.is_empty() {
+        body["system"] = Value::Array(system);
+    }
+    if !request.tools.is_empty() {
+        let mut tools: Vec<Value> = request.tools.iter().map(wire_tool).collect();
+        if let Some(last) = tools.last_mut() {
+            last["cache_control"] = ephemeral();
+        }
+        body["tools"] = Value::Array(tools);
+    }
+    // The API wants `budget_tokens < max_tokens`: a call allowed fewer output tokens than the
+    // budget thinks within what it may spend, or not at all below the API's minimum.
+    if let Some(budget) = thinking_budget.map(|budget| budget.min(max_tokens.saturating_sub(1))) {
+        if budget >= MIN_THINKING_BUDGET {
+            body["thinking"] = json!({ "type": "enabled", "budget_tokens": budget });
+        }
+    }
+    body
+}
+
+fn ephemeral() -> Value {
+    json!({ "type": "ephemeral" })
+}
+
+fn system_blocks(messages: &[Message]) -> Vec<Value> {
+    let mut blocks: Vec<Value> = messages
+        .iter()
+        .filter(|m| m.role == Role::System && !m.content.is_empty())
+        .map(|m| json!({ "type": "text", "text": m.content }))
+        .collect();
+    if let Some(last) = blocks.last_mut() {
+        last["cache_control"] = ephemeral();
+    }
+    blocks
+}
+
+/// The `messages` array: user and assistant turns, alternating.
+fn wire_messages(messages: &[Message]) -> Vec<Value> {
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for message in messages {
+        let (role, blocks) = match message.role {
+            Role::System => continue,
+            Role::User => ("user", text_block(&message.content).into_iter().collect()),
+            Role::Tool => ("user", vec![tool_result_block(message)]),
+            Role::Assistant => ("assistant", assistant_blocks(message)),
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    turns
+        .into_iter()
+        .map(|(role, mut blocks)| {
+            if role == "user" {
+                // Stable: results keep their order, and so does the text after them.
+                blocks.sort_by_key(|block| block["type"] != "tool_result");
+            }
+            json!({ "role": role, "content": blocks })
+        })
+        .collect()
+}
+
+fn text_block(text: &str) -> Option<Value> {
+    (!text.is_empty()).then(|| json!({ "type": "text", "text": text }))
+}
+
+fn tool_result_block(message: &Message) -> Value {
+    let Some(call_id) = &message.tool_call_id else {
+        // A result that answers no call cannot be a `tool_result`; its text still counts.
+        return json!({ "type": "text", "text": message.content });
+    };
+    let mut block = json!({ "type": "tool_result", "tool_use_id": call_id });
+    if !message.content.is_empty() {
+        block["content"] = Value::String(message.content.clone());
+    }
+    block
+}
+
+fn assistant_blocks(message: &Message) -> Vec<Value> {
+    let mut blocks = Vec::with_capacity(2 + message.tool_calls.len());
+    if let (Some(thinking), Some(signature)) = (&message.reasoning, &message.reasoning_signature) {
+        if !signature.is_empty() {
+            blocks
+                .push(json!({ "type": "thinking", "thinking": thinking, "signature": signature }));
+        }
+    }
+    blocks.extend(text_block(&message.content));
+    for call in &message.tool_calls {
+        let input = match &call.arguments {
+            object @ Value::Object(_) => object.clone(),
+            _ => Value::Object(Default::default()),
+        };
+        blocks
+            .push(json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": input }));
+    }
+    blocks
+}
+
+fn wire_tool(spec: &ToolSpec) -> Value {
+    let input_schema = match &spec.parameters {
+        schema @ Value::Object(_) => schema.clone(),
+        _ => json!({ "type": "object" }),
+    };
+    json!({ "name": spec.name, "description": spec.description, "input_schema": input_schema })
+}
