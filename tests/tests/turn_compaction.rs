@@ -1,8 +1,8 @@
 //! A turn that outgrows its context compacts itself: when its own tool results fill the context,
 //! its older steps are summarised by the model, the latest step is sent verbatim with the
 //! summary in the system prompt, and the turn goes on to answer; the session still stores the
-//! turn whole. A single result larger than the context fails the turn `context_overflow`, saying
-//! so, without sending it. Real lead, worker, NATS and Redis; the real OpenAI provider talks to
+//! turn whole. A single result larger than the context, which the model refuses, fails the turn
+//! `context_overflow`, saying so, without sending it again. Real lead, worker, NATS and Redis; the real OpenAI provider talks to
 //! the fake server.
 
 use std::path::PathBuf;
@@ -232,7 +232,20 @@ async fn a_result_larger_than_the_context_fails_the_turn_context_overflow() {
     let session = unique("s");
     // ~10,000 tokens, in a context of 8,192.
     write_pages(&cluster, &session, 0..1, 40_000);
-    let model = FakeOpenAi::start(vec![read(0), FakeReply::answer("never sent")]).await;
+    // The model refuses the request that carries the page, as a real one would.
+    let overflow = serde_json::json!({"error": {
+        "message": "This model's maximum context length is 8192 tokens. However, your messages \
+                    resulted in 10000 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded"
+    }})
+    .to_string();
+    let model = FakeOpenAi::start(vec![
+        read(0),
+        FakeReply::Status(400, overflow),
+        FakeReply::answer("never asked for"),
+    ])
+    .await;
     start(&cluster, &model).await;
 
     let (result, events) = cluster
@@ -251,7 +264,11 @@ async fn a_result_larger_than_the_context_fails_the_turn_context_overflow() {
         "{}",
         failure.message
     );
-    assert_eq!(model.requests().len(), 1, "nothing is sent that cannot fit");
+    assert_eq!(
+        model.requests().len(),
+        2,
+        "the refused request is not sent again, and nothing is summarised that could not help"
+    );
     assert!(!events
         .iter()
         .any(|e| matches!(e.event, EventKind::Compacted { .. })));

@@ -342,7 +342,8 @@ impl Runtime {
     }
 
     /// Compacts the turn's own older steps when `request` (its history already compacted as far
-    /// as it goes) would still not fit; fails the turn when even its latest step cannot.
+    /// as it goes) would still not fit; fails the turn when the model refused a request whose
+    /// latest step alone cannot fit.
     /// `history_compacted`: the history was compacted for this very request.
     async fn fit_steps(
         &self,
@@ -392,7 +393,12 @@ impl Runtime {
             )
         };
         if floor.total() > context_tokens {
-            return Err(refuse(false));
+            // A count is an estimate (a model's own tool-call arguments, say, may be large and
+            // still fit): only a model that refused the request ends the turn here.
+            if overflowed {
+                return Err(refuse(false));
+            }
+            return Ok(None);
         }
         let Some(plan) = compaction::plan_steps(
             &out.new_messages,
@@ -1107,8 +1113,9 @@ mod tests {
             "{}",
             failure.message
         );
-        // Nothing is sent that cannot fit, and no summary is asked that could not help.
-        assert_eq!(requests.lock().expect("requests").len(), 1);
+        // The oversized request is sent once (a count is an estimate; the model knows its
+        // context), refused, and not sent again; no summary is asked that could not help.
+        assert_eq!(requests.lock().expect("requests").len(), 2);
         assert!(!events
             .iter()
             .any(|e| matches!(e, EventKind::Compacted { .. })));
