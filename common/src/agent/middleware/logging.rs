@@ -161,6 +161,9 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         let _default = tracing::subscriber::set_default(subscriber);
+        // Another test's thread may have cached these callsites as of no interest (no subscriber
+        // there); ask again now that this thread has one.
+        tracing::callsite::rebuild_interest_cache();
         let tools = LogLayer.layer(tower::service_fn(|request: ToolCallRequest| async move {
             Ok::<_, BoxError>(failed_result(
                 &request.call.id,
