@@ -681,7 +681,7 @@ fn decode_arguments(raw: &str) -> Value {
 // Transport helpers
 
 /// Reads a whole response body within `timeout`, up to [`MAX_RESPONSE_BYTES`].
-async fn read_capped(
+pub(crate) async fn read_capped(
     mut response: reqwest::Response,
     timeout: Duration,
 ) -> Result<Vec<u8>, ModelError> {
@@ -715,7 +715,7 @@ async fn bounded<T>(
         .map_err(|error| transport_error(error, timeout))
 }
 
-fn transport_error(error: reqwest::Error, timeout: Duration) -> ModelError {
+pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> ModelError {
     if error.is_connect() {
         ModelError::Unreachable(error)
     } else if error.is_timeout() {

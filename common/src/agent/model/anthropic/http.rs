@@ -8,9 +8,7 @@
 
 use std::time::Duration;
 
-use super::super::openai::MAX_RESPONSE_BYTES;
 use super::super::ModelError;
-use super::stream::BodyError;
 
 /// Longest error body kept in [`ModelError::Status`] and [`ModelError::ServerError`].
 pub(super) const MAX_ERROR_BODY_BYTES: usize = 2048;
@@ -26,41 +24,7 @@ pub(super) async fn bounded<T>(
         .map_err(|error| transport_error(error, timeout))
 }
 
-pub(super) fn transport_error(error: reqwest::Error, timeout: Duration) -> ModelError {
-    if error.is_connect() {
-        ModelError::Unreachable(error)
-    } else if error.is_timeout() {
-        ModelError::TimedOut(timeout)
-    } else if error.is_decode() {
-        ModelError::BadResponse(error.to_string())
-    } else {
-        ModelError::Unreachable(error)
-    }
-}
-
-/// Reads a whole response body within `timeout`, up to [`MAX_RESPONSE_BYTES`].
-pub(super) async fn read_capped(
-    mut response: reqwest::Response,
-    timeout: Duration,
-) -> Result<Vec<u8>, ModelError> {
-    let read = async {
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|error| transport_error(error, timeout))?
-        {
-            if body.len().saturating_add(chunk.len()) > MAX_RESPONSE_BYTES {
-                return Err(ModelError::BadResponse(BodyError::TooLarge.to_string()));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(body)
-    };
-    tokio::time::timeout(timeout, read)
-        .await
-        .map_err(|_| ModelError::TimedOut(timeout))?
-}
+pub(super) use super::super::openai::{read_capped, transport_error};
 
 /// Passes a 2xx response through; turns any other into [`ModelError::Status`].
 pub(super) async fn error_for_status(
