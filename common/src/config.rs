@@ -30,6 +30,7 @@ pub const ENV_SESSION_MAX_MESSAGES: &str = "SKEIN_SESSION_MAX_MESSAGES";
 pub const ENV_SESSION_CHECKPOINTS: &str = "SKEIN_SESSION_CHECKPOINTS";
 pub const ENV_CONTEXT_TOKENS: &str = "SKEIN_CONTEXT_TOKENS";
 pub const ENV_MODEL_LIMITS: &str = "SKEIN_MODEL_LIMITS";
+pub const ENV_PROVIDERS: &str = "SKEIN_PROVIDERS";
 pub const ENV_LOG: &str = "SKEIN_LOG";
 pub const ENV_LOG_FORMAT: &str = "SKEIN_LOG_FORMAT";
 pub const ENV_MODEL_PROVIDER: &str = "SKEIN_MODEL_PROVIDER";
@@ -407,7 +408,8 @@ pub struct ModelConfig {
     pub tokens_per_minute: u64,
     /// Prices of the models, for cost budgets and the spending metric: JSON
     /// `{"model": {"input_per_million": 2.5, "output_per_million": 10}}` (US dollars per million
-    /// tokens; a `"*"` entry prices every other model), inline or as a file path.
+    /// tokens; optional `cache_read_per_million` and `cache_write_per_million` price prompt-cache
+    /// reads and writes; a `"*"` entry prices every other model), inline or as a file path.
     #[arg(id = "model_prices", long = "model-prices", env = ENV_MODEL_PRICES)]
     pub prices: Option<String>,
     /// The most answer tokens a model call under a budget may take: sent to the server as the
@@ -436,6 +438,11 @@ pub struct ModelConfig {
     /// (`[tenants.name]`), each with `max_concurrency` and `tokens_per_minute`.
     #[arg(id = "model_limits", long = "model-limits", env = ENV_MODEL_LIMITS)]
     pub limits_file: Option<std::path::PathBuf>,
+    /// TOML or JSON file of named providers (`[providers.NAME]` with `kind`, `base_url`, the
+    /// key's `api_key_env` or `api_key_file`, `headers`, `limits`, ...); an agent's model
+    /// `NAME:MODEL` is `MODEL` on provider `NAME`. See `agent::model::providers`.
+    #[arg(id = "model_providers", long = "providers", env = ENV_PROVIDERS)]
+    pub providers_file: Option<std::path::PathBuf>,
 }
 
 impl ModelConfig {
@@ -446,6 +453,14 @@ impl ModelConfig {
         self.api_key()?;
         if self.provider == "azure" {
             crate::agent::model::openai::azure_root(&self.base_url, &self.api_version)?;
+        }
+        if let Some(path) = &self.providers_file {
+            let file = crate::agent::model::providers::ProvidersFile::read(path)?;
+            for (name, entry) in &file.providers {
+                entry
+                    .api_key()
+                    .map_err(|e| format!("provider {name:?} of {}: {e}", path.display()))?;
+            }
         }
         crate::agent::middleware::BudgetSettings::from_config(self).map(|_| ())?;
         crate::agent::middleware::TrafficPolicy::from_config(self).map(|_| ())

@@ -14,7 +14,7 @@ use std::time::Duration;
 use skein_common::admin::{self, Readiness};
 use skein_common::agent::context::ContextLimits;
 use skein_common::agent::middleware::Middleware;
-use skein_common::agent::model::{ModelError, Provider};
+use skein_common::agent::model::{ModelError, Providers};
 use skein_common::agent::runtime::RuntimeSettings;
 use skein_common::agent::skills::SkillCatalog;
 use skein_common::bus::{Bus, BusError, ConsumerSettings, Intake, Slots};
@@ -275,10 +275,9 @@ pub async fn run_custom(
             work.background_stop.clone(),
         )
         .await?;
-        let provider = Provider::from_config(&cfg.model)?;
+        let provider = Providers::from_config(&cfg.model)?;
         let settings = RuntimeSettings {
             default_model: cfg.model.model.clone(),
-            provider: provider.label().into(),
             tool_timeout: cfg.process.tool_timeout,
             subagent_timeout: cfg.subagent_timeout,
             context: ContextLimits {

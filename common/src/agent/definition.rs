@@ -11,7 +11,8 @@
 //!   file may hold.
 //!
 //! Each `.md` file is optional TOML front matter between `+++` lines (`name`, `description`,
-//! `model`, `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
+//! `model` (a name, `provider:name` for a named provider, or a `[model]` table of `provider` and
+//! `name`), `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
 //! `planning` (offer the plan tools), `max_parallel_steps`, `max_concurrency` (most runs of the
 //! agent as a subagent at once across the cluster), a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
 //! the agent runs) and a `[permissions]` table with
@@ -160,8 +161,10 @@ struct FrontMatter {
     name: Option<String>,
     #[serde(default)]
     description: String,
+    /// A model name (`"gpt-4o"`, `"anthropic:claude-sonnet-4-5"`) or a `[model]` table with
+    /// `provider` and `name`.
     #[serde(default)]
-    model: String,
+    model: ModelChoice,
     tools: Option<Vec<String>>,
     subagents: Option<Vec<String>>,
     max_iterations: Option<u32>,
@@ -187,6 +190,51 @@ struct FrontMatter {
     self_approval: Option<toml::Value>,
     /// Read only to refuse it with [`APPROVERS_IN_FRONT_MATTER`].
     approvers: Option<toml::Value>,
+}
+
+/// The `model` of a front matter: a name, or a table naming the provider apart.
+#[derive(Debug, Default, Deserialize)]
+#[serde(transparent)]
+struct ModelChoice(Option<toml::Value>);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelTable {
+    /// A provider of `SKEIN_PROVIDERS`; absent for the default provider.
+    provider: Option<String>,
+    name: String,
+}
+
+impl ModelChoice {
+    /// The model's name as the runtime routes it (`provider:name`).
+    fn into_name(self) -> Result<String, String> {
+        match self.0 {
+            None => Ok(String::new()),
+            Some(toml::Value::String(name)) => Ok(name),
+            Some(table @ toml::Value::Table(_)) => {
+                let ModelTable { provider, name } = table
+                    .try_into()
+                    .map_err(|e: toml::de::Error| format!("[model]: {}", e.message()))?;
+                if name.trim().is_empty() {
+                    return Err("[model] has an empty name".into());
+                }
+                match provider {
+                    None => Ok(name),
+                    Some(provider) => {
+                        validate_token("[model] provider", &provider).map_err(|f| f.message)?;
+                        Ok(format!(
+                            "{provider}{}{name}",
+                            crate::agent::model::providers::PROVIDER_SEPARATOR
+                        ))
+                    }
+                }
+            }
+            Some(other) => Err(format!(
+                "model must be a name or a [model] table of provider and name, not {}",
+                other.type_str()
+            )),
+        }
+    }
 }
 
 /// A `[permissions]` table of a front matter, or the whole of `permissions.toml`: the keys of
@@ -567,12 +615,13 @@ fn parse(
     if front.self_approval.is_some() || front.approvers.is_some() {
         return Err(invalid(APPROVERS_IN_FRONT_MATTER.into()));
     }
+    let model = front.model.into_name().map_err(invalid)?;
     let own = front.permissions.into_policy(path)?;
     let spec = AgentSpec {
         name,
         description: front.description,
         system_prompt: body.trim().to_owned(),
-        model: front.model,
+        model,
         tools: front.tools.unwrap_or_else(|| vec!["*".into()]),
         subagents: Vec::new(),
         max_iterations,
@@ -692,6 +741,42 @@ mod tests {
     impl Drop for TempFolder {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_model_table_names_its_provider_and_a_string_is_taken_whole() {
+        let skills = no_skills();
+        let (spec, _) = parse_alone(
+            "a.md",
+            "+++\n[model]\nprovider = \"claude\"\nname = \"claude-sonnet-4-5\"\n+++\nHi.",
+            &skills,
+        )
+        .expect("a model table");
+        assert_eq!(spec.model, "claude:claude-sonnet-4-5");
+        let (spec, _) = parse_alone("a.md", "+++\nmodel = \"llama3:8b\"\n+++\nHi.", &skills)
+            .expect("a model name");
+        assert_eq!(spec.model, "llama3:8b");
+        let (spec, _) = parse_alone("a.md", "+++\n[model]\nname = \"gpt-4o\"\n+++\nHi.", &skills)
+            .expect("a table without a provider");
+        assert_eq!(spec.model, "gpt-4o");
+        for (text, expected) in [
+            (
+                "+++\n[model]\nprovider = \"a:b\"\nname = \"m\"\n+++\nHi.",
+                "provider",
+            ),
+            (
+                "+++\n[model]\nprovider = \"a\"\nname = \" \"\n+++\nHi.",
+                "empty name",
+            ),
+            (
+                "+++\n[model]\nname = \"m\"\nfallback_models = []\n+++\nHi.",
+                "unknown field `fallback_models`",
+            ),
+            ("+++\nmodel = 4\n+++\nHi.", "not integer"),
+        ] {
+            let error = parse_alone("a.md", text, &skills).expect_err(text);
+            assert!(error.to_string().contains(expected), "{text}: {error}");
         }
     }
 

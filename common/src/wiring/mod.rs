@@ -20,28 +20,39 @@ use tower::{Layer, ServiceExt};
 use crate::agent::middleware::{
     BudgetSettings, Middleware, ModelBudgetLayer, ModelTrafficLayer, TrafficLimits, TrafficPolicy,
 };
-use crate::agent::model::Provider;
+use crate::agent::model::providers::provider_secrets;
+use crate::agent::model::Providers;
 use crate::agent::runtime::{Runtime, RuntimeSettings};
 use crate::agent::seams::ProviderService;
 use crate::agent::skills::SkillCatalog;
 use crate::dispatch::Dispatcher;
 
 /// A runtime whose tools run on the cluster's workers (through `dispatcher`) and whose model is
-/// `provider`, wrapped in `middleware` (its layers outside the built-ins). The model's API key is
-/// one of the secrets the redaction layer masks.
+/// `provider` (or, by a model's name, one of its named providers), wrapped in `middleware` (its
+/// layers outside the built-ins). The providers' API keys are secrets the redaction layer masks;
+/// `settings` learn the providers' kinds, for telemetry.
 pub fn assemble(
-    provider: Provider,
+    provider: Providers,
     dispatcher: Dispatcher,
     skills: SkillCatalog,
     middleware: Middleware,
-    settings: RuntimeSettings,
+    mut settings: RuntimeSettings,
     metrics: crate::metrics::Metrics,
     model: &crate::config::ModelConfig,
 ) -> Runtime {
+    settings.provider = provider.default_label().to_owned();
+    settings.named_providers = Arc::new(provider.labels());
     // The key as the provider uses it (from its file too); a key that cannot be read failed the
     // provider already.
     let middleware = middleware
-        .with_secrets(model.api_key().ok().flatten())
+        .with_secrets(
+            model
+                .api_key()
+                .ok()
+                .flatten()
+                .into_iter()
+                .chain(provider_secrets(model)),
+        )
         .expect("`ModelConfig::api_key` refuses a key too short to mask");
     let directory = Arc::new(dispatcher.catalog().clone());
     let store = dispatcher.store().clone();

@@ -19,7 +19,7 @@ use skein_common::agent::context::ContextLimits;
 use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::memory::MemoryEvents;
 use skein_common::agent::middleware::Middleware;
-use skein_common::agent::model::Provider;
+use skein_common::agent::model::Providers;
 use skein_common::agent::replay::RecordedCalls;
 use skein_common::agent::runtime::{Runtime, RuntimeSettings, TurnInput, TurnOutput};
 use skein_common::bus::Bus;
@@ -139,8 +139,7 @@ impl Replayer {
             None => AgentCatalog::bundled(),
         }
         .map_err(|e| e.to_string())?;
-        let provider = Provider::from_config(&args.model).map_err(|e| e.to_string())?;
-        let provider_name = provider.label();
+        let provider = Providers::from_config(&args.model).map_err(|e| e.to_string())?;
         let instance = format!("replay-{}", uuid::Uuid::new_v4().simple());
         let bus = Bus::connect(
             &args.workspace.nats,
@@ -160,7 +159,6 @@ impl Replayer {
             Middleware::default(),
             RuntimeSettings {
                 default_model: args.model.model.clone(),
-                provider: provider_name.into(),
                 context: ContextLimits {
                     default_context_tokens: args.model.context_tokens,
                     ..ContextLimits::default()

@@ -31,7 +31,7 @@ use skein_common::agent::context::ContextLimits;
 use skein_common::agent::definition::AgentCatalog;
 use skein_common::agent::hooks::Listeners;
 use skein_common::agent::middleware::Middleware;
-use skein_common::agent::model::{ModelError, Provider};
+use skein_common::agent::model::{ModelError, Providers};
 use skein_common::agent::runtime::{Runtime, RuntimeSettings};
 use skein_common::audit::AuditRecord;
 use skein_common::bus::{
@@ -159,8 +159,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         Some(dir) => AgentCatalog::load_dir(dir)?,
         None => AgentCatalog::bundled()?,
     };
-    let provider = Provider::from_config(&cfg.model)?;
-    let provider_name = provider.label();
+    let provider = Providers::from_config(&cfg.model)?;
     let metrics = Metrics::new();
     let readiness = Readiness::default();
     // Health answers (and readiness says no) while start-up waits for NATS and Redis.
@@ -200,7 +199,6 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         middleware,
         RuntimeSettings {
             default_model: cfg.model.model.clone(),
-            provider: provider_name.into(),
             tool_timeout: cfg.process.tool_timeout,
             subagent_timeout: cfg.subagent_timeout,
             context: ContextLimits {

@@ -12,6 +12,10 @@
 //! tokens_per_minute = 50000
 //! ```
 //!
+//! A model of a named provider (`anthropic:claude-sonnet-4-5`, see `agent::model::providers`)
+//! without an entry of its own here has its provider's `limits`, if the providers file gives
+//! some, else the defaults.
+//!
 //! 0 turns a limit off; unknown keys are refused, so a misspelt key fails at start.
 
 use std::collections::BTreeMap;
@@ -20,12 +24,15 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::limits::TrafficLimits;
+use crate::agent::model::providers::PROVIDER_SEPARATOR;
 
 /// The limits of every model and tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrafficPolicy {
     pub defaults: TrafficLimits,
     pub models: BTreeMap<String, TrafficLimits>,
+    /// The limits of each model of a named provider, by provider name.
+    pub providers: BTreeMap<String, TrafficLimits>,
     pub tenants: BTreeMap<String, TrafficLimits>,
 }
 
@@ -67,13 +74,17 @@ impl TrafficPolicy {
     /// The defaults of `SKEIN_MODEL_*` and the file `SKEIN_MODEL_LIMITS` names, if any.
     pub fn from_config(model: &crate::config::ModelConfig) -> Result<Self, String> {
         let defaults = TrafficLimits::from_config(model);
-        match &model.limits_file {
-            Some(path) => Self::from_file(defaults, path),
-            None => Ok(Self {
+        let mut policy = match &model.limits_file {
+            Some(path) => Self::from_file(defaults, path)?,
+            None => Self {
                 defaults,
                 ..Self::default()
-            }),
+            },
+        };
+        if let Some(path) = &model.providers_file {
+            policy.providers = crate::agent::model::providers::ProvidersFile::read(path)?.limits();
         }
+        Ok(policy)
     }
 
     /// `defaults` with the limits of a TOML file.
@@ -95,6 +106,7 @@ impl TrafficPolicy {
         }
         Ok(Self {
             defaults,
+            providers: BTreeMap::new(),
             models: file
                 .models
                 .into_iter()
@@ -112,13 +124,22 @@ impl TrafficPolicy {
     pub fn is_off(&self) -> bool {
         self.defaults.is_off()
             && self.models.values().all(TrafficLimits::is_off)
+            && self.providers.values().all(TrafficLimits::is_off)
             && self.tenants.values().all(TrafficLimits::is_off)
     }
 
     /// The limits a call of `tenant` on `model` is under.
     pub fn for_call(&self, model: &str, tenant: &str) -> CallLimits {
         CallLimits {
-            model: self.models.get(model).copied().unwrap_or(self.defaults),
+            model: self
+                .models
+                .get(model)
+                .or_else(|| {
+                    let (provider, _) = model.split_once(PROVIDER_SEPARATOR)?;
+                    self.providers.get(provider)
+                })
+                .copied()
+                .unwrap_or(self.defaults),
             tenant: self.tenants.get(tenant).copied().unwrap_or_default(),
         }
     }
@@ -154,6 +175,37 @@ mod tests {
         assert_eq!(other.model, DEFAULTS);
         assert!(other.tenant.is_off());
         assert!(!policy.is_off());
+    }
+
+    #[test]
+    fn a_named_provider_s_models_have_its_limits_unless_the_file_names_them() {
+        let mut policy = TrafficPolicy::parse(
+            DEFAULTS,
+            "[models.\"anthropic:claude-opus-4\"]\nmax_concurrency = 1\n",
+        )
+        .expect("a valid file");
+        let providers = crate::agent::model::providers::ProvidersFile::parse(
+            "[providers.anthropic]\nkind = \"anthropic\"\nlimits = { max_concurrency = 3 }\n",
+        )
+        .expect("a valid providers file");
+        policy.providers = providers.limits();
+        assert_eq!(
+            policy
+                .for_call("anthropic:claude-sonnet-4-5", "acme")
+                .model
+                .max_concurrency,
+            3
+        );
+        assert_eq!(
+            policy
+                .for_call("anthropic:claude-opus-4", "acme")
+                .model
+                .max_concurrency,
+            1,
+            "the model's own entry wins"
+        );
+        assert_eq!(policy.for_call("llama3:8b", "acme").model, DEFAULTS);
+        assert_eq!(policy.for_call("claude-sonnet-4-5", "acme").model, DEFAULTS);
     }
 
     #[test]

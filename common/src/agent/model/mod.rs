@@ -5,11 +5,15 @@
 //!
 //! Providers: [`openai::OpenAiClient`] (any OpenAI-compatible chat-completions server),
 //! [`anthropic::AnthropicClient`] (Anthropic's Messages API) and [`scripted::ScriptedModel`]
-//! (replays a scenario file; offline runs and tests). [`Provider`] picks one from configuration.
+//! (replays a scenario file; offline runs and tests). [`Provider`] picks one from configuration;
+//! [`Providers`] holds several, named, and routes each call by its model's name.
 
 pub mod anthropic;
 pub mod openai;
+pub mod providers;
 pub mod scripted;
+
+pub use providers::Providers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -257,16 +261,25 @@ pub const BUNDLED_SCENARIO: &str = include_str!("../../../../examples/scenario.j
 impl Provider {
     /// Builds the provider configuration asks for.
     pub fn from_config(cfg: &crate::config::ModelConfig) -> Result<Self, ModelError> {
+        Self::from_settings(cfg, cfg.api_key().map_err(ModelError::Misconfigured)?)
+    }
+
+    /// Builds the provider of kind `cfg.provider` with `api_key` (a named provider's key is its
+    /// own, not `SKEIN_MODEL_API_KEY`).
+    pub fn from_settings(
+        cfg: &crate::config::ModelConfig,
+        api_key: Option<String>,
+    ) -> Result<Self, ModelError> {
         match cfg.provider.as_str() {
             // Azure OpenAI is the same API behind another URL and header (`openai.rs`).
             "openai" | "azure" => Ok(Provider::OpenAi(Arc::new(
-                openai::OpenAiClient::from_config(cfg)?,
+                openai::OpenAiClient::configured(cfg, api_key)?,
             ))),
             // `SKEIN_MODEL_BASE_URL` defaults to OpenAI's API; left so, Anthropic's is meant.
             "anthropic" => Ok(Provider::Anthropic(Arc::new(
                 anthropic::AnthropicClient::new(
                     anthropic::base_url_for(&cfg.base_url),
-                    cfg.api_key().map_err(ModelError::Misconfigured)?,
+                    api_key,
                     cfg.timeout,
                     cfg.max_output_tokens,
                 )?,
@@ -282,6 +295,19 @@ impl Provider {
                 "unknown model provider {other:?} (use \"scripted\", \"openai\", \"azure\" or \"anthropic\")"
             ))),
         }
+    }
+
+    /// The same provider sending `headers` with every request (the scripted one sends none).
+    pub fn with_headers(self, headers: reqwest::header::HeaderMap) -> Result<Self, ModelError> {
+        Ok(match self {
+            Provider::OpenAi(client) => Provider::OpenAi(Arc::new(
+                Arc::unwrap_or_clone(client).with_headers(headers)?,
+            )),
+            Provider::Anthropic(client) => Provider::Anthropic(Arc::new(
+                Arc::unwrap_or_clone(client).with_headers(headers)?,
+            )),
+            scripted @ Provider::Scripted(_) => scripted,
+        })
     }
 }
 

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use reqwest::header::HeaderValue;
+use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -75,6 +75,9 @@ pub const DEFAULT_AZURE_API_VERSION: &str = "2024-10-21";
 const MAX_ERROR_BODY_BYTES: usize = 2048;
 /// The host of OpenAI's own API.
 const OPENAI_HOST: &str = "api.openai.com";
+
+/// OpenAI's own API, the base URL an `openai` provider uses unless told otherwise.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// Which shape of the chat-completions API a server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +146,7 @@ enum Endpoint {
 }
 
 /// A chat-completions client; cheap to share behind an `Arc`.
+#[derive(Clone)]
 pub struct OpenAiClient {
     http: reqwest::Client,
     endpoint: Endpoint,
@@ -209,7 +213,11 @@ impl OpenAiClient {
     /// The client `cfg` configures: `azure` is Azure OpenAI, anything else an OpenAI-compatible
     /// server.
     pub fn from_config(cfg: &ModelConfig) -> Result<Self, ModelError> {
-        let api_key = cfg.api_key().map_err(ModelError::Misconfigured)?;
+        Self::configured(cfg, cfg.api_key().map_err(ModelError::Misconfigured)?)
+    }
+
+    /// [`Self::from_config`] with `api_key` in place of the configured key.
+    pub fn configured(cfg: &ModelConfig, api_key: Option<String>) -> Result<Self, ModelError> {
         let (client, flavour) = if cfg.provider == "azure" {
             let client = Self::azure(&cfg.base_url, api_key, cfg.timeout, &cfg.api_version)?;
             (client, Flavour::Azure)
@@ -220,6 +228,16 @@ impl OpenAiClient {
         let field = MaxTokensField::from_setting(&cfg.max_tokens_field, flavour, &cfg.base_url)
             .map_err(ModelError::Misconfigured)?;
         Ok(client.with_max_tokens_field(field))
+    }
+
+    /// The same client, sending `headers` with every request (beside its own).
+    pub fn with_headers(mut self, headers: HeaderMap) -> Result<Self, ModelError> {
+        self.http = reqwest::Client::builder()
+            .connect_timeout(self.timeout.min(MAX_CONNECT_TIMEOUT))
+            .default_headers(headers)
+            .build()
+            .map_err(ModelError::Unreachable)?;
+        Ok(self)
     }
 
     /// The same client, sending the answer's bound as `field`.
@@ -543,6 +561,14 @@ struct WireUsage {
     completion_tokens: Option<u64>,
     total_tokens: Option<u64>,
     completion_tokens_details: Option<WireCompletionDetails>,
+    prompt_tokens_details: Option<WirePromptDetails>,
+}
+
+/// OpenAI's (and DeepSeek-style servers') count of prompt tokens served from its prompt cache.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default)]
+struct WirePromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -553,10 +579,17 @@ struct WireCompletionDetails {
 
 impl From<WireUsage> for Usage {
     fn from(usage: WireUsage) -> Self {
+        let prompt_tokens = usage.prompt_tokens.unwrap_or(0);
         Usage {
-            prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+            prompt_tokens,
             completion_tokens: output_tokens(&usage),
-            ..Usage::default()
+            // Part of `prompt_tokens`; a server that says more is not believed past it.
+            cache_read_tokens: usage
+                .prompt_tokens_details
+                .and_then(|details| details.cached_tokens)
+                .unwrap_or(0)
+                .min(prompt_tokens),
+            cache_write_tokens: 0,
         }
     }
 }
@@ -1488,6 +1521,25 @@ mod tests {
         let nulls = r#"{"prompt_tokens": null, "completion_tokens": null, "total_tokens": null,
             "completion_tokens_details": null}"#;
         assert_eq!(usage_of(nulls), Usage::default());
+    }
+
+    #[test]
+    fn prompt_tokens_served_from_the_cache_are_counted_as_cache_reads() {
+        let openai = r#"{"prompt_tokens": 2006, "completion_tokens": 300,
+            "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0}}"#;
+        let usage = usage_of(openai);
+        assert_eq!(
+            (
+                usage.prompt_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens
+            ),
+            (2006, 1920, 0)
+        );
+        let nonsense = r#"{"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 99}}"#;
+        assert_eq!(usage_of(nonsense).cache_read_tokens, 10);
+        let null = r#"{"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": null}}"#;
+        assert_eq!(usage_of(null).cache_read_tokens, 0);
     }
 
     #[test]

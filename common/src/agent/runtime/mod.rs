@@ -21,6 +21,7 @@ mod compact;
 mod planning;
 mod reasoning;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,8 +52,11 @@ pub use planning::{READ_PLAN_TOOL, RUN_PLAN_TOOL, UPDATE_PLAN_TOOL};
 pub struct RuntimeSettings {
     /// Model used when an agent names none.
     pub default_model: String,
-    /// The model provider's name, for telemetry (`openai`, `scripted`).
+    /// The default model provider's kind, for telemetry (`openai`, `scripted`).
     pub provider: String,
+    /// The kinds of the named providers (`SKEIN_PROVIDERS`), by name, for telemetry of calls of
+    /// their models (`NAME:MODEL`).
+    pub named_providers: Arc<BTreeMap<String, &'static str>>,
     pub tool_timeout: Duration,
     pub subagent_timeout: Duration,
     /// Deepest subagent nesting allowed (a user's agent is depth 0).
@@ -60,11 +64,22 @@ pub struct RuntimeSettings {
     pub context: ContextLimits,
 }
 
+impl RuntimeSettings {
+    /// The kind of the provider a call of `model` goes to.
+    pub fn provider_of(&self, model: &str) -> &str {
+        model
+            .split_once(crate::agent::model::providers::PROVIDER_SEPARATOR)
+            .and_then(|(name, _)| self.named_providers.get(name).copied())
+            .unwrap_or(&self.provider)
+    }
+}
+
 impl Default for RuntimeSettings {
     fn default() -> Self {
         Self {
             default_model: "gpt-4o-mini".into(),
             provider: "openai".into(),
+            named_providers: Arc::default(),
             tool_timeout: Duration::from_secs(60),
             subagent_timeout: Duration::from_secs(300),
             max_depth: crate::agent::definition::MAX_NESTING,

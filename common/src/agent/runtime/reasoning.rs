@@ -93,12 +93,13 @@ impl Runtime {
         tools: Arc<[ToolSpec]>,
         deltas: &Arc<EventDeltas>,
     ) -> Result<ModelResponse, Failure> {
+        let provider = self.settings.provider_of(&model).to_owned();
         let span = tracing::info_span!(
             "chat",
             "otel.name" = format!("chat {model}"),
             "otel.kind" = "client",
             "gen_ai.operation.name" = "chat",
-            "gen_ai.provider.name" = %self.settings.provider,
+            "gen_ai.provider.name" = %provider,
             "gen_ai.request.model" = %model,
             "gen_ai.usage.input_tokens" = tracing::field::Empty,
             "gen_ai.usage.output_tokens" = tracing::field::Empty,
@@ -144,7 +145,7 @@ impl Runtime {
                     span.record("gen_ai.output.messages", response.message.content.as_str());
                 }
                 self.metrics.model_call(
-                    &self.settings.provider,
+                    &provider,
                     "ok",
                     duration,
                     response.usage.prompt_tokens,
@@ -153,13 +154,8 @@ impl Runtime {
             }
             Err(failure) => {
                 record_failure(&span, failure);
-                self.metrics.model_call(
-                    &self.settings.provider,
-                    failure.kind.as_str(),
-                    duration,
-                    0,
-                    0,
-                );
+                self.metrics
+                    .model_call(&provider, failure.kind.as_str(), duration, 0, 0);
             }
         }
         result

@@ -192,7 +192,9 @@ where
                 }
             };
             let (input, output) = used(&response, prompt);
+            let reported = response.usage.prompt_tokens > 0 || response.usage.completion_tokens > 0;
             let cost_nanos = match price {
+                Some(price) if reported => price.usage_cost_nanos(&response.usage),
                 Some(price) => price.cost_nanos(input, output),
                 None => {
                     shared.note_unpriced(&model);
@@ -484,6 +486,8 @@ mod tests {
             prompt: 60,
             price: Some(Price {
                 input_per_million: 0.0,
+                cache_read_per_million: None,
+                cache_write_per_million: None,
                 output_per_million: 1_000_000.0,
             }),
         };

@@ -22,15 +22,56 @@ pub const ANY_MODEL: &str = "*";
 /// How much longer than the model timeout a reservation stands if its holder never settles it.
 const HOLD_MARGIN: Duration = Duration::from_secs(60);
 
-/// What a model's tokens cost, in US dollars per million.
+/// What a model's tokens cost, in US dollars per million. Prompt tokens read from or written to
+/// the provider's prompt cache (Anthropic's) cost their own prices when given, else the input
+/// price.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
     pub input_per_million: f64,
     pub output_per_million: f64,
+    #[serde(default)]
+    pub cache_read_per_million: Option<f64>,
+    #[serde(default)]
+    pub cache_write_per_million: Option<f64>,
 }
 
 impl Price {
+    /// The highest a prompt token may cost: a reservation made before the call cannot know
+    /// which of its tokens the cache will serve or take.
+    fn prompt_ceiling(&self) -> f64 {
+        let input = self.input_per_million;
+        input
+            .max(self.cache_read_per_million.unwrap_or(input))
+            .max(self.cache_write_per_million.unwrap_or(input))
+    }
+
+    /// The most a call of `prompt` prompt tokens and `output` answer tokens may cost, in
+    /// nano-dollars, whatever the prompt cache does.
+    pub fn worst_cost_nanos(&self, prompt: u64, output: u64) -> u64 {
+        Price {
+            input_per_million: self.prompt_ceiling(),
+            ..*self
+        }
+        .cost_nanos(prompt, output)
+    }
+
+    /// What a call's reported `usage` cost, in nano-dollars, rounded up: cache reads and writes
+    /// at their prices, the rest of the prompt at the input price.
+    pub fn usage_cost_nanos(&self, usage: &crate::protocol::message::Usage) -> u64 {
+        let input = self.input_per_million;
+        let plain = usage
+            .prompt_tokens
+            .saturating_sub(usage.cache_read_tokens)
+            .saturating_sub(usage.cache_write_tokens);
+        let nanos = (plain as f64 * input
+            + usage.cache_read_tokens as f64 * self.cache_read_per_million.unwrap_or(input)
+            + usage.cache_write_tokens as f64 * self.cache_write_per_million.unwrap_or(input)
+            + usage.completion_tokens as f64 * self.output_per_million)
+            * 1000.0;
+        usd_to_nanos(nanos.ceil() / 1e9)
+    }
+
     /// The cost of `input` prompt and `output` completion tokens, in nano-dollars, rounded up
     /// (a worst case never comes out below the truth).
     pub fn cost_nanos(&self, input: u64, output: u64) -> u64 {
@@ -45,6 +86,14 @@ impl Price {
         for (what, value) in [
             ("input_per_million", self.input_per_million),
             ("output_per_million", self.output_per_million),
+            (
+                "cache_read_per_million",
+                self.cache_read_per_million.unwrap_or(0.0),
+            ),
+            (
+                "cache_write_per_million",
+                self.cache_write_per_million.unwrap_or(0.0),
+            ),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(format!(
@@ -71,9 +120,17 @@ impl Prices {
         Ok(Self(prices))
     }
 
-    /// The price of `model`: its own, else the [`ANY_MODEL`] entry.
+    /// The price of `model`: its own; for a named provider's `NAME:MODEL`, else `MODEL`'s; else
+    /// the [`ANY_MODEL`] entry.
     pub fn get(&self, model: &str) -> Option<&Price> {
-        self.0.get(model).or_else(|| self.0.get(ANY_MODEL))
+        self.0
+            .get(model)
+            .or_else(|| {
+                let (_, bare) =
+                    model.split_once(crate::agent::model::providers::PROVIDER_SEPARATOR)?;
+                self.0.get(bare)
+            })
+            .or_else(|| self.0.get(ANY_MODEL))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -245,12 +302,16 @@ mod tests {
     fn a_cost_is_in_nano_dollars_rounded_up() {
         let price = Price {
             input_per_million: 2.5,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
             output_per_million: 10.0,
         };
         // 1000 input tokens at $2.50/M = $0.0025; 100 output at $10/M = $0.001.
         assert_eq!(price.cost_nanos(1000, 100), 3_500_000);
         let cheap = Price {
             input_per_million: 0.0001,
+            cache_read_per_million: None,
+            cache_write_per_million: None,
             output_per_million: 0.0,
         };
         assert_eq!(
@@ -259,6 +320,42 @@ mod tests {
             "a fraction of a nano-dollar counts as one"
         );
         assert_eq!(cheap.cost_nanos(0, 0), 0);
+    }
+
+    #[test]
+    fn cache_reads_and_writes_cost_their_prices_and_a_reservation_their_highest() {
+        let prices = Prices::parse(
+            r#"{"claude-sonnet-4-5": {"input_per_million": 3, "output_per_million": 15,
+                "cache_read_per_million": 0.3, "cache_write_per_million": 3.75}}"#,
+        )
+        .expect("valid prices");
+        let price = prices
+            .get("anthropic:claude-sonnet-4-5")
+            .expect("a named provider's model has its bare name's price");
+        let usage = crate::protocol::message::Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 100_000,
+            cache_read_tokens: 500_000,
+            cache_write_tokens: 200_000,
+        };
+        // 300k plain at $3/M + 500k read at $0.30/M + 200k written at $3.75/M + 100k out at $15/M.
+        let expected_usd = 0.9 + 0.15 + 0.75 + 1.5;
+        let cost = price.usage_cost_nanos(&usage);
+        assert!(
+            cost.abs_diff(usd_to_nanos(expected_usd)) <= 1,
+            "{cost} nano-dollars, expected {expected_usd} USD"
+        );
+        assert_eq!(
+            price.worst_cost_nanos(1_000_000, 0),
+            usd_to_nanos(3.75),
+            "a reservation prices every prompt token at the highest prompt rate"
+        );
+        assert!(price.worst_cost_nanos(1_000_000, 100_000) >= price.usage_cost_nanos(&usage));
+        let bad = Prices::parse(
+            r#"{"m": {"input_per_million": 1, "output_per_million": 1, "cache_read_per_million": -1}}"#,
+        )
+        .expect_err("a negative cache price");
+        assert!(bad.contains("cache_read_per_million"), "{bad}");
     }
 
     #[test]

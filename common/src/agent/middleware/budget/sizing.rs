@@ -48,7 +48,7 @@ impl Sizing {
             tokens: self.prompt.saturating_add(output),
             cost_nanos: self
                 .price
-                .map_or(0, |price| price.cost_nanos(self.prompt, output)),
+                .map_or(0, |price| price.worst_cost_nanos(self.prompt, output)),
         }
     }
 
@@ -154,10 +154,14 @@ mod tests {
     /// $1 per output token, input free; and $1 per input token, output at $2.
     const OUTPUT_AT_A_DOLLAR: Price = Price {
         input_per_million: 0.0,
+        cache_read_per_million: None,
+        cache_write_per_million: None,
         output_per_million: 1_000_000.0,
     };
     const BOTH_PRICED: Price = Price {
         input_per_million: 1_000_000.0,
+        cache_read_per_million: None,
+        cache_write_per_million: None,
         output_per_million: 2_000_000.0,
     };
     const DOLLAR: u64 = 1_000_000_000;

@@ -71,6 +71,7 @@ pub fn base_url_for(configured: &str) -> &str {
 }
 
 /// A Messages API client; cheap to share behind an `Arc`.
+#[derive(Clone)]
 pub struct AnthropicClient {
     http: reqwest::Client,
     messages_url: String,
@@ -95,6 +96,16 @@ impl std::fmt::Debug for AnthropicClient {
 }
 
 impl AnthropicClient {
+    /// The same client, sending `headers` with every request (beside its own).
+    pub fn with_headers(mut self, headers: reqwest::header::HeaderMap) -> Result<Self, ModelError> {
+        self.http = reqwest::Client::builder()
+            .connect_timeout(self.timeout.min(MAX_CONNECT_TIMEOUT))
+            .default_headers(headers)
+            .build()
+            .map_err(ModelError::Unreachable)?;
+        Ok(self)
+    }
+
     /// A client for the API at `base_url` (`https://api.anthropic.com`, with or without `/v1`; a
     /// trailing slash is fine), answering in at most `max_output_tokens` unless a request says
     /// otherwise. A blank `api_key` counts as none.
