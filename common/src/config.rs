@@ -31,6 +31,7 @@ pub const ENV_SESSION_CHECKPOINTS: &str = "SKEIN_SESSION_CHECKPOINTS";
 pub const ENV_CONTEXT_TOKENS: &str = "SKEIN_CONTEXT_TOKENS";
 pub const ENV_MODEL_LIMITS: &str = "SKEIN_MODEL_LIMITS";
 pub const ENV_PROVIDERS: &str = "SKEIN_PROVIDERS";
+pub const ENV_MODEL_THINKING_BUDGET: &str = "SKEIN_MODEL_THINKING_BUDGET";
 pub const ENV_LOG: &str = "SKEIN_LOG";
 pub const ENV_LOG_FORMAT: &str = "SKEIN_LOG_FORMAT";
 pub const ENV_MODEL_PROVIDER: &str = "SKEIN_MODEL_PROVIDER";
@@ -443,6 +444,10 @@ pub struct ModelConfig {
     /// `NAME:MODEL` is `MODEL` on provider `NAME`. See `agent::model::providers`.
     #[arg(id = "model_providers", long = "providers", env = ENV_PROVIDERS)]
     pub providers_file: Option<std::path::PathBuf>,
+    /// Tokens an `anthropic` provider's model may think with before it answers (extended
+    /// thinking: at least 1024, under `SKEIN_MODEL_MAX_OUTPUT_TOKENS`); 0 asks for no thinking.
+    #[arg(id = "model_thinking_budget", long = "model-thinking-budget", env = ENV_MODEL_THINKING_BUDGET, default_value_t = 0)]
+    pub thinking_budget: u64,
 }
 
 impl ModelConfig {

@@ -47,6 +47,8 @@ async fn a_thinking_model_calls_two_tools_at_once_and_answers_through_the_messag
         "claude-sonnet-4-5",
         "--model-max-output-tokens",
         "2000",
+        "--model-thinking-budget",
+        "1024",
     ]));
 
     let task = submission("acme", &unique("s"), "do north and south");
@@ -86,6 +88,11 @@ async fn a_thinking_model_calls_two_tools_at_once_and_answers_through_the_messag
         assert_eq!(body["model"], json!("claude-sonnet-4-5"));
         assert_eq!(body["stream"], json!(true));
         assert_eq!(body["max_tokens"], json!(2000), "{body}");
+        assert_eq!(
+            body["thinking"],
+            json!({ "type": "enabled", "budget_tokens": 1024 }),
+            "the configured thinking budget is asked for"
+        );
         let system = body["system"].as_array().expect("a system prompt");
         assert_eq!(
             system.last().map(|block| &block["cache_control"]),

@@ -276,14 +276,19 @@ impl Provider {
                 openai::OpenAiClient::configured(cfg, api_key)?,
             ))),
             // `SKEIN_MODEL_BASE_URL` defaults to OpenAI's API; left so, Anthropic's is meant.
-            "anthropic" => Ok(Provider::Anthropic(Arc::new(
-                anthropic::AnthropicClient::new(
+            "anthropic" => {
+                let client = anthropic::AnthropicClient::new(
                     anthropic::base_url_for(&cfg.base_url),
                     api_key,
                     cfg.timeout,
                     cfg.max_output_tokens,
-                )?,
-            ))),
+                )?;
+                let client = match cfg.thinking_budget {
+                    0 => client,
+                    budget => client.with_thinking_budget(budget)?,
+                };
+                Ok(Provider::Anthropic(Arc::new(client)))
+            }
             "scripted" => {
                 let model = match &cfg.scenario {
                     Some(path) => scripted::ScriptedModel::from_file(path)?,

@@ -203,6 +203,10 @@ pub struct ProviderEntry {
     /// The answer bound when no budget sets one (Anthropic's API needs one).
     #[serde(default)]
     pub max_output_tokens: Option<u64>,
+    /// Tokens an `anthropic` provider's model may think with (see `SKEIN_MODEL_THINKING_BUDGET`);
+    /// absent or 0 for none.
+    #[serde(default)]
+    pub thinking_budget: Option<u64>,
     /// Scenario file of a `scripted` provider.
     #[serde(default)]
     pub scenario: Option<PathBuf>,
@@ -294,6 +298,12 @@ impl ProviderEntry {
         if let Some(timeout) = &self.timeout {
             humantime::parse_duration(timeout).map_err(|e| format!("timeout {timeout:?}: {e}"))?;
         }
+        if self.thinking_budget.is_some_and(|b| b > 0) && self.kind != "anthropic" {
+            return Err(format!(
+                "thinking_budget is read by the anthropic kind only, not {:?}",
+                self.kind
+            ));
+        }
         self.header_map()?;
         Ok(())
     }
@@ -355,6 +365,7 @@ impl ProviderEntry {
             cfg.max_output_tokens = max;
         }
         cfg.scenario = self.scenario.clone();
+        cfg.thinking_budget = self.thinking_budget.unwrap_or(0);
         let provider = Provider::from_settings(&cfg, self.api_key()?).map_err(|e| e.to_string())?;
         let headers = self.header_map()?;
         if headers.is_empty() {

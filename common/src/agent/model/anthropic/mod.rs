@@ -26,7 +26,8 @@
 //! message's first block, as the API requires within a turn that calls tools. The signature
 //! covers the text as the model wrote it: thinking changed since (a secret masked in it by the
 //! redaction layer) is refused by the API. Asking for thinking is off unless
-//! [`AnthropicClient::with_thinking_budget`] sets a budget.
+//! [`AnthropicClient::with_thinking_budget`] sets a budget (`SKEIN_MODEL_THINKING_BUDGET`, or a
+//! named provider's `thinking_budget`).
 
 mod http;
 mod request;
