@@ -89,7 +89,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
             .session
             .unwrap_or_else(|| format!("session-{}", uuid::Uuid::new_v4().simple())),
         agent: args.agent,
-        input,
+        input: input.into(),
         overrides: None,
         deadline_ms: args
             .deadline

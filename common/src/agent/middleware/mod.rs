@@ -460,9 +460,7 @@ mod tests {
 
         assert_eq!(
             result.outcome,
-            CallOutcome::Ok {
-                output: "token [redacted]".into()
-            }
+            CallOutcome::ok("token [redacted]")
         );
         // One pass through each user layer, two attempts inside them, the output already
         // redacted when the user layers see it.

@@ -64,9 +64,7 @@ pub(super) fn tool_request(call_id: &str, tool: &str) -> ToolCallRequest {
 pub(super) fn ok_result(call_id: &str, output: &str) -> ToolResult {
     result(
         call_id,
-        CallOutcome::Ok {
-            output: output.into(),
-        },
+        CallOutcome::ok(output),
     )
 }
 

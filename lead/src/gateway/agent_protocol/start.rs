@@ -329,6 +329,7 @@ pub(super) async fn start(
             session: thread_id.clone(),
             agent: run.assistant_id.clone(),
             input: run.input.clone(),
+            images: Vec::new(),
         },
     )?;
     submission.multitask = policy;
