@@ -462,7 +462,8 @@ impl skein_common::agent::middleware::hooks::TurnHook for Guard {
             .lock()
             .expect("log")
             .push(format!("before_acting {}", call.name));
-        let outcome = (call.name == "delete").then(|| skein_common::protocol::CallOutcome::ok("pretended to delete"));
+        let outcome = (call.name == "delete")
+            .then(|| skein_common::protocol::CallOutcome::ok("pretended to delete"));
         Box::pin(async move { outcome.map_or(Ok(call), Err) })
     }
 }

@@ -64,7 +64,9 @@ impl ImagePart {
     /// The image as a `data:` URL, when its bytes are inline.
     pub fn data_url(&self) -> Option<String> {
         match self {
-            ImagePart::Base64 { media_type, data } => Some(format!("data:{media_type};base64,{data}")),
+            ImagePart::Base64 { media_type, data } => {
+                Some(format!("data:{media_type};base64,{data}"))
+            }
             _ => None,
         }
     }
@@ -259,7 +261,10 @@ impl SubmissionInput {
         let mut images = Vec::new();
         for (i, part) in parts.iter().enumerate() {
             let invalid = |why: String| {
-                Failure::new(FailureKind::InvalidInput, format!("input part {}: {why}", i + 1))
+                Failure::new(
+                    FailureKind::InvalidInput,
+                    format!("input part {}: {why}", i + 1),
+                )
             };
             match part {
                 InputPart::Text { .. } => {}
@@ -359,7 +364,10 @@ mod tests {
     fn a_string_input_reads_and_writes_as_before() {
         let input: SubmissionInput = serde_json::from_value(json!("hello")).expect("decodes");
         assert_eq!(input, SubmissionInput::Text("hello".into()));
-        assert_eq!(serde_json::to_value(&input).expect("encodes"), json!("hello"));
+        assert_eq!(
+            serde_json::to_value(&input).expect("encodes"),
+            json!("hello")
+        );
         assert_eq!(input.text(), "hello");
         assert_eq!(input.images(), Ok(Vec::new()));
     }
@@ -404,9 +412,15 @@ mod tests {
             json!([{"type": "text", "text": "hi"}, {"type": "audio", "data": "x"}]),
         )
         .expect_err("an unknown part type");
-        assert!(unknown.to_string().contains("input part 2 (\"audio\")"), "{unknown}");
+        assert!(
+            unknown.to_string().contains("input part 2 (\"audio\")"),
+            "{unknown}"
+        );
         let number = serde_json::from_value::<SubmissionInput>(json!(42)).expect_err("a number");
-        assert!(number.to_string().contains("a string or an array"), "{number}");
+        assert!(
+            number.to_string().contains("a string or an array"),
+            "{number}"
+        );
         let missing = serde_json::from_value::<SubmissionInput>(json!([{"type": "image_url"}]))
             .expect_err("no image_url");
         assert!(missing.to_string().contains("input part 1"), "{missing}");
@@ -418,7 +432,9 @@ mod tests {
             ("data:image/png;base64,@@not base64@@", "not valid base64"),
         ] {
             let input = SubmissionInput::Parts(vec![
-                InputPart::Text { text: "look".into() },
+                InputPart::Text {
+                    text: "look".into(),
+                },
                 InputPart::ImageUrl {
                     image_url: ImageUrl {
                         url: url.into(),
@@ -428,7 +444,11 @@ mod tests {
             ]);
             let failure = input.images().expect_err(url);
             assert_eq!(failure.kind, FailureKind::InvalidInput, "{url}");
-            assert!(failure.message.starts_with("input part 2: "), "{}", failure.message);
+            assert!(
+                failure.message.starts_with("input part 2: "),
+                "{}",
+                failure.message
+            );
             assert!(failure.message.contains(says), "{url}: {}", failure.message);
         }
         let stored_svg = SubmissionInput::Parts(vec![InputPart::Image {
@@ -469,12 +489,18 @@ mod tests {
         let url = ImagePart::Url {
             url: "https://example.com/a.png".into(),
         };
-        assert!(limits.check("the input", &[small.clone(), url.clone()]).is_ok());
+        assert!(limits
+            .check("the input", &[small.clone(), url.clone()])
+            .is_ok());
         let many = limits
             .check("the input", &[small.clone(), url.clone(), small.clone()])
             .expect_err("three images");
         assert_eq!(many.kind, FailureKind::TooLarge);
-        assert!(many.message.contains("SKEIN_MODEL_MAX_IMAGES"), "{}", many.message);
+        assert!(
+            many.message.contains("SKEIN_MODEL_MAX_IMAGES"),
+            "{}",
+            many.message
+        );
         let large = ImagePart::Payload {
             media_type: "image/png".into(),
             payload: reference(101),
@@ -484,7 +510,8 @@ mod tests {
             .expect_err("an image over the byte cap");
         assert_eq!(big.kind, FailureKind::TooLarge);
         assert!(
-            big.message.contains("image 2 of the tool's result is 101 bytes")
+            big.message
+                .contains("image 2 of the tool's result is 101 bytes")
                 && big.message.contains("SKEIN_MODEL_MAX_IMAGE_BYTES"),
             "{}",
             big.message

@@ -380,7 +380,9 @@ pub enum CallOutcome {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         images: Vec<ImagePart>,
     },
-    Failed { failure: Failure },
+    Failed {
+        failure: Failure,
+    },
 }
 
 impl CallOutcome {
@@ -995,8 +997,7 @@ mod tests {
         let own: TaskSubmission = serde_json::from_value(parts("s1/t/abc", 10)).expect("decodes");
         assert!(own.validate(1024).is_ok());
         assert_eq!(own.images(&limits).map(|i| i.len()), Ok(1));
-        let other: TaskSubmission =
-            serde_json::from_value(parts("s2/t/abc", 10)).expect("decodes");
+        let other: TaskSubmission = serde_json::from_value(parts("s2/t/abc", 10)).expect("decodes");
         let refused = other.images(&limits).expect_err("another session's value");
         assert_eq!(refused.kind, FailureKind::Denied);
         assert!(refused.message.contains("under s1/"), "{}", refused.message);

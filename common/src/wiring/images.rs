@@ -187,8 +187,12 @@ mod tests {
         ];
         keep_newest_images(&mut messages, 2);
         assert!(messages[0].images.is_empty());
-        assert!(messages[0].content.starts_with("first\n[image at https://example.com/1.png left out"));
-        assert!(messages[0].content.contains("2.png left out: a request shows at most 2 images"));
+        assert!(messages[0]
+            .content
+            .starts_with("first\n[image at https://example.com/1.png left out"));
+        assert!(messages[0]
+            .content
+            .contains("2.png left out: a request shows at most 2 images"));
         assert_eq!(messages[2].images, vec![image(3)]);
         assert_eq!(messages[2].content, "shot");
         assert_eq!(messages[3].images, vec![image(4)]);

@@ -385,8 +385,8 @@ pub(crate) fn submission(
         input: if spec.images.is_empty() {
             SubmissionInput::Text(spec.input)
         } else {
-            let text = InputPart::Text { text: spec.input };
-            SubmissionInput::Parts(std::iter::once(text).chain(spec.images).collect())
+            let text = (!spec.input.is_empty()).then_some(InputPart::Text { text: spec.input });
+            SubmissionInput::Parts(text.into_iter().chain(spec.images).collect())
         },
         overrides: None,
         deadline_ms: None,

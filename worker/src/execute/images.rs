@@ -22,14 +22,15 @@ pub(super) async fn store_images(
     let mut stored = Vec::with_capacity(images.len());
     for image in images {
         // Boxed: the store's write is deep, and the task's future deep already.
-        let payload = Box::pin(payloads.store(
-            &origin.tenant,
-            &origin.session,
-            &origin.task_id,
-            image.data,
-        ))
-        .await
-        .map_err(|e| skein_common::payloads::failure("an image the tool returned could not be stored", &e))?;
+        let payload =
+            Box::pin(payloads.store(&origin.tenant, &origin.session, &origin.task_id, image.data))
+                .await
+                .map_err(|e| {
+                    skein_common::payloads::failure(
+                        "an image the tool returned could not be stored",
+                        &e,
+                    )
+                })?;
         stored.push(ImagePart::Payload {
             media_type: image.media_type,
             payload,

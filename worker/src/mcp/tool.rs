@@ -385,7 +385,11 @@ mod tests {
         let odd = CallToolResult::success(vec![ContentBlock::image("aGVsbG8=", "image/x-icon")]);
         let odd = output(odd).expect("a result");
         assert!(odd.images.is_empty());
-        assert!(odd.text.contains("a type models do not take"), "{}", odd.text);
+        assert!(
+            odd.text.contains("a type models do not take"),
+            "{}",
+            odd.text
+        );
         let broken = CallToolResult::success(vec![ContentBlock::image("@@@", "image/png")]);
         assert!(
             matches!(output(broken), Err(ToolError::Failed(m)) if m.contains("not base64")),
@@ -399,7 +403,10 @@ mod tests {
         );
         let mut structured = CallToolResult::success(Vec::new());
         structured.structured_content = Some(serde_json::json!({"n": 1}));
-        assert_eq!(output(structured).map(|o| o.text), Ok("{\"n\":1}".to_owned()));
+        assert_eq!(
+            output(structured).map(|o| o.text),
+            Ok("{\"n\":1}".to_owned())
+        );
     }
 
     #[test]

@@ -528,17 +528,10 @@ mod tests {
             .await
             .expect("no short-circuit");
         let outcome = passing
-            .exit_acting(
-                &ctx,
-                &rewritten,
-                CallOutcome::ok("files"),
-            )
+            .exit_acting(&ctx, &rewritten, CallOutcome::ok("files"))
             .await;
         assert_eq!(rewritten.name, "shell+a+b");
-        assert_eq!(
-            outcome,
-            CallOutcome::ok("files+b+a")
-        );
+        assert_eq!(outcome, CallOutcome::ok("files+b+a"));
         entries(&log);
 
         let settling = chain(vec![

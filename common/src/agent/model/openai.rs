@@ -228,9 +228,7 @@ impl OpenAiClient {
         };
         let field = MaxTokensField::from_setting(&cfg.max_tokens_field, flavour, &cfg.base_url)
             .map_err(ModelError::Misconfigured)?;
-        Ok(client
-            .with_max_tokens_field(field)
-            .with_images(cfg.images))
+        Ok(client.with_max_tokens_field(field).with_images(cfg.images))
     }
 
     /// The same client, taking requests that show images (`true`, the default) or failing them

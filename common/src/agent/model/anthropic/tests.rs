@@ -809,7 +809,9 @@ async fn a_client_configured_without_images_fails_a_request_with_images_before_s
     let failure = error.to_failure();
     assert_eq!(failure.kind, FailureKind::InvalidInput);
     assert!(
-        failure.message.contains("model claude-test of provider anthropic"),
+        failure
+            .message
+            .contains("model claude-test of provider anthropic"),
         "{}",
         failure.message
     );

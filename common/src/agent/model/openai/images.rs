@@ -12,7 +12,10 @@ use crate::protocol::ImagePart;
 
 /// The `messages` array, each message mapped by `wire_message`, with the images of tool results
 /// in a user message after each run of results.
-pub(super) fn wire_messages(messages: &[Message], wire_message: fn(&Message) -> Value) -> Vec<Value> {
+pub(super) fn wire_messages(
+    messages: &[Message],
+    wire_message: fn(&Message) -> Value,
+) -> Vec<Value> {
     let mut wire = Vec::with_capacity(messages.len());
     let mut tool_images: Vec<Value> = Vec::new();
     for (i, message) in messages.iter().enumerate() {
@@ -41,8 +44,8 @@ pub(super) fn wire_messages(messages: &[Message], wire_message: fn(&Message) -> 
 
 /// A message's `content` as parts: its text (when it has any), then its images.
 pub(super) fn content_parts(message: &Message) -> Value {
-    let text = (!message.content.is_empty())
-        .then(|| json!({ "type": "text", "text": message.content }));
+    let text =
+        (!message.content.is_empty()).then(|| json!({ "type": "text", "text": message.content }));
     text.into_iter()
         .chain(message.images.iter().map(image_part))
         .collect()
@@ -137,7 +140,8 @@ mod tests {
             &request(vec![
                 Message::user("take two screenshots"),
                 calling(&["c1", "c2", "c3"]),
-                Message::tool_result("c1", "[image 1: image/png, 5 bytes]").with_images(vec![png()]),
+                Message::tool_result("c1", "[image 1: image/png, 5 bytes]")
+                    .with_images(vec![png()]),
                 Message::tool_result("c2", "no image"),
                 Message::tool_result("c3", "two").with_images(vec![url(3), url(4)]),
                 Message::assistant("done"),
@@ -152,10 +156,21 @@ mod tests {
             .collect();
         assert_eq!(
             roles,
-            ["user", "assistant", "tool", "tool", "tool", "user", "assistant"]
+            [
+                "user",
+                "assistant",
+                "tool",
+                "tool",
+                "tool",
+                "user",
+                "assistant"
+            ]
         );
         // Tool messages stay text.
-        assert_eq!(messages[2]["content"], json!("[image 1: image/png, 5 bytes]"));
+        assert_eq!(
+            messages[2]["content"],
+            json!("[image 1: image/png, 5 bytes]")
+        );
         assert_eq!(
             messages[5]["content"],
             json!([
@@ -184,15 +199,17 @@ mod tests {
             failure.message
         );
         assert!(check_images(&request(vec![Message::user("text only")]), "openai", false).is_ok());
-        let stored = request(vec![Message::user("look").with_images(vec![ImagePart::Payload {
-            media_type: "image/png".into(),
-            payload: PayloadRef {
-                bucket: "skein-payloads-acme".into(),
-                name: "s/t/x".into(),
-                size: 5,
-                digest: "SHA-256=x".into(),
+        let stored = request(vec![Message::user("look").with_images(vec![
+            ImagePart::Payload {
+                media_type: "image/png".into(),
+                payload: PayloadRef {
+                    bucket: "skein-payloads-acme".into(),
+                    name: "s/t/x".into(),
+                    size: 5,
+                    digest: "SHA-256=x".into(),
+                },
             },
-        }])]);
+        ])]);
         let unread = check_images(&stored, "openai", true).expect_err("a reference is not sent");
         assert!(unread.to_string().contains("unread"), "{unread}");
     }
