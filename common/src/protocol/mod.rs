@@ -733,7 +733,7 @@ impl TaskSubmission {
     pub fn images(&self, limits: &ImageLimits) -> Result<Vec<ImagePart>, Failure> {
         let images = self.input.images()?;
         limits.check("the input", &images)?;
-        let bucket = format!("{}{}", crate::payloads::BUCKET_PREFIX, self.tenant);
+        let bucket = format!("{}{}", payload::PAYLOAD_BUCKET_PREFIX, self.tenant);
         let session = format!("{}/", self.session);
         for image in &images {
             if let ImagePart::Payload { payload, .. } = image {

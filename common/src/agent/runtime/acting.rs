@@ -9,7 +9,9 @@
 //! acting hooks and the tool service — consecutive concurrency-safe calls together, an unsafe call
 //! alone — and come back in the model's order. Every verdict other than a plain allow is an
 //! `approval_resolved` event; every verdict, a plain allow included, is carried by the call's
-//! `tool_started` event, a span attribute and a log line.
+//! `tool_started` event, a span attribute and a log line. A result's images past the image caps
+//! (`RuntimeSettings::images`) make its observation a `too_large` failure; the rest go on the
+//! call's tool message.
 
 use serde_json::{json, Value};
 use tower::ServiceExt;

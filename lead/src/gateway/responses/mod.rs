@@ -289,12 +289,12 @@ fn checked_metadata(
     Ok(metadata)
 }
 
-/// The last user message's text and images, and the `(role, text)` of the messages before it
-/// (which may show no images).
-#[allow(clippy::type_complexity)]
-fn split_items(
-    items: Vec<InputItem>,
-) -> Result<(String, Vec<InputPart>, Vec<(String, String)>), ApiError> {
+/// The `(role, text)` of the messages before the user's last.
+type Earlier = Vec<(String, String)>;
+
+/// The last user message's text and images, and the messages before it (which may show no
+/// images).
+fn split_items(items: Vec<InputItem>) -> Result<(String, Vec<InputPart>, Earlier), ApiError> {
     let mut messages = Vec::new();
     for item in items {
         if item.kind.as_deref().is_some_and(|kind| kind != "message") {
