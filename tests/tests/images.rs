@@ -1,9 +1,11 @@
 //! Images in, end to end through a real NATS and Redis: a submission's content parts (text, an
 //! image by URL, a small and a large image inline, an image stored by payload reference) reach
 //! the OpenAI-compatible fake as image parts, while the session keeps large images by reference;
-//! an MCP tool's image reaches the Anthropic fake inside the call's `tool_result`; images past the
-//! caps and malformed parts are refused with clear failures; a model configured without images
-//! fails the turn before anything is sent; the scripted model counts the images it is shown.
+//! an MCP tool's image reaches the Anthropic fake inside the call's `tool_result`, and the
+//! OpenAI-compatible fake in a user message after the step's results; images past the caps and
+//! malformed parts are refused with clear failures (a tool's, as its call's failure); a model
+//! configured without images fails the turn before anything is sent; the scripted model counts
+//! the images it is shown; the HTTP gateway takes chat's and the Responses API's image parts.
 
 use std::time::Duration;
 
@@ -218,8 +220,11 @@ async fn an_mcp_tools_image_goes_to_the_model_inside_the_calls_tool_result() {
 async fn images_past_the_caps_and_malformed_parts_are_refused_with_clear_failures() {
     let cluster = TestCluster::start();
     let model = FakeOpenAi::start(vec![
-        FakeReply::tool("mcp__fixture__image", json!({ "bytes": 5000 })),
-        FakeReply::answer("the tool's image was too large"),
+        FakeReply::ToolCalls(vec![
+            ("mcp__fixture__image".into(), json!({ "bytes": 5000 })),
+            ("mcp__fixture__image".into(), json!({})),
+        ]),
+        FakeReply::answer("one image was too large"),
     ])
     .await;
     let flags = mcp_worker_flags(&cluster);
@@ -271,7 +276,9 @@ async fn images_past_the_caps_and_malformed_parts_are_refused_with_clear_failure
         "no refused input reached the model"
     );
 
-    // A tool's image over the cap fails the call: the model is told, not shown less.
+    // A tool's image over the cap fails its call: the model is told, not shown less. The image
+    // of the other call, within the cap, follows the step's results in a user message that names
+    // its call (a `tool` message takes text only).
     let (result, _) = cluster
         .run(&submission("acme", &unique("s"), "show me"))
         .await;
@@ -279,16 +286,30 @@ async fn images_past_the_caps_and_malformed_parts_are_refused_with_clear_failure
     let requests = model.requests();
     assert_eq!(requests.len(), 2);
     let observed = skein_tests::support::fake_openai::tool_messages(&requests[1]);
-    assert_eq!(observed.len(), 1);
+    assert_eq!(observed.len(), 2, "{observed:?}");
     assert!(
         observed[0].starts_with("error (too_large): image 1 of the tool's result is 5000 bytes"),
         "{observed:?}"
     );
+    assert!(observed[1].contains("[image 1: image/png"), "{observed:?}");
     let messages = requests[1]["messages"].as_array().expect("messages");
-    assert!(
-        messages.iter().all(|m| image_urls(m).is_empty()),
-        "no image was sent"
+    let second_call = messages
+        .iter()
+        .find_map(|m| m["tool_calls"][1]["id"].as_str())
+        .expect("the model's second call")
+        .to_owned();
+    let last = messages.last().expect("a last message");
+    assert_eq!(last["role"], "user", "{last}");
+    assert_eq!(
+        last["content"][0]["text"],
+        format!("The result of tool call {second_call} holds 1 image(s):")
     );
+    assert_eq!(
+        image_urls(last),
+        vec![format!("data:image/png;base64,{FIXTURE_PNG}")]
+    );
+    let shown: usize = messages.iter().map(|m| image_urls(m).len()).sum();
+    assert_eq!(shown, 1, "only the image within the cap is sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
