@@ -1,6 +1,7 @@
 //! Images in, end to end through a real NATS and Redis: a submission's content parts (text, an
 //! image by URL, a small and a large image inline, an image stored by payload reference) reach
-//! the OpenAI-compatible fake as image parts, while the session keeps large images by reference;
+//! the OpenAI-compatible fake as image parts, while the session keeps large images by reference
+//! (one whose stored bytes are gone is named in a note on a later turn);
 //! an MCP tool's image reaches the Anthropic fake inside the call's `tool_result`, and the
 //! OpenAI-compatible fake in a user message after the step's results; images past the caps and
 //! malformed parts are refused with clear failures (a tool's, as its call's failure); a model
@@ -76,7 +77,11 @@ fn failure_of(result: &FinalResult) -> (FailureKind, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submissions_images_reach_the_model_as_image_parts_and_large_ones_stay_stored() {
     let cluster = TestCluster::start();
-    let model = FakeOpenAi::start(vec![FakeReply::answer("four images")]).await;
+    let model = FakeOpenAi::start(vec![
+        FakeReply::answer("four images"),
+        FakeReply::answer("three are left"),
+    ])
+    .await;
     cluster.spawn_lead(cluster.lead_config(&model_flags(&model.base_url)));
 
     let session = unique("s");
@@ -160,6 +165,38 @@ async fn a_submissions_images_reach_the_model_as_image_parts_and_large_ones_stay
         stored_history.len() < 8 * 1024,
         "no large image's bytes are kept in the session ({} bytes)",
         stored_history.len()
+    );
+
+    // A stored image gone from its bucket (as after the retention) is named in a note on a later
+    // turn, not dropped silently; the others are still shown.
+    let nats = async_nats::connect(cluster.nats.url.as_str())
+        .await
+        .expect("connect");
+    async_nats::jetstream::new(nats)
+        .get_object_store(&stored.bucket)
+        .await
+        .expect("the payload bucket")
+        .delete(&stored.name)
+        .await
+        .expect("the object is deleted");
+    let (later, _) = cluster.run(&submission("acme", &session, "and now?")).await;
+    assert_eq!(later.status, TurnStatus::Completed, "{later:?}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let first_user = requests[1]["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().find(|m| m["role"] == "user"))
+        .cloned()
+        .expect("the first turn's user message");
+    assert_eq!(image_urls(&first_user).len(), 3, "{first_user}");
+    let text = first_user["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.starts_with(
+            "What do these show?\n[image/webp image of 614400 bytes is no longer stored"
+        ),
+        "{text}"
     );
 }
 
