@@ -6,7 +6,8 @@
 //! OpenAI-compatible fake in a user message after the step's results; images past the caps and
 //! malformed parts are refused with clear failures (a tool's, as its call's failure); a model
 //! configured without images fails the turn before anything is sent; the scripted model counts
-//! the images it is shown; the HTTP gateway takes chat's and the Responses API's image parts.
+//! the images it is shown; the HTTP gateway takes the image parts of chat completions, Responses
+//! and Agent Protocol runs.
 
 use std::time::Duration;
 
@@ -434,7 +435,7 @@ async fn submit_raw(cluster: &TestCluster, task_id: &str, body: Value) -> FinalR
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_http_gateway_takes_image_parts_of_chat_and_responses_requests() {
+async fn the_http_gateway_takes_image_parts_of_chat_responses_and_agent_protocol_requests() {
     use skein_tests::support::gateway::{chat, gateway_before, KEY};
     let cluster = TestCluster::start();
     let scenario = cluster.scenario(json!([{ "steps": [{ "answer": "saw {{images}} images" }] }]));
@@ -477,6 +478,27 @@ async fn the_http_gateway_takes_image_parts_of_chat_and_responses_requests() {
     assert!(response.status().is_success(), "{}", response.status());
     let body = response.text().await.expect("a body");
     assert!(body.contains("saw 1 images"), "{body}");
+
+    // An Agent Protocol run: LangChain's content parts.
+    let waited = http
+        .post(format!("http://{addr}/runs/wait"))
+        .header("x-api-key", KEY)
+        .json(
+            &json!({ "assistant_id": "assistant", "input": { "messages": [
+            { "role": "user", "content": [
+                { "type": "text", "text": "and these?" },
+                { "type": "image_url", "image_url": { "url": "https://images.example.com/3.png" } },
+                { "type": "image_url", "image_url": { "url": "https://images.example.com/4.png" } },
+                { "type": "image_url", "image_url": { "url": "https://images.example.com/5.png" } }
+            ] }
+        ] } }),
+        )
+        .send()
+        .await
+        .expect("sent");
+    assert!(waited.status().is_success(), "{}", waited.status());
+    let values = waited.text().await.expect("a body");
+    assert!(values.contains("saw 3 images"), "{values}");
 
     // A malformed image is a 400 naming the part, before anything runs.
     let refused = http
