@@ -92,6 +92,22 @@ impl SkeinClient {
             .map_err(ClientError::Payload)
     }
 
+    /// Stores `value` (an image too large for a submission message, say) in `tenant`'s payload
+    /// bucket for task `task_id` of `session`; its reference goes in the submission (an
+    /// `{"type": "image", "payload": …}` input part).
+    pub async fn store_payload(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+        value: Bytes,
+    ) -> Result<PayloadRef, ClientError> {
+        self.payloads
+            .store(tenant, session, task_id, value)
+            .await
+            .map_err(ClientError::Payload)
+    }
+
     /// `result` with its whole answer: fetched when only a preview of it traveled
     /// (`answer_ref`), which is then unset; unchanged otherwise.
     pub async fn whole_answer(&self, mut result: FinalResult) -> Result<FinalResult, ClientError> {

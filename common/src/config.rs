@@ -45,6 +45,9 @@ pub const ENV_MODEL_PRICES: &str = "SKEIN_MODEL_PRICES";
 pub const ENV_MODEL_MAX_OUTPUT_TOKENS: &str = "SKEIN_MODEL_MAX_OUTPUT_TOKENS";
 pub const ENV_MODEL_MAX_TOKENS_FIELD: &str = "SKEIN_MODEL_MAX_TOKENS_FIELD";
 pub const ENV_MODEL_API_VERSION: &str = "SKEIN_MODEL_API_VERSION";
+pub const ENV_MODEL_IMAGES: &str = "SKEIN_MODEL_IMAGES";
+pub const ENV_MODEL_MAX_IMAGE_BYTES: &str = "SKEIN_MODEL_MAX_IMAGE_BYTES";
+pub const ENV_MODEL_MAX_IMAGES: &str = "SKEIN_MODEL_MAX_IMAGES";
 pub const ENV_TENANT_DAILY_TOKENS: &str = "SKEIN_TENANT_DAILY_TOKENS";
 pub const ENV_TENANT_DAILY_COST_USD: &str = "SKEIN_TENANT_DAILY_COST_USD";
 pub const ENV_TENANT_BUDGETS: &str = "SKEIN_TENANT_BUDGETS";
@@ -448,6 +451,19 @@ pub struct ModelConfig {
     /// thinking: at least 1024, under `SKEIN_MODEL_MAX_OUTPUT_TOKENS`); 0 asks for no thinking.
     #[arg(id = "model_thinking_budget", long = "model-thinking-budget", env = ENV_MODEL_THINKING_BUDGET, default_value_t = 0)]
     pub thinking_budget: u64,
+    /// Whether the model takes images (`openai`, `azure` and `anthropic`; the scripted model
+    /// always does). When false, a model request that shows images fails before it is sent
+    /// and the turn fails (`invalid_input`, naming the provider and the model).
+    #[arg(id = "model_images", long = "model-images", env = ENV_MODEL_IMAGES, default_value_t = true, action = clap::ArgAction::Set)]
+    pub images: bool,
+    /// Largest image taken, in bytes: in a submission (refused past it), in a tool's result (the
+    /// call fails past it).
+    #[arg(id = "model_max_image_bytes", long = "model-max-image-bytes", env = ENV_MODEL_MAX_IMAGE_BYTES, default_value_t = crate::protocol::content::DEFAULT_MAX_IMAGE_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_bytes: u64,
+    /// Most images in one submission or tool result (refused past it) and in one model request
+    /// (the oldest images of the conversation are then shown as a note instead).
+    #[arg(id = "model_max_images", long = "model-max-images", env = ENV_MODEL_MAX_IMAGES, default_value_t = crate::protocol::content::DEFAULT_MAX_IMAGES)]
+    pub max_images: usize,
 }
 
 impl ModelConfig {
@@ -469,6 +485,14 @@ impl ModelConfig {
         }
         crate::agent::middleware::BudgetSettings::from_config(self).map(|_| ())?;
         crate::agent::middleware::TrafficPolicy::from_config(self).map(|_| ())
+    }
+
+    /// The caps images are held to.
+    pub fn image_limits(&self) -> crate::protocol::ImageLimits {
+        crate::protocol::ImageLimits {
+            max_image_bytes: self.max_image_bytes,
+            max_images: self.max_images,
+        }
     }
 
     /// The API key: `--model-api-key`, or the file `SKEIN_MODEL_API_KEY_FILE` names. It is
@@ -504,6 +528,9 @@ impl std::fmt::Debug for ModelConfig {
             .field("tenant_budgets", &self.tenant_budgets)
             .field("context_tokens", &self.context_tokens)
             .field("limits_file", &self.limits_file)
+            .field("images", &self.images)
+            .field("max_image_bytes", &self.max_image_bytes)
+            .field("max_images", &self.max_images)
             .finish()
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //! - [`protocol`]: versioned wire types (submissions, tool and subagent tasks, results, events,
-//!   failures as data) and their JSON Schemas.
+//!   failures as data, content parts and images) and their JSON Schemas.
 //! - [`subjects`]: every NATS subject, stream and consumer name, built by functions.
 //! - [`bus`]: the one NATS transport (`Bus`): stream set-up, publishing with headers, pulling work
 //!   only for free slots.
@@ -13,12 +13,13 @@
 //! - [`dispatch`]: turning tool calls into tool and subagent tasks and collecting their results.
 //! - [`agent`]: the agent runtime (the ReAct loop and its seams, middleware, permissions,
 //!   definitions, model providers, prompt sections, skills, context); it imports no transport.
-//! - [`wiring`]: the runtime's seams over NATS and Redis (events, checkpoints, approvals) and the
-//!   assembly of a cluster runtime.
+//! - [`wiring`]: the runtime's seams over NATS and Redis (events, checkpoints, approvals), the
+//!   image layer that reads stored images into model requests, and the assembly of a cluster
+//!   runtime.
 //! - [`workspace`]: session workspaces in the NATS object store (one bucket per tenant), their
 //!   path rules and size caps, for the workers' file tools and `skein workspace`.
-//! - [`payloads`]: values too large for one broker message (arguments, inputs, answers) stored
-//!   in the object store, and the references and previews that travel in their place.
+//! - [`payloads`]: values too large for one broker message (arguments, inputs, answers, images)
+//!   stored in the object store, and the references and previews that travel in their place.
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
 //! - [`startup`]: waiting for NATS and Redis at start-up, with backoff, bounded, stoppable.
 

@@ -32,7 +32,7 @@ use crate::workspace::objects::{BucketKind, Expect, ObjectWorkspaces};
 use crate::workspace::{Limits, SessionRef, WorkspaceError, WorkspacePath};
 
 /// Bucket names are this and the tenant.
-pub const BUCKET_PREFIX: &str = "skein-payloads-";
+pub const BUCKET_PREFIX: &str = crate::protocol::payload::PAYLOAD_BUCKET_PREFIX;
 
 /// How long a stored value is kept after it was written.
 pub const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

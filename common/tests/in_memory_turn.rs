@@ -178,6 +178,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             plan: None,
             skills: None,
             input: "go".into(),
+            input_images: Vec::new(),
             depth: 0,
             events: events.clone(),
             cancel: &cancel,
@@ -461,9 +462,8 @@ impl skein_common::agent::middleware::hooks::TurnHook for Guard {
             .lock()
             .expect("log")
             .push(format!("before_acting {}", call.name));
-        let outcome = (call.name == "delete").then(|| skein_common::protocol::CallOutcome::Ok {
-            output: "pretended to delete".into(),
-        });
+        let outcome = (call.name == "delete")
+            .then(|| skein_common::protocol::CallOutcome::ok("pretended to delete"));
         Box::pin(async move { outcome.map_or(Ok(call), Err) })
     }
 }
@@ -559,6 +559,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
                     plan: None,
                     skills: None,
                     input,
+                    input_images: Vec::new(),
                     depth: 0,
                     events: Arc::new(MemoryEvents::default()),
                     cancel: &cancel,

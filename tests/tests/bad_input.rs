@@ -80,7 +80,7 @@ async fn malformed_and_oversized_submissions_end_with_clear_failures_and_the_lea
     );
 
     let mut huge = submission("acme", &unique("s"), "x");
-    huge.input = "x".repeat(10_000);
+    huge.input = "x".repeat(10_000).into();
     huge.task_id = "too-big-1".into();
     let oversized = submit_raw(
         &cluster,

@@ -14,9 +14,7 @@ fn result(output: &str) -> ToolResult {
     ToolResult {
         v: PROTOCOL_VERSION,
         call_id: "c1".to_owned(),
-        outcome: CallOutcome::Ok {
-            output: output.to_owned(),
-        },
+        outcome: CallOutcome::ok(output.to_owned()),
         worker_id: "w".to_owned(),
         duration_ms: 1,
         attempts: 0,
@@ -178,9 +176,7 @@ async fn a_call_running_elsewhere_keeps_its_copies_waiting_until_its_result_or_i
     let result = ToolResult {
         v: PROTOCOL_VERSION,
         call_id: "c".into(),
-        outcome: CallOutcome::Ok {
-            output: "done once".into(),
-        },
+        outcome: CallOutcome::ok("done once"),
         worker_id: "worker-a".into(),
         duration_ms: 1,
         attempts: 0,

@@ -97,16 +97,16 @@ async fn a_killed_workers_tasks_complete_on_another_worker() {
     );
     for (task, (result, _)) in tasks.iter().zip(&results) {
         assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
-        let expected = format!("effect {} done", task.input);
+        let expected = format!("effect {} done", task.input.text());
         assert_eq!(
             result.answer.as_deref(),
             Some(expected.as_str()),
             "each turn got its own result once"
         );
         assert!(
-            effects.get(&task.input).is_some_and(|c| c.done >= 1),
+            effects.get(&task.input.text()).is_some_and(|c| c.done >= 1),
             "the effect of {} finished",
-            task.input
+            task.input.text()
         );
     }
     assert!(
@@ -318,7 +318,7 @@ fn summarize(
         assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
         assert_eq!(
             result.answer.as_deref(),
-            Some(format!("effect {} done", task.input).as_str())
+            Some(format!("effect {} done", task.input.text()).as_str())
         );
     }
 }

@@ -110,7 +110,7 @@ async fn effects_of_calls_rerun_after_a_worker_is_killed_are_applied_once() {
     );
     for (task, (result, _)) in tasks.iter().zip(&results) {
         assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
-        let expected = format!("applied {}", task.input);
+        let expected = format!("applied {}", task.input.text());
         assert!(
             result
                 .answer
@@ -119,10 +119,10 @@ async fn effects_of_calls_rerun_after_a_worker_is_killed_are_applied_once() {
             "{result:?}"
         );
         assert_eq!(
-            counts.applied_by_effect.get(&task.input),
+            counts.applied_by_effect.get(&task.input.text()),
             Some(&1),
             "effect {} applied exactly once",
-            task.input
+            task.input.text()
         );
     }
     assert_eq!(counts.without_key, 0, "every request carried its key");

@@ -105,9 +105,7 @@ async fn a_result_for_another_call_is_dropped() {
         let forged = skein_common::protocol::ToolResult {
             v: skein_common::protocol::PROTOCOL_VERSION,
             call_id: format!("{}-not", tool_task.call_id),
-            outcome: skein_common::protocol::CallOutcome::Ok {
-                output: "FORGED".into(),
-            },
+            outcome: skein_common::protocol::CallOutcome::ok("FORGED"),
             worker_id: "nobody".into(),
             duration_ms: 0,
             attempts: 0,

@@ -78,9 +78,7 @@ fn recorded(call_id: &str, output: &str) -> ToolResult {
     ToolResult {
         v: PROTOCOL_VERSION,
         call_id: call_id.into(),
-        outcome: CallOutcome::Ok {
-            output: output.into(),
-        },
+        outcome: CallOutcome::ok(output),
         worker_id: "an-earlier-worker".into(),
         duration_ms: 1,
         attempts: 0,

@@ -241,7 +241,7 @@ async fn killing_the_nats_node_that_leads_the_work_stream_loses_no_turn() {
     let store = cluster.store().await;
     for (task, (result, _)) in tasks.iter().zip(&results) {
         assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
-        let expected = format!("effect {} done", task.input);
+        let expected = format!("effect {} done", task.input.text());
         assert_eq!(
             result.answer.as_deref(),
             Some(expected.as_str()),

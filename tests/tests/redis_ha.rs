@@ -85,7 +85,7 @@ fn assert_all_completed(
 ) {
     for (task, (result, _)) in tasks.iter().zip(results) {
         assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
-        let expected = format!("effect {} done", task.input);
+        let expected = format!("effect {} done", task.input.text());
         assert_eq!(result.answer.as_deref(), Some(expected.as_str()));
     }
 }

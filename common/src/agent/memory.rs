@@ -117,7 +117,7 @@ impl InMemoryTools {
             v: PROTOCOL_VERSION,
             call_id: request.call.id.clone(),
             outcome: match outcome {
-                Ok(output) => CallOutcome::Ok { output },
+                Ok(output) => CallOutcome::ok(output),
                 Err(failure) => CallOutcome::Failed { failure },
             },
             worker_id: "memory".into(),
@@ -159,6 +159,7 @@ impl InMemoryTools {
             plan: None,
             skills: Some(skills),
             input: task.to_owned(),
+            input_images: Vec::new(),
             depth,
             events: Arc::new(MemoryEvents::default()),
             cancel: &cancel,

@@ -17,6 +17,11 @@ use crate::protocol::ToolSpec;
 /// Tokens of framing every message costs (role, separators), as chat formats add them.
 const PER_MESSAGE: u64 = 4;
 
+/// Tokens one image is counted as: providers charge by its pixels (OpenAI about 765 for a
+/// 1024x1024 image in detail, Anthropic about 1,600 for a megapixel); this estimate sits between,
+/// so the context's room for images is neither wasted nor badly overrun.
+pub const IMAGE_TOKENS: u64 = 1_200;
+
 /// Context size assumed for a model nobody configured and the tokenizer crate does not know.
 pub const DEFAULT_CONTEXT_TOKENS: u64 = 32_768;
 
@@ -71,7 +76,7 @@ impl TokenCounter {
         if let Some(id) = &message.tool_call_id {
             tokens += self.text(id);
         }
-        tokens
+        tokens + IMAGE_TOKENS * message.images.len() as u64
     }
 
     /// Tokens of a list of messages.
@@ -107,7 +112,8 @@ pub fn tools_upper_bound(tools: &[ToolSpec]) -> u64 {
         .sum()
 }
 
-/// The bytes of one message plus its framing (see [`upper_bound`]).
+/// The bytes of one message plus its framing and its images' token estimate (see
+/// [`upper_bound`]).
 pub fn message_bytes(message: &Message) -> u64 {
     let calls: u64 = message
         .tool_calls
@@ -122,6 +128,7 @@ pub fn message_bytes(message: &Message) -> u64 {
             .as_ref()
             .map_or(0, |id| id.len() as u64)
         + calls
+        + IMAGE_TOKENS * message.images.len() as u64
 }
 
 /// The context size of `model` when nobody configured one: what the tokenizer crate knows of

@@ -191,6 +191,11 @@ impl Dispatcher {
         &self.store
     }
 
+    /// Where values that travel by reference are stored (shared with the image layer).
+    pub fn payloads(&self) -> &PayloadStore {
+        &self.payloads
+    }
+
     /// Runs one call of the runtime on a worker pool that provides its tool (or runs subagents).
     pub async fn run(&self, request: ToolCallRequest) -> ToolResult {
         let ToolCallRequest {

@@ -5,6 +5,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::content::ImagePart;
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -37,6 +39,11 @@ pub struct Message {
     /// provider signs nothing, and in sessions written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_signature: Option<String>,
+    /// Images the message shows the model after its text: a user's (from a submission's content
+    /// parts) or a tool call's (from its result). Large ones are kept by payload reference and
+    /// read only when a request is built. Absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImagePart>,
 }
 
 impl Message {
@@ -60,7 +67,14 @@ impl Message {
             tool_call_id: Some(call_id.into()),
             reasoning: None,
             reasoning_signature: None,
+            images: Vec::new(),
         }
+    }
+
+    /// The same message showing `images` after its text.
+    pub fn with_images(mut self, images: Vec<ImagePart>) -> Self {
+        self.images = images;
+        self
     }
 
     fn text(role: Role, content: impl Into<String>) -> Self {
@@ -71,6 +85,7 @@ impl Message {
             tool_call_id: None,
             reasoning: None,
             reasoning_signature: None,
+            images: Vec::new(),
         }
     }
 }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod budget;
+pub mod content;
 pub mod control;
 mod events;
 pub mod message;
@@ -22,6 +23,7 @@ pub mod permissions;
 pub mod plan;
 
 pub use budget::{Budget, BudgetScope, Spent};
+pub use content::{ImageLimits, ImagePart, InputPart, SubmissionInput};
 pub use control::{ControlAction, RunControl};
 pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnStatus};
 pub use payload::PayloadRef;
@@ -50,8 +52,9 @@ pub struct TaskSubmission {
     pub session: String,
     /// Name of the agent definition that runs the turn.
     pub agent: String,
-    /// The user's message.
-    pub input: String,
+    /// The user's message: a string, or content parts (text, and images by URL or by payload
+    /// reference).
+    pub input: SubmissionInput,
     /// Per-task overrides of the agent definition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overrides: Option<AgentOverrides>,
@@ -370,15 +373,23 @@ fn at_most_once(attempts: &u32) -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CallOutcome {
-    Ok { output: String },
-    Failed { failure: Failure },
+    Ok {
+        output: String,
+        /// Images the call returned (an MCP tool's image content), stored by reference;
+        /// absent when there are none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImagePart>,
+    },
+    Failed {
+        failure: Failure,
+    },
 }
 
 impl CallOutcome {
     /// The text the model observes for this outcome.
     pub fn observation(&self) -> String {
         match self {
-            CallOutcome::Ok { output } => output.clone(),
+            CallOutcome::Ok { output, .. } => output.clone(),
             CallOutcome::Failed { failure } => {
                 format!("error ({}): {}", failure.kind.as_str(), failure.message)
             }
@@ -387,6 +398,22 @@ impl CallOutcome {
 
     pub fn is_ok(&self) -> bool {
         matches!(self, CallOutcome::Ok { .. })
+    }
+
+    /// A success with `output` and no images.
+    pub fn ok(output: impl Into<String>) -> Self {
+        CallOutcome::Ok {
+            output: output.into(),
+            images: Vec::new(),
+        }
+    }
+
+    /// The images the model observes with this outcome (none for a failure).
+    pub fn images(&self) -> &[ImagePart] {
+        match self {
+            CallOutcome::Ok { images, .. } => images,
+            CallOutcome::Failed { .. } => &[],
+        }
     }
 }
 
@@ -692,13 +719,38 @@ impl TaskSubmission {
                 ),
             ));
         }
-        if self.input.trim().is_empty() {
+        if self.input.is_empty() {
             return Err(Failure::new(FailureKind::InvalidInput, "input is empty"));
         }
         if let Some(budget) = &self.budget {
             budget.check()?;
         }
         Ok(())
+    }
+
+    /// The input's images, checked: each part well-formed, within `limits`, and an image by
+    /// reference stored for this submission's tenant and session.
+    pub fn images(&self, limits: &ImageLimits) -> Result<Vec<ImagePart>, Failure> {
+        let images = self.input.images()?;
+        limits.check("the input", &images)?;
+        let bucket = format!("{}{}", payload::PAYLOAD_BUCKET_PREFIX, self.tenant);
+        let session = format!("{}/", self.session);
+        for image in &images {
+            if let ImagePart::Payload { payload, .. } = image {
+                if payload.bucket != bucket || !payload.name.starts_with(&session) {
+                    return Err(Failure::new(
+                        FailureKind::Denied,
+                        format!(
+                            "an image by reference must be stored in bucket {bucket} under \
+                             {session} (got {:?} in {:?})",
+                            crate::text::cut(&payload.name, 128),
+                            crate::text::cut(&payload.bucket, 128)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(images)
     }
 
     /// The budget the task runs under: its own, each limit held to `agent_default`'s (the
@@ -930,6 +982,34 @@ mod tests {
     }
 
     #[test]
+    fn a_submissions_images_are_checked_against_the_caps_and_its_session() {
+        let parts = |name: &str, size: u64| {
+            serde_json::json!({"v":1,"task_id":"t","tenant":"acme","user":"u","session":"s1",
+                "agent":"x","input":[
+                    {"type":"text","text":"look"},
+                    {"type":"image","media_type":"image/png","payload":{
+                        "bucket":"skein-payloads-acme","name":name,"size":size,"digest":"d"}}]})
+        };
+        let limits = ImageLimits {
+            max_image_bytes: 1000,
+            max_images: 4,
+        };
+        let own: TaskSubmission = serde_json::from_value(parts("s1/t/abc", 10)).expect("decodes");
+        assert!(own.validate(1024).is_ok());
+        assert_eq!(own.images(&limits).map(|i| i.len()), Ok(1));
+        let other: TaskSubmission = serde_json::from_value(parts("s2/t/abc", 10)).expect("decodes");
+        let refused = other.images(&limits).expect_err("another session's value");
+        assert_eq!(refused.kind, FailureKind::Denied);
+        assert!(refused.message.contains("under s1/"), "{}", refused.message);
+        let large: TaskSubmission =
+            serde_json::from_value(parts("s1/t/abc", 1001)).expect("decodes");
+        assert_eq!(
+            large.images(&limits).map_err(|f| f.kind),
+            Err(FailureKind::TooLarge)
+        );
+    }
+
+    #[test]
     fn submission_rules() {
         let mut s = TaskSubmission {
             replay_of: None,
@@ -946,7 +1026,7 @@ mod tests {
             multitask: MultitaskPolicy::Enqueue,
         };
         assert!(s.validate(10).is_ok());
-        s.input = "x".repeat(11);
+        s.input = "x".repeat(11).into();
         assert_eq!(
             s.validate(10).map_err(|f| f.kind),
             Err(FailureKind::TooLarge)

@@ -13,6 +13,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// What every payload bucket's name starts with; the tenant follows.
+pub const PAYLOAD_BUCKET_PREFIX: &str = "skein-payloads-";
+
 /// Where a value that did not travel inline is stored whole. Any NATS client reads it from the
 /// object store (`nats object get <bucket> <name>`); `SkeinClient::fetch_payload` does it in Rust.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

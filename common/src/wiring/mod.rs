@@ -6,11 +6,15 @@
 //! - [`approvals`]: `StoredApprovals`, the approval gate over the answers stored in Redis.
 //! - [`assemble`]: a cluster runtime from configuration: the model provider, the NATS dispatcher as
 //!   tool service, the live worker registry as tool directory, the embedder's middleware, and
-//!   around the provider the spending budgets and the model traffic limits shared through Redis.
+//!   around the provider the spending budgets, the model traffic limits shared through Redis, and
+//!   innermost the image layer.
+//! - [`images`]: `ImageLayer`, which reads the images a request shows by payload reference and
+//!   holds the request to the image count cap.
 
 pub mod approvals;
 pub mod checkpoints;
 pub mod events;
+pub mod images;
 
 use std::sync::Arc;
 
@@ -56,8 +60,12 @@ pub fn assemble(
         .expect("`ModelConfig::api_key` refuses a key too short to mask");
     let directory = Arc::new(dispatcher.catalog().clone());
     let store = dispatcher.store().clone();
+    let model_config = model;
+    let images = images::ImageLayer::new(dispatcher.payloads().clone(), model.image_limits());
     let tools = BoxCloneSyncService::new(dispatcher.map_err(Into::into));
-    let provider = ProviderService::new(provider);
+    // Stored images are read last, just before the provider: no call holds their bytes while it
+    // waits for a traffic slot or a budget.
+    let provider = images.layer(ProviderService::new(provider));
     // Checked by the process's configuration already, like the budget settings below.
     let limits = TrafficPolicy::from_config(model).unwrap_or_else(|error| {
         tracing::error!(%error, "model limits file unreadable; only the default limits apply");
@@ -76,6 +84,10 @@ pub fn assemble(
     let model = match ModelTrafficLayer::new(store, limits) {
         Some(traffic) => BoxCloneSyncService::new(budgets.layer(traffic.layer(provider))),
         None => BoxCloneSyncService::new(budgets.layer(provider)),
+    };
+    let settings = RuntimeSettings {
+        images: model_config.image_limits(),
+        ..settings
     };
     Runtime::new(model, tools, directory, skills, middleware, settings).with_metrics(metrics)
 }

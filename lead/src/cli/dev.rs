@@ -210,7 +210,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         user: "you".into(),
         session: format!("dev-session-{run_id}"),
         agent: "assistant".into(),
-        input: args.input.clone(),
+        input: args.input.clone().into(),
         overrides: None,
         deadline_ms: None,
         budget: None,

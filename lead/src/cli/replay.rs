@@ -191,11 +191,11 @@ impl Replayer {
             .turn_messages(tenant, session, record.turn)
             .await
             .map_err(|e| e.to_string())?;
-        let input = original
+        let (input, input_images) = original
             .messages
             .first()
             .filter(|m| m.role == Role::User)
-            .map(|m| m.content.clone())
+            .map(|m| (m.content.clone(), m.images.clone()))
             .ok_or_else(|| format!("turn {} has no user input on record", record.turn))?;
         let fork = format!("{session}-replay-{}-{}", record.turn, now_ms() % 1_000_000);
         let point = ForkPoint {
@@ -246,6 +246,7 @@ impl Replayer {
                 plan: None,
                 skills: None,
                 input,
+                input_images,
                 depth: 0,
                 events,
                 cancel: &cancel,

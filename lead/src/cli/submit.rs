@@ -7,9 +7,10 @@ use std::time::Duration;
 use clap::Args;
 use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT, ENV_USER};
+use skein_common::protocol::content::ImageUrl;
 use skein_common::protocol::{
-    Budget, EventKind, FinalResult, MultitaskPolicy, TaskSubmission, TurnEvent, TurnStatus,
-    PROTOCOL_VERSION,
+    Budget, EventKind, FinalResult, InputPart, MultitaskPolicy, SubmissionInput, TaskSubmission,
+    TurnEvent, TurnStatus, PROTOCOL_VERSION,
 };
 use skein_common::store::SessionStore;
 
@@ -53,9 +54,72 @@ pub struct SubmitArgs {
     /// ahead of it); `0s` says nothing.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub notice_after: Duration,
+    /// An image the message shows, after its text (repeatable): an `https://` or `data:` URL,
+    /// or a PNG, JPEG, GIF or WebP file, stored in the tenant's payload bucket and sent by
+    /// reference.
+    #[arg(long = "image", value_name = "URL|FILE")]
+    pub images: Vec<String>,
     /// The user's message; `-` reads it from standard input (for inputs too large for an
     /// argument).
     pub input: String,
+}
+
+/// `submission`'s text followed by `images` as content parts: URLs as they are, files stored by
+/// reference for the submission's task.
+async fn with_images(
+    client: &SkeinClient,
+    submission: &TaskSubmission,
+    images: &[String],
+) -> Result<SubmissionInput, String> {
+    let mut parts = vec![InputPart::Text {
+        text: submission.input.text(),
+    }];
+    for image in images {
+        if ["https://", "http://", "data:"]
+            .iter()
+            .any(|scheme| image.starts_with(scheme))
+        {
+            parts.push(InputPart::ImageUrl {
+                image_url: ImageUrl {
+                    url: image.clone(),
+                    detail: None,
+                },
+            });
+            continue;
+        }
+        let extension = std::path::Path::new(image)
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let media_type = match extension.as_deref() {
+            Some("png") => "image/png",
+            Some("jpg" | "jpeg") => "image/jpeg",
+            Some("gif") => "image/gif",
+            Some("webp") => "image/webp",
+            _ => {
+                return Err(format!(
+                    "{image}: an image file is .png, .jpg, .gif or .webp"
+                ))
+            }
+        };
+        let bytes = std::fs::read(image).map_err(|e| format!("{image}: {e}"))?;
+        let payload = client
+            .store_payload(
+                &submission.tenant,
+                &submission.session,
+                &submission.task_id,
+                bytes.into(),
+            )
+            .await
+            .map_err(|e| format!("{image} could not be stored: {e}"))?;
+        parts.push(InputPart::Image {
+            payload,
+            media_type: media_type.to_owned(),
+        });
+    }
+    let input = SubmissionInput::Parts(parts);
+    input.images().map_err(|failure| failure.message)?;
+    Ok(input)
 }
 
 #[derive(Debug, Args)]
@@ -77,7 +141,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
     } else {
         args.input
     };
-    let submission = TaskSubmission {
+    let mut submission = TaskSubmission {
         replay_of: None,
         v: PROTOCOL_VERSION,
         task_id: args
@@ -89,7 +153,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
             .session
             .unwrap_or_else(|| format!("session-{}", uuid::Uuid::new_v4().simple())),
         agent: args.agent,
-        input,
+        input: input.into(),
         overrides: None,
         deadline_ms: args
             .deadline
@@ -114,6 +178,15 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !args.images.is_empty() {
+        match with_images(&client, &submission, &args.images).await {
+            Ok(input) => submission.input = input,
+            Err(reason) => {
+                eprintln!("skein: {reason}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     run_and_render(
         &client,
         &submission,

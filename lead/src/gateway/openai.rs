@@ -29,7 +29,9 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use skein_common::protocol::message::Message;
-use skein_common::protocol::{EventKind, FinalResult, TaskSubmission, TurnEvent, TurnStatus};
+use skein_common::protocol::{
+    EventKind, FinalResult, InputPart, TaskSubmission, TurnEvent, TurnStatus,
+};
 
 use super::keys::{Principal, Role};
 use super::request::{self, admit, error, invalid, json_response, ApiError, Content};
@@ -153,10 +155,22 @@ fn plan(
             .map_or(Ok(String::new()), Content::text)
             .map_err(invalid)
     };
+    let images_of = |message: &ChatMessage| -> Result<Vec<InputPart>, ApiError> {
+        message
+            .content
+            .as_ref()
+            .map_or(Ok(Vec::new()), Content::images)
+            .map_err(invalid)
+    };
     let mut instructions = Vec::new();
     let mut history = Vec::new();
     for message in earlier {
         let text = text_of(message)?;
+        if !images_of(message)?.is_empty() {
+            return Err(invalid(
+                "images are taken in the last user message only (the earlier ones are history)",
+            ));
+        }
         match message.role.as_str() {
             "system" | "developer" => instructions.push(text),
             "user" => history.push(Message::user(text)),
@@ -179,6 +193,7 @@ fn plan(
             session: format!("chat-{id}"),
             agent: request.model,
             input,
+            images: images_of(last)?,
         },
     )?;
     Ok(Planned {

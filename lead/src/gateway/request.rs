@@ -11,12 +11,16 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use skein_common::protocol::{MultitaskPolicy, TaskSubmission, PROTOCOL_VERSION};
+use skein_common::protocol::content::ImageUrl;
+use skein_common::protocol::{
+    InputPart, MultitaskPolicy, SubmissionInput, TaskSubmission, PROTOCOL_VERSION,
+};
 
 use super::keys::{Principal, Role};
 use super::Gateway;
 
-/// A message's content: a string, or parts of which the text ones are read.
+/// A message's content: a string, or parts: text parts, and image parts (chat's `image_url`,
+/// the Responses API's `input_image`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(crate) enum Content {
@@ -24,7 +28,12 @@ pub(crate) enum Content {
     Parts(Vec<Value>),
 }
 
+/// Content part types that hold an image.
+const IMAGE_PARTS: [&str; 2] = ["image_url", "input_image"];
+
 impl Content {
+    /// The text of the content: the string, or its text parts joined (image parts are read by
+    /// [`images`](Self::images)); a part of another type is refused.
     pub(crate) fn text(&self) -> Result<String, String> {
         match self {
             Content::Text(text) => Ok(text.clone()),
@@ -35,9 +44,10 @@ impl Content {
                         Some("text" | "input_text" | "output_text") => {
                             text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
                         }
+                        Some(kind) if IMAGE_PARTS.contains(&kind) => {}
                         other => {
                             return Err(format!(
-                                "content parts of type {} are not accepted; send text",
+                                "content parts of type {} are not accepted; send text or images",
                                 other.unwrap_or("(none)")
                             ))
                         }
@@ -46,6 +56,41 @@ impl Content {
                 Ok(text)
             }
         }
+    }
+
+    /// The image parts, as a submission's parts: `{"type": "image_url", "image_url": {"url"}}`
+    /// (or a plain string URL) and `{"type": "input_image", "image_url": "…"}`. The URL is
+    /// `https://…`, `http://…` or a base64 `data:` URL (checked with the submission); an image by
+    /// `file_id` is refused.
+    pub(crate) fn images(&self) -> Result<Vec<InputPart>, String> {
+        let Content::Parts(parts) = self else {
+            return Ok(Vec::new());
+        };
+        let mut images = Vec::new();
+        for part in parts {
+            let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+            if !IMAGE_PARTS.contains(&kind) {
+                continue;
+            }
+            let url = match part.get("image_url") {
+                Some(Value::String(url)) => Some(url.clone()),
+                Some(Value::Object(inner)) => {
+                    inner.get("url").and_then(Value::as_str).map(str::to_owned)
+                }
+                _ => None,
+            };
+            let url = url.ok_or_else(|| {
+                if part.get("file_id").is_some() {
+                    format!("{kind} parts by file_id are not accepted; send image_url")
+                } else {
+                    format!("an {kind} part needs an image_url")
+                }
+            })?;
+            images.push(InputPart::ImageUrl {
+                image_url: ImageUrl { url, detail: None },
+            });
+        }
+        Ok(images)
     }
 }
 
@@ -318,6 +363,8 @@ pub(crate) struct RunSpec {
     pub session: String,
     pub agent: String,
     pub input: String,
+    /// Images of the user's message, after `input`.
+    pub images: Vec<InputPart>,
 }
 
 /// The submission of `principal`'s run `spec` (queued behind a running turn of its session),
@@ -335,13 +382,21 @@ pub(crate) fn submission(
         user: principal.name.clone(),
         session: spec.session,
         agent: spec.agent,
-        input: spec.input,
+        input: if spec.images.is_empty() {
+            SubmissionInput::Text(spec.input)
+        } else {
+            let text = (!spec.input.is_empty()).then_some(InputPart::Text { text: spec.input });
+            SubmissionInput::Parts(text.into_iter().chain(spec.images).collect())
+        },
         overrides: None,
         deadline_ms: None,
         budget: None,
         multitask: MultitaskPolicy::Enqueue,
     };
-    match submission.validate(gateway.client.bus().max_payload()) {
+    let checked = submission
+        .validate(gateway.client.bus().max_payload())
+        .and_then(|()| submission.input.images().map(drop));
+    match checked {
         Ok(()) => Ok(submission),
         Err(failure) if failure.kind == skein_common::protocol::FailureKind::TooLarge => {
             Err(error(

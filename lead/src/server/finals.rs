@@ -98,7 +98,7 @@ impl Lead {
                     user: String::new(),
                     session: String::new(),
                     agent: String::new(),
-                    input: String::new(),
+                    input: Default::default(),
                     overrides: None,
                     deadline_ms: None,
                     budget: None,

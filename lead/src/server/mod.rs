@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod finals;
+mod input;
 mod multitask;
 mod turn;
 
@@ -102,6 +103,8 @@ pub(crate) struct Lead {
     pub(crate) metrics: Metrics,
     instance: String,
     pub(crate) cfg: Config,
+    /// Where large input images are kept (by reference).
+    payloads: skein_common::payloads::PayloadStore,
     /// The process's shutdown: suspended turns are handed back at once when it fires.
     pub(crate) shutdown: CancellationToken,
     pub(crate) running: tokio_util::task::TaskTracker,
@@ -282,6 +285,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         )
         .await?;
     let lead = Arc::new(Lead {
+        payloads: skein_common::payloads::PayloadStore::new(&bus),
         bus,
         cancels,
         approvals: StoredApprovals {
@@ -406,6 +410,7 @@ impl Lead {
         let (envelope, mut submission) = delivery.into_parts();
         let checked = submission
             .validate(self.cfg.process.max_payload)
+            .and_then(|()| submission.images(&self.cfg.model.image_limits()).map(drop))
             .and_then(|()| subject_matches(&envelope, &submission))
             .and_then(|()| self.submitter(&envelope, &mut submission));
         if let Err(failure) = checked {

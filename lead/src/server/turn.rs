@@ -387,6 +387,13 @@ impl Lead {
             },
             None => None,
         };
+        let limits = self.cfg.model.image_limits();
+        let input_images =
+            match super::input::session_images(&self.payloads, submission, &limits).await {
+                Ok(images) => images,
+                Err(failure) if failure.retryable => return Settled::Retry(failure),
+                Err(failure) => return Settled::Poisoned(failure),
+            };
         // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
         let time_left = origin.time_left();
         let renew = crate::lease::keep_renewed(self.cfg.lease_ttl, || lease.renew());
@@ -398,7 +405,8 @@ impl Lead {
             loaded_skills: &loaded.state.skills,
             plan: loaded.state.plan.as_ref(),
             skills: None,
-            input: submission.input.clone(),
+            input: submission.input.text(),
+            input_images,
             depth: 0,
             events: events.clone(),
             cancel: stop,

@@ -11,7 +11,8 @@
 //! read from the request's `_meta`), `crash` (exits at once, without answering), `pid` (the
 //! process id, process group and helper child's id as JSON), `sleep {ms}`, `fail {message}` (an
 //! `isError` result), `wipe` (declared destructive; does nothing), `header {name}` (a request
-//! header's value, over HTTP).
+//! header's value, over HTTP), `image {bytes?}` (a caption and a PNG image: [`FIXTURE_PNG`], or
+//! one of `bytes` bytes).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,6 +29,10 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
+
+/// The image the `image` tool returns (a 1x1 PNG), base64.
+pub const FIXTURE_PNG: &str =
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
 
 /// The `_meta` key the worker puts the call's idempotency key under.
 const IDEMPOTENCY_META_KEY: &str = "skein/idempotency-key";
@@ -98,6 +103,15 @@ fn tools() -> Vec<Tool> {
             no_arguments(),
         )
         .with_annotations(ToolAnnotations::new().destructive(true)),
+        Tool::new(
+            "image",
+            "Returns a caption and a PNG image (of `bytes` bytes when given).",
+            schema(json!({
+                "type": "object",
+                "properties": {"bytes": {"type": "integer", "minimum": 1}}
+            })),
+        )
+        .with_annotations(ToolAnnotations::new().read_only(true)),
         Tool::new(
             "header",
             "The value of an HTTP request header of this call.",
@@ -211,6 +225,19 @@ impl ServerHandler for Fixture {
                 .into(),
             ),
             "wipe" => text("nothing wiped"),
+            "image" => {
+                use base64::Engine;
+                let data = match arguments.get("bytes").and_then(Value::as_u64) {
+                    Some(size) => base64::engine::general_purpose::STANDARD
+                        .encode(vec![0x89u8; usize::try_from(size).unwrap_or(0)]),
+                    None => FIXTURE_PNG.to_owned(),
+                };
+                Ok(CallToolResult::success(vec![
+                    ContentBlock::text("a red dot"),
+                    ContentBlock::image(data, "image/png"),
+                ])
+                .into())
+            }
             "header" => {
                 let name = string_argument(&arguments, "name")?;
                 let value = context

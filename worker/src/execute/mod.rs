@@ -50,6 +50,7 @@ use tracing::Instrument;
 mod admission;
 mod agent_cap;
 mod child_approval;
+mod images;
 mod marker;
 mod settling;
 mod spill;
@@ -170,19 +171,20 @@ async fn tool_task(
                 .call_whole(&task.tool, arguments, context)
                 .await?;
             let cap = ctx.registry.max_output_bytes();
+            let images = images::store_images(&ctx.payloads, &task.origin, output.images).await?;
             let fitted = spill::fit_output(
                 ctx.workspace.as_ref(),
                 &task.origin,
                 &task.tool,
                 &idempotency_key,
-                output,
+                output.text,
                 cap,
             );
-            Ok::<_, Failure>(fitted.await)
+            Ok::<_, Failure>((fitted.await, images))
         }
         .instrument(span.clone());
         match tokio::time::timeout(timeout, contain_panic(running)).await {
-            Ok(Ok(Ok(output))) => CallOutcome::Ok { output },
+            Ok(Ok(Ok((output, images)))) => CallOutcome::Ok { output, images },
             Ok(Ok(Err(failure))) => {
                 span.record("otel.status_code", "ERROR");
                 span.record("error.type", failure.kind.as_str());

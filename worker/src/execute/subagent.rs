@@ -247,6 +247,7 @@ pub(super) async fn subagent_task(
                 // The skills its task carried (the worker has no agents folder of its own).
                 skills: Some(&skills),
                 input: input.clone(),
+                input_images: Vec::new(),
                 depth: task.depth,
                 events: events.clone(),
                 cancel: &stop,
@@ -345,6 +346,7 @@ pub(super) async fn subagent_task(
                     ctx.registry.max_output_bytes(),
                 )
                 .await,
+                images: Vec::new(),
             },
             (None, None) => CallOutcome::Failed {
                 failure: Failure::new(FailureKind::ModelFailed, "subagent gave no answer"),

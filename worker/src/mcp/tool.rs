@@ -1,6 +1,6 @@
 //! MCP tools as worker tools: their names (`mcp__<server>__<tool>`), their specs (the server's
 //! input schema and description, effects from its annotations), and calls (the call's idempotency
-//! key in the request's `_meta`, the result turned into text).
+//! key in the request's `_meta`, the result turned into text and images).
 //!
 //! Invariants:
 //! - a registered name matches `^[A-Za-z0-9_-]{1,64}$` (what model APIs accept for function
@@ -9,7 +9,10 @@
 //! - every request carries `{"skein/idempotency-key": <key>}` in `_meta`;
 //! - a failure is always a [`ToolError`] the model sees: the server not reachable before the call
 //!   is `Unavailable` (nothing ran, so the worker may try again), the server going away during the
-//!   call is `Failed` (it may have run), `isError` results are `Failed` with the tool's text.
+//!   call is `Failed` (it may have run), `isError` results are `Failed` with the tool's text;
+//! - an image block of a type models take becomes one of the result's images (its place in the
+//!   text marked `[image n: <type>, <bytes> bytes]`); one of another type is described in the text
+//!   only, saying why; one that is not base64 fails the call.
 
 use std::sync::Arc;
 
@@ -26,7 +29,7 @@ use skein_common::protocol::{ToolEffects, ToolSpec};
 use super::config::ServerSpec;
 use super::connection::{Connection, Shared};
 use super::supervisor::WorkerServer;
-use crate::tools::{DynamicTool, ToolContext, ToolError};
+use crate::tools::{DynamicTool, ToolContext, ToolError, ToolImage, ToolOutput};
 
 /// What every MCP tool name starts with.
 pub const TOOL_PREFIX: &str = "mcp__";
@@ -120,7 +123,7 @@ impl DynamicTool for McpTool {
         &'a self,
         arguments: Value,
         ctx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<String, ToolError>> {
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
             let arguments = match arguments {
                 Value::Object(map) => map,
@@ -166,7 +169,7 @@ async fn call(
     tool: &str,
     arguments: JsonObject,
     idempotency_key: &str,
-) -> Result<String, ToolError> {
+) -> Result<ToolOutput, ToolError> {
     if peer.is_transport_closed() {
         return Err(ToolError::Unavailable(format!(
             "mcp server {server} is not connected"
@@ -180,7 +183,12 @@ async fn call(
     let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
     params.meta = Some(RequestMetaObject(meta));
     match peer.call_tool(params).await {
-        Ok(result) => output(result),
+        Ok(result) => output(result).map_err(|e| match e {
+            ToolError::Failed(m) if m.starts_with(BAD_IMAGE) => {
+                ToolError::Failed(format!("mcp server {server}, tool {tool}: {m}"))
+            }
+            other => other,
+        }),
         Err(e) => Err(call_error(server, tool, e)),
     }
 }
@@ -206,10 +214,42 @@ fn call_error(server: &str, tool: &str, error: ServiceError) -> ToolError {
     }
 }
 
-/// The text of a result: text blocks joined by newlines, other blocks described briefly, the
-/// structured content when there is nothing else; `isError` makes it a failure.
-pub fn output(result: CallToolResult) -> Result<String, ToolError> {
-    let mut parts: Vec<String> = result.content.iter().map(describe).collect();
+/// What a call's result failing on an image starts with.
+const BAD_IMAGE: &str = "returned an image";
+
+/// The output of a result: text blocks joined by newlines, other blocks described briefly, the
+/// structured content when there is nothing else; image blocks of a type models take also
+/// become its images. `isError` makes it a failure.
+pub fn output(result: CallToolResult) -> Result<ToolOutput, ToolError> {
+    use base64::Engine;
+    let mut images = Vec::new();
+    let mut parts = Vec::with_capacity(result.content.len());
+    for block in &result.content {
+        let ContentBlock::Image(image) = block else {
+            parts.push(describe(block));
+            continue;
+        };
+        let size = base64_decoded_len(&image.data);
+        if skein_common::protocol::content::check_media_type(&image.mime_type).is_err() {
+            parts.push(format!(
+                "[image: {}, {size} bytes: a type models do not take, so not shown]",
+                image.mime_type
+            ));
+            continue;
+        }
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(image.data.trim())
+            .map_err(|e| ToolError::Failed(format!("{BAD_IMAGE} that is not base64: {e}")))?;
+        images.push(ToolImage {
+            media_type: image.mime_type.clone(),
+            data: data.into(),
+        });
+        parts.push(format!(
+            "[image {}: {}, {size} bytes]",
+            images.len(),
+            image.mime_type
+        ));
+    }
     if parts.is_empty() {
         if let Some(structured) = &result.structured_content {
             parts.push(structured.to_string());
@@ -224,7 +264,7 @@ pub fn output(result: CallToolResult) -> Result<String, ToolError> {
         };
         return Err(ToolError::Failed(text));
     }
-    Ok(text)
+    Ok(ToolOutput { text, images })
 }
 
 fn describe(block: &ContentBlock) -> String {
@@ -333,9 +373,27 @@ mod tests {
             ContentBlock::image("aGVsbG8=", "image/png"),
             ContentBlock::text("last"),
         ]);
+        let shown = output(ok).expect("a result");
+        assert_eq!(shown.text, "first\n[image 1: image/png, 5 bytes]\nlast");
         assert_eq!(
-            output(ok),
-            Ok("first\n[image: image/png, 5 bytes]\nlast".to_owned())
+            shown.images,
+            vec![ToolImage {
+                media_type: "image/png".into(),
+                data: bytes::Bytes::from_static(b"hello"),
+            }]
+        );
+        let odd = CallToolResult::success(vec![ContentBlock::image("aGVsbG8=", "image/x-icon")]);
+        let odd = output(odd).expect("a result");
+        assert!(odd.images.is_empty());
+        assert!(
+            odd.text.contains("a type models do not take"),
+            "{}",
+            odd.text
+        );
+        let broken = CallToolResult::success(vec![ContentBlock::image("@@@", "image/png")]);
+        assert!(
+            matches!(output(broken), Err(ToolError::Failed(m)) if m.contains("not base64")),
+            "an image that is not base64 fails the call"
         );
         let failed = CallToolResult::error(vec![ContentBlock::text("no such row")]);
         assert_eq!(output(failed), Err(ToolError::Failed("no such row".into())));
@@ -345,7 +403,10 @@ mod tests {
         );
         let mut structured = CallToolResult::success(Vec::new());
         structured.structured_content = Some(serde_json::json!({"n": 1}));
-        assert_eq!(output(structured), Ok("{\"n\":1}".to_owned()));
+        assert_eq!(
+            output(structured).map(|o| o.text),
+            Ok("{\"n\":1}".to_owned())
+        );
     }
 
     #[test]

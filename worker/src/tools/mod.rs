@@ -9,6 +9,8 @@
 //! - the JSON Schema a tool advertises is generated once, at registration, from its `Args` type;
 //! - output handed back is at most `max_output_bytes` plus a one-line truncation note, cut at a
 //!   char boundary;
+//! - a tool's images ([`ToolOutput::images`], from dynamic tools such as MCP servers') are
+//!   handed back beside its text, never folded into it;
 //! - tools hold only shared, borrowed things (paths, the HTTP pool); whatever a call opens for
 //!   itself goes into the call's [`TaskScope`].
 
@@ -120,6 +122,32 @@ impl From<ToolError> for Failure {
     }
 }
 
+/// What a tool call returns: its text, and the images it returned besides (an MCP tool's image
+/// content).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub text: String,
+    pub images: Vec<ToolImage>,
+}
+
+/// An image a tool returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolImage {
+    /// Its type (`image/png`).
+    pub media_type: String,
+    /// Its bytes.
+    pub data: bytes::Bytes,
+}
+
+impl From<String> for ToolOutput {
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            images: Vec::new(),
+        }
+    }
+}
+
 /// A tool known only at run time (an MCP server's tools, say): its spec comes with it and it
 /// takes raw JSON arguments, checking them itself. Registered with
 /// [`ToolRegistry::register_dynamic`].
@@ -128,7 +156,7 @@ pub trait DynamicTool: Send + Sync + 'static {
         &'a self,
         arguments: Value,
         ctx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<String, ToolError>>;
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
 }
 
 /// The object-safe face of a [`Tool`]: decodes arguments, then calls it.
@@ -137,7 +165,7 @@ trait ErasedTool: Send + Sync {
         &'a self,
         arguments: Value,
         ctx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<String, ToolError>>;
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
 }
 
 struct Erased<T>(T);
@@ -147,10 +175,10 @@ impl<T: Tool> ErasedTool for Erased<T> {
         &'a self,
         arguments: Value,
         ctx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<String, ToolError>> {
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
             let args = decode_arguments::<T::Args>(T::NAME, arguments)?;
-            self.0.call(args, ctx).await
+            self.0.call(args, ctx).await.map(ToolOutput::from)
         })
     }
 }
@@ -201,7 +229,7 @@ impl ErasedTool for Dynamic {
         &'a self,
         arguments: Value,
         ctx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<String, ToolError>> {
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         self.0.call(arguments, ctx)
     }
 }
@@ -311,7 +339,8 @@ impl ToolRegistry {
         self.tools.retain(|name, _| keep(name));
     }
 
-    /// Runs tool `name` with raw JSON `arguments`; output over the cap is truncated.
+    /// Runs tool `name` with raw JSON `arguments`; its text, truncated over the cap (images it
+    /// returned are left out: [`call_whole`](Self::call_whole) has them).
     pub async fn call(
         &self,
         name: &str,
@@ -319,17 +348,17 @@ impl ToolRegistry {
         ctx: ToolContext<'_>,
     ) -> Result<String, ToolError> {
         let output = self.call_whole(name, arguments, ctx).await?;
-        Ok(truncate_output(output, self.max_output_bytes))
+        Ok(truncate_output(output.text, self.max_output_bytes))
     }
 
     /// [`call`](Self::call) with the output whole, however long (the worker keeps what is over
-    /// the cap in the session's workspace).
+    /// the cap in the session's workspace), and its images.
     pub async fn call_whole(
         &self,
         name: &str,
         arguments: Value,
         ctx: ToolContext<'_>,
-    ) -> Result<String, ToolError> {
+    ) -> Result<ToolOutput, ToolError> {
         let Some(entry) = self.tools.get(name) else {
             return Err(ToolError::NotFound(format!(
                 "no tool named {name:?} on this worker (available: {})",

@@ -385,9 +385,9 @@ mod tests {
         ) -> BoxFuture<'a, CallOutcome> {
             self.note(&format!("after_acting {}", call.name));
             let outcome = match outcome {
-                CallOutcome::Ok { output } => CallOutcome::Ok {
-                    output: format!("{output}+{}", self.name),
-                },
+                CallOutcome::Ok { output, .. } => {
+                    CallOutcome::ok(format!("{output}+{}", self.name))
+                }
                 CallOutcome::Failed { mut failure } => {
                     failure.message.push_str(&format!("+{}", self.name));
                     CallOutcome::Failed { failure }
@@ -528,21 +528,10 @@ mod tests {
             .await
             .expect("no short-circuit");
         let outcome = passing
-            .exit_acting(
-                &ctx,
-                &rewritten,
-                CallOutcome::Ok {
-                    output: "files".into(),
-                },
-            )
+            .exit_acting(&ctx, &rewritten, CallOutcome::ok("files"))
             .await;
         assert_eq!(rewritten.name, "shell+a+b");
-        assert_eq!(
-            outcome,
-            CallOutcome::Ok {
-                output: "files+b+a".into()
-            }
-        );
+        assert_eq!(outcome, CallOutcome::ok("files+b+a"));
         entries(&log);
 
         let settling = chain(vec![

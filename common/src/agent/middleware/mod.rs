@@ -458,12 +458,7 @@ mod tests {
             .await
             .expect("tool result");
 
-        assert_eq!(
-            result.outcome,
-            CallOutcome::Ok {
-                output: "token [redacted]".into()
-            }
-        );
+        assert_eq!(result.outcome, CallOutcome::ok("token [redacted]"));
         // One pass through each user layer, two attempts inside them, the output already
         // redacted when the user layers see it.
         assert_eq!(

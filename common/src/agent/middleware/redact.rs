@@ -151,7 +151,7 @@ impl Redactor {
 
     fn redact_outcome(&self, outcome: &mut CallOutcome) {
         match outcome {
-            CallOutcome::Ok { output } => self.redact_in_place(output),
+            CallOutcome::Ok { output, .. } => self.redact_in_place(output),
             CallOutcome::Failed { failure } => self.redact_in_place(&mut failure.message),
         }
     }

@@ -62,12 +62,7 @@ pub(super) fn tool_request(call_id: &str, tool: &str) -> ToolCallRequest {
 }
 
 pub(super) fn ok_result(call_id: &str, output: &str) -> ToolResult {
-    result(
-        call_id,
-        CallOutcome::Ok {
-            output: output.into(),
-        },
-    )
+    result(call_id, CallOutcome::ok(output))
 }
 
 pub(super) fn failed_result(call_id: &str, kind: FailureKind, message: &str) -> ToolResult {

@@ -92,6 +92,11 @@ pub enum ModelError {
     Scenario(String),
     #[error("model configuration: {0}")]
     Misconfigured(String),
+    /// The request shows images this client does not send: it was configured to take none
+    /// (`SKEIN_MODEL_IMAGES=false`), or an image is still a payload reference nobody read.
+    /// Found before anything is sent.
+    #[error("{0}")]
+    ImagesRefused(String),
 }
 
 impl ModelError {
@@ -116,6 +121,7 @@ impl ModelError {
             ModelError::BadResponse(_) | ModelError::Scenario(_) | ModelError::Misconfigured(_) => {
                 (FailureKind::ModelFailed, false)
             }
+            ModelError::ImagesRefused(_) => (FailureKind::InvalidInput, false),
         };
         Failure {
             kind,
@@ -162,6 +168,45 @@ pub fn retry_after(failure: &Failure) -> Option<std::time::Duration> {
     let (_, rest) = failure.message.split_once(RETRY_AFTER_NOTE)?;
     let (millis, _) = rest.split_once(" ms)")?;
     millis.parse().ok().map(std::time::Duration::from_millis)
+}
+
+/// How many images `request`'s messages show.
+pub fn image_count(request: &ModelRequest) -> usize {
+    request.messages.iter().map(|m| m.images.len()).sum()
+}
+
+/// Checks `request`'s images before `provider` sends it: refused when the client takes none
+/// (`accepts` false), naming the provider and the model; refused when one is still a payload
+/// reference (the cluster's runtime reads them just before the provider; a runtime without a
+/// payload store cannot send stored images).
+pub fn check_images(
+    request: &ModelRequest,
+    provider: &str,
+    accepts: bool,
+) -> Result<(), ModelError> {
+    let count = image_count(request);
+    if count == 0 {
+        return Ok(());
+    }
+    if !accepts {
+        return Err(ModelError::ImagesRefused(format!(
+            "model {} of provider {provider} is configured not to take images \
+             (SKEIN_MODEL_IMAGES=false), and the request shows {count}",
+            request.model
+        )));
+    }
+    let stored = request
+        .messages
+        .iter()
+        .flat_map(|m| &m.images)
+        .any(|image| matches!(image, crate::protocol::ImagePart::Payload { .. }));
+    if stored {
+        return Err(ModelError::ImagesRefused(format!(
+            "an image stored by reference reached provider {provider} unread: this runtime has \
+             no payload store to read it from"
+        )));
+    }
+    Ok(())
 }
 
 /// A chat model.
@@ -282,7 +327,8 @@ impl Provider {
                     api_key,
                     cfg.timeout,
                     cfg.max_output_tokens,
-                )?;
+                )?
+                .with_images(cfg.images);
                 let client = match cfg.thinking_budget {
                     0 => client,
                     budget => client.with_thinking_budget(budget)?,

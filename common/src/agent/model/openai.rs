@@ -37,6 +37,11 @@
 //! Caps: a response body, whole or streamed, is read up to [`MAX_RESPONSE_BYTES`]; a response
 //! carries at most [`MAX_TOOL_CALLS`] tool calls. Past either the call fails as a bad response.
 //!
+//! Images (`openai/images.rs`): a user message that shows images sends its `content` as parts,
+//! its text then one `image_url` part per image (a URL, or the bytes as a `data:` URL); a `tool`
+//! message takes text only, so the images of a step's results follow its last result in one user
+//! message that names the call each came from.
+//!
 //! Tool-call arguments arrive as JSON encoded in a string. They are decoded here; an empty string
 //! becomes `{}`, and text that is not JSON is kept as a [`Value::String`] so that the caller (not
 //! the model call) rejects it as invalid arguments. Arguments that are not a JSON object are sent
@@ -57,6 +62,7 @@ use crate::config::{ModelConfig, ENV_MODEL_BASE_URL};
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
 use crate::protocol::ToolSpec;
 
+mod images;
 mod stream;
 
 use stream::{sse_answer, BodyError};
@@ -155,6 +161,8 @@ pub struct OpenAiClient {
     key_header: Option<HeaderValue>,
     timeout: Duration,
     max_tokens_field: MaxTokensField,
+    /// Whether requests may show images; when not, one that does fails before it is sent.
+    accepts_images: bool,
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -164,6 +172,7 @@ impl std::fmt::Debug for OpenAiClient {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("timeout", &self.timeout)
             .field("max_tokens_field", &self.max_tokens_field)
+            .field("accepts_images", &self.accepts_images)
             .finish()
     }
 }
@@ -227,7 +236,22 @@ impl OpenAiClient {
         };
         let field = MaxTokensField::from_setting(&cfg.max_tokens_field, flavour, &cfg.base_url)
             .map_err(ModelError::Misconfigured)?;
-        Ok(client.with_max_tokens_field(field))
+        Ok(client.with_max_tokens_field(field).with_images(cfg.images))
+    }
+
+    /// The same client, taking requests that show images (`true`, the default) or failing them
+    /// before they are sent (for a model that cannot see).
+    pub fn with_images(mut self, accepts: bool) -> Self {
+        self.accepts_images = accepts;
+        self
+    }
+
+    /// The provider's name in failures: `azure` or `openai`.
+    fn provider_name(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Azure { .. } => "azure",
+            Endpoint::OpenAi { .. } => "openai",
+        }
     }
 
     /// The same client, sending `headers` with every request (beside its own).
@@ -276,6 +300,7 @@ impl OpenAiClient {
             key_header,
             timeout,
             max_tokens_field,
+            accepts_images: true,
         })
     }
 
@@ -400,6 +425,7 @@ fn log_failure(error: &ModelError, secret: Option<&str>) {
 
 impl OpenAiClient {
     async fn complete_once(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
+        super::check_images(&request, self.provider_name(), self.accepts_images)?;
         self.log_call(&request, false);
         let body = request_body(&request, false, self.max_tokens_field);
         let timeout = self.timeout;
@@ -415,6 +441,7 @@ impl OpenAiClient {
         &self,
         request: ModelRequest,
     ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
+        super::check_images(&request, self.provider_name(), self.accepts_images)?;
         self.log_call(&request, true);
         let body = request_body(&request, true, self.max_tokens_field);
         let timeout = self.timeout;
@@ -446,7 +473,7 @@ impl OpenAiClient {
 
 /// The `/chat/completions` body for `request`, its answer's bound (if it has one) in `field`.
 fn request_body(request: &ModelRequest, stream: bool, field: MaxTokensField) -> Value {
-    let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
+    let messages = images::wire_messages(&request.messages, wire_message);
     let mut body = json!({ "model": request.model, "messages": messages, "stream": stream });
     if !request.tools.is_empty() {
         body["tools"] = request.tools.iter().map(wire_tool).collect();
@@ -470,6 +497,8 @@ fn wire_message(message: &Message) -> Value {
     // An assistant message that only calls tools carries `null` content.
     let content = if message.content.is_empty() && !message.tool_calls.is_empty() {
         Value::Null
+    } else if message.role != Role::Tool && !message.images.is_empty() {
+        images::content_parts(message)
     } else {
         Value::String(message.content.clone())
     };
@@ -679,6 +708,7 @@ fn parse_completion(body: &[u8]) -> Result<ModelResponse, ModelError> {
                 .or(choice.message.reasoning)
                 .filter(|r| !r.is_empty()),
             reasoning_signature: None,
+            images: Vec::new(),
         },
         finish_reason: choice.finish_reason,
         usage: completion.usage.unwrap_or_default().into(),
@@ -856,6 +886,7 @@ mod tests {
             tool_call_id: None,
             reasoning: None,
             reasoning_signature: None,
+            images: Vec::new(),
         };
         let req = request(
             vec![

@@ -207,6 +207,9 @@ pub struct ProviderEntry {
     /// absent or 0 for none.
     #[serde(default)]
     pub thinking_budget: Option<u64>,
+    /// Whether the provider's models take images (see `SKEIN_MODEL_IMAGES`); absent for yes.
+    #[serde(default)]
+    pub images: Option<bool>,
     /// Scenario file of a `scripted` provider.
     #[serde(default)]
     pub scenario: Option<PathBuf>,
@@ -366,6 +369,7 @@ impl ProviderEntry {
         }
         cfg.scenario = self.scenario.clone();
         cfg.thinking_budget = self.thinking_budget.unwrap_or(0);
+        cfg.images = self.images.unwrap_or(true);
         let provider = Provider::from_settings(&cfg, self.api_key()?).map_err(|e| e.to_string())?;
         let headers = self.header_map()?;
         if headers.is_empty() {

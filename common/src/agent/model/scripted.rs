@@ -33,8 +33,12 @@
 //! - Templates, in answers and in the string values of tool-call arguments: `{{input}}` (the last
 //!   user message), `{{previous_input}}` (the user message before it, or empty),
 //!   `{{observations}}` (the tool results since the last user message, one per line), `{{turn}}`
-//!   (1-based turn number) and `{{agent}}` (the asking agent). Unknown placeholders stay as they
-//!   are; substituted text is not expanded again.
+//!   (1-based turn number), `{{agent}}` (the asking agent) and `{{images}}` (how many images the
+//!   request's messages show). Unknown placeholders stay as they are; substituted text is not
+//!   expanded again.
+//! - Images: the scripted model takes them (inline, by URL or still by reference: it reads
+//!   none) and only counts them, for `{{images}}`; a scenario asserts what it was shown through
+//!   the answer.
 //! - Tool-call ids are `call_t{turn}_s{step}_{i}` (1-based turn and step, 0-based position).
 //! - Unknown keys are rejected, so a misspelt key fails at load time rather than silently.
 //!
@@ -191,6 +195,12 @@ impl ScriptedModel {
             observations: conversation.observations.join("\n"),
             turn: (turn_index + 1).to_string(),
             agent: request.agent.clone(),
+            images: request
+                .messages
+                .iter()
+                .map(|message| message.images.len())
+                .sum::<usize>()
+                .to_string(),
         };
         tracing::debug!(
             agent = %request.agent,
@@ -225,6 +235,7 @@ impl ScriptedModel {
                     tool_call_id: None,
                     reasoning: None,
                     reasoning_signature: None,
+                    images: Vec::new(),
                 };
                 (message, "tool_calls", words)
             }
@@ -394,6 +405,7 @@ struct TemplateVars {
     observations: String,
     turn: String,
     agent: String,
+    images: String,
 }
 
 impl TemplateVars {
@@ -404,6 +416,7 @@ impl TemplateVars {
             "observations" => Some(&self.observations),
             "turn" => Some(&self.turn),
             "agent" => Some(&self.agent),
+            "images" => Some(&self.images),
             _ => None,
         }
     }
@@ -631,6 +644,36 @@ mod tests {
         assert_eq!(response.usage.completion_tokens, 8);
     }
 
+    #[tokio::test]
+    async fn counts_the_images_it_is_shown_by_any_source_without_reading_them() {
+        use crate::protocol::{ImagePart, PayloadRef};
+        let model = ScriptedModel::from_json(
+            r#"{"agents": {"*": {"turns": [{"steps": [{"answer": "saw {{images}}"}]}]}}}"#,
+        )
+        .expect("valid");
+        let stored = ImagePart::Payload {
+            media_type: "image/png".into(),
+            payload: PayloadRef {
+                bucket: "skein-payloads-acme".into(),
+                name: "s/t/x".into(),
+                size: 9,
+                digest: "SHA-256=x".into(),
+            },
+        };
+        let url = ImagePart::Url {
+            url: "https://example.com/a.png".into(),
+        };
+        let messages = vec![
+            Message::user("look").with_images(vec![url, stored.clone()]),
+            Message::tool_result("c1", "shot").with_images(vec![stored]),
+        ];
+        let answer = model
+            .complete(ask("a", messages, false))
+            .await
+            .expect("answers");
+        assert_eq!(answer.message.content, "saw 3");
+    }
+
     #[test]
     fn renders_templates_in_one_pass() {
         let vars = TemplateVars {
@@ -639,6 +682,7 @@ mod tests {
             observations: "o1\no2".to_owned(),
             turn: "3".to_owned(),
             agent: "bot".to_owned(),
+            images: "0".to_owned(),
         };
         assert_eq!(
             render(

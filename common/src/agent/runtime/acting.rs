@@ -9,7 +9,9 @@
 //! acting hooks and the tool service — consecutive concurrency-safe calls together, an unsafe call
 //! alone — and come back in the model's order. Every verdict other than a plain allow is an
 //! `approval_resolved` event; every verdict, a plain allow included, is carried by the call's
-//! `tool_started` event, a span attribute and a log line.
+//! `tool_started` event, a span attribute and a log line. A result's images past the image caps
+//! (`RuntimeSettings::images`) make its observation a `too_large` failure; the rest go on the
+//! call's tool message.
 
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -21,7 +23,8 @@ use crate::agent::seams::{failure_from_error, Answers, CallTarget, ToolCallReque
 use crate::agent::tools::ToolCatalog;
 use crate::protocol::message::ToolCall;
 use crate::protocol::{
-    now_ms, AgentSpec, CallOutcome, EventKind, Failure, FailureKind, PendingCall, ToolSpec, Verdict,
+    now_ms, AgentSpec, CallOutcome, EventKind, Failure, FailureKind, ImagePart, PendingCall,
+    ToolSpec, Verdict,
 };
 
 /// Name of the tool through which an agent hands a subtask to one of its subagents.
@@ -41,6 +44,8 @@ const PREVIEW_CHARS: usize = 200;
 /// What the model observes of one call.
 pub(super) struct Observation {
     pub text: String,
+    /// Images the call returned, within the caps.
+    pub images: Vec<ImagePart>,
     /// The skill a successful `load_skill` call loaded.
     pub loaded_skill: Option<String>,
 }
@@ -49,6 +54,7 @@ impl Observation {
     fn of(outcome: &CallOutcome) -> Self {
         Self {
             text: outcome.observation(),
+            images: outcome.images().to_vec(),
             loaded_skill: None,
         }
     }
@@ -304,15 +310,26 @@ impl Acting<'_, '_> {
         if !ran.worker_id.is_empty() {
             span.record("skein.worker_id", ran.worker_id.as_str());
         }
+        // Images past the caps fail the call: the model is told, rather than shown less.
+        let outcome = match self
+            .runtime
+            .settings
+            .images
+            .check("the tool's result", outcome.images())
+        {
+            Ok(()) => outcome,
+            Err(failure) => CallOutcome::Failed { failure },
+        };
         match &outcome {
             CallOutcome::Failed { failure } => record_failure(&span, failure),
-            CallOutcome::Ok { output } if crate::telemetry::record_content() => {
+            CallOutcome::Ok { output, .. } if crate::telemetry::record_content() => {
                 span.record("gen_ai.tool.call.result", output.as_str());
             }
             CallOutcome::Ok { .. } => {}
         }
         let observation = Observation {
             text: outcome.observation(),
+            images: outcome.images().to_vec(),
             loaded_skill: loaded_skill.filter(|_| outcome.is_ok()),
         };
         events
@@ -383,7 +400,7 @@ impl Acting<'_, '_> {
             .filter(|_| !bookkeeping)
             .and_then(|recorded| recorded.answer(call))
         {
-            return (CallOutcome::Ok { output }, Ran::at(REPLAYED), None);
+            return (CallOutcome::ok(output), Ran::at(REPLAYED), None);
         }
         if super::planning::is_plan_tool(&call.name) {
             // Boxed: `run_plan`'s future is large, and inline it would grow every call's.
@@ -395,7 +412,7 @@ impl Acting<'_, '_> {
         }
         if call.name == LOAD_SKILL_TOOL {
             return match self.load_skill(step, call).await {
-                Ok((name, body)) => (CallOutcome::Ok { output: body }, Ran::default(), Some(name)),
+                Ok((name, body)) => (CallOutcome::ok(body), Ran::default(), Some(name)),
                 Err(failure) => (CallOutcome::Failed { failure }, Ran::default(), None),
             };
         }

@@ -748,6 +748,7 @@ mod tests {
                 plan: None,
                 skills: None,
                 input: "go on".into(),
+                input_images: Vec::new(),
                 depth: 0,
                 events: events.clone(),
                 cancel: &cancel,

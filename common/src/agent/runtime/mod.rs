@@ -62,6 +62,9 @@ pub struct RuntimeSettings {
     /// Deepest subagent nesting allowed (a user's agent is depth 0).
     pub max_depth: u32,
     pub context: ContextLimits,
+    /// The caps a tool result's images are held to (past them the call's observation is a
+    /// `too_large` failure).
+    pub images: crate::protocol::ImageLimits,
 }
 
 impl RuntimeSettings {
@@ -84,6 +87,7 @@ impl Default for RuntimeSettings {
             subagent_timeout: Duration::from_secs(300),
             max_depth: crate::agent::definition::MAX_NESTING,
             context: ContextLimits::default(),
+            images: crate::protocol::ImageLimits::default(),
         }
     }
 }
@@ -105,6 +109,9 @@ pub struct TurnInput<'a> {
     /// `None` uses the runtime's catalog.
     pub skills: Option<&'a SkillCatalog>,
     pub input: String,
+    /// Images the user's message shows after `input` (checked against the caps at admission;
+    /// large ones by payload reference).
+    pub input_images: Vec<crate::protocol::ImagePart>,
     /// 0 for a user's turn, n for a subagent n levels down.
     pub depth: u32,
     /// Where the turn's events go (shared with the model service, which streams deltas to it).
@@ -185,7 +192,7 @@ pub struct TurnOutput {
 }
 
 impl TurnOutput {
-    fn started(input: String) -> Self {
+    fn started(input: String, images: Vec<crate::protocol::ImagePart>) -> Self {
         Self {
             status: TurnStatus::Completed,
             answer: None,
@@ -193,7 +200,7 @@ impl TurnOutput {
             iterations: 0,
             limit_reached: false,
             usage: Usage::default(),
-            new_messages: vec![Message::user(input)],
+            new_messages: vec![Message::user(input).with_images(images)],
             loaded_skills: Vec::new(),
             asked_approval: false,
             compaction: None,
@@ -300,7 +307,8 @@ impl Runtime {
                 Ok(input) => turn.input = input,
                 Err(summary) => {
                     // A hook ended the turn (its outer hooks' `after_turn` already ran).
-                    let mut out = TurnOutput::started(turn.input.clone());
+                    let mut out =
+                        TurnOutput::started(turn.input.clone(), turn.input_images.clone());
                     if let Some(answer) = &summary.answer {
                         out.new_messages.push(Message::assistant(answer.clone()));
                     }
@@ -351,7 +359,7 @@ impl Runtime {
         turn: &TurnInput<'_>,
         asked: &std::sync::atomic::AtomicBool,
     ) -> Result<TurnOutput, TurnStop> {
-        let mut out = TurnOutput::started(turn.input.clone());
+        let mut out = TurnOutput::started(turn.input.clone(), turn.input_images.clone());
         out.plan = turn.plan.cloned();
         if let Some(resumed) = turn.resume.clone() {
             out.new_messages = resumed.new_messages;
@@ -424,8 +432,10 @@ impl Runtime {
                                 out.loaded_skills.push(skill);
                             }
                         }
-                        out.new_messages
-                            .push(Message::tool_result(&call.id, observation.text));
+                        out.new_messages.push(
+                            Message::tool_result(&call.id, observation.text)
+                                .with_images(observation.images),
+                        );
                     }
                     // Again after a resume (the step's calls answered from their records): the
                     // later time, after every write the step made.

@@ -171,7 +171,7 @@ impl Acting<'_, '_> {
             _ => self.run_plan(step, call).await,
         };
         match result {
-            Ok(output) => CallOutcome::Ok { output },
+            Ok(output) => CallOutcome::ok(output),
             Err(failure) => CallOutcome::Failed { failure },
         }
     }
@@ -326,7 +326,7 @@ impl Acting<'_, '_> {
             entry.worker_id = (!worker_id.is_empty()).then(|| worker_id.clone());
             entry.duration_ms = Some(elapsed);
             match outcome {
-                CallOutcome::Ok { output } => {
+                CallOutcome::Ok { output, .. } => {
                     entry.status = StepStatus::Completed;
                     entry.outcome = Some(StepOutcome::Answer(output));
                 }

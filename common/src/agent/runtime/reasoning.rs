@@ -343,6 +343,7 @@ mod tests {
                 plan: None,
                 skills: None,
                 input: "what is it?".into(),
+                input_images: Vec::new(),
                 depth: 0,
                 events: events.clone(),
                 cancel: &cancel,

@@ -347,6 +347,7 @@ async fn start(
             session: session.clone(),
             agent: agent.clone(),
             input: incoming.text.clone(),
+            images: Vec::new(),
         },
     )?;
     let record = ResponseRecord {

@@ -1,9 +1,11 @@
 //! Messages as LangGraph's clients read and write them: a session's messages shown as LangChain
 //! message dicts (`human`, `ai` with `tool_calls`, `tool`, `system`), and a run's `input` read
-//! back into the user's text and the conversation before it.
+//! back into the user's text and images and the conversation before it (whose messages may show
+//! no images: they are history).
 
 use serde_json::{json, Value};
 use skein_common::protocol::message::{Message, Role};
+use skein_common::protocol::InputPart;
 
 use super::super::approvals::CallRef;
 use super::super::request::Content;
@@ -72,12 +74,12 @@ pub(super) fn thread_messages(thread_id: &str, history: &[Message]) -> Vec<Value
 /// A run's input: the user's text (its last message) and the messages before it, from
 /// `{"messages": [...]}` whose messages are dicts with `role` (`user`, `assistant`, `system`) or
 /// `type` (`human`, `ai`, `system`) and `content` (text or parts), or plain strings (the user's).
-pub(super) fn read_input(input: &Value) -> Result<(String, Vec<Message>), String> {
+pub(super) fn read_input(input: &Value) -> Result<RunInput, String> {
     let messages = match input {
         Value::Object(fields) => fields
             .get("messages")
             .ok_or("input needs `messages` (the agent's state is its conversation)")?,
-        Value::String(text) => return Ok((text.clone(), Vec::new())),
+        Value::String(text) => return Ok((text.clone(), Vec::new(), Vec::new())),
         _ => return Err("input must be an object with `messages`".into()),
     };
     let messages = match messages {
@@ -89,16 +91,26 @@ pub(super) fn read_input(input: &Value) -> Result<(String, Vec<Message>), String
     for message in &messages {
         read.push(read_message(message)?);
     }
-    match read.pop() {
-        Some(last) if last.role == Role::User => Ok((last.content, read)),
+    let last = read.pop();
+    if read.iter().any(|(_, images)| !images.is_empty()) {
+        return Err(
+            "images are taken in the last user message only (the earlier ones are history)".into(),
+        );
+    }
+    let earlier = read.into_iter().map(|(message, _)| message).collect();
+    match last {
+        Some((last, images)) if last.role == Role::User => Ok((last.content, images, earlier)),
         Some(_) => Err("the last input message must be the user's (role user, type human)".into()),
         None => Err("input.messages is empty".into()),
     }
 }
 
-fn read_message(message: &Value) -> Result<Message, String> {
+/// A run's input: the user's text, its images, and the messages before it.
+pub(super) type RunInput = (String, Vec<InputPart>, Vec<Message>);
+
+fn read_message(message: &Value) -> Result<(Message, Vec<InputPart>), String> {
     if let Value::String(text) = message {
-        return Ok(Message::user(text.clone()));
+        return Ok((Message::user(text.clone()), Vec::new()));
     }
     let kind = message
         .get("role")
@@ -107,17 +119,21 @@ fn read_message(message: &Value) -> Result<Message, String> {
         .ok_or("every input message needs a role (or type)")?;
     let content: Content =
         serde_json::from_value(message.get("content").cloned().unwrap_or(Value::Null))
-            .map_err(|_| "a message's content must be text or a list of text parts".to_owned())?;
+            .map_err(|_| "a message's content must be text or a list of parts".to_owned())?;
     let text = content.text()?;
-    match kind {
-        "user" | "human" => Ok(Message::user(text)),
-        "assistant" | "ai" => Ok(Message::assistant(text)),
-        "system" | "developer" => Ok(Message::system(text)),
-        other => Err(format!(
-            "input messages of role {other:?} are not accepted: send user, assistant or system \
-             messages (the agent runs its own tools)"
-        )),
-    }
+    let images = content.images()?;
+    let message = match kind {
+        "user" | "human" => Message::user(text),
+        "assistant" | "ai" => Message::assistant(text),
+        "system" | "developer" => Message::system(text),
+        other => {
+            return Err(format!(
+                "input messages of role {other:?} are not accepted: send user, assistant or \
+                 system messages (the agent runs its own tools)"
+            ))
+        }
+    };
+    Ok((message, images))
 }
 
 #[cfg(test)]
@@ -126,13 +142,17 @@ mod tests {
 
     #[test]
     fn inputs_in_each_shape_give_the_users_text_and_what_came_before() {
-        let (text, before) = read_input(&json!({ "messages": [
+        let (text, images, before) = read_input(&json!({ "messages": [
             { "role": "system", "content": "be brief" },
             { "type": "ai", "content": [ { "type": "text", "text": "hi" } ] },
-            { "role": "user", "content": "hello" }
+            { "role": "user", "content": [
+                { "type": "text", "text": "hello" },
+                { "type": "image_url", "image_url": { "url": "https://example.com/a.png" } }
+            ] }
         ] }))
         .expect("read");
         assert_eq!(text, "hello");
+        assert_eq!(images.len(), 1);
         assert_eq!(
             before,
             vec![Message::system("be brief"), Message::assistant("hi")]
@@ -154,6 +174,20 @@ mod tests {
                 "tool",
             ),
             (json!({ "other": 1 }), "messages"),
+            (
+                json!({ "messages": [
+                    { "role": "user", "content": [
+                        { "type": "image_url", "image_url": { "url": "https://example.com/a.png" } }
+                    ] },
+                    { "role": "assistant", "content": "x" },
+                    { "role": "user", "content": "and?" }
+                ] }),
+                "last user message only",
+            ),
+            (
+                json!({ "messages": [ { "role": "user", "content": [ { "type": "audio" } ] } ] }),
+                "not accepted",
+            ),
             (json!(3), "object"),
         ] {
             let error = read_input(&bad).expect_err("refused");

@@ -261,7 +261,7 @@ pub(super) async fn start(
             remove_thread,
         });
     }
-    let (text, earlier) = input
+    let (text, images, earlier) = input
         .ok_or_else(|| request::invalid("a run needs input (or command to resume an interrupt)"))?;
     let run_id = run_id(principal, headers, &thread_id)?;
     if let Some(retried) = gateway
@@ -329,6 +329,7 @@ pub(super) async fn start(
             session: thread_id.clone(),
             agent: run.assistant_id.clone(),
             input: run.input.clone(),
+            images,
         },
     )?;
     submission.multitask = policy;

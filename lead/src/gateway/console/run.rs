@@ -250,6 +250,7 @@ pub(super) async fn submit(
                     session,
                     agent: asked.agent,
                     input: asked.input,
+                    images: Vec::new(),
                 },
             )?;
             gateway
@@ -534,6 +535,7 @@ async fn replay(
             session: session.clone(),
             agent: record.agent.clone(),
             input,
+            images: Vec::new(),
         },
     )?;
     submission.replay_of = Some(ReplayOf {

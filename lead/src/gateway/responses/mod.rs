@@ -30,7 +30,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 use skein_common::protocol::message::Message;
-use skein_common::protocol::TaskSubmission;
+use skein_common::protocol::{InputPart, TaskSubmission};
 use skein_common::store::responses::ResponseRecord;
 
 use self::fold::ResponseFold;
@@ -205,8 +205,8 @@ async fn plan(
         ));
     }
     let metadata = checked_metadata(request.metadata)?;
-    let (input, earlier) = match request.input {
-        Input::Text(text) => (text, Vec::new()),
+    let (input, images, earlier) = match request.input {
+        Input::Text(text) => (text, Vec::new(), Vec::new()),
         Input::Items(items) => split_items(items)?,
     };
     let id = format!("resp_{}", request::request_id(principal, headers)?);
@@ -248,6 +248,7 @@ async fn plan(
             session: session.clone(),
             agent: request.model.clone(),
             input,
+            images,
         },
     )?;
     let record = ResponseRecord {
@@ -288,8 +289,12 @@ fn checked_metadata(
     Ok(metadata)
 }
 
-/// The last user message's text, and the `(role, text)` of the messages before it.
-fn split_items(items: Vec<InputItem>) -> Result<(String, Vec<(String, String)>), ApiError> {
+/// The `(role, text)` of the messages before the user's last.
+type Earlier = Vec<(String, String)>;
+
+/// The last user message's text and images, and the messages before it (which may show no
+/// images).
+fn split_items(items: Vec<InputItem>) -> Result<(String, Vec<InputPart>, Earlier), ApiError> {
     let mut messages = Vec::new();
     for item in items {
         if item.kind.as_deref().is_some_and(|kind| kind != "message") {
@@ -310,10 +315,25 @@ fn split_items(items: Vec<InputItem>) -> Result<(String, Vec<(String, String)>),
             .as_ref()
             .map_or(Ok(String::new()), Content::text)
             .map_err(invalid)?;
-        messages.push((role, text));
+        let images = item
+            .content
+            .as_ref()
+            .map_or(Ok(Vec::new()), Content::images)
+            .map_err(invalid)?;
+        messages.push((role, text, images));
     }
-    match messages.pop() {
-        Some((role, text)) if role == "user" => Ok((text, messages)),
+    let last = messages.pop();
+    if messages.iter().any(|(_, _, images)| !images.is_empty()) {
+        return Err(invalid(
+            "images are taken in the last user message only (the earlier ones are history)",
+        ));
+    }
+    let messages = messages
+        .into_iter()
+        .map(|(role, text, _)| (role, text))
+        .collect();
+    match last {
+        Some((role, text, images)) if role == "user" => Ok((text, images, messages)),
         Some(_) => Err(invalid("the last input message must be the user's")),
         None => Err(invalid("input is empty")),
     }

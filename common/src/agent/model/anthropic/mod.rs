@@ -82,6 +82,8 @@ pub struct AnthropicClient {
     timeout: Duration,
     max_output_tokens: u64,
     thinking_budget: Option<u64>,
+    /// Whether requests may show images; when not, one that does fails before it is sent.
+    accepts_images: bool,
 }
 
 impl std::fmt::Debug for AnthropicClient {
@@ -92,6 +94,7 @@ impl std::fmt::Debug for AnthropicClient {
             .field("timeout", &self.timeout)
             .field("max_output_tokens", &self.max_output_tokens)
             .field("thinking_budget", &self.thinking_budget)
+            .field("accepts_images", &self.accepts_images)
             .finish()
     }
 }
@@ -148,7 +151,15 @@ impl AnthropicClient {
             timeout,
             max_output_tokens,
             thinking_budget: None,
+            accepts_images: true,
         })
+    }
+
+    /// The same client, taking requests that show images (`true`, the default) or failing them
+    /// before they are sent (for a model that cannot see).
+    pub fn with_images(mut self, accepts: bool) -> Self {
+        self.accepts_images = accepts;
+        self
     }
 
     /// Asks the model to think first, within `budget_tokens` (at least
@@ -197,6 +208,7 @@ impl AnthropicClient {
         &self,
         request: ModelRequest,
     ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
+        super::check_images(&request, "anthropic", self.accepts_images)?;
         tracing::debug!(
             url = %self.messages_url,
             model = %request.model,

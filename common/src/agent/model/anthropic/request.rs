@@ -4,10 +4,12 @@
 //! - System messages, wherever they stand, become the top-level `system` text blocks, in order;
 //!   the last carries `cache_control: {"type": "ephemeral"}`, and so does the last tool, so the
 //!   tools and the system prompt, the prefix every step of a turn repeats, are cached.
-//! - User text is a `text` block. An assistant message is its `thinking` block (only when it
+//! - User text is a `text` block, followed by the message's images as `image` blocks (a `base64`
+//!   source for inline bytes, a `url` source for an image by URL). An assistant message is its `thinking` block (only when it
 //!   kept both the thinking and its signature: the API refuses unsigned thinking), its `text`,
 //!   then one `tool_use` block per call (`input` must be an object: anything else goes as `{}`,
-//!   as the OpenAI client does). A tool message is a `tool_result` block in a user message.
+//!   as the OpenAI client does). A tool message is a `tool_result` block in a user message; when
+//!   the call returned images, its `content` is a list: the text block, then the image blocks.
 //! - The API wants user and assistant turns to alternate, so consecutive messages of one role
 //!   are merged into one message (the results of parallel calls become one user message), and in
 //!   a user message the `tool_result` blocks come before any text (the API requires it; a
@@ -19,7 +21,7 @@ use serde_json::{json, Value};
 
 use super::super::ModelRequest;
 use crate::protocol::message::{Message, Role};
-use crate::protocol::ToolSpec;
+use crate::protocol::{ImagePart, ToolSpec};
 
 /// The smallest thinking budget the API accepts.
 pub const MIN_THINKING_BUDGET: u64 = 1024;
@@ -80,7 +82,7 @@ fn wire_messages(messages: &[Message]) -> Vec<Value> {
     for message in messages {
         let (role, blocks) = match message.role {
             Role::System => continue,
-            Role::User => ("user", text_block(&message.content).into_iter().collect()),
+            Role::User => ("user", user_blocks(message)),
             Role::Tool => ("user", vec![tool_result_block(message)]),
             Role::Assistant => ("assistant", assistant_blocks(message)),
         };
@@ -108,13 +110,37 @@ fn text_block(text: &str) -> Option<Value> {
     (!text.is_empty()).then(|| json!({ "type": "text", "text": text }))
 }
 
+fn user_blocks(message: &Message) -> Vec<Value> {
+    text_block(&message.content)
+        .into_iter()
+        .chain(message.images.iter().map(image_block))
+        .collect()
+}
+
+/// One image as an `image` block: its bytes inline, or its URL.
+fn image_block(image: &ImagePart) -> Value {
+    let source = match image {
+        ImagePart::Url { url } => json!({ "type": "url", "url": url }),
+        ImagePart::Base64 { media_type, data } => {
+            json!({ "type": "base64", "media_type": media_type, "data": data })
+        }
+        // Refused before a request is built (`check_images`).
+        ImagePart::Payload { media_type, .. } => {
+            json!({ "type": "base64", "media_type": media_type, "data": "" })
+        }
+    };
+    json!({ "type": "image", "source": source })
+}
+
 fn tool_result_block(message: &Message) -> Value {
     let Some(call_id) = &message.tool_call_id else {
         // A result that answers no call cannot be a `tool_result`; its text still counts.
         return json!({ "type": "text", "text": message.content });
     };
     let mut block = json!({ "type": "tool_result", "tool_use_id": call_id });
-    if !message.content.is_empty() {
+    if !message.images.is_empty() {
+        block["content"] = Value::Array(user_blocks(message));
+    } else if !message.content.is_empty() {
         block["content"] = Value::String(message.content.clone());
     }
     block

@@ -413,6 +413,7 @@ impl MessageAccumulator {
                 tool_call_id: None,
                 reasoning: (!reasoning.is_empty()).then_some(reasoning),
                 reasoning_signature,
+                images: Vec::new(),
             },
             finish_reason: self.stop_reason,
             usage: self.usage.into(),

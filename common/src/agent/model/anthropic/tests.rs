@@ -732,3 +732,87 @@ async fn a_call_posts_to_v1_messages_with_the_key_and_version_and_reads_the_stre
     assert_eq!(body["max_tokens"], json!(4096));
     assert_eq!(body["model"], json!("claude-test"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Images
+
+#[test]
+fn a_users_images_become_image_blocks_after_its_text() {
+    use crate::protocol::ImagePart;
+    let images = vec![
+        ImagePart::Base64 {
+            media_type: "image/png".to_owned(),
+            data: "aGVsbG8=".to_owned(),
+        },
+        ImagePart::Url {
+            url: "https://example.com/cat.jpg".to_owned(),
+        },
+    ];
+    let body = client("http://127.0.0.1:9").request_body(&request(
+        vec![Message::user("what is this?").with_images(images)],
+        Vec::new(),
+    ));
+    assert_eq!(
+        body["messages"],
+        json!([{ "role": "user", "content": [
+            { "type": "text", "text": "what is this?" },
+            { "type": "image", "source":
+                { "type": "base64", "media_type": "image/png", "data": "aGVsbG8=" } },
+            { "type": "image", "source": { "type": "url", "url": "https://example.com/cat.jpg" } }
+        ] }])
+    );
+}
+
+#[test]
+fn a_tool_results_images_go_inside_its_tool_result_block() {
+    use crate::protocol::ImagePart;
+    let shot = ImagePart::Base64 {
+        media_type: "image/jpeg".to_owned(),
+        data: "/9j/".to_owned(),
+    };
+    let body = client("http://127.0.0.1:9").request_body(&request(
+        vec![
+            Message::user("screenshot both"),
+            assistant_calling(&[("c1", "shot", json!({})), ("c2", "shot", json!({}))]),
+            Message::tool_result("c1", "[image 1: image/jpeg, 3 bytes]").with_images(vec![shot]),
+            Message::tool_result("c2", "no screen"),
+        ],
+        vec![tool("shot")],
+    ));
+    let messages = body["messages"].as_array().expect("messages");
+    assert_eq!(
+        messages[2]["content"],
+        json!([
+            { "type": "tool_result", "tool_use_id": "c1", "content": [
+                { "type": "text", "text": "[image 1: image/jpeg, 3 bytes]" },
+                { "type": "image", "source":
+                    { "type": "base64", "media_type": "image/jpeg", "data": "/9j/" } }
+            ] },
+            { "type": "tool_result", "tool_use_id": "c2", "content": "no screen" }
+        ])
+    );
+}
+
+#[tokio::test]
+async fn a_client_configured_without_images_fails_a_request_with_images_before_sending() {
+    use crate::protocol::ImagePart;
+    // No server listens: a request that went out would fail as unreachable instead.
+    let client = client("http://127.0.0.1:9").with_images(false);
+    let shown = request(
+        vec![Message::user("look").with_images(vec![ImagePart::Url {
+            url: "https://example.com/a.png".to_owned(),
+        }])],
+        Vec::new(),
+    );
+    let error = client.complete(shown).await.expect_err("refused");
+    assert!(matches!(error, ModelError::ImagesRefused(_)), "{error:?}");
+    let failure = error.to_failure();
+    assert_eq!(failure.kind, FailureKind::InvalidInput);
+    assert!(
+        failure
+            .message
+            .contains("model claude-test of provider anthropic"),
+        "{}",
+        failure.message
+    );
+}

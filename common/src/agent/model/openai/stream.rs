@@ -191,6 +191,7 @@ impl StreamAccumulator {
                 tool_call_id: None,
                 reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
                 reasoning_signature: None,
+                images: Vec::new(),
             },
             finish_reason: self.finish_reason,
             usage: self.usage,

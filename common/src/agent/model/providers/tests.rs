@@ -165,3 +165,52 @@ fn a_provider_never_goes_out_without_the_key_it_was_given() {
     assert!(error.contains("api_key_file"), "{error}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[tokio::test]
+async fn a_provider_set_to_take_no_images_refuses_them_before_sending_and_the_others_do_not() {
+    use crate::protocol::message::Message;
+    use crate::protocol::ImagePart;
+    let dir = temp_dir();
+    // No server listens on either URL: a request that went out fails as unreachable instead.
+    let file = write_file(
+        &dir,
+        "providers.toml",
+        r#"
+        [providers.text]
+        kind = "openai"
+        base_url = "http://127.0.0.1:9/v1"
+        images = false
+        [providers.vision]
+        kind = "openai"
+        base_url = "http://127.0.0.1:9/v1"
+        "#,
+    );
+    let providers = Providers::from_config(&config(&[
+        "--providers",
+        file.to_str().expect("utf-8 path"),
+    ]))
+    .expect("valid providers");
+    let request = |model: &str| ModelRequest {
+        model: model.to_owned(),
+        agent: "a".to_owned(),
+        messages: vec![Message::user("look").with_images(vec![ImagePart::Url {
+            url: "https://example.com/a.png".to_owned(),
+        }])],
+        tools: Arc::from(Vec::new()),
+        max_output_tokens: None,
+    };
+    let refused = providers
+        .complete(request("text:m"))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(refused, ModelError::ImagesRefused(_)),
+        "{refused:?}"
+    );
+    let sent = providers
+        .complete(request("vision:m"))
+        .await
+        .expect_err("nothing listens");
+    assert!(matches!(sent, ModelError::Unreachable(_)), "{sent:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
