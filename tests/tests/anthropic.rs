@@ -11,8 +11,8 @@ use skein_common::protocol::message::Role;
 use skein_common::protocol::{EventKind, TurnStatus};
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::fake_anthropic::{
-    blocks_of_type, tool_results, AnthropicReply, FakeAnthropic, FAKE_CACHE_READ_TOKENS,
-    FAKE_INPUT_TOKENS, FAKE_OUTPUT_TOKENS,
+    blocks_of_type, cache_breakpoints, tool_results, AnthropicReply, FakeAnthropic,
+    FAKE_CACHE_READ_TOKENS, FAKE_INPUT_TOKENS, FAKE_OUTPUT_TOKENS,
 };
 use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::unique;
@@ -106,6 +106,15 @@ async fn a_thinking_model_calls_two_tools_at_once_and_answers_through_the_messag
             tools.last().map(|tool| &tool["cache_control"]),
             Some(&json!({ "type": "ephemeral" }))
         );
+        // The conversation so far is cached too, at its last block: three breakpoints in all.
+        let last_block = body["messages"]
+            .as_array()
+            .and_then(|messages| messages.last())
+            .and_then(|message| message["content"].as_array())
+            .and_then(|blocks| blocks.last())
+            .expect("a last block");
+        assert_eq!(last_block["cache_control"], json!({ "type": "ephemeral" }));
+        assert_eq!(cache_breakpoints(body), 3);
     }
 
     // The second request carries the assistant's step as the model gave it: the signed thinking

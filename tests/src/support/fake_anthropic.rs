@@ -7,8 +7,9 @@
 //!
 //! It records every request (path, headers, JSON body), and refuses with 400
 //! `invalid_request_error`, as the real API does, a body without `max_tokens`, whose messages do
-//! not alternate starting with a user message, or whose tool results do not answer the
-//! `tool_use` blocks of the assistant message just before them, one for one.
+//! not alternate starting with a user message, whose tool results do not answer the
+//! `tool_use` blocks of the assistant message just before them, one for one, or that marks more
+//! than four blocks (tools, system and messages together) with `cache_control`.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::convert::Infallible;
@@ -269,6 +270,12 @@ fn check(body: &Value) -> Result<(), String> {
     if !body["max_tokens"].is_u64() {
         return Err("max_tokens: Field required".to_owned());
     }
+    let breakpoints = cache_breakpoints(body);
+    if breakpoints > MAX_CACHE_BREAKPOINTS {
+        return Err(format!(
+            "A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {breakpoints}."
+        ));
+    }
     let messages = body["messages"]
         .as_array()
         .ok_or("messages: Field required")?;
@@ -316,6 +323,25 @@ fn check(body: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The most blocks a request may mark with `cache_control`.
+const MAX_CACHE_BREAKPOINTS: usize = 4;
+
+/// The blocks of `body` (tools, system blocks, message blocks) that carry `cache_control`.
+pub fn cache_breakpoints(body: &Value) -> usize {
+    let marked = |blocks: &Value| {
+        blocks.as_array().map_or(0, |blocks| {
+            blocks
+                .iter()
+                .filter(|block| block.get("cache_control").is_some())
+                .count()
+        })
+    };
+    let in_messages: usize = body["messages"].as_array().map_or(0, |messages| {
+        messages.iter().map(|m| marked(&m["content"])).sum()
+    });
+    marked(&body["tools"]) + marked(&body["system"]) + in_messages
 }
 
 fn error_response(

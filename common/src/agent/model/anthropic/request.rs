@@ -3,7 +3,9 @@
 //!
 //! - System messages, wherever they stand, become the top-level `system` text blocks, in order;
 //!   the last carries `cache_control: {"type": "ephemeral"}`, and so does the last tool, so the
-//!   tools and the system prompt, the prefix every step of a turn repeats, are cached.
+//!   tools and the system prompt, the prefix every step of a turn repeats, are cached; so does
+//!   the conversation's last block, so each step reads the steps before it from the cache (three
+//!   of the API's four breakpoints).
 //! - User text is a `text` block, followed by the message's images as `image` blocks (a `base64`
 //!   source for inline bytes, a `url` source for an image by URL). An assistant message is its `thinking` block (only when it
 //!   kept both the thinking and its signature: the API refuses unsigned thinking), its `text`,
@@ -33,10 +35,12 @@ pub(super) fn request_body(
     max_tokens: u64,
     thinking_budget: Option<u64>,
 ) -> Value {
+    let mut messages = wire_messages(&request.messages);
+    mark_conversation_cached(&mut messages);
     let mut body = json!({
         "model": request.model,
         "max_tokens": max_tokens,
-        "messages": wire_messages(&request.messages),
+        "messages": messages,
         "stream": true,
     });
     let system = system_blocks(&request.messages);
@@ -104,6 +108,24 @@ fn wire_messages(messages: &[Message]) -> Vec<Value> {
             json!({ "role": role, "content": blocks })
         })
         .collect()
+}
+
+/// Puts a cache breakpoint on the last block of the conversation, so the next step of the turn
+/// (which repeats all of it) reads it from the cache and pays for its new blocks only. Thinking
+/// blocks cannot carry one; a conversation ending in one is left unmarked.
+fn mark_conversation_cached(messages: &mut [Value]) {
+    let last_block = messages
+        .last_mut()
+        .and_then(|message| message["content"].as_array_mut())
+        .and_then(|blocks| blocks.last_mut());
+    if let Some(block) = last_block {
+        if !matches!(
+            block["type"].as_str(),
+            Some("thinking" | "redacted_thinking")
+        ) {
+            block["cache_control"] = ephemeral();
+        }
+    }
 }
 
 fn text_block(text: &str) -> Option<Value> {

@@ -208,7 +208,7 @@ async fn thinking_is_streamed_kept_with_its_signature_and_sent_back_first() {
         ],
         vec![tool("get_weather")],
     );
-    let body = client("http://localhost").request_body(&next);
+    let body = conversation(client("http://localhost").request_body(&next));
     assert_eq!(
         body["messages"],
         json!([
@@ -230,8 +230,10 @@ fn thinking_without_a_signature_or_from_several_blocks_is_not_sent_back() {
     // Reasoning of another provider (no signature) cannot be a thinking block.
     let mut unsigned = Message::assistant("hi");
     unsigned.reasoning = Some("hmm".to_owned());
-    let body = client("http://localhost")
-        .request_body(&request(vec![Message::user("hi"), unsigned], Vec::new()));
+    let body = conversation(
+        client("http://localhost")
+            .request_body(&request(vec![Message::user("hi"), unsigned], Vec::new())),
+    );
     assert_eq!(
         body["messages"][1]["content"],
         json!([{"type": "text", "text": "hi"}])
@@ -495,7 +497,8 @@ fn the_request_maps_system_tools_and_alternating_turns_with_cache_breakpoints() 
                     {"type": "tool_result", "tool_use_id": "toolu_b"},
                     {"type": "text", "text": "also check b.txt"},
                 ]},
-                {"role": "assistant", "content": [{"type": "text", "text": "a.txt says alpha"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "a.txt says alpha",
+                    "cache_control": {"type": "ephemeral"}}]},
             ],
         })
     );
@@ -513,7 +516,7 @@ fn results_come_before_text_in_a_merged_user_message_and_max_tokens_follows_the_
         Vec::new(),
     );
     req.max_output_tokens = Some(256);
-    let body = client("http://localhost").request_body(&req);
+    let body = conversation(client("http://localhost").request_body(&req));
     assert_eq!(body["max_tokens"], json!(256));
     assert!(body.get("tools").is_none());
     assert!(body.get("system").is_none());
@@ -748,10 +751,10 @@ fn a_users_images_become_image_blocks_after_its_text() {
             url: "https://example.com/cat.jpg".to_owned(),
         },
     ];
-    let body = client("http://127.0.0.1:9").request_body(&request(
+    let body = conversation(client("http://127.0.0.1:9").request_body(&request(
         vec![Message::user("what is this?").with_images(images)],
         Vec::new(),
-    ));
+    )));
     assert_eq!(
         body["messages"],
         json!([{ "role": "user", "content": [
@@ -770,7 +773,7 @@ fn a_tool_results_images_go_inside_its_tool_result_block() {
         media_type: "image/jpeg".to_owned(),
         data: "/9j/".to_owned(),
     };
-    let body = client("http://127.0.0.1:9").request_body(&request(
+    let body = conversation(client("http://127.0.0.1:9").request_body(&request(
         vec![
             Message::user("screenshot both"),
             assistant_calling(&[("c1", "shot", json!({})), ("c2", "shot", json!({}))]),
@@ -778,7 +781,7 @@ fn a_tool_results_images_go_inside_its_tool_result_block() {
             Message::tool_result("c2", "no screen"),
         ],
         vec![tool("shot")],
-    ));
+    )));
     let messages = body["messages"].as_array().expect("messages");
     assert_eq!(
         messages[2]["content"],
@@ -815,4 +818,24 @@ async fn a_client_configured_without_images_fails_a_request_with_images_before_s
         "{}",
         failure.message
     );
+}
+
+/// `body` with the conversation's cache breakpoint checked and taken off its last block, for
+/// tests whose subject is the mapping of the messages.
+fn conversation(mut body: Value) -> Value {
+    let last_block = body["messages"]
+        .as_array_mut()
+        .and_then(|messages| messages.last_mut())
+        .and_then(|message| message["content"].as_array_mut())
+        .and_then(|blocks| blocks.last_mut())
+        .expect("a conversation with a last block");
+    let breakpoint = last_block
+        .as_object_mut()
+        .and_then(|block| block.remove("cache_control"));
+    assert_eq!(
+        breakpoint,
+        Some(json!({ "type": "ephemeral" })),
+        "the conversation's last block is a cache breakpoint"
+    );
+    body
 }
