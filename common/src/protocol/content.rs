@@ -335,7 +335,8 @@ pub fn base64_decoded_len(data: &str) -> u64 {
     (data.len() as u64 * 3) / 4
 }
 
-fn json_kind(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, with its article (`"a string"`, `"null"`), for errors.
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -204,14 +204,7 @@ fn decode_arguments<A: serde::de::DeserializeOwned>(
 
 fn describe_json(value: &Value) -> String {
     const PREVIEW_CHARS: usize = 60;
-    let kind = match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    };
+    let kind = skein_common::protocol::content::json_kind(value);
     let text = value.to_string();
     let preview: String = text.chars().take(PREVIEW_CHARS).collect();
     let ellipsis = if preview.len() < text.len() {

@@ -12,6 +12,7 @@ pub mod anthropic;
 pub mod openai;
 pub mod providers;
 pub mod scripted;
+mod sse;
 
 pub use providers::Providers;
 

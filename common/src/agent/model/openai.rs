@@ -65,7 +65,8 @@ use crate::protocol::ToolSpec;
 mod images;
 mod stream;
 
-use stream::{sse_answer, BodyError};
+use super::sse::BodyError;
+use stream::sse_answer;
 
 /// Longest wait for a TCP/TLS connection, whatever the call timeout.
 pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,6 +82,19 @@ pub const DEFAULT_AZURE_API_VERSION: &str = "2024-10-21";
 const MAX_ERROR_BODY_BYTES: usize = 2048;
 /// The host of OpenAI's own API.
 const OPENAI_HOST: &str = "api.openai.com";
+
+/// The HTTP client of a provider whose calls may take `timeout`: connecting takes at most
+/// [`MAX_CONNECT_TIMEOUT`]; `headers` go with every request.
+pub(super) fn http_client(
+    timeout: Duration,
+    headers: HeaderMap,
+) -> Result<reqwest::Client, ModelError> {
+    reqwest::Client::builder()
+        .connect_timeout(timeout.min(MAX_CONNECT_TIMEOUT))
+        .default_headers(headers)
+        .build()
+        .map_err(ModelError::Unreachable)
+}
 
 /// OpenAI's own API, the base URL an `openai` provider uses unless told otherwise.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -256,11 +270,7 @@ impl OpenAiClient {
 
     /// The same client, sending `headers` with every request (beside its own).
     pub fn with_headers(mut self, headers: HeaderMap) -> Result<Self, ModelError> {
-        self.http = reqwest::Client::builder()
-            .connect_timeout(self.timeout.min(MAX_CONNECT_TIMEOUT))
-            .default_headers(headers)
-            .build()
-            .map_err(ModelError::Unreachable)?;
+        self.http = http_client(self.timeout, headers)?;
         Ok(self)
     }
 
@@ -289,10 +299,7 @@ impl OpenAiClient {
             }
             _ => None,
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(timeout.min(MAX_CONNECT_TIMEOUT))
-            .build()
-            .map_err(ModelError::Unreachable)?;
+        let http = http_client(timeout, HeaderMap::new())?;
         Ok(Self {
             http,
             endpoint,
@@ -1546,7 +1553,9 @@ mod tests {
             Usage {
                 prompt_tokens: 150_383,
                 completion_tokens: 304,
-                ..Usage::default()
+                // Its `prompt_tokens_details.cached_tokens`.
+                cache_read_tokens: 149_936,
+                cache_write_tokens: 0,
             }
         );
         let nulls = r#"{"prompt_tokens": null, "completion_tokens": null, "total_tokens": null,

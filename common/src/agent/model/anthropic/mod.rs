@@ -13,7 +13,7 @@
 //! ([`base_url_for`]). A base URL that already ends in `/v1` is not given a second one.
 //!
 //! Timeouts, caps and failures are the OpenAI-compatible client's: connecting within the
-//! smaller of the call timeout and [`MAX_CONNECT_TIMEOUT`]; the whole call, stream included,
+//! smaller of the call timeout and [`MAX_CONNECT_TIMEOUT`](super::openai::MAX_CONNECT_TIMEOUT); the whole call, stream included,
 //! within `SKEIN_MODEL_TIMEOUT`, and so is every gap between events (any bytes count as
 //! activity); a body read up to [`MAX_RESPONSE_BYTES`], at most
 //! [`MAX_TOOL_CALLS`](super::openai::MAX_TOOL_CALLS) tool calls.
@@ -42,7 +42,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde_json::Value;
 
-use super::openai::{MAX_CONNECT_TIMEOUT, MAX_RESPONSE_BYTES};
+use super::openai::{http_client, MAX_RESPONSE_BYTES};
 use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
 use http::{answers_with_json, bounded, error_for_status, log_failure, read_capped};
 use stream::{parse_whole, sse_answer, BodyError};
@@ -102,11 +102,7 @@ impl std::fmt::Debug for AnthropicClient {
 impl AnthropicClient {
     /// The same client, sending `headers` with every request (beside its own).
     pub fn with_headers(mut self, headers: reqwest::header::HeaderMap) -> Result<Self, ModelError> {
-        self.http = reqwest::Client::builder()
-            .connect_timeout(self.timeout.min(MAX_CONNECT_TIMEOUT))
-            .default_headers(headers)
-            .build()
-            .map_err(ModelError::Unreachable)?;
+        self.http = http_client(self.timeout, headers)?;
         Ok(self)
     }
 
@@ -139,10 +135,7 @@ impl AnthropicClient {
                 Ok::<_, ModelError>(value)
             })
             .transpose()?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(timeout.min(MAX_CONNECT_TIMEOUT))
-            .build()
-            .map_err(ModelError::Unreachable)?;
+        let http = http_client(timeout, reqwest::header::HeaderMap::new())?;
         Ok(Self {
             http,
             messages_url: messages_url(&base_url.into()),

@@ -23,18 +23,18 @@
 //! `timeout_error`).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::super::openai::{MAX_RESPONSE_BYTES, MAX_TOOL_CALLS};
+use super::super::openai::MAX_TOOL_CALLS;
+pub(super) use super::super::sse::BodyError;
+use super::super::sse::TimedEvents;
 use super::super::{ModelChunk, ModelError, ModelResponse};
-use super::http::{transport_error, MAX_ERROR_BODY_BYTES};
+use super::http::MAX_ERROR_BODY_BYTES;
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
 
 /// One streamed event (its `data`, tagged by `type`).
@@ -475,88 +475,23 @@ pub(super) fn parse_whole(body: &[u8]) -> Result<ModelResponse, ModelError> {
 // ---------------------------------------------------------------------------------------------
 // Reading the events
 
-/// Why reading a streamed body stopped.
-#[derive(Debug)]
-pub(super) enum BodyError {
-    Transport(reqwest::Error),
-    TooLarge,
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Transport(error) => error.fmt(f),
-            BodyError::TooLarge => write!(f, "response body over {MAX_RESPONSE_BYTES} bytes"),
-        }
-    }
-}
-
-type SseEvents = BoxStream<'static, Result<Event, EventStreamError<BodyError>>>;
-
-/// When the server last sent any bytes; shared between the body stream and its reader.
-type LastActivity = Arc<Mutex<tokio::time::Instant>>;
-
 struct SseReader {
-    events: SseEvents,
+    events: TimedEvents,
     accumulator: MessageAccumulator,
-    idle_timeout: Duration,
-    last_activity: LastActivity,
-    /// When the whole call must have ended.
-    deadline: tokio::time::Instant,
 }
 
 impl SseReader {
-    fn last_activity(&self) -> tokio::time::Instant {
-        *self
-            .last_activity
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The next event, waiting while the server sends anything within the idle timeout, and
-    /// never past the whole call's deadline.
-    async fn next_event(
-        &mut self,
-    ) -> Result<Option<Result<Event, EventStreamError<BodyError>>>, ModelError> {
-        loop {
-            let until = self.deadline.min(self.last_activity() + self.idle_timeout);
-            if let Ok(next) = tokio::time::timeout_at(until, self.events.next()).await {
-                return Ok(next);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= self.deadline || self.last_activity() + self.idle_timeout <= now {
-                return Err(ModelError::TimedOut(self.idle_timeout));
-            }
-            // Bytes arrived that made no event yet: wait on.
-        }
-    }
-
     async fn next_progress(&mut self) -> Result<Progress, ModelError> {
         loop {
-            let event = match self.next_event().await? {
-                Some(Ok(event)) => event,
-                Some(Err(EventStreamError::Transport(BodyError::Transport(error)))) => {
-                    return Err(transport_error(error, self.idle_timeout))
+            let Some(event) = self.events.next().await? else {
+                if self.accumulator.has_stopped() {
+                    return Ok(Progress::Finished);
                 }
-                Some(Err(EventStreamError::Transport(BodyError::TooLarge))) => {
-                    return Err(ModelError::BadResponse(BodyError::TooLarge.to_string()))
-                }
-                Some(Err(error)) => {
-                    return Err(ModelError::BadResponse(format!(
-                        "malformed event stream: {error}"
-                    )))
-                }
-                None if self.accumulator.has_stopped() => return Ok(Progress::Finished),
-                None => {
-                    return Err(ModelError::Interrupted(
-                        "the stream ended before message_stop and without a stop reason".to_owned(),
-                    ))
-                }
+                return Err(ModelError::Interrupted(
+                    "the stream ended before message_stop and without a stop reason".to_owned(),
+                ));
             };
             let data = event.data.trim();
-            if data.is_empty() {
-                continue;
-            }
             let parsed: StreamEvent = serde_json::from_str(data).map_err(|error| {
                 ModelError::BadResponse(format!(
                     "undecodable {} event ({error}): {}",
@@ -586,26 +521,9 @@ pub(super) fn sse_answer<B>(
 where
     B: AsRef<[u8]> + Send + 'static,
 {
-    let last_activity: LastActivity = Arc::new(Mutex::new(tokio::time::Instant::now()));
-    let seen = last_activity.clone();
-    let events = body
-        .map(move |chunk| {
-            if chunk.is_ok() {
-                *seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    tokio::time::Instant::now();
-            }
-            chunk
-        })
-        .eventsource()
-        .boxed();
     let reader = SseReader {
-        events,
+        events: TimedEvents::new(body, idle_timeout, deadline),
         accumulator: MessageAccumulator::default(),
-        idle_timeout,
-        last_activity,
-        deadline,
     };
     futures::stream::unfold(Some(reader), |reader| async move {
         let mut reader = reader?;

@@ -6,16 +6,15 @@
 //! its reasoning first).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::*;
+use crate::agent::model::sse::TimedEvents;
 
 #[derive(Debug, Deserialize)]
 pub(super) struct StreamChunk {
@@ -199,24 +198,6 @@ impl StreamAccumulator {
     }
 }
 
-pub(super) type SseEvents = BoxStream<'static, Result<Event, EventStreamError<BodyError>>>;
-
-/// Why reading a streamed body stopped.
-#[derive(Debug)]
-pub(super) enum BodyError {
-    Transport(reqwest::Error),
-    TooLarge,
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Transport(error) => error.fmt(f),
-            BodyError::TooLarge => write!(f, "response body over {MAX_RESPONSE_BYTES} bytes"),
-        }
-    }
-}
-
 /// What the next event of a stream brought.
 pub(super) enum SseProgress {
     Reasoning(String),
@@ -224,77 +205,28 @@ pub(super) enum SseProgress {
     Finished,
 }
 
-/// When the server last sent any bytes; shared between the body stream and its reader.
-pub(super) type LastActivity = Arc<Mutex<tokio::time::Instant>>;
-
 pub(super) struct SseReader {
-    events: SseEvents,
+    events: TimedEvents,
     accumulator: StreamAccumulator,
-    idle_timeout: Duration,
-    /// When bytes last arrived: comments (keep-alives) count, though they make no event.
-    last_activity: LastActivity,
-    /// When the whole call must have ended.
-    deadline: tokio::time::Instant,
     /// Text of a chunk whose reasoning was handed out first.
     queued_text: Option<String>,
 }
 
 impl SseReader {
-    fn last_activity(&self) -> tokio::time::Instant {
-        *self
-            .last_activity
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The next event, waiting while the server sends anything (keep-alives included) within
-    /// the idle timeout, and never past the whole call's deadline.
-    async fn next_event(
-        &mut self,
-    ) -> Result<Option<Result<Event, EventStreamError<BodyError>>>, ModelError> {
-        loop {
-            let until = self.deadline.min(self.last_activity() + self.idle_timeout);
-            if let Ok(next) = tokio::time::timeout_at(until, self.events.next()).await {
-                return Ok(next);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= self.deadline || self.last_activity() + self.idle_timeout <= now {
-                return Err(ModelError::TimedOut(self.idle_timeout));
-            }
-            // Bytes arrived that made no event yet (a keep-alive comment): wait on.
-        }
-    }
-
     async fn next_progress(&mut self) -> Result<SseProgress, ModelError> {
         if let Some(text) = self.queued_text.take() {
             return Ok(SseProgress::Text(text));
         }
         loop {
-            let next = self.next_event().await?;
-            let event = match next {
-                Some(Ok(event)) => event,
-                Some(Err(EventStreamError::Transport(BodyError::Transport(error)))) => {
-                    return Err(transport_error(error, self.idle_timeout))
+            let Some(event) = self.events.next().await? else {
+                if self.accumulator.has_finished() {
+                    return Ok(SseProgress::Finished);
                 }
-                Some(Err(EventStreamError::Transport(BodyError::TooLarge))) => {
-                    return Err(ModelError::BadResponse(BodyError::TooLarge.to_string()))
-                }
-                Some(Err(error)) => {
-                    return Err(ModelError::BadResponse(format!(
-                        "malformed event stream: {error}"
-                    )))
-                }
-                None if self.accumulator.has_finished() => return Ok(SseProgress::Finished),
-                None => {
-                    return Err(ModelError::Interrupted(
-                        "the stream ended before [DONE] and without a finish reason".to_owned(),
-                    ))
-                }
+                return Err(ModelError::Interrupted(
+                    "the stream ended before [DONE] and without a finish reason".to_owned(),
+                ));
             };
             let data = event.data.trim();
-            if data.is_empty() {
-                continue;
-            }
             if data == "[DONE]" {
                 return Ok(SseProgress::Finished);
             }
@@ -328,26 +260,9 @@ pub(super) fn sse_answer<B>(
 where
     B: AsRef<[u8]> + Send + 'static,
 {
-    let last_activity: LastActivity = Arc::new(Mutex::new(tokio::time::Instant::now()));
-    let seen = last_activity.clone();
-    let events = body
-        .map(move |chunk| {
-            if chunk.is_ok() {
-                *seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    tokio::time::Instant::now();
-            }
-            chunk
-        })
-        .eventsource()
-        .boxed();
     let reader = SseReader {
-        events,
+        events: TimedEvents::new(body, idle_timeout, deadline),
         accumulator: StreamAccumulator::default(),
-        idle_timeout,
-        last_activity,
-        deadline,
         queued_text: None,
     };
     futures::stream::unfold(Some(reader), |reader| async move {
