@@ -340,6 +340,7 @@ pub(crate) fn submission(
         deadline_ms: None,
         budget: None,
         multitask: MultitaskPolicy::Enqueue,
+        output_schema: None,
     };
     match submission.validate(gateway.client.bus().max_payload()) {
         Ok(()) => Ok(submission),
