@@ -9,6 +9,13 @@
 //! [`SkeinClient::whole_answer`], and reads other references (the arguments of a
 //! `tool_started` event) with [`SkeinClient::fetch_payload`].
 //!
+//! A structured answer: set the submission's `output_schema` (an [`OutputSchema`], e.g.
+//! `OutputSchema::new(schema)`); it is checked before it is published ([`SkeinClient::submit`]
+//! refuses a schema the validator cannot check), and a turn that ends `completed` carries the
+//! parsed answer as the final result's `output` — also when the answer traveled by reference.
+//!
+//! [`OutputSchema`]: crate::protocol::OutputSchema
+//!
 //! [`run`]: SkeinClient::run
 //! [`stored_final`]: SkeinClient::stored_final
 //! [`watch`]: SkeinClient::watch
@@ -109,7 +116,8 @@ impl SkeinClient {
     }
 
     /// `result` with its whole answer: fetched when only a preview of it traveled
-    /// (`answer_ref`), which is then unset; unchanged otherwise.
+    /// (`answer_ref`), which is then unset, with the structured answer's `output` parsed back
+    /// from it (`output_ref`); unchanged otherwise.
     pub async fn whole_answer(&self, mut result: FinalResult) -> Result<FinalResult, ClientError> {
         let Some(reference) = result.answer_ref.clone() else {
             return Ok(result);
@@ -121,6 +129,11 @@ impl SkeinClient {
                 reference.name
             )))
         })?;
+        if result.output_ref {
+            // The whole answer is the output's JSON (it matched the schema when the turn ended).
+            result.output = serde_json::from_str(&answer).ok();
+            result.output_ref = false;
+        }
         result.answer = Some(answer);
         result.answer_ref = None;
         Ok(result)

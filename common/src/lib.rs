@@ -22,6 +22,7 @@
 //!   stored in the object store, and the references and previews that travel in their place.
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing shared by every binary.
 //! - [`startup`]: waiting for NATS and Redis at start-up, with backoff, bounded, stoppable.
+//! - [`json_schema`]: the JSON Schema validator structured answers are checked with.
 
 pub mod admin;
 pub mod agent;
@@ -31,6 +32,7 @@ pub mod cancel;
 pub mod client;
 pub mod config;
 pub mod dispatch;
+pub mod json_schema;
 pub mod metrics;
 pub mod payloads;
 pub mod principals;

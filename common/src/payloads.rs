@@ -267,7 +267,7 @@ impl PayloadStore {
     }
 
     /// `result` as it travels in one message: an answer over `limit` bytes is stored and replaced
-    /// by a preview, with `answer_ref`. If it cannot be stored, the answer keeps what fits
+    /// by a preview, with `answer_ref` (and its parsed `output` left out, `output_ref` set). If it cannot be stored, the answer keeps what fits
     /// `message_limit` ([`FinalResult::fitted`]): the stored final result and the session's
     /// history still hold it whole.
     pub async fn final_for_message(
@@ -292,8 +292,13 @@ impl PayloadStore {
                 Some(reference) => {
                     result.answer = Some(preview);
                     result.answer_ref = Some(Box::new(reference));
+                    // The output is the answer's JSON: it travels in the stored answer.
+                    result.output_ref = result.output.take().is_some();
                 }
-                None => result.answer = Some(preview),
+                None => {
+                    result.answer = Some(preview);
+                    result.output = None;
+                }
             }
         }
         result.fitted(message_limit)

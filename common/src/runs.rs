@@ -304,6 +304,8 @@ mod tests {
             status: TurnStatus::Completed,
             answer: Some("done".into()),
             answer_ref: None,
+            output: None,
+            output_ref: false,
             failure: None,
             iterations: 2,
             limit_reached: false,

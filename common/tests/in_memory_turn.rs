@@ -72,6 +72,7 @@ fn agent(name: &str, subagents: Vec<AgentSpec>, permissions: PermissionPolicy) -
         max_parallel_steps: None,
         max_concurrency: None,
         budget: None,
+        output_schema: None,
     }
 }
 

@@ -370,6 +370,7 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 max_parallel_steps: None,
                 max_concurrency: None,
                 budget: None,
+                output_schema: None,
             },
             input: "hello".into(),
             input_ref: None,

@@ -52,6 +52,8 @@ fn final_result(session: &str, task: &str, answer: &str) -> FinalResult {
         status: TurnStatus::Completed,
         answer: Some(answer.into()),
         answer_ref: None,
+        output: None,
+        output_ref: false,
         failure: None,
         iterations: 1,
         limit_reached: false,

@@ -41,6 +41,8 @@ fn answer(session: &str, task_id: &str) -> FinalResult {
         status: TurnStatus::Completed,
         answer: Some("done".to_owned()),
         answer_ref: None,
+        output: None,
+        output_ref: false,
         failure: None,
         iterations: 1,
         limit_reached: false,

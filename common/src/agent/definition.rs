@@ -15,9 +15,17 @@
 //! `name`), `fallback_models`, `context_tokens`, `tools`, `subagents`, `max_iterations`, `skills`,
 //! `planning` (offer the plan tools), `max_parallel_steps`, `max_concurrency` (most runs of the
 //! agent as a subagent at once across the cluster), a `[budget]` table with `max_total_tokens` and `max_cost_usd` (the default budget of a task
-//! the agent runs) and a `[permissions]` table with
+//! the agent runs), `output_schema` (see below) and a `[permissions]` table with
 //! `mode`, `allow`, `ask`, `deny` and `approval_timeout_ms` or `approval_timeout = "10m"`)
-//! followed by the system prompt. Without a folder the bundled example workspace is used, so a
+//! followed by the system prompt.
+//!
+//! `output_schema` makes the agent's final answer a structured answer (see
+//! `agent::structured`): either the path of a JSON file holding the JSON Schema, relative to the
+//! definition file (`output_schema = "schemas/answer.json"`; only in a folder, not in the bundled
+//! workspace), or the schema itself as a TOML table (`[output_schema]` with `type = "object"`,
+//! `[output_schema.properties.city]`, …). The schema is named `answer`; it is checked when the
+//! folder loads (an object at its root, only keywords the validator checks), and a submission's
+//! own schema replaces it. Without a folder the bundled example workspace is used, so a
 //! fresh cluster answers offline.
 //!
 //! Invariants: a loaded catalog holds only agents whose permission rules all compile and whose
@@ -37,8 +45,8 @@ use crate::agent::permissions::{
 };
 use crate::agent::skills::SkillCatalog;
 use crate::protocol::{
-    validate_token, AgentOverrides, AgentSpec, Budget, Failure, FailureKind, PermissionMode,
-    PermissionPolicy,
+    validate_token, AgentOverrides, AgentSpec, Budget, Failure, FailureKind, OutputSchema,
+    PermissionMode, PermissionPolicy,
 };
 
 /// Iteration limit when a definition sets none.
@@ -99,6 +107,11 @@ pub fn check_spec(spec: &AgentSpec, nesting_left: u32) -> Result<(), Failure> {
         )));
     }
     check_max_concurrency(spec.max_concurrency).map_err(invalid)?;
+    if let Some(schema) = &spec.output_schema {
+        schema
+            .compile()
+            .map_err(|e| invalid(format!("output_schema: {e}")))?;
+    }
     if let Some(budget) = &spec.budget {
         budget.check().map_err(|f| invalid(f.message))?;
     }
@@ -186,6 +199,8 @@ struct FrontMatter {
     max_parallel_steps: Option<u32>,
     /// Most runs of this agent as a subagent at once across the cluster.
     max_concurrency: Option<u32>,
+    /// The JSON Schema its answer must match: a file's path, or the schema as a table.
+    output_schema: Option<toml::Value>,
     /// Read only to refuse it with [`APPROVERS_IN_FRONT_MATTER`].
     self_approval: Option<toml::Value>,
     /// Read only to refuse it with [`APPROVERS_IN_FRONT_MATTER`].
@@ -330,6 +345,7 @@ impl AgentCatalog {
             subagents,
             skills,
             &PermissionPolicy::default(),
+            false,
         )
     }
 
@@ -366,7 +382,7 @@ impl AgentCatalog {
         } else {
             FolderPermissions::default()
         };
-        let catalog = Self::assemble(main, subagents, skills, &folder.policy)?;
+        let catalog = Self::assemble(main, subagents, skills, &folder.policy, true)?;
         Ok(Self {
             approvers: folder.approvers,
             ..catalog
@@ -378,10 +394,12 @@ impl AgentCatalog {
         subagents: Vec<(String, String)>,
         skills: SkillCatalog,
         folder_permissions: &PermissionPolicy,
+        on_disk: bool,
     ) -> Result<Self, DefinitionError> {
         let shared = Shared {
             skills: &skills,
             folder_permissions,
+            on_disk,
         };
         let mut agents = BTreeMap::new();
         let mut budgets = BTreeMap::new();
@@ -497,6 +515,19 @@ impl AgentCatalog {
     }
 }
 
+/// `spec` answering in `schema` (a submission's own output schema, which replaces the agent's),
+/// or `spec` as it is when the submission has none.
+pub fn with_output_schema(spec: Arc<AgentSpec>, schema: Option<&OutputSchema>) -> Arc<AgentSpec> {
+    match schema {
+        Some(schema) if spec.output_schema.as_ref() != Some(schema) => {
+            let mut spec = AgentSpec::clone(&spec);
+            spec.output_schema = Some(schema.clone());
+            Arc::new(spec)
+        }
+        _ => spec,
+    }
+}
+
 /// Applies a task's (already accepted) tightening to a subagent and the subagents below it, so a
 /// task cannot reach through a child what it refused itself.
 fn restrict_tree(spec: &mut AgentSpec, limits: &PermissionPolicy) {
@@ -510,6 +541,9 @@ fn restrict_tree(spec: &mut AgentSpec, limits: &PermissionPolicy) {
 struct Shared<'a> {
     skills: &'a SkillCatalog,
     folder_permissions: &'a PermissionPolicy,
+    /// The definitions' paths are files on disk, so an `output_schema` may name a file beside
+    /// them (not in the bundled workspace).
+    on_disk: bool,
 }
 
 /// What `permissions.toml` declares.
@@ -617,6 +651,10 @@ fn parse(
     }
     let model = front.model.into_name().map_err(invalid)?;
     let own = front.permissions.into_policy(path)?;
+    let output_schema = front
+        .output_schema
+        .map(|declared| output_schema(path, declared, shared.on_disk))
+        .transpose()?;
     let spec = AgentSpec {
         name,
         description: front.description,
@@ -633,8 +671,51 @@ fn parse(
         max_parallel_steps: front.max_parallel_steps,
         max_concurrency: front.max_concurrency,
         budget: front.budget.filter(|b| !b.is_empty()),
+        output_schema,
     };
     Ok((spec, front.subagents))
+}
+
+/// The output schema a front matter declares (a file's path, or a table), checked.
+fn output_schema(
+    path: &str,
+    declared: toml::Value,
+    on_disk: bool,
+) -> Result<OutputSchema, DefinitionError> {
+    let invalid = |message: String| DefinitionError::Invalid {
+        path: path.to_owned(),
+        message: format!("output_schema: {message}"),
+    };
+    let schema = match declared {
+        toml::Value::String(file) => {
+            if !on_disk {
+                return Err(invalid(format!(
+                    "{file:?} names a file, which only an agents folder can hold"
+                )));
+            }
+            let file = Path::new(path)
+                .parent()
+                .unwrap_or_else(|| Path::new("."))
+                .join(file);
+            let text = std::fs::read_to_string(&file).map_err(|source| DefinitionError::Read {
+                path: file.display().to_string(),
+                source,
+            })?;
+            serde_json::from_str(&text)
+                .map_err(|e| invalid(format!("{} is not JSON: {e}", file.display())))?
+        }
+        table @ toml::Value::Table(_) => serde_json::to_value(table)
+            .map_err(|e| invalid(format!("the table is not a JSON Schema: {e}")))?,
+        other => {
+            return Err(invalid(format!(
+                "must be a file's path or a table, not a value of type {}",
+                other.type_str()
+            )))
+        }
+    };
+    let schema = OutputSchema::new(schema);
+    schema.compile().map_err(invalid)?;
+    Ok(schema)
 }
 
 /// The `[budget]` table of a definition file's front matter (`max_total_tokens`,
@@ -714,6 +795,7 @@ mod tests {
         let shared = Shared {
             skills,
             folder_permissions: &folder_permissions,
+            on_disk: false,
         };
         parse(path, text, "", &shared)
     }
@@ -1179,9 +1261,14 @@ mod tests {
             "+++\n[budget]\nmax_total_tokens = 5000\nmax_cost_usd = 2\n+++\nHello".to_string(),
         );
         let sub = ("subagents/r.md".to_string(), "Research.".to_string());
-        let catalog =
-            AgentCatalog::assemble(main, vec![sub], no_skills(), &PermissionPolicy::default())
-                .expect("valid definitions");
+        let catalog = AgentCatalog::assemble(
+            main,
+            vec![sub],
+            no_skills(),
+            &PermissionPolicy::default(),
+            false,
+        )
+        .expect("valid definitions");
         assert_eq!(
             catalog.budget("assistant"),
             Some(&Budget {
@@ -1203,10 +1290,123 @@ mod tests {
             ("+++\n[budget]\ntokens = 10\n+++\nHi", "tokens"),
         ] {
             let main = ("AGENTS.md".to_string(), text.to_string());
-            let refused =
-                AgentCatalog::assemble(main, Vec::new(), no_skills(), &PermissionPolicy::default())
-                    .expect_err(text);
+            let refused = AgentCatalog::assemble(
+                main,
+                Vec::new(),
+                no_skills(),
+                &PermissionPolicy::default(),
+                false,
+            )
+            .expect_err(text);
             assert!(refused.to_string().contains(error), "{refused}");
         }
+    }
+
+    #[test]
+    fn an_output_schema_is_a_table_or_a_file_beside_the_definition() {
+        let table = "+++\n[output_schema]\ntype = \"object\"\nrequired = [\"city\"]\n\
+                     [output_schema.properties.city]\ntype = \"string\"\n+++\nAnswer in JSON.";
+        let (spec, _) = parse_alone("x/geo.md", table, &no_skills()).expect("parses");
+        let schema = spec.output_schema.clone().expect("declared");
+        assert_eq!(schema.name, "answer");
+        assert_eq!(
+            schema.schema,
+            serde_json::json!({
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string"}},
+            })
+        );
+        check_spec(&spec, 0).expect("a worker takes it");
+
+        let folder = TempFolder::new("output-schema");
+        folder.write(
+            "subagents/schemas/answer.json",
+            r#"{"type": "object", "properties": {"n": {"type": "integer"}}}"#,
+        );
+        folder.write(
+            "subagents/counter.md",
+            "+++\noutput_schema = \"schemas/answer.json\"\n+++\nCount.",
+        );
+        folder.write("AGENTS.md", "You lead.");
+        let catalog = AgentCatalog::load_dir(&folder.0).expect("folder loads");
+        let counter = catalog.resolve("counter", None).expect("counter");
+        assert_eq!(
+            counter
+                .output_schema
+                .as_ref()
+                .map(|s| s.schema["properties"]["n"]["type"].clone()),
+            Some(serde_json::json!("integer"))
+        );
+        let lead = catalog.resolve("assistant", None).expect("main agent");
+        assert!(lead.output_schema.is_none());
+        assert_eq!(
+            lead.subagents[0].output_schema, counter.output_schema,
+            "the spec a worker gets carries it"
+        );
+
+        // A submission's own schema replaces the agent's; none leaves it.
+        let own = OutputSchema::new(serde_json::json!({"type": "object"}));
+        let replaced = with_output_schema(counter.clone(), Some(&own));
+        assert_eq!(replaced.output_schema.as_ref(), Some(&own));
+        assert!(Arc::ptr_eq(
+            &with_output_schema(counter.clone(), None),
+            &counter
+        ));
+
+        // What cannot be checked, or read, is refused naming the file.
+        folder.write(
+            "subagents/schemas/answer.json",
+            r#"{"type": "object", "properties": {"n": {"type": "integer", "format": "int32", "if": {}}}}"#,
+        );
+        let message = AgentCatalog::load_dir(&folder.0)
+            .expect_err("unknown keyword")
+            .to_string();
+        assert!(message.contains("counter.md"), "{message}");
+        assert!(
+            message.contains("output_schema: at #/properties/n/if"),
+            "{message}"
+        );
+        folder.write("subagents/schemas/answer.json", "{not json");
+        let message = AgentCatalog::load_dir(&folder.0)
+            .expect_err("not JSON")
+            .to_string();
+        assert!(message.contains("is not JSON"), "{message}");
+        folder.write(
+            "subagents/counter.md",
+            "+++\noutput_schema = \"schemas/missing.json\"\n+++\nCount.",
+        );
+        let message = AgentCatalog::load_dir(&folder.0)
+            .expect_err("no file")
+            .to_string();
+        assert!(message.contains("missing.json"), "{message}");
+
+        for (text, needle) in [
+            (
+                "+++\noutput_schema = \"a.json\"\n+++\nhi",
+                "only an agents folder",
+            ),
+            (
+                "+++\noutput_schema = 3\n+++\nhi",
+                "not a value of type integer",
+            ),
+            (
+                "+++\n[output_schema]\ntype = \"array\"\n+++\nhi",
+                "root must be an object",
+            ),
+        ] {
+            let message = parse_alone("x/bad.md", text, &no_skills())
+                .expect_err(text)
+                .to_string();
+            assert!(message.contains("x/bad.md"), "{message}");
+            assert!(message.contains(needle), "{message}");
+        }
+
+        let mut forged = spec;
+        forged.output_schema = Some(OutputSchema::new(
+            serde_json::json!({"type": "object", "$ref": "#"}),
+        ));
+        let refused = check_spec(&forged, 0).expect_err("a looping schema in a message");
+        assert!(refused.message.contains("output_schema"), "{refused:?}");
     }
 }

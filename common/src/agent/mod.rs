@@ -19,6 +19,8 @@
 //! - [`compaction`]: when a session's history, or a turn's own older steps, are summarised, where
 //!   they are cut, what the summary requests say.
 //! - [`replay`]: a recorded turn's calls, answering a replay of it without repeating side effects.
+//! - [`structured`]: structured answers — checking a final answer against the agent's output
+//!   schema, and the repair request an answer that fails gets.
 //! - [`hooks`]: listeners that observe every event of a turn.
 //! - [`memory`]: in-memory implementations of every seam, for embedding and tests.
 
@@ -36,5 +38,6 @@ pub mod replay;
 pub mod runtime;
 pub mod seams;
 pub mod skills;
+pub mod structured;
 pub mod tokens;
 pub mod tools;

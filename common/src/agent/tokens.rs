@@ -112,6 +112,14 @@ pub fn tools_upper_bound(tools: &[ToolSpec]) -> u64 {
         .sum()
 }
 
+/// A bound of the tokens an output schema adds to a request (its name, description and schema's
+/// bytes; how a provider frames it is within the per-message framing of the request).
+pub fn schema_upper_bound(schema: Option<&crate::protocol::OutputSchema>) -> u64 {
+    schema.map_or(0, |s| {
+        (s.name.len() + s.description.len() + crate::text::json_len(&s.schema)) as u64
+    })
+}
+
 /// The bytes of one message plus its framing and its images' token estimate (see
 /// [`upper_bound`]).
 pub fn message_bytes(message: &Message) -> u64 {

@@ -48,7 +48,8 @@ pub enum EventKind {
     ReasoningDelta {
         text: String,
     },
-    /// A model call failed after it had begun to stream, and is made again: the `model_delta`
+    /// A model call failed after it had begun to stream, and is made again (or its answer did not
+    /// match the turn's output schema, and the model is asked to repair it): the `model_delta`
     /// and `reasoning_delta` events of the same source since its last event of another type are
     /// not part of the answer, and a client drops them. `failure` says why the attempt failed.
     OutputDiscarded {
@@ -200,6 +201,16 @@ pub struct FinalResult {
     // Boxed: rarely set, and every result held in memory would carry its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_ref: Option<Box<PayloadRef>>,
+    /// The answer parsed, when the turn had an output schema (a structured answer) and its answer
+    /// matched it: `answer` is its JSON text. Left out with a status other than `completed`, and
+    /// when the answer travels by reference (see `output_ref`) or was cut to fit a message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// True when `output` was left out because the answer travels by reference (`answer_ref`):
+    /// the whole answer is the output's JSON. `SkeinClient::run` and `whole_answer` fetch it and
+    /// return both whole, with this unset.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub output_ref: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
     /// Model calls made in the turn.
@@ -224,6 +235,13 @@ impl FinalResult {
     pub fn fitted(mut self, limit: usize) -> FinalResult {
         const NOTE_ROOM: usize = 128;
         let whole = self.answer.as_ref().map_or(0, String::len);
+        // A structured answer travels twice (its text and its parsed `output`): the parsed
+        // copy goes first, the stored result keeps it.
+        if self.output.is_some()
+            && serde_json::to_vec(&self).map_or(true, |json| json.len() > limit)
+        {
+            self.output = None;
+        }
         let Some(mut answer) = self.answer.take() else {
             return self;
         };
@@ -258,6 +276,10 @@ pub enum TurnStatus {
     /// Not run: an older task of the session was unfinished and the submission said
     /// `multitask: reject`. The failure (`session_busy`) names the task that holds the session.
     Rejected,
+    /// The answer did not match the turn's output schema, also after one repair attempt; the
+    /// failure (`invalid_output`) says what was wrong, the answer is the last one the model gave.
+    /// The session is left as it was.
+    InvalidOutput,
 }
 
 impl TurnStatus {
@@ -269,8 +291,13 @@ impl TurnStatus {
             TurnStatus::Cancelled => "cancelled",
             TurnStatus::BudgetExhausted => "budget_exhausted",
             TurnStatus::Rejected => "rejected",
+            TurnStatus::InvalidOutput => "invalid_output",
         }
     }
+}
+
+fn is_false(flag: &bool) -> bool {
+    !flag
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -279,4 +306,55 @@ fn is_zero(n: &u64) -> bool {
 
 fn at_most_once(n: &u32) -> bool {
     *n <= 1
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn structured(answer: &str) -> FinalResult {
+        FinalResult {
+            v: 1,
+            task_id: "t".into(),
+            tenant: "a".into(),
+            session: "s".into(),
+            status: TurnStatus::Completed,
+            answer: Some(answer.to_owned()),
+            answer_ref: None,
+            output: serde_json::from_str(answer).ok(),
+            output_ref: false,
+            failure: None,
+            iterations: 1,
+            limit_reached: false,
+            usage: Usage::default(),
+            trace_id: None,
+            spent: None,
+        }
+    }
+
+    #[test]
+    fn a_structured_answer_too_large_for_a_message_leaves_its_parsed_copy_out_first() {
+        let answer = json!({ "text": "x".repeat(500) }).to_string();
+        let whole = structured(&answer);
+        let fits = whole.clone().fitted(4096);
+        assert_eq!(fits, whole, "a result that fits is left whole");
+
+        let size = serde_json::to_vec(&whole).expect("encodes").len();
+        let without_output = whole.clone().fitted(size - 100);
+        assert_eq!(without_output.output, None);
+        assert_eq!(without_output.answer.as_deref(), Some(answer.as_str()));
+
+        let cut = whole.fitted(300);
+        assert_eq!(cut.output, None);
+        assert!(cut
+            .answer
+            .as_deref()
+            .is_some_and(|a| a.contains("answer cut to fit")));
+        assert!(serde_json::to_vec(&cut).expect("encodes").len() <= 300);
+        assert!(!serde_json::to_string(&cut)
+            .expect("encodes")
+            .contains("output"));
+    }
 }

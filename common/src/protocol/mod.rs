@@ -18,6 +18,7 @@ pub mod content;
 pub mod control;
 mod events;
 pub mod message;
+pub mod output;
 pub mod payload;
 pub mod permissions;
 pub mod plan;
@@ -26,6 +27,7 @@ pub use budget::{Budget, BudgetScope, Spent};
 pub use content::{ImageLimits, ImagePart, InputPart, SubmissionInput};
 pub use control::{ControlAction, RunControl};
 pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnStatus};
+pub use output::OutputSchema;
 pub use payload::PayloadRef;
 pub use permissions::{
     approval_key, ApprovalAnswer, ApprovalDecision, ApprovalRequest, PendingCall, PermissionMode,
@@ -76,6 +78,11 @@ pub struct TaskSubmission {
     /// side effect is repeated; calls that differ run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<ReplayOf>,
+    /// The JSON Schema the answer must match (a structured answer); it replaces the agent's own
+    /// (`output_schema` of its definition). A schema the validator cannot check refuses the
+    /// submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<OutputSchema>,
 }
 
 /// The recorded turn a replaying task takes its calls' answers from.
@@ -340,6 +347,10 @@ pub struct AgentSpec {
     /// what is left of its root task's budget).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// The JSON Schema its final answer must match (a structured answer): checked when the turn
+    /// ends, repaired once, else the turn ends `invalid_output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<OutputSchema>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -473,6 +484,8 @@ pub enum FailureKind {
     ToolFailed,
     /// The model call failed or answered something unusable.
     ModelFailed,
+    /// The turn's answer did not match its output schema, also after one repair attempt.
+    InvalidOutput,
     /// A model call would go over the task's budget or its tenant's daily budget.
     BudgetExhausted,
     /// The request is longer than the model's context: the model refused it, or its latest step
@@ -505,6 +518,7 @@ impl FailureKind {
             FailureKind::Unavailable => "unavailable",
             FailureKind::ToolFailed => "tool_failed",
             FailureKind::ModelFailed => "model_failed",
+            FailureKind::InvalidOutput => "invalid_output",
             FailureKind::BudgetExhausted => "budget_exhausted",
             FailureKind::ContextOverflow => "context_overflow",
             FailureKind::Cancelled => "cancelled",
@@ -725,6 +739,9 @@ impl TaskSubmission {
         if let Some(budget) = &self.budget {
             budget.check()?;
         }
+        if let Some(schema) = &self.output_schema {
+            schema.check("output_schema")?;
+        }
         Ok(())
     }
 
@@ -862,7 +879,14 @@ mod tests {
     #[test]
     fn turn_statuses_name_themselves_as_on_the_wire() {
         use TurnStatus::*;
-        for status in [Completed, Failed, Cancelled, BudgetExhausted, Rejected] {
+        for status in [
+            Completed,
+            Failed,
+            Cancelled,
+            BudgetExhausted,
+            Rejected,
+            InvalidOutput,
+        ] {
             let wire = serde_json::to_value(status).expect("encodes");
             assert_eq!(wire.as_str(), Some(status.as_str()));
         }
@@ -1024,6 +1048,7 @@ mod tests {
             deadline_ms: None,
             budget: None,
             multitask: MultitaskPolicy::Enqueue,
+            output_schema: None,
         };
         assert!(s.validate(10).is_ok());
         s.input = "x".repeat(11).into();
@@ -1046,5 +1071,19 @@ mod tests {
             s.validate(10).map_err(|f| f.kind),
             Err(FailureKind::InvalidInput)
         );
+        s.budget = None;
+        s.output_schema = Some(OutputSchema::new(
+            serde_json::json!({"type": "object", "properties": {"n": {"type": "int"}}}),
+        ));
+        let refused = s.validate(10).expect_err("a schema that does not compile");
+        assert_eq!(refused.kind, FailureKind::InvalidInput);
+        assert!(
+            refused
+                .message
+                .starts_with("output_schema: at #/properties/n/type"),
+            "{refused}"
+        );
+        s.output_schema = Some(OutputSchema::new(serde_json::json!({"type": "object"})));
+        assert!(s.validate(10).is_ok());
     }
 }

@@ -215,6 +215,7 @@ async fn start_and_answer(args: &DevArgs, cluster: &mut Cluster) -> Result<ExitC
         deadline_ms: None,
         budget: None,
         multitask: Default::default(),
+        output_schema: None,
     };
     let began = Instant::now();
     let code = super::submit::run_and_render(

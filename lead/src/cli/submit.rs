@@ -9,8 +9,8 @@ use skein_common::client::SkeinClient;
 use skein_common::config::{NatsConfig, RedisConfig, ENV_TENANT, ENV_USER};
 use skein_common::protocol::content::ImageUrl;
 use skein_common::protocol::{
-    Budget, EventKind, FinalResult, InputPart, MultitaskPolicy, SubmissionInput, TaskSubmission,
-    TurnEvent, TurnStatus, PROTOCOL_VERSION,
+    Budget, EventKind, FinalResult, InputPart, MultitaskPolicy, OutputSchema, SubmissionInput,
+    TaskSubmission, TurnEvent, TurnStatus, PROTOCOL_VERSION,
 };
 use skein_common::store::SessionStore;
 
@@ -47,6 +47,11 @@ pub struct SubmitArgs {
     /// keeping its work) or `rollback` (cancel it).
     #[arg(long, default_value_t = MultitaskPolicy::Enqueue, value_name = "enqueue|reject|interrupt|rollback")]
     pub multitask: MultitaskPolicy,
+    /// A JSON Schema file the answer must match (a structured answer; its root an object schema):
+    /// the parsed answer is printed as JSON, and an answer that does not match it, also after
+    /// one repair, ends the task `invalid_output`.
+    #[arg(long, value_name = "FILE")]
+    pub schema: Option<std::path::PathBuf>,
     /// Longest to wait for the final result.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -141,6 +146,13 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
     } else {
         args.input
     };
+    let output_schema = match args.schema.as_deref().map(read_schema).transpose() {
+        Ok(schema) => schema,
+        Err(message) => {
+            eprintln!("skein: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut submission = TaskSubmission {
         replay_of: None,
         v: PROTOCOL_VERSION,
@@ -164,6 +176,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
         })
         .filter(|budget| !budget.is_empty()),
         multitask: args.multitask,
+        output_schema,
     };
     // Every id is checked before anything connects or builds a subject from it; the input's
     // size is checked against the broker's payload cap once connected.
@@ -233,7 +246,8 @@ pub async fn run_and_render(
                 TurnStatus::Failed
                 | TurnStatus::Cancelled
                 | TurnStatus::BudgetExhausted
-                | TurnStatus::Rejected => ExitCode::FAILURE,
+                | TurnStatus::Rejected
+                | TurnStatus::InvalidOutput => ExitCode::FAILURE,
             }
         }
         Err(e) => {
@@ -243,10 +257,42 @@ pub async fn run_and_render(
     }
 }
 
+/// The output schema in `path`: a JSON Schema file, checked as a submission's is.
+fn read_schema(path: &std::path::Path) -> Result<OutputSchema, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the schema {}: {e}", path.display()))?;
+    let schema: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("the schema {} is not JSON: {e}", path.display()))?;
+    let schema = OutputSchema::new(schema);
+    schema
+        .compile()
+        .map_err(|e| format!("the schema {} cannot be used: {e}", path.display()))?;
+    Ok(schema)
+}
+
 fn print_result(result: &FinalResult) {
+    if result.status == TurnStatus::InvalidOutput {
+        let why = result
+            .failure
+            .as_ref()
+            .map_or_else(|| "no reason given".to_owned(), |f| f.message.clone());
+        eprintln!("invalid output · {why}");
+        if let Some(answer) = &result.answer {
+            eprintln!("the last answer: {answer}");
+        }
+        return;
+    }
     match (&result.answer, &result.failure) {
         (Some(answer), _) => {
-            println!("{answer}");
+            // A structured answer prints as its parsed JSON, pretty.
+            match result
+                .output
+                .as_ref()
+                .and_then(|output| serde_json::to_string_pretty(output).ok())
+            {
+                Some(output) => println!("{output}"),
+                None => println!("{answer}"),
+            }
             // Set only when the whole answer could not be fetched: say where it is.
             if let Some(reference) = &result.answer_ref {
                 eprintln!(

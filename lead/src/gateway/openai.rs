@@ -7,11 +7,14 @@
 //! usage when `stream_options.include_usage` asks for it, and `data: [DONE]`. A client that goes
 //! away does not stop its run.
 //!
-//! Chunks cannot take text back. When a model attempt that streamed text fails and is made again
+//! Chunks cannot take text back. When a model attempt that streamed text fails and is made again,
+//! or a structured answer that does not match its schema is asked to be repaired
 //! (`output_discarded`), the stream marks it: a chunk whose content is [`DISCARDED_MARK`], a
-//! visible note that the text before it broke off, carrying `skein_output_discarded` (the
+//! visible note that the text before it is not kept, carrying `skein_output_discarded` (the
 //! failure) for a client that knows to cut its text there; the retried text follows. The
-//! non-streamed answer, and the session, hold the answering attempt's text only.
+//! non-streamed answer holds the answering attempt's text only (and so does the session, for a
+//! retried attempt; a repaired structured answer leaves the one that failed and the repair
+//! request in it).
 //!
 //! `Idempotency-Key` makes a retried request the same task (and session): the run is not started
 //! twice, and the retry gets the same answer.
@@ -268,7 +271,7 @@ fn completion(submission: &TaskSubmission, result: &FinalResult) -> Response {
 
 /// The text a streamed completion shows where a model attempt's streamed text was discarded.
 pub(crate) const DISCARDED_MARK: &str =
-    "\n[output discarded: the model failed mid-answer and was asked again]\n";
+    "\n[output discarded: the model's answer so far is not kept, and it was asked again]\n";
 
 /// What the running task passes to its stream.
 #[derive(Debug, PartialEq)]
@@ -276,7 +279,8 @@ enum Streamed {
     Delta(String),
     /// The text since the model call began was a failed attempt's (its failure).
     Discarded(Value),
-    Ended(Result<FinalResult, String>),
+    /// Boxed: a final result is large, and the deltas before it many.
+    Ended(Box<Result<FinalResult, String>>),
 }
 
 /// Picks the lead's text out of a task's events, and the discards of text already streamed.
@@ -344,7 +348,7 @@ fn stream(gateway: Arc<Gateway>, planned: Planned, resume_after: Option<u64>) ->
             })
             .await
             .map_err(|e| e.to_string());
-        let _ = sender.send(Streamed::Ended(result));
+        let _ = sender.send(Streamed::Ended(Box::new(result)));
     });
     let Planned {
         submission,
@@ -372,7 +376,8 @@ fn stream(gateway: Arc<Gateway>, planned: Planned, resume_after: Option<u64>) ->
                 mark["skein_output_discarded"] = why;
                 vec![mark]
             }
-            Streamed::Ended(Ok(result)) => match failed(&result) {
+            Streamed::Ended(ended) => match *ended {
+                Ok(result) => match failed(&result) {
                 None => {
                     let mut last = vec![chunk(json!({}), Some(finish_reason(&result)))];
                     if include_usage {
@@ -390,10 +395,11 @@ fn stream(gateway: Arc<Gateway>, planned: Planned, resume_after: Option<u64>) ->
                     };
                     vec![json!({ "error": { "message": message, "type": "server_error", "param": null, "code": code } })]
                 }
+                },
+                Err(e) => vec![json!({ "error": {
+                    "message": format!("the run did not end in time ({e}); it keeps running"),
+                    "type": "server_error", "param": null, "code": "run_not_finished" } })],
             },
-            Streamed::Ended(Err(e)) => vec![json!({ "error": {
-                "message": format!("the run did not end in time ({e}); it keeps running"),
-                "type": "server_error", "param": null, "code": "run_not_finished" } })],
         };
         futures::stream::iter(events)
     });

@@ -392,6 +392,7 @@ pub(crate) fn submission(
         deadline_ms: None,
         budget: None,
         multitask: MultitaskPolicy::Enqueue,
+        output_schema: None,
     };
     let checked = submission
         .validate(gateway.client.bus().max_payload())

@@ -103,6 +103,7 @@ impl Lead {
                     deadline_ms: None,
                     budget: None,
                     multitask: Default::default(),
+                    output_schema: None,
                 };
                 // Best effort: the dead letter below keeps the record of the refusal.
                 if let Err(e) = self
@@ -169,6 +170,8 @@ pub(super) fn failed_result(
         status: TurnStatus::Failed,
         answer: None,
         answer_ref: None,
+        output: None,
+        output_ref: false,
         failure: Some(failure),
         iterations,
         limit_reached: false,

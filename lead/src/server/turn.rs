@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
+use skein_common::agent::definition::with_output_schema;
 use skein_common::agent::replay::RecordedCalls;
 use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
 use skein_common::protocol::{
@@ -53,7 +54,8 @@ impl Lead {
             .agents
             .resolve(&submission.agent, submission.overrides.as_ref())
         {
-            Ok(agent) => agent,
+            // A submission's own output schema replaces the agent's.
+            Ok(agent) => with_output_schema(agent, submission.output_schema.as_ref()),
             Err(failure) => {
                 return self
                     .publish_final(failed_result(submission, failure, 0))
@@ -482,6 +484,7 @@ impl Lead {
                 TurnOutput {
                     status,
                     answer: None,
+                    output: None,
                     failure: Some(failure),
                     iterations: 0,
                     limit_reached: false,
@@ -536,6 +539,8 @@ impl Lead {
             status: output.status,
             answer: output.answer,
             answer_ref: None,
+            output: output.output,
+            output_ref: false,
             failure: output.failure,
             iterations: output.iterations,
             limit_reached: output.limit_reached,
@@ -585,6 +590,7 @@ impl Lead {
             TurnStatus::Cancelled => "cancelled",
             TurnStatus::BudgetExhausted => "budget_exhausted",
             TurnStatus::Rejected => "rejected",
+            TurnStatus::InvalidOutput => "invalid_output",
         };
         self.metrics.turn_finished(outcome, started.elapsed());
         if output.asked_approval {

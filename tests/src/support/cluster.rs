@@ -288,5 +288,6 @@ pub fn submission(tenant: &str, session: &str, input: &str) -> TaskSubmission {
         deadline_ms: None,
         budget: None,
         multitask: Default::default(),
+        output_schema: None,
     }
 }

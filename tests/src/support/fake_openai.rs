@@ -982,6 +982,7 @@ mod tests {
             messages: vec![Message::user("hello")],
             tools: Vec::new().into(),
             max_output_tokens: None,
+            output_schema: None,
         };
 
         let whole = client
@@ -1233,6 +1234,7 @@ mod tests {
             messages: vec![Message::user("hello")],
             tools: Vec::new().into(),
             max_output_tokens: Some(12),
+            output_schema: None,
         };
         let whole = client.complete(request).await.expect("the answer parses");
         assert_eq!(whole.message.content.split_whitespace().count(), 12);

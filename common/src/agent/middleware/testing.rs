@@ -43,6 +43,7 @@ pub(super) fn agent_spec() -> AgentSpec {
         max_parallel_steps: None,
         max_concurrency: None,
         budget: None,
+        output_schema: None,
     }
 }
 
@@ -93,6 +94,7 @@ pub(super) fn model_call(deltas: Option<Arc<dyn DeltaSink>>) -> ModelCall {
             messages: vec![Message::user("hello")],
             tools: Arc::from(Vec::new()),
             max_output_tokens: None,
+            output_schema: None,
         },
         deltas,
         origin: None,

@@ -23,7 +23,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 
 use crate::protocol::message::{Message, Usage};
-use crate::protocol::{Failure, FailureKind, ToolSpec};
+use crate::protocol::{Failure, FailureKind, OutputSchema, ToolSpec};
 
 /// What a provider is asked.
 #[derive(Debug, Clone)]
@@ -42,6 +42,12 @@ pub struct ModelRequest {
     /// leaves it to the provider's default (which Anthropic's API requires: the configured
     /// `SKEIN_MODEL_MAX_OUTPUT_TOKENS`).
     pub max_output_tokens: Option<u64>,
+    /// The JSON Schema the answer must match (a structured answer), sent as the provider takes
+    /// it: OpenAI-compatible servers as `response_format: json_schema`, Anthropic as a
+    /// `final_answer` tool the model must call, whose input the client returns as the answer's
+    /// text. The runtime checks the answer; a provider only asks for it. Shared: every call of a
+    /// turn sends the same schema.
+    pub output_schema: Option<Arc<OutputSchema>>,
 }
 
 /// A whole answer of the model.

@@ -42,6 +42,11 @@
 //! message takes text only, so the images of a step's results follow its last result in one user
 //! message that names the call each came from.
 //!
+//! A structured answer (`ModelRequest::output_schema`) is asked for as `response_format:
+//! {"type": "json_schema", "json_schema": {name, description, schema, strict}}`, `strict` as the
+//! schema says or, unset, when the schema keeps to what strict mode takes
+//! ([`strict_compatible`]); the answer comes back as the message's text.
+//!
 //! Tool-call arguments arrive as JSON encoded in a string. They are decoded here; an empty string
 //! becomes `{}`, and text that is not JSON is kept as a [`Value::String`] so that the caller (not
 //! the model call) rejects it as invalid arguments. Arguments that are not a JSON object are sent
@@ -60,7 +65,7 @@ use serde_json::{json, Value};
 use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
 use crate::config::{ModelConfig, ENV_MODEL_BASE_URL};
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
-use crate::protocol::ToolSpec;
+use crate::protocol::{OutputSchema, ToolSpec};
 
 mod images;
 mod stream;
@@ -488,10 +493,101 @@ fn request_body(request: &ModelRequest, stream: bool, field: MaxTokensField) -> 
     if let Some(bound) = request.max_output_tokens {
         body[field.as_str()] = json!(bound);
     }
+    if let Some(schema) = &request.output_schema {
+        body["response_format"] = response_format(schema);
+    }
     if stream {
         body["stream_options"] = json!({ "include_usage": true });
     }
     body
+}
+
+/// `response_format` asking for an answer that matches `schema`: strict when the schema says so,
+/// or (unset) when it keeps to what strict mode accepts ([`strict_compatible`]).
+fn response_format(schema: &OutputSchema) -> Value {
+    let strict = schema
+        .strict
+        .unwrap_or_else(|| strict_compatible(&schema.schema));
+    let mut format = json!({ "name": schema.name, "schema": schema.schema, "strict": strict });
+    if !schema.description.is_empty() {
+        format["description"] = Value::String(schema.description.clone());
+    }
+    json!({ "type": "json_schema", "json_schema": format })
+}
+
+/// Whether OpenAI's strict mode takes `schema` as it is: only the keywords strict mode reads,
+/// every object closed (`additionalProperties: false`) with all its properties required. A
+/// schema that is not is sent with `strict: false` (the server follows it as best it can; the
+/// runtime checks the answer either way), rather than refused by the server.
+pub fn strict_compatible(schema: &Value) -> bool {
+    const STRICT_KEYWORDS: [&str; 22] = [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "enum",
+        "const",
+        "anyOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        "description",
+        "title",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minItems",
+        "maxItems",
+    ];
+    let Value::Object(map) = schema else {
+        return false;
+    };
+    if map
+        .keys()
+        .any(|key| !STRICT_KEYWORDS.contains(&key.as_str()))
+    {
+        return false;
+    }
+    let is_object = match map.get("type") {
+        Some(Value::String(kind)) => kind == "object",
+        Some(Value::Array(kinds)) => kinds.iter().any(|kind| kind == "object"),
+        _ => map.contains_key("properties"),
+    };
+    if is_object {
+        if map.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return false;
+        }
+        let required: Vec<&str> = map
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|names| names.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let properties = map.get("properties").and_then(Value::as_object);
+        if properties.is_some_and(|p| p.keys().any(|name| !required.contains(&name.as_str()))) {
+            return false;
+        }
+        if !properties
+            .into_iter()
+            .flatten()
+            .all(|(_, s)| strict_compatible(s))
+        {
+            return false;
+        }
+    }
+    let nested_ok = |keyword: &str| match map.get(keyword) {
+        None => true,
+        Some(Value::Object(entries)) if keyword.ends_with("efs") || keyword == "definitions" => {
+            entries.values().all(strict_compatible)
+        }
+        Some(Value::Array(list)) => list.iter().all(strict_compatible),
+        Some(single) => strict_compatible(single),
+    };
+    nested_ok("items") && nested_ok("anyOf") && nested_ok("$defs") && nested_ok("definitions")
 }
 
 fn wire_message(message: &Message) -> Value {
@@ -849,6 +945,7 @@ mod tests {
             messages,
             tools: tools.into(),
             max_output_tokens: None,
+            output_schema: None,
         }
     }
 
@@ -928,6 +1025,104 @@ mod tests {
                 "stream": false
             })
         );
+    }
+
+    #[test]
+    fn an_output_schema_is_asked_for_as_a_json_schema_response_format() {
+        let closed = json!({
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+            "required": ["city", "days"],
+            "additionalProperties": false,
+        });
+        let mut req = request(vec![Message::user("where?")], vec![write_file_spec()]);
+        req.output_schema = Some(std::sync::Arc::new(OutputSchema {
+            name: "trip".into(),
+            description: "Where and how long.".into(),
+            schema: closed.clone(),
+            strict: None,
+        }));
+        let body = request_body(&req, true, MaxTokensField::MaxTokens);
+        assert_eq!(
+            body["response_format"],
+            json!({"type": "json_schema", "json_schema": {
+                "name": "trip",
+                "description": "Where and how long.",
+                "schema": closed,
+                "strict": true,
+            }})
+        );
+        assert!(
+            body["tools"].is_array(),
+            "tools are offered beside the format"
+        );
+
+        // A schema strict mode would refuse goes without it; an explicit choice stands.
+        let open = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        req.output_schema = Some(std::sync::Arc::new(OutputSchema::new(open.clone())));
+        let body = request_body(&req, false, MaxTokensField::MaxTokens);
+        assert_eq!(
+            body["response_format"]["json_schema"]["strict"],
+            json!(false)
+        );
+        assert_eq!(
+            body["response_format"]["json_schema"]["name"],
+            json!("answer")
+        );
+        assert!(body["response_format"]["json_schema"]
+            .get("description")
+            .is_none());
+        req.output_schema = Some(std::sync::Arc::new(OutputSchema {
+            strict: Some(true),
+            ..OutputSchema::new(open)
+        }));
+        let body = request_body(&req, false, MaxTokensField::MaxTokens);
+        assert_eq!(
+            body["response_format"]["json_schema"]["strict"],
+            json!(true)
+        );
+
+        req.output_schema = None;
+        let body = request_body(&req, false, MaxTokensField::MaxTokens);
+        assert!(body.get("response_format").is_none());
+    }
+
+    #[test]
+    fn strict_mode_is_asked_only_of_schemas_it_takes() {
+        let closed = |properties: Value, required: Value| {
+            json!({"type": "object", "properties": properties, "required": required,
+                   "additionalProperties": false})
+        };
+        assert!(strict_compatible(&closed(json!({}), json!([]))));
+        let nested = closed(
+            json!({"items": {"type": "array", "items": closed(json!({"n": {"type": "number"}}), json!(["n"]))},
+                   "kind": {"anyOf": [{"type": "string", "enum": ["a"]}, {"type": "null"}]}}),
+            json!(["items", "kind"]),
+        );
+        assert!(strict_compatible(&nested));
+        let with_defs = json!({
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "required": ["x"],
+            "additionalProperties": false,
+            "$defs": {"x": closed(json!({"y": {"type": "string"}}), json!(["y"]))},
+        });
+        assert!(strict_compatible(&with_defs));
+        for loose in [
+            json!({"type": "object", "properties": {}}),
+            closed(json!({"a": {"type": "string"}}), json!([])),
+            closed(
+                json!({"a": {"type": "object", "properties": {}}}),
+                json!(["a"]),
+            ),
+            closed(
+                json!({"a": {"type": "string", "minLength": 2}}),
+                json!(["a"]),
+            ),
+            closed(json!({"a": {"oneOf": [{"type": "string"}]}}), json!(["a"])),
+            json!({"type": "object", "additionalProperties": false, "properties": {},
+                   "$defs": {"x": {"type": "object"}}}),
+        ] {
+            assert!(!strict_compatible(&loose), "{loose}");
+        }
     }
 
     #[test]

@@ -26,11 +26,16 @@
 //! - A turn is a list of `steps`; step *k* answers after *k-1* assistant messages since the last
 //!   user message (that is, after each round of tool results). Past the end, the last step repeats.
 //! - A step has exactly one of `tool_calls` (a non-empty list of `{name, arguments}`; `arguments`
-//!   defaults to `{}` and is not checked, so a scenario can script invalid calls) or `answer`
-//!   (text). The last step of every turn is an answer.
+//!   defaults to `{}` and is not checked, so a scenario can script invalid calls), `answer`
+//!   (text) or `output` (any JSON value: a structured answer, answered as its JSON text; the
+//!   runtime checks it against the agent's output schema). The last step of every turn is an
+//!   answer or an output.
+//! - A repair request (the user message the runtime sends when an answer does not match the
+//!   agent's output schema, see `agent::structured`) starts no new turn: the step after the
+//!   answer that failed answers it, as after a round of tool results.
 //! - When the runtime asks without offering tools (a final summary), a tool-call step is replaced
 //!   by the turn's last answer.
-//! - Templates, in answers and in the string values of tool-call arguments: `{{input}}` (the last
+//! - Templates, in answers and in the string values of tool-call arguments and outputs: `{{input}}` (the last
 //!   user message), `{{previous_input}}` (the user message before it, or empty),
 //!   `{{observations}}` (the tool results since the last user message, one per line), `{{turn}}`
 //!   (1-based turn number), `{{agent}}` (the asking agent) and `{{images}}` (how many images the
@@ -54,6 +59,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
+use crate::agent::structured::is_repair_request;
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
 
 /// The script name that serves every agent without a script of its own.
@@ -81,6 +87,8 @@ struct Turn {
 enum Step {
     ToolCalls(Vec<ScriptedCall>),
     Answer(String),
+    /// A structured answer: the value, answered as its JSON text.
+    Output(Value),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -124,6 +132,8 @@ struct StepFile {
     tool_calls: Option<Vec<ScriptedCall>>,
     #[serde(default)]
     answer: Option<String>,
+    #[serde(default)]
+    output: Option<Value>,
 }
 
 impl ScriptedModel {
@@ -241,12 +251,14 @@ impl ScriptedModel {
             }
             Step::ToolCalls(_) => {
                 // Asked without tools (a final summary): give the turn's own answer.
-                let answer = render(turn.final_answer(), &vars);
+                let answer = turn
+                    .final_answer()
+                    .map_or_else(String::new, |step| step.text(&vars));
                 let words = word_count(&answer);
                 (Message::assistant(answer), "stop", words)
             }
-            Step::Answer(template) => {
-                let answer = render(template, &vars);
+            step => {
+                let answer = step.text(&vars);
                 let words = word_count(&answer);
                 (Message::assistant(answer), "stop", words)
             }
@@ -285,11 +297,21 @@ impl ModelClient for ScriptedModel {
 }
 
 impl Turn {
-    fn final_answer(&self) -> &str {
-        match self.steps.last() {
-            Some(Step::Answer(text)) => text,
-            // Validation makes the last step an answer; an empty answer is the harmless fallback.
-            _ => "",
+    /// The turn's last step: validation makes it an answer or an output.
+    fn final_answer(&self) -> Option<&Step> {
+        self.steps
+            .last()
+            .filter(|step| !matches!(step, Step::ToolCalls(_)))
+    }
+}
+
+impl Step {
+    /// The text an answer or output step answers with (empty for calls).
+    fn text(&self, vars: &TemplateVars) -> String {
+        match self {
+            Step::Answer(template) => render(template, vars),
+            Step::Output(value) => render_strings(value, vars).to_string(),
+            Step::ToolCalls(_) => String::new(),
         }
     }
 }
@@ -319,8 +341,8 @@ fn validate_turn(agent: &str, turn_number: usize, turn: TurnFile) -> Result<Turn
     let mut steps = Vec::with_capacity(turn.steps.len());
     for (step_index, step) in turn.steps.into_iter().enumerate() {
         let step_number = step_index + 1;
-        let step = match (step.tool_calls, step.answer) {
-            (Some(calls), None) => {
+        let step = match (step.tool_calls, step.answer, step.output) {
+            (Some(calls), None, None) => {
                 if calls.is_empty() {
                     return Err(ModelError::Scenario(format!(
                         "{}: tool_calls is empty",
@@ -335,19 +357,20 @@ fn validate_turn(agent: &str, turn_number: usize, turn: TurnFile) -> Result<Turn
                 }
                 Step::ToolCalls(calls)
             }
-            (None, Some(answer)) => Step::Answer(answer),
+            (None, Some(answer), None) => Step::Answer(answer),
+            (None, None, Some(output)) => Step::Output(output),
             _ => {
                 return Err(ModelError::Scenario(format!(
-                    "{}: a step needs exactly one of tool_calls or answer",
+                    "{}: a step needs exactly one of tool_calls, answer or output",
                     at(step_number)
                 )))
             }
         };
         steps.push(step);
     }
-    if !matches!(steps.last(), Some(Step::Answer(_))) {
+    if matches!(steps.last(), Some(Step::ToolCalls(_)) | None) {
         return Err(ModelError::Scenario(format!(
-            "{}: the last step of a turn must be an answer",
+            "{}: the last step of a turn must be an answer or an output",
             at(steps.len())
         )));
     }
@@ -368,7 +391,7 @@ impl<'a> Conversation<'a> {
         let user_positions: Vec<usize> = messages
             .iter()
             .enumerate()
-            .filter(|(_, message)| message.role == Role::User)
+            .filter(|(_, message)| message.role == Role::User && !is_repair_request(message))
             .map(|(position, _)| position)
             .collect();
         let content_at = |position: Option<&usize>| {
@@ -507,6 +530,7 @@ mod tests {
             messages,
             tools: if with_tools { vec![tool()] } else { Vec::new() }.into(),
             max_output_tokens: None,
+            output_schema: None,
         }
     }
 
@@ -674,6 +698,45 @@ mod tests {
         assert_eq!(answer.message.content, "saw 3");
     }
 
+    #[tokio::test]
+    async fn outputs_answer_their_json_and_a_repair_request_is_the_next_step() {
+        let model = ScriptedModel::from_json(
+            r#"{"agents": {"*": {"turns": [
+                {"steps": [{"output": {"city": 7}}, {"output": {"city": "{{input}}", "n": [1, true]}}]},
+                {"steps": [{"answer": "turn {{turn}}"}]}
+            ]}}}"#,
+        )
+        .expect("valid");
+        let mut history = vec![Message::user("Oslo")];
+        let first = model
+            .complete(ask("geo", history.clone(), false))
+            .await
+            .expect("answers");
+        assert_eq!(first.message.content, r#"{"city":7}"#);
+        history.push(first.message);
+        let schema = crate::protocol::OutputSchema::new(json!({"type": "object"}));
+        history.push(crate::agent::structured::repair_request(
+            &schema,
+            "/city: expected string",
+        ));
+        let repaired = model
+            .complete(ask("geo", history.clone(), false))
+            .await
+            .expect("answers");
+        assert_eq!(
+            serde_json::from_str::<Value>(&repaired.message.content).expect("JSON"),
+            json!({"city": "Oslo", "n": [1, true]}),
+            "the repair request is not a user's input either"
+        );
+        history.push(repaired.message);
+        history.push(Message::user("next"));
+        let next = model
+            .complete(ask("geo", history, false))
+            .await
+            .expect("answers");
+        assert_eq!(next.message.content, "turn 2", "the repair started no turn");
+    }
+
     #[test]
     fn renders_templates_in_one_pass() {
         let vars = TemplateVars {
@@ -716,6 +779,10 @@ mod tests {
         let both = r#"{"agents": {"a": {"turns": [{"steps": [
             {"answer": "x", "tool_calls": [{"name": "t"}]}]}]}}}"#;
         assert!(scenario_error(both).contains("step 1: a step needs exactly one"));
+        let answer_and_output = r#"{"agents": {"a": {"turns": [{"steps": [
+            {"answer": "x", "output": {}}]}]}}}"#;
+        assert!(scenario_error(answer_and_output)
+            .contains("exactly one of tool_calls, answer or output"));
         let neither = r#"{"agents": {"a": {"turns": [{"steps": [{}]}]}}}"#;
         assert!(scenario_error(neither).contains("exactly one"));
         let empty_calls = r#"{"agents": {"a": {"turns": [{"steps": [

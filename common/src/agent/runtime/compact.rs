@@ -551,6 +551,7 @@ impl Runtime {
                 messages,
                 tools: Arc::from([]),
                 max_output_tokens: None,
+                output_schema: None,
             },
             deltas: None,
             origin: Some(Arc::new(turn.origin.clone())),
@@ -693,6 +694,7 @@ mod tests {
             max_parallel_steps: None,
             max_concurrency: None,
             budget: None,
+            output_schema: None,
         }
     }
 

@@ -9,6 +9,16 @@
 //! concurrency-safe one at a time, results back in the model's order); observe, repeat — until the
 //! model answers or the iteration limit is reached, which ends with a summary answer.
 //!
+//! An agent with an output schema (a structured answer, see `agent::structured`) has every model
+//! call of the turn carry the schema, and its answer — the model's last, or the summary — parsed
+//! and checked: the turn ends with the answer's JSON text and its value (`output`). An answer
+//! that fails is followed by `output_discarded` (its deltas are not the answer) and a repair
+//! request, then the loop goes on (the repair is a model call like any other: an iteration, under
+//! the iteration limit and the budget); a second answer that fails ends the turn
+//! `invalid_output`. Only one repair per turn: one that a checkpoint carries counts when the turn
+//! resumes. An answer a hook or an interrupt gives in the model's place is not checked, but one
+//! `after_turn` hooks rewrite is checked again.
+//!
 //! The loop depends on no transport: it reaches everything through `seams`. It never panics on
 //! model or tool misbehaviour: unknown tools, bad arguments, denied and failed calls become
 //! observations the model can react to; a failed model call ends the turn with a failure as data.
@@ -38,6 +48,7 @@ use crate::agent::seams::{
     TurnControls,
 };
 use crate::agent::skills::SkillCatalog;
+use crate::agent::structured::{is_repair_request, Structured};
 use crate::protocol::message::{Message, Role, Usage};
 use crate::protocol::{
     AgentSpec, EventKind, Failure, FailureKind, PendingCall, Plan, TaskOrigin, ToolSpec, TurnStatus,
@@ -168,6 +179,8 @@ impl TurnStop {
 pub struct TurnOutput {
     pub status: TurnStatus,
     pub answer: Option<String>,
+    /// The answer parsed, when the agent has an output schema and the answer matched it.
+    pub output: Option<serde_json::Value>,
     pub failure: Option<Failure>,
     pub iterations: u32,
     pub limit_reached: bool,
@@ -196,6 +209,7 @@ impl TurnOutput {
         Self {
             status: TurnStatus::Completed,
             answer: None,
+            output: None,
             failure: None,
             iterations: 0,
             limit_reached: false,
@@ -321,11 +335,19 @@ impl Runtime {
                 }
             }
         }
+        let agent = turn.agent;
         let out = self.run_turn_steps(turn).await?;
-        Ok(self.after_turn(&ctx, out).await)
+        Ok(self.after_turn(&ctx, agent, out).await)
     }
 
-    async fn after_turn(&self, ctx: &TurnContext, mut out: TurnOutput) -> TurnOutput {
+    async fn after_turn(
+        &self,
+        ctx: &TurnContext,
+        agent: &AgentSpec,
+        mut out: TurnOutput,
+    ) -> TurnOutput {
+        // A structured answer the hooks rewrite is checked again.
+        let checked = out.output.is_some().then(|| out.answer.clone()).flatten();
         let summary = TurnSummary {
             answer: out.answer.take(),
             failure: out.failure.take(),
@@ -344,6 +366,9 @@ impl Runtime {
         };
         out.answer = summary.answer;
         out.failure = summary.failure;
+        if checked.is_some() && out.answer != checked {
+            recheck_rewritten(agent, &mut out);
+        }
         out
     }
 
@@ -385,12 +410,32 @@ impl Runtime {
                 return finished_failed(turn, out, failure);
             }
         };
+        let structured = match Structured::of(turn.agent) {
+            Ok(structured) => structured,
+            Err(failure) => return finished_failed(turn, out, failure),
+        };
+        let output_schema = structured.as_ref().map(|s| s.schema.clone());
         let tools = {
             let (key, extras) = self.runtime_tools(turn);
             catalog.tools_for(&turn.agent.tools, &key, &extras)
         };
         let model = self.model_name(turn);
-        let tools_bytes = crate::agent::tokens::tools_upper_bound(&tools);
+        // What a request is sized by: its tools and, as one more, the output schema.
+        let sized_tools: Arc<[ToolSpec]> = match &structured {
+            Some(s) => tools
+                .iter()
+                .cloned()
+                .chain(std::iter::once(ToolSpec {
+                    name: s.schema.name.clone(),
+                    description: s.schema.description.clone(),
+                    parameters: s.schema.schema.clone(),
+                    concurrency_safe: true,
+                    effects: Default::default(),
+                }))
+                .collect(),
+            None => tools.clone(),
+        };
+        let tools_bytes = crate::agent::tokens::tools_upper_bound(&sized_tools);
         let mut window = compact::Window::new(turn, &out, self);
         let max_messages = self.settings.context.max_history_messages;
         let board = planning::PlanBoard::new(out.plan.clone());
@@ -449,10 +494,17 @@ impl Runtime {
                     // them again; the next step's checkpoint carries them.
                     continue;
                 }
-                // An answer: the turn ends.
+                // An answer: the turn ends, once a structured answer matches its schema.
                 Some(last) if last.role == Role::Assistant => {
-                    out.answer = Some(last.content.clone());
-                    return Ok(out);
+                    let text = last.content.clone();
+                    match settle_answer(turn, &mut out, structured.as_ref(), text).await {
+                        Settled::Ended => return Ok(out),
+                        Settled::Failed(problems, text) => {
+                            return invalid_output(turn, out, structured.as_ref(), &problems, text)
+                        }
+                        // Asked to repair it: the loop makes the call.
+                        Settled::Repair => {}
+                    }
                 }
                 _ => {}
             }
@@ -478,7 +530,7 @@ impl Runtime {
                 let request = compact::Request {
                     model: &model,
                     system: &system,
-                    tools: &tools,
+                    tools: &sized_tools,
                     tools_bytes,
                 };
                 let compacted = match self
@@ -500,7 +552,13 @@ impl Runtime {
                 let system = compacted.unwrap_or(system);
                 let messages = window.conversation(&system, &out, max_messages);
                 match self
-                    .model_call(turn, out.iterations, messages, tools.clone())
+                    .model_call(
+                        turn,
+                        out.iterations,
+                        messages,
+                        tools.clone(),
+                        output_schema.clone(),
+                    )
                     .await
                 {
                     Ok(response) => break response,
@@ -526,30 +584,49 @@ impl Runtime {
             }
         }
 
-        // Iteration limit: one more call, without tools, for a summary answer.
+        // Iteration limit: one more call, without tools, for a summary answer (and, for a
+        // structured answer that fails, its repair, if the turn has not had one).
         out.limit_reached = true;
-        let system = self.system_prompt(turn, &out, window.summary.as_ref());
-        let mut messages = window.conversation(&system, &out, max_messages);
-        messages.push(Message::system(format!(
-            "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
-             summarise what you found and what is left to do.",
-            turn.agent.max_iterations
-        )));
-        match self
-            .model_call(turn, out.iterations, messages, Arc::from([]))
-            .await
-        {
-            Ok(response) => {
-                out.iterations += 1;
-                settle_step_end(&mut out);
-                out.usage.add(response.usage);
-                let mut message = response.message;
-                message.tool_calls.clear();
-                out.answer = Some(message.content.clone());
-                out.new_messages.push(message);
-                Ok(out)
+        loop {
+            let system = self.system_prompt(turn, &out, window.summary.as_ref());
+            let mut messages = window.conversation(&system, &out, max_messages);
+            let format = if structured.is_some() {
+                " Give it in the required JSON format."
+            } else {
+                ""
+            };
+            messages.push(Message::system(format!(
+                "You have used all {} steps allowed for this turn. Do not call tools. Answer now: \
+                 summarise what you found and what is left to do.{format}",
+                turn.agent.max_iterations
+            )));
+            let response = match self
+                .model_call(
+                    turn,
+                    out.iterations,
+                    messages,
+                    Arc::from([]),
+                    output_schema.clone(),
+                )
+                .await
+            {
+                Ok(response) => response,
+                Err(failure) => return finished_failed(turn, out, failure),
+            };
+            out.iterations += 1;
+            settle_step_end(&mut out);
+            out.usage.add(response.usage);
+            let mut message = response.message;
+            message.tool_calls.clear();
+            let text = message.content.clone();
+            out.new_messages.push(message);
+            match settle_answer(turn, &mut out, structured.as_ref(), text).await {
+                Settled::Ended => return Ok(out),
+                Settled::Failed(problems, text) => {
+                    return invalid_output(turn, out, structured.as_ref(), &problems, text)
+                }
+                Settled::Repair => {}
             }
-            Err(failure) => finished_failed(turn, out, failure),
         }
     }
 
@@ -723,6 +800,105 @@ fn settle_step_end(out: &mut TurnOutput) {
     if let Some(end) = out.step_ends.last_mut().filter(|end| end.step == previous) {
         let now = crate::protocol::now_ms();
         end.at_ms = end.at_ms + now.saturating_sub(end.at_ms) / 2;
+    }
+}
+
+/// What became of an answer that would end the turn.
+enum Settled {
+    /// It ends the turn: `out` holds it (and its `output`, for a structured answer).
+    Ended,
+    /// It did not match the output schema, and a repair request was added: the model is asked
+    /// again.
+    Repair,
+    /// It did not match, also after the turn's repair: why, and the answer.
+    Failed(String, String),
+}
+
+/// Settles the answer `text` that would end the turn: as it is without an output schema;
+/// otherwise checked, and asked to be repaired (once a turn) when it fails.
+async fn settle_answer(
+    turn: &TurnInput<'_>,
+    out: &mut TurnOutput,
+    structured: Option<&Structured>,
+    text: String,
+) -> Settled {
+    let Some(structured) = structured else {
+        out.answer = Some(text);
+        return Settled::Ended;
+    };
+    match structured.check(&text) {
+        Ok(checked) => {
+            out.answer = Some(checked.text);
+            out.output = Some(checked.value);
+            Settled::Ended
+        }
+        Err(problems) if out.new_messages.iter().any(is_repair_request) => {
+            Settled::Failed(problems, text)
+        }
+        Err(problems) => {
+            tracing::info!(%problems, "the answer does not match the output schema; asking for a repair");
+            // What the answer streamed is not the turn's answer.
+            turn.events
+                .emit(EventKind::OutputDiscarded {
+                    failure: Failure::new(
+                        FailureKind::InvalidOutput,
+                        format!(
+                            "the answer does not match the output schema {:?}: {problems}",
+                            structured.schema.name
+                        ),
+                    ),
+                })
+                .await;
+            out.new_messages.push(structured.repair_request(&problems));
+            Settled::Repair
+        }
+    }
+}
+
+/// A turn whose answer still does not match its output schema after the repair: it ends
+/// `invalid_output`, with the last answer and what is wrong with it.
+fn invalid_output(
+    turn: &TurnInput<'_>,
+    mut out: TurnOutput,
+    structured: Option<&Structured>,
+    problems: &str,
+    answer: String,
+) -> Result<TurnOutput, TurnStop> {
+    interrupted_if_cancelled(turn)?;
+    out.status = TurnStatus::InvalidOutput;
+    out.answer = Some(answer);
+    out.output = None;
+    out.failure = structured.map(|s| s.failure(problems));
+    Ok(out)
+}
+
+/// Checks again a structured answer the `after_turn` hooks rewrote: its `output` follows the new
+/// text, or the turn ends `invalid_output` when the text no longer matches.
+fn recheck_rewritten(agent: &AgentSpec, out: &mut TurnOutput) {
+    let Ok(Some(structured)) = Structured::of(agent) else {
+        return;
+    };
+    let Some(answer) = out.answer.clone() else {
+        out.output = None;
+        return;
+    };
+    match structured.check(&answer) {
+        Ok(checked) => {
+            out.answer = Some(checked.text);
+            out.output = Some(checked.value);
+        }
+        Err(problems) => {
+            out.output = None;
+            out.status = TurnStatus::InvalidOutput;
+            out.failure = Some(Failure::new(
+                FailureKind::InvalidOutput,
+                format!(
+                    "the answer as the turn's hooks left it does not match the output schema \
+                     {:?}: {problems}",
+                    structured.schema.name
+                ),
+            ));
+        }
     }
 }
 

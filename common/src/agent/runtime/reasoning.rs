@@ -18,7 +18,7 @@ use super::{record_failure, turn_context, Runtime, TurnInput};
 use crate::agent::model::{ModelRequest, ModelResponse};
 use crate::agent::seams::{failure_from_error, DeltaSink, EventSink, ModelCall};
 use crate::protocol::message::Message;
-use crate::protocol::{EventKind, Failure, FailureKind, ToolSpec};
+use crate::protocol::{EventKind, Failure, FailureKind, OutputSchema, ToolSpec};
 
 impl Runtime {
     /// The model an agent's turn asks first.
@@ -38,12 +38,17 @@ impl Runtime {
         step: u32,
         messages: Vec<Message>,
         tools: Arc<[ToolSpec]>,
+        output_schema: Option<Arc<OutputSchema>>,
     ) -> Result<ModelResponse, Failure> {
         let primary = self.model_name(turn);
         let deltas = Arc::new(EventDeltas::new(turn.events.clone()));
+        let asked = Asked {
+            tools,
+            output_schema,
+        };
         // Boxed: the call's future is large, and nesting it in every caller's would make theirs so.
         if turn.agent.fallback_models.is_empty() {
-            return Box::pin(self.model_call_to(turn, step, primary, messages, tools, &deltas))
+            return Box::pin(self.model_call_to(turn, step, primary, messages, asked, &deltas))
                 .await;
         }
         let mut result = Box::pin(self.model_call_to(
@@ -51,7 +56,7 @@ impl Runtime {
             step,
             primary.clone(),
             messages.clone(),
-            tools.clone(),
+            asked.clone(),
             &deltas,
         ))
         .await;
@@ -71,7 +76,7 @@ impl Runtime {
                         step,
                         fallback.clone(),
                         messages.clone(),
-                        tools.clone(),
+                        asked.clone(),
                         &deltas,
                     ))
                     .await;
@@ -90,7 +95,7 @@ impl Runtime {
         step: u32,
         model: String,
         messages: Vec<Message>,
-        tools: Arc<[ToolSpec]>,
+        asked: Asked,
         deltas: &Arc<EventDeltas>,
     ) -> Result<ModelResponse, Failure> {
         let provider = self.settings.provider_of(&model).to_owned();
@@ -122,8 +127,9 @@ impl Runtime {
             model,
             agent: turn.agent.name.clone(),
             messages,
-            tools,
+            tools: asked.tools,
             max_output_tokens: None,
+            output_schema: asked.output_schema,
         };
         let started = std::time::Instant::now();
         let result = self
@@ -195,6 +201,13 @@ impl Runtime {
             None => response,
         })
     }
+}
+
+/// What a model call offers besides the conversation: its tools and the output schema.
+#[derive(Clone)]
+struct Asked {
+    tools: Arc<[ToolSpec]>,
+    output_schema: Option<Arc<OutputSchema>>,
 }
 
 /// Forwards streamed deltas to the turn's events: text as `model_delta`, reasoning as
@@ -318,6 +331,7 @@ mod tests {
             max_parallel_steps: None,
             max_concurrency: None,
             budget: None,
+            output_schema: None,
         }
     }
 

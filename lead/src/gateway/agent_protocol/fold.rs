@@ -1,5 +1,6 @@
 //! A run's events folded into the stream parts of LangGraph's run stream: `metadata` first (the
-//! run id), then per the stream modes asked for `values` (the thread's messages after each step),
+//! run id), then per the stream modes asked for `values` (the thread's messages after each step;
+//! at the end of a run with a structured answer, also its parsed `output`),
 //! `updates` (what each node added: `agent` for the model's message, `tools` for a call's result,
 //! `__interrupt__` for a call waiting for a person), `messages` (`messages-tuple`: each piece of
 //! the model's text with its metadata) and `custom` (Skein's own events as they are), then
@@ -130,6 +131,8 @@ pub(super) struct RunFold {
     /// shows them answered.
     asked: Vec<(CallRef, Value)>,
     stopped: bool,
+    /// The run's structured answer, parsed (the final result's `output`), once it ended.
+    output: Option<Value>,
 }
 
 impl RunFold {
@@ -148,12 +151,17 @@ impl RunFold {
             events: 0,
             asked: Vec::new(),
             stopped: false,
+            output: None,
         }
     }
 
-    /// The values the run left when it stopped at an interrupt, or ended.
+    /// The values the run left when it stopped at an interrupt, or ended: the thread's messages
+    /// and, for a structured answer, its parsed `output`.
     fn values(&self) -> Value {
-        json!({ "messages": self.messages })
+        match &self.output {
+            Some(output) => json!({ "messages": self.messages, "output": output }),
+            None => json!({ "messages": self.messages }),
+        }
     }
 
     /// True for the task's events before the run began.
@@ -373,6 +381,7 @@ impl Fold for RunFold {
         let answer = result.answer.as_deref().filter(|a| !a.is_empty());
         if result.status == TurnStatus::Completed || result.status == TurnStatus::BudgetExhausted {
             self.show_ai(&mut out, answer);
+            self.output.clone_from(&result.output);
             self.show_values(&mut out);
         } else {
             let (kind, message) = match &result.failure {
@@ -505,6 +514,8 @@ mod tests {
             status,
             answer: Some("done".into()),
             answer_ref: None,
+            output: None,
+            output_ref: false,
             failure: None,
             iterations: 2,
             limit_reached: false,
@@ -660,6 +671,44 @@ mod tests {
             .expect("values")["data"]["messages"];
         assert_eq!(last[2]["content"], "let me ");
         assert_eq!(last[4]["content"], "done");
+    }
+
+    #[test]
+    fn a_structured_answer_is_in_the_last_values_and_an_invalid_one_is_an_error() {
+        let events = turn();
+        let mut fold = RunFold::new(RunShape {
+            ends_at_interrupt: false,
+            ..shape(0, all())
+        });
+        let mut parts = fold.opening();
+        for event in &events {
+            parts.extend(fold.event(event));
+        }
+        let mut structured = result(TurnStatus::Completed);
+        structured.answer = Some(r#"{"n": 2}"#.into());
+        structured.output = Some(json!({"n": 2}));
+        parts.extend(fold.finish(&structured));
+        let values: Vec<&Value> = parts
+            .iter()
+            .filter(|p| p["event"] == "values")
+            .map(|p| &p["data"])
+            .collect();
+        assert!(values[..values.len() - 1]
+            .iter()
+            .all(|v| v.get("output").is_none()));
+        assert_eq!(values.last().map(|v| &v["output"]), Some(&json!({"n": 2})));
+
+        let mut fold = RunFold::new(shape(0, all()));
+        let mut parts = fold.opening();
+        let mut invalid = result(TurnStatus::InvalidOutput);
+        invalid.failure = Some(skein_common::protocol::Failure::new(
+            skein_common::protocol::FailureKind::InvalidOutput,
+            "/n: expected integer",
+        ));
+        parts.extend(fold.finish(&invalid));
+        assert_eq!(names(&parts), ["metadata", "values", "error", "end"]);
+        assert_eq!(parts[2]["data"]["status"], "invalid_output");
+        assert_eq!(parts[2]["data"]["message"], "/n: expected integer");
     }
 
     #[test]

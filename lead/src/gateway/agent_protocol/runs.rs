@@ -103,7 +103,7 @@ async fn status_of(
         return Ok(match ended.status {
             TurnStatus::Completed | TurnStatus::BudgetExhausted => "success",
             TurnStatus::Cancelled => "interrupted",
-            TurnStatus::Failed | TurnStatus::Rejected => "error",
+            TurnStatus::Failed | TurnStatus::Rejected | TurnStatus::InvalidOutput => "error",
         });
     }
     if !approvals::waiting(gateway, tenant, &run.task_id)

@@ -160,7 +160,11 @@ pub(super) async fn seen(
                 .await
                 .map_err(unavailable)?
             {
-                Some(ended) if ended.status == TurnStatus::Failed => "error",
+                Some(ended)
+                    if matches!(ended.status, TurnStatus::Failed | TurnStatus::InvalidOutput) =>
+                {
+                    "error"
+                }
                 Some(_) => "idle",
                 // Submitted and not started yet, unless so long ago it is not coming.
                 None if now_ms().saturating_sub(latest.created_at_ms)

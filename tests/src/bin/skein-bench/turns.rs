@@ -30,6 +30,7 @@ pub(crate) fn task(i: usize) -> TaskSubmission {
         deadline_ms: None,
         budget: None,
         multitask: Default::default(),
+        output_schema: None,
     }
 }
 

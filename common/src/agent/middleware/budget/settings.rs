@@ -260,11 +260,14 @@ fn json_setting(value: &str, what: &str) -> Result<String, String> {
 }
 
 /// A rough count of a request's prompt tokens: a quarter of the bytes of its messages (with a
-/// little framing each) and tool specs, rounded up.
+/// little framing each), tool specs and output schema, rounded up.
 pub fn estimate_prompt_tokens(request: &ModelRequest) -> u64 {
     // Byte bounds (no JSON is built: this runs for every model call).
-    use crate::agent::tokens::{tools_upper_bound, upper_bound};
-    (upper_bound(&request.messages) + tools_upper_bound(&request.tools)).div_ceil(4)
+    use crate::agent::tokens::{schema_upper_bound, tools_upper_bound, upper_bound};
+    (upper_bound(&request.messages)
+        + tools_upper_bound(&request.tools)
+        + schema_upper_bound(request.output_schema.as_deref()))
+    .div_ceil(4)
 }
 
 /// A rough count of an answer's tokens (for servers that report no usage).
@@ -456,6 +459,7 @@ mod tests {
             messages: vec![Message::system("be brief"), Message::user(text)],
             tools: Arc::from([]),
             max_output_tokens: None,
+            output_schema: None,
         };
         let short = estimate_prompt_tokens(&request("hi"));
         let long = estimate_prompt_tokens(&request(&"x".repeat(4000)));

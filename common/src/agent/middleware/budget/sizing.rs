@@ -19,10 +19,12 @@ use super::Price;
 pub const MIN_OUTPUT_TOKENS: u64 = 256;
 
 /// The most prompt tokens `request` can cost, whatever the server's tokenizer: the bytes of its
-/// messages (with the framing each costs) and of its tool specs.
+/// messages (with the framing each costs), of its tool specs and of its output schema.
 pub fn prompt_bound(request: &ModelRequest) -> u64 {
-    use crate::agent::tokens::{tools_upper_bound, upper_bound};
-    upper_bound(&request.messages).saturating_add(tools_upper_bound(&request.tools))
+    use crate::agent::tokens::{schema_upper_bound, tools_upper_bound, upper_bound};
+    upper_bound(&request.messages)
+        .saturating_add(tools_upper_bound(&request.tools))
+        .saturating_add(schema_upper_bound(request.output_schema.as_deref()))
 }
 
 /// One attempt's prompt bound and price, from which its worst cases follow.
@@ -306,6 +308,7 @@ mod tests {
             messages: vec![Message::user("x".repeat(4000))],
             tools: std::sync::Arc::from([]),
             max_output_tokens: None,
+            output_schema: None,
         };
         let bound = prompt_bound(&request);
         assert!(bound >= 4000, "{bound}");

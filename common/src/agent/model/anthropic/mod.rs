@@ -28,6 +28,10 @@
 //! redaction layer) is refused by the API. Asking for thinking is off unless
 //! [`AnthropicClient::with_thinking_budget`] sets a budget (`SKEIN_MODEL_THINKING_BUDGET`, or a
 //! named provider's `thinking_budget`).
+//!
+//! Structured answers: the output schema is offered as the [`ANSWER_TOOL`] tool, which the
+//! model must call (`tool_choice`; only asked for, not forced, while it thinks, which the API
+//! requires), and whose call comes back as the answer's text (see `request` and `stream`).
 
 mod http;
 mod request;
@@ -47,7 +51,7 @@ use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelR
 use http::{answers_with_json, bounded, error_for_status, log_failure, read_capped};
 use stream::{parse_whole, sse_answer, BodyError};
 
-pub use request::MIN_THINKING_BUDGET;
+pub use request::{ANSWER_TOOL, ANSWER_TOOL_INSTRUCTION, MIN_THINKING_BUDGET};
 
 /// Where Anthropic's API is, when no other base URL is configured.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -211,6 +215,7 @@ impl AnthropicClient {
             "messages request"
         );
         let body = self.request_body(&request);
+        let structured = request.output_schema.is_some();
         let timeout = self.timeout;
         // The whole call, the stream included, ends by this deadline; each step (the head, every
         // gap between events) is bounded by the timeout too.
@@ -219,7 +224,7 @@ impl AnthropicClient {
         let response = error_for_status(response, timeout).await?;
         if answers_with_json(&response) {
             let bytes = read_capped(response, timeout).await?;
-            return Ok(stream_of(parse_whole(&bytes)?));
+            return Ok(stream_of(parse_whole(&bytes, structured)?));
         }
         let mut read = 0usize;
         let capped = response.bytes_stream().map(move |chunk| {
@@ -230,7 +235,7 @@ impl AnthropicClient {
             }
             Ok(chunk)
         });
-        Ok(sse_answer(capped.boxed(), timeout, deadline))
+        Ok(sse_answer(capped.boxed(), timeout, deadline, structured))
     }
 }
 

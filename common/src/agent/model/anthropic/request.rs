@@ -18,15 +18,30 @@
 //!   steering message sent after tool results joins their message after them).
 //! - Empty text is left out (the API refuses empty text blocks); a message left with no block is
 //!   dropped.
+//! - A structured answer (`ModelRequest::output_schema`) is a tool, [`ANSWER_TOOL`], whose
+//!   `input_schema` is the schema, offered last (an agent's own tool of that name is left out),
+//!   and the model must call a tool: `tool_choice` is `{"type": "tool", "name": "final_answer"}`
+//!   when it is the only tool, `{"type": "any"}` beside the agent's tools. The API refuses a
+//!   forced tool while the model thinks: with thinking on, `tool_choice` is `auto` and the system
+//!   prompt ends with [`ANSWER_TOOL_INSTRUCTION`] (an answer written as text is still checked as
+//!   JSON). The stream decoder turns the tool's call into the answer's text.
 
 use serde_json::{json, Value};
 
 use super::super::ModelRequest;
 use crate::protocol::message::{Message, Role};
-use crate::protocol::{ImagePart, ToolSpec};
+use crate::protocol::{ImagePart, OutputSchema, ToolSpec};
 
 /// The smallest thinking budget the API accepts.
 pub const MIN_THINKING_BUDGET: u64 = 1024;
+
+/// The tool through which the model gives a structured answer: its `input_schema` is the output
+/// schema, and its input is the answer.
+pub const ANSWER_TOOL: &str = "final_answer";
+
+/// What the model is told when it may not be forced to call [`ANSWER_TOOL`] (while thinking).
+pub const ANSWER_TOOL_INSTRUCTION: &str = "When you have the final answer, give it by calling the \
+     final_answer tool, whose input is the answer; do not write the answer as text.";
 
 /// The body asking for `request`, streamed, in at most `max_tokens` output tokens, thinking
 /// within `thinking_budget` tokens when one is set and fits under `max_tokens`.
@@ -43,25 +58,66 @@ pub(super) fn request_body(
         "messages": messages,
         "stream": true,
     });
-    let system = system_blocks(&request.messages);
+    // The API wants `budget_tokens < max_tokens`: a call allowed fewer output tokens than the
+    // budget thinks within what it may spend, or not at all below the API's minimum.
+    let thinking = thinking_budget
+        .map(|budget| budget.min(max_tokens.saturating_sub(1)))
+        .filter(|&budget| budget >= MIN_THINKING_BUDGET);
+    if let Some(budget) = thinking {
+        body["thinking"] = json!({ "type": "enabled", "budget_tokens": budget });
+    }
+    let answer = request.output_schema.as_deref();
+    let mut system = system_blocks(&request.messages);
+    // Forcing a tool is refused while the model thinks: it is then asked to use it.
+    if answer.is_some() && thinking.is_some() {
+        system.push(json!({ "type": "text", "text": ANSWER_TOOL_INSTRUCTION }));
+    }
+    if let Some(last) = system.last_mut() {
+        last["cache_control"] = ephemeral();
+    }
     if !system.is_empty() {
         body["system"] = Value::Array(system);
     }
-    if !request.tools.is_empty() {
-        let mut tools: Vec<Value> = request.tools.iter().map(wire_tool).collect();
-        if let Some(last) = tools.last_mut() {
-            last["cache_control"] = ephemeral();
-        }
+    // A tool of the agent's that shares the answer tool's name could not be told apart from it.
+    let mut tools: Vec<Value> = request
+        .tools
+        .iter()
+        .filter(|tool| answer.is_none() || tool.name != ANSWER_TOOL)
+        .map(wire_tool)
+        .collect();
+    let other_tools = !tools.is_empty();
+    if let Some(schema) = answer {
+        tools.push(answer_tool(schema));
+        body["tool_choice"] = match (thinking, other_tools) {
+            (Some(_), _) => json!({ "type": "auto" }),
+            (None, true) => json!({ "type": "any" }),
+            (None, false) => json!({ "type": "tool", "name": ANSWER_TOOL }),
+        };
+    }
+    if let Some(last) = tools.last_mut() {
+        last["cache_control"] = ephemeral();
+    }
+    if !tools.is_empty() {
         body["tools"] = Value::Array(tools);
     }
-    // The API wants `budget_tokens < max_tokens`: a call allowed fewer output tokens than the
-    // budget thinks within what it may spend, or not at all below the API's minimum.
-    if let Some(budget) = thinking_budget.map(|budget| budget.min(max_tokens.saturating_sub(1))) {
-        if budget >= MIN_THINKING_BUDGET {
-            body["thinking"] = json!({ "type": "enabled", "budget_tokens": budget });
-        }
-    }
     body
+}
+
+/// The tool a structured answer is given through.
+fn answer_tool(schema: &OutputSchema) -> Value {
+    let description = if schema.description.is_empty() {
+        format!(
+            "Gives your final answer ({}): its input is the answer. Call it once you are done.",
+            schema.name
+        )
+    } else {
+        format!(
+            "Gives your final answer ({}): its input is the answer. Call it once you are done. \
+             The answer: {}",
+            schema.name, schema.description
+        )
+    };
+    json!({ "name": ANSWER_TOOL, "description": description, "input_schema": schema.schema })
 }
 
 fn ephemeral() -> Value {
@@ -69,15 +125,11 @@ fn ephemeral() -> Value {
 }
 
 fn system_blocks(messages: &[Message]) -> Vec<Value> {
-    let mut blocks: Vec<Value> = messages
+    messages
         .iter()
         .filter(|m| m.role == Role::System && !m.content.is_empty())
         .map(|m| json!({ "type": "text", "text": m.content }))
-        .collect();
-    if let Some(last) = blocks.last_mut() {
-        last["cache_control"] = ephemeral();
-    }
-    blocks
+        .collect()
 }
 
 /// The `messages` array: user and assistant turns, alternating.

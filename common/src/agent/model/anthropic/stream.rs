@@ -11,6 +11,13 @@
 //! and delta types this client does not know, are skipped; event types it does not know are
 //! ignored, as the API asks of its clients.
 //!
+//! A structured answer (a request with an output schema) comes as a call of
+//! [`ANSWER_TOOL`]: that block is not a tool call but the answer. Its input's JSON is streamed
+//! as text deltas and becomes the message's text, in place of any text the model wrote beside it;
+//! a message that holds only it ends as a plain answer (`end_turn`). Called beside other tools,
+//! those calls stand and the answer's JSON is the message's text (the turn goes on with the
+//! calls). Without an output schema a tool of that name is an ordinary call.
+//!
 //! The assembled message keeps its thinking as `Message::reasoning` and, when the answer had
 //! exactly one thinking block and it came signed, the signature as `Message::reasoning_signature`
 //! (several thinking blocks cannot be sent back faithfully as one text, so none is then).
@@ -35,6 +42,7 @@ pub(super) use super::super::sse::BodyError;
 use super::super::sse::TimedEvents;
 use super::super::{ModelChunk, ModelError, ModelResponse};
 use super::http::MAX_ERROR_BODY_BYTES;
+use super::request::ANSWER_TOOL;
 use crate::protocol::message::{Message, Role, ToolCall, Usage};
 
 /// One streamed event (its `data`, tagged by `type`).
@@ -223,6 +231,13 @@ enum Block {
         text: String,
         signature: String,
     },
+    /// The call of [`ANSWER_TOOL`] that gives a structured answer.
+    Answer {
+        /// The input the block started with (whole answers carry it all there).
+        input: Value,
+        /// The pieces of `input_json_delta`s.
+        json: String,
+    },
     Skipped,
 }
 
@@ -242,9 +257,20 @@ pub(super) struct MessageAccumulator {
     tool_uses: usize,
     usage: WireUsage,
     stop_reason: Option<String>,
+    /// The request asked for a structured answer: a call of [`ANSWER_TOOL`] is the answer.
+    structured: bool,
 }
 
 impl MessageAccumulator {
+    /// An accumulator for the answer to a request with (`structured`) or without an output
+    /// schema.
+    pub(super) fn new(structured: bool) -> Self {
+        Self {
+            structured,
+            ..Self::default()
+        }
+    }
+
     pub(super) fn absorb(&mut self, event: StreamEvent) -> Result<Progress, ModelError> {
         match event {
             StreamEvent::MessageStart { message } => {
@@ -292,6 +318,13 @@ impl MessageAccumulator {
         }
         let (block, progress) = match block {
             WireBlock::Text { text } => (Block::Text(text.clone()), Progress::Text(text)),
+            WireBlock::ToolUse { input, name, .. } if self.structured && name == ANSWER_TOOL => {
+                let block = Block::Answer {
+                    input,
+                    json: String::new(),
+                };
+                (block, Progress::Nothing)
+            }
             WireBlock::ToolUse { id, name, input } => {
                 if self.tool_uses >= MAX_TOOL_CALLS {
                     return Err(ModelError::BadResponse(format!(
@@ -338,6 +371,10 @@ impl MessageAccumulator {
                 json.push_str(&partial_json);
                 Progress::Nothing
             }
+            (Block::Answer { json, .. }, WireDelta::InputJsonDelta { partial_json }) => {
+                json.push_str(&partial_json);
+                Progress::Text(partial_json)
+            }
             (Block::Thinking { text, .. }, WireDelta::ThinkingDelta { thinking }) => {
                 text.push_str(&thinking);
                 Progress::Reasoning(thinking)
@@ -366,6 +403,7 @@ impl MessageAccumulator {
         let mut content = String::new();
         let mut tool_calls = Vec::new();
         let mut thinking: Vec<(String, String)> = Vec::new();
+        let mut answer: Option<String> = None;
         for block in self.blocks.into_values() {
             match block {
                 Block::Text(text) => content.push_str(&text),
@@ -397,7 +435,25 @@ impl MessageAccumulator {
                     });
                 }
                 Block::Thinking { text, signature } => thinking.push((text, signature)),
+                Block::Answer { input, json } => {
+                    answer = Some(if json.trim().is_empty() {
+                        match input {
+                            object @ Value::Object(_) => object.to_string(),
+                            _ => "{}".to_owned(),
+                        }
+                    } else {
+                        json
+                    });
+                }
                 Block::Skipped => {}
+            }
+        }
+        let mut finish_reason = self.stop_reason;
+        if let Some(answer) = answer {
+            content = answer;
+            if tool_calls.is_empty() {
+                // Given through a tool, but an answer: the turn ends with it.
+                finish_reason = Some("end_turn".to_owned());
             }
         }
         let reasoning_signature = match thinking.as_slice() {
@@ -415,7 +471,7 @@ impl MessageAccumulator {
                 reasoning_signature,
                 images: Vec::new(),
             },
-            finish_reason: self.stop_reason,
+            finish_reason,
             usage: self.usage.into(),
         }
     }
@@ -433,7 +489,7 @@ impl Block {
     fn kind(&self) -> &'static str {
         match self {
             Block::Text(_) => "text",
-            Block::ToolUse { .. } => "tool_use",
+            Block::ToolUse { .. } | Block::Answer { .. } => "tool_use",
             Block::Thinking { .. } => "thinking",
             Block::Skipped => "skipped",
         }
@@ -461,13 +517,14 @@ fn fallback_call_id(position: usize) -> String {
     )
 }
 
-/// Parses a whole answer (a server that ignored `stream: true`), or the error in its place.
-pub(super) fn parse_whole(body: &[u8]) -> Result<ModelResponse, ModelError> {
+/// Parses a whole answer (a server that ignored `stream: true`), or the error in its place;
+/// `structured` as for [`MessageAccumulator::new`].
+pub(super) fn parse_whole(body: &[u8], structured: bool) -> Result<ModelResponse, ModelError> {
     let message: WholeMessage = serde_json::from_slice(body).map_err(|error| {
         let start = crate::text::cut(&String::from_utf8_lossy(body), 200);
         ModelError::BadResponse(format!("{error}; the body starts with: {start}"))
     })?;
-    let mut accumulator = MessageAccumulator::default();
+    let mut accumulator = MessageAccumulator::new(structured);
     accumulator.absorb_whole(message)?;
     Ok(accumulator.finish())
 }
@@ -512,18 +569,20 @@ impl SseReader {
 }
 
 /// Turns a server-sent-events body into reasoning and text deltas followed by the assembled
-/// response. The stream ends after its first error.
+/// response (`structured` as for [`MessageAccumulator::new`]). The stream ends after its first
+/// error.
 pub(super) fn sse_answer<B>(
     body: BoxStream<'static, Result<B, BodyError>>,
     idle_timeout: Duration,
     deadline: tokio::time::Instant,
+    structured: bool,
 ) -> BoxStream<'static, Result<ModelChunk, ModelError>>
 where
     B: AsRef<[u8]> + Send + 'static,
 {
     let reader = SseReader {
         events: TimedEvents::new(body, idle_timeout, deadline),
-        accumulator: MessageAccumulator::default(),
+        accumulator: MessageAccumulator::new(structured),
     };
     futures::stream::unfold(Some(reader), |reader| async move {
         let mut reader = reader?;

@@ -91,6 +91,7 @@ mod tests {
             messages,
             tools: Vec::new().into(),
             max_output_tokens: None,
+            output_schema: None,
         }
     }
 

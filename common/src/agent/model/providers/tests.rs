@@ -198,6 +198,7 @@ async fn a_provider_set_to_take_no_images_refuses_them_before_sending_and_the_ot
         }])],
         tools: Arc::from(Vec::new()),
         max_output_tokens: None,
+        output_schema: None,
     };
     let refused = providers
         .complete(request("text:m"))
