@@ -66,7 +66,7 @@ BUILTIN_GROUPS = {
 
 # Secrets the prod overlay expects to exist in the cluster rather than rendering them.
 EXTERNAL_SECRETS = {"skein-nats", "skein-redis", "skein-model", "skein-gateway-keys", "skein-principals",
-                    "skein-principal-keys"}
+                    "skein-principal-keys", "skein-nats-tenants"}
 
 # The binaries that serve the admin server (SKEIN_ADMIN_ADDR: /metrics, /healthz, /readyz). The
 # gateway serves /healthz on its own port (SKEIN_GATEWAY_ADDR) and has no admin server.

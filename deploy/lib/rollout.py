@@ -213,7 +213,9 @@ def check_confined_restarts(r, problems):
     if sts is not None:
         c = stateful.container(sts, "nats")
         conf = "\n".join((stateful.mounted_config(r, sts, c, "/etc/nats") or {}).values())
-        users = re.findall(r"^\s*user\s*[:=]\s*\"?([A-Za-z0-9_.-]+)\"?\s*$", conf, re.MULTILINE)
+        env = plain_env(c)
+        users = [env.get(u[1:], u) if u.startswith("$") else u.strip('"') for u in
+                 re.findall(r"\buser\s*[:=]\s*(\$?[A-Za-z0-9_.\"-]+)", conf)]
         for _, cont, _, env in skein_containers(r):
             wanted = env.get("SKEIN_NATS_USER")
             if users and wanted and wanted not in users:
