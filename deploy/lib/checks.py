@@ -283,6 +283,7 @@ def check_workload(r, w, problems):
     for c in pod_spec["containers"] + (pod_spec.get("initContainers") or []):
         check_image(name, c, problems)
         check_command_line(name, c, problems)
+        check_env_references(name, c, problems)
     priority = pod_spec.get("priorityClassName")
     if priority and not priority.startswith("system-") and priority not in r.kind("PriorityClass"):
         problems.add(name, f"priorityClassName {priority} is not rendered")
@@ -332,6 +333,18 @@ def check_image(name, c, problems):
     elif not OWN_IMAGES.match(repository) and not FULL_VERSION.match(tag):
         problems.add(f"{name} container {c['name']}", f"image {image}: pin a full version (x.y.z), "
                      "not a moving tag")
+
+
+def check_env_references(name, c, problems):
+    """A `$(NAME)` in an env value names a variable defined before it in the list: Kubernetes
+    expands only those, and leaves any other as the literal text."""
+    defined = set()
+    for var in c.get("env") or []:
+        for ref in re.findall(r"\$\((\w+)\)", var.get("value") or ""):
+            if ref not in defined:
+                problems.add(f"{name} container {c['name']}", f"{var['name']} refers to $({ref}), which "
+                             "is not defined before it: Kubernetes would leave the text as it is")
+        defined.add(var["name"])
 
 
 def check_command_line(name, c, problems):

@@ -155,6 +155,10 @@ def nats_short_catch_up(docs):
     container(find(docs, "StatefulSet", "nats"), "nats")["startupProbe"]["failureThreshold"] = 120
 
 
+def tenant_fills_store(docs):
+    config_map(docs, "skein-common")["data"].pop("SKEIN_WORKSPACE_BUCKET_BYTES")
+
+
 def nats_store_fills_volume(docs):
     env_var(container(find(docs, "StatefulSet", "nats"), "nats"), "NATS_MAX_FILE_STORE")["value"] = "21GB"
 
@@ -186,6 +190,7 @@ MUTATIONS = {
     "short-drain": short_drain,
     "nats-short-catch-up": nats_short_catch_up,
     "nats-store-fills-volume": nats_store_fills_volume,
+    "tenant-fills-store": tenant_fills_store,
     "no-tls": no_tls,
 }
 

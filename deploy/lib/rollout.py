@@ -24,8 +24,9 @@ Every rendering:
      limit in a pool that runs subagents; the model time limit in a lead), the pod's grace period
      covers SKEIN_GRACE plus the last pull and trace flush, and leads and workers roll with
      maxSurge 25%;
-  9. NATS's volume is above max_file_store (at most 90 %), and the start-up probe allows a long
-     catch-up (30 minutes at least);
+  9. NATS's volume is above max_file_store (at most 90 %), a tenant's workspace bucket is
+     bounded (SKEIN_WORKSPACE_BUCKET_BYTES) and fits the store beside Skein's bounded streams, and
+     the start-up probe allows a long catch-up (30 minutes at least);
  10. (--prod) NATS's clients and routes over TLS, SKEIN_NATS_TLS_CA and SKEIN_REDIS_TLS_CA on
      mounted files, Redis over rediss+sentinel:// with its servers on TLS, and the collector's
      export without `insecure`.
@@ -50,6 +51,9 @@ MAX_SURGE = "25%"
 NATS_CATCH_UP_SECONDS = 30 * 60
 # max_file_store at most this share of the volume: file system overhead, compaction.
 STORE_SHARE = 0.9
+# What Skein's own streams may hold at most on each server (common/src/bus/streams.rs,
+# STREAM_LIMITS): SKEIN_SUBMIT and SKEIN_WORK 1 GiB each, SKEIN_EVENTS 4 GiB, SKEIN_DLQ 1 GiB.
+BOUNDED_STREAMS_BYTES = (1 + 1 + 4 + 1) * 2**30
 # The syscalls the shell sandbox needs beyond a runtime's default profile: user namespaces
 # (unshare, clone with CLONE_NEWUSER), the proc mount of its process namespace, and Landlock.
 SANDBOX_SYSCALLS = {"unshare", "clone", "mount", "landlock_create_ruleset", "landlock_add_rule",
@@ -379,6 +383,19 @@ def check_nats_capacity(r, problems):
             problems.add(name, f"max_file_store {store} is more than {STORE_SHARE:.0%} of the volume "
                          f"{claim['spec']['resources']['requests']['storage']}: JetStream fills the disk "
                          "before its own limit")
+    # One tenant's workspace bucket is bounded, and it fits the store beside Skein's own streams.
+    if store and not str(store).startswith("$"):
+        for w, cont, binary, env in skein_containers(r):
+            if binary != "skein-worker" or (env.get("SKEIN_WORKSPACE") or "object") != "object":
+                continue
+            bucket = env.get("SKEIN_WORKSPACE_BUCKET_BYTES")
+            if not bucket:
+                problems.add(f"{where(w)} container {cont['name']}", "no SKEIN_WORKSPACE_BUCKET_BYTES: one "
+                             "tenant's workspace bucket can fill the JetStream store the work queues share, "
+                             "and stop every tenant's submissions")
+            elif size_bytes(bucket) + BOUNDED_STREAMS_BYTES > nats_size_bytes(store):
+                problems.add(f"{where(w)} container {cont['name']}", f"SKEIN_WORKSPACE_BUCKET_BYTES {bucket} "
+                             f"with Skein's bounded streams (7 GiB) is more than max_file_store {store}")
     probe = c.get("startupProbe") or {}
     allowed = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
     if allowed < NATS_CATCH_UP_SECONDS:
