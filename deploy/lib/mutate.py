@@ -174,6 +174,18 @@ def no_tls(docs):
     replace_text(config_map(docs, "otel-collector-config"), "collector.yaml", "insecure: false", "insecure: true")
 
 
+# Settings: the namespace written by hand where it is named, and left behind on a rename.
+def namespace_left_behind(docs):
+    for d in docs:
+        if d["kind"] == "ScaledObject":
+            for trigger in d["spec"]["triggers"]:
+                endpoint = (trigger.get("metadata") or {}).get("natsServerMonitoringEndpoint")
+                if endpoint:
+                    trigger["metadata"]["natsServerMonitoringEndpoint"] = "nats.skein.svc:8222"
+        if d["kind"] == "Certificate" and d["spec"].get("dnsNames"):
+            d["spec"]["dnsNames"] = [re.sub(r"\.[a-z0-9-]+\.svc$", ".skein.svc", n) for n in d["spec"]["dnsNames"]]
+
+
 MUTATIONS = {
     "nats-password-unquoted": nats_password_unquoted,
     "zone-spread-strict": zone_spread_strict,
@@ -192,6 +204,7 @@ MUTATIONS = {
     "nats-store-fills-volume": nats_store_fills_volume,
     "tenant-fills-store": tenant_fills_store,
     "no-tls": no_tls,
+    "namespace-left-behind": namespace_left_behind,
 }
 
 

@@ -405,6 +405,17 @@ def check_nats_capacity(r, problems):
 
 # --- 10 --------------------------------------------------------------------------------------------
 
+def check_certificates(r, problems):
+    """A certificate's names in a namespace (`<service>.<namespace>.svc`) are in the rendered
+    one: clients dial those names, and a certificate for another namespace fails every check."""
+    for cert in r.kind("Certificate").values():
+        namespace = cert["metadata"].get("namespace")
+        for name in cert["spec"].get("dnsNames") or []:
+            parts = name.split(".")
+            if len(parts) >= 3 and parts[-1] == "svc" and parts[-2] != namespace:
+                problems.add(where(cert), f"names {name}, in namespace {parts[-2]}, not {namespace}")
+
+
 def check_tls(r, problems, mounted_file_problem):
     sts = stateful.by_app(r, "nats")
     if sts is not None:
@@ -455,5 +466,6 @@ def check(r, problems, prod, mounted_file_problem):
     check_shell_pool(r, problems)
     check_drain(r, problems)
     check_nats_capacity(r, problems)
+    check_certificates(r, problems)
     if prod:
         check_tls(r, problems, mounted_file_problem)
