@@ -41,6 +41,7 @@ import yaml
 
 import dockerfile as dockerfile_checks
 import monitoring
+import rollout
 import stateful
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,6 +51,8 @@ CUSTOM_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.schema.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.schema.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.schema.json",
+    ("cert-manager.io/v1", "Issuer"): "certmanager.schema.json",
+    ("cert-manager.io/v1", "Certificate"): "certmanager.schema.json",
 }
 
 # Kinds without a namespace.
@@ -62,7 +65,8 @@ BUILTIN_GROUPS = {
 }
 
 # Secrets the prod overlay expects to exist in the cluster rather than rendering them.
-EXTERNAL_SECRETS = {"skein-secrets", "skein-gateway-keys", "skein-principals", "skein-principal-keys"}
+EXTERNAL_SECRETS = {"skein-nats", "skein-redis", "skein-model", "skein-gateway-keys", "skein-principals",
+                    "skein-principal-keys", "skein-nats-tenants"}
 
 # The binaries that serve the admin server (SKEIN_ADMIN_ADDR: /metrics, /healthz, /readyz). The
 # gateway serves /healthz on its own port (SKEIN_GATEWAY_ADDR) and has no admin server.
@@ -108,7 +112,7 @@ PRIVATE_RANGES = [ipaddress.ip_network(n) for n in (
 NODE_LOCAL_DNS = ipaddress.ip_network("169.254.20.10/32")
 
 # Images built here (any tag but latest); every other image is pinned to a full version.
-OWN_IMAGES = re.compile(r"^(.*/)?skein(-lead|-worker|-gateway)?$")
+OWN_IMAGES = re.compile(r"^(.*/)?skein(-lead|-worker|-worker-tools|-gateway)?$")
 FULL_VERSION = re.compile(r"^v?\d+\.\d+\.\d+([-.+][0-9A-Za-z.-]+)?$")
 
 # What a scale-down may remove: one pod a minute.
@@ -254,7 +258,9 @@ def check_workload(r, w, problems):
     psc = pod_spec.get("securityContext") or {}
     if psc.get("runAsNonRoot") is not True:
         problems.add(name, "pod securityContext.runAsNonRoot must be true")
-    if (psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+    seccomp = (psc.get("seccompProfile") or {}).get("type")
+    # The shell pool's own Localhost profile (rollout.py checks it); RuntimeDefault everywhere else.
+    if seccomp != "RuntimeDefault" and not (seccomp == "Localhost" and runs_shell(r, w)):
         problems.add(name, "pod seccompProfile must be RuntimeDefault")
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
     for template in spec.get("volumeClaimTemplates") or []:
@@ -267,7 +273,8 @@ def check_workload(r, w, problems):
         if cm and cm not in r.kind("ConfigMap"):
             problems.add(name, f"config map volume {cm} is not rendered")
         secret = (volume.get("secret") or {}).get("secretName")
-        if secret and secret not in r.kind("Secret") and secret not in EXTERNAL_SECRETS:
+        if secret and secret not in r.kind("Secret") and secret not in EXTERNAL_SECRETS \
+                and secret not in issued_secrets(r):
             problems.add(name, f"secret volume {secret} is not rendered")
     for c in pod_spec["containers"]:
         check_container(r, w, c, volumes, problems)
@@ -276,10 +283,25 @@ def check_workload(r, w, problems):
     for c in pod_spec["containers"] + (pod_spec.get("initContainers") or []):
         check_image(name, c, problems)
         check_command_line(name, c, problems)
+        check_env_references(name, c, problems)
     priority = pod_spec.get("priorityClassName")
     if priority and not priority.startswith("system-") and priority not in r.kind("PriorityClass"):
         problems.add(name, f"priorityClassName {priority} is not rendered")
     check_secret_hash(r, w, problems)
+
+
+def issued_secrets(r):
+    """The Secrets cert-manager writes for the rendered Certificates."""
+    return {c["spec"]["secretName"] for c in r.kind("Certificate").values()}
+
+
+def runs_shell(r, w):
+    """Whether a workload runs workers with the `shell` tool."""
+    for c in w["spec"]["template"]["spec"]["containers"]:
+        tools = (r.container_env(c).get("SKEIN_TOOLS") or "").split(",")
+        if binary_of(c) == "skein-worker" and "shell" in [t.strip() for t in tools]:
+            return True
+    return False
 
 
 def check_locked_down(name, c, problems):
@@ -313,6 +335,18 @@ def check_image(name, c, problems):
                      "not a moving tag")
 
 
+def check_env_references(name, c, problems):
+    """A `$(NAME)` in an env value names a variable defined before it in the list: Kubernetes
+    expands only those, and leaves any other as the literal text."""
+    defined = set()
+    for var in c.get("env") or []:
+        for ref in re.findall(r"\$\((\w+)\)", var.get("value") or ""):
+            if ref not in defined:
+                problems.add(f"{name} container {c['name']}", f"{var['name']} refers to $({ref}), which "
+                             "is not defined before it: Kubernetes would leave the text as it is")
+        defined.add(var["name"])
+
+
 def check_command_line(name, c, problems):
     """No secret on a command line, where every process of the node can read it (/proc)."""
     secrets = {v["name"] for v in c.get("env") or [] if (v.get("valueFrom") or {}).get("secretKeyRef")}
@@ -337,7 +371,8 @@ def check_secret_hash(r, w, problems):
     # A mounted Secret too: its files change in place, but Skein reads them once, at start.
     read |= {v["secret"]["secretName"] for v in pod["spec"].get("volumes") or [] if "secret" in v}
     annotations = pod["metadata"].get("annotations") or {}
-    for secret in sorted(read - set(r.kind("Secret"))):
+    # cert-manager's Secrets change in place on renewal; no hash of theirs can be known beforehand.
+    for secret in sorted(read - set(r.kind("Secret")) - issued_secrets(r)):
         if SECRET_HASH_ANNOTATION.format(secret) not in annotations:
             problems.add(where(w), f"reads Secret {secret} but has no {SECRET_HASH_ANNOTATION.format(secret)} "
                          "annotation: rotating it would not restart the pods")
@@ -856,6 +891,7 @@ def manifests(rendered_path, builtin_out, prod=False):
     check_shared_settings(r, problems)
     stateful.check(r, problems, prod)
     monitoring.check(r, problems, prod)
+    rollout.check(r, problems, prod, mounted_file_problem)
     if prod:
         check_prod(r, scaled, problems)
     print(f"{label}: {len(docs)} resources ({len(docs) - len(builtin)} custom) checked")

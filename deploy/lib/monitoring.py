@@ -24,7 +24,7 @@ README = os.path.join(ROOT, "deploy", "README.md")
 # redis_exporter (namespace redis). Only the names used here; add one when an alert needs it.
 EXPORTER_METRICS = {
     "prometheus-nats-exporter": {
-        "gnatsd_varz_connections", "gnatsd_varz_routes", "gnatsd_varz_mem", "gnatsd_varz_cpu",
+        "gnatsd_varz_connections", "gnatsd_varz_routes", "gnatsd_varz_remotes", "gnatsd_varz_mem", "gnatsd_varz_cpu",
         "gnatsd_varz_slow_consumers", "gnatsd_varz_in_msgs", "gnatsd_varz_out_msgs",
         "jetstream_server_total_message_bytes", "jetstream_server_max_storage",
         "jetstream_server_total_streams", "jetstream_stream_total_messages",
@@ -37,6 +37,14 @@ EXPORTER_METRICS = {
     },
     # Prometheus's own series for every target.
     "prometheus": {"up"},
+    # KEDA's operator (2.15 and later), scraped through its chart's ServiceMonitor.
+    "keda": {"keda_scaler_detail_errors_total", "keda_scaled_object_errors_total"},
+    # The OpenTelemetry Collector's own metrics (service.telemetry, port 8888).
+    "otelcol": {
+        "otelcol_exporter_send_failed_spans_total", "otelcol_exporter_enqueue_failed_spans_total",
+        "otelcol_processor_refused_spans_total", "otelcol_exporter_sent_spans_total",
+        "otelcol_receiver_accepted_spans_total",
+    },
 }
 
 # The alerts the deployment promises, and a metric each must watch.
@@ -46,7 +54,23 @@ REQUIRED_ALERTS = {
     "SkeinConsumerLag": "skein_queue_pending",
     "SkeinNoLiveWorkers": "up",
     "SkeinLeaseConflicts": "skein_lease_conflicts_total",
+    # A NATS server cut off from a peer: `remotes` counts the peers it is routed to; `routes`
+    # counts route connections (several per peer) and does not drop when one peer is gone.
+    "SkeinNatsRouteMissing": "gnatsd_varz_remotes",
+    "SkeinJetStreamStreamWithoutLeader": "jetstream_stream_total_messages",
+    "SkeinRedisFailover": "redis_instance_info",
+    "SkeinKedaScalerErrors": "keda_scaler_detail_errors_total",
+    "SkeinCollectorDroppingSpans": "otelcol_exporter_send_failed_spans_total",
 }
+
+# Metrics an alert must not watch, and why.
+MISLEADING_METRICS = {
+    "gnatsd_varz_routes": "counts route connections, not peers: a server keeps its count with a peer "
+                          "gone; alert on gnatsd_varz_remotes",
+}
+
+# The label kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by.
+PROMETHEUS_SELECTOR_LABEL = "release"
 
 SEVERITIES = {"critical", "warning", "info"}
 
@@ -149,7 +173,7 @@ def readme_anchors(path=README):
         return set(re.findall(r'<a id="([^"]+)"', f.read()))
 
 
-def check_rules(r, known, jobs, problems):
+def check_rules(r, known, jobs, problems, prod=False):
     anchors = readme_anchors()
     alerts = {}
     for rule_set in r.kind("PrometheusRule").values():
@@ -161,13 +185,18 @@ def check_rules(r, known, jobs, problems):
                 if "alert" not in rule:
                     continue
                 alerts[name] = names
+                for metric in sorted(names & set(MISLEADING_METRICS)):
+                    problems.add(where, f"watches {metric}, which {MISLEADING_METRICS[metric]}")
                 if (rule.get("labels") or {}).get("severity") not in SEVERITIES:
                     problems.add(where, f"severity must be one of {sorted(SEVERITIES)}")
                 runbook = (rule.get("annotations") or {}).get("runbook_url", "")
                 page, _, anchor = runbook.partition("#")
-                if page != "deploy/README.md" or anchor not in anchors:
+                if not page.endswith("README.md") or anchor not in anchors:
                     problems.add(where, f"runbook_url {runbook!r} is not a section of deploy/README.md "
                                  '(<a id="..."> anchors)')
+                elif prod and not re.match(r"https?://[^/]+/", page):
+                    problems.add(where, f"runbook_url {runbook!r} is a relative path, which no alert "
+                                 "receiver can open: set runbookBase in the overlay's settings.yaml")
     return alerts
 
 
@@ -204,7 +233,7 @@ def check(r, problems, prod):
     """Checks the rendering's monitoring; in prod, also that it is there."""
     known = known_metrics()
     jobs = scraped_jobs(r, problems)
-    alerts = check_rules(r, known, jobs, problems)
+    alerts = check_rules(r, known, jobs, problems, prod)
     dashboards = check_dashboards(r, known, jobs, problems)
     if not prod:
         return
@@ -220,3 +249,11 @@ def check(r, problems, prod):
     for job in ("skein-lead-metrics", "skein-worker-metrics"):
         if job not in jobs:
             problems.add("monitoring", f"no ServiceMonitor scrapes Service {job}")
+    # kube-prometheus-stack's Prometheus selects ServiceMonitors and rules by its release label:
+    # without it, the resources are created and nothing reads them.
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        for doc in r.kind(kind).values():
+            if not (doc["metadata"].get("labels") or {}).get(PROMETHEUS_SELECTOR_LABEL):
+                problems.add(f"{kind}/{doc['metadata']['name']}", f"no `{PROMETHEUS_SELECTOR_LABEL}` label: "
+                             "kube-prometheus-stack's Prometheus selects by it and would ignore this "
+                             "(prometheusRelease in the overlay's settings.yaml)")

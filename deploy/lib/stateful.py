@@ -175,19 +175,23 @@ def check_nats(r, problems, prod, skein_env, worker_env):
             elif wanted > replicas:
                 problems.add(name, f"{variable}={wanted} but only {replicas} NATS servers")
     if prod:
-        if replicas != PROD_NATS_SERVERS:
-            problems.add(name, f"prod runs {PROD_NATS_SERVERS} NATS servers, not {replicas}")
+        # An odd number of servers, three at least (a majority survives a node); streams and
+        # buckets keep three replicas on a larger cluster.
+        if replicas < PROD_NATS_SERVERS or replicas % 2 == 0:
+            problems.add(name, f"prod runs an odd number of NATS servers, {PROD_NATS_SERVERS} or more, "
+                         f"not {replicas}")
+        stream_replicas = min(replicas, PROD_NATS_SERVERS)
         for env in skein_env:
-            if int(env.get("SKEIN_STREAM_REPLICAS") or 1) != replicas:
-                problems.add(name, f"SKEIN_STREAM_REPLICAS must be {replicas} in prod, "
+            if int(env.get("SKEIN_STREAM_REPLICAS") or 1) != stream_replicas:
+                problems.add(name, f"SKEIN_STREAM_REPLICAS must be {stream_replicas} in prod, "
                              f"not {env.get('SKEIN_STREAM_REPLICAS') or 'the default 1'}")
         for env in worker_env:
             # The workspace buckets (object mode): their own setting, else the streams'.
             if (env.get("SKEIN_WORKSPACE") or "object") == "object":
                 buckets = env.get("SKEIN_WORKSPACE_REPLICAS") or env.get("SKEIN_STREAM_REPLICAS") or "1"
-                if int(buckets) != replicas:
+                if int(buckets) != stream_replicas:
                     problems.add(name, f"workspace buckets get {buckets} replicas "
-                                 f"(SKEIN_WORKSPACE_REPLICAS): prod keeps {replicas}")
+                                 f"(SKEIN_WORKSPACE_REPLICAS): prod keeps {stream_replicas}")
         if not pod.get("priorityClassName"):
             problems.add(name, "no priorityClassName")
 
@@ -201,9 +205,21 @@ def check_nats_cluster(r, sts, c, conf, replicas, problems):
     port = nats_setting(block.group(1), "port")
     routes = re.findall(r"nats://([^\s,\]]+)", block.group(1))
     service = sts["spec"]["serviceName"]
-    wanted = {f"{sts['metadata']['name']}-{i}.{service}:{port}" for i in range(replicas)}
+    # The routes are seeds: the first servers (three, or every one of a smaller cluster); a
+    # server routed to a seed learns the others from it, at the name each advertises.
+    seeds = min(replicas, PROD_NATS_SERVERS)
+    wanted = {f"{sts['metadata']['name']}-{i}.{service}:{port}" for i in range(seeds)}
     if set(routes) != wanted:
-        problems.add(name, f"routes {sorted(routes)} must be every server: {sorted(wanted)}")
+        problems.add(name, f"routes {sorted(routes)} must be the first {seeds} servers, which exist "
+                     f"whatever the cluster's size: {sorted(wanted)}")
+    advertise = nats_setting(block.group(1), "advertise") or ""
+    env = {e["name"]: e.get("value") for e in c.get("env") or []}
+    if advertise.startswith("$"):
+        advertise = env.get(advertise[1:]) or ""
+    if not re.fullmatch(rf"\$\(NATS_SERVER_NAME\)\.{re.escape(service)}:{port}", advertise):
+        problems.add(name, f"the cluster block must advertise each server as <pod>.{service}:{port} "
+                     f"(found {advertise!r}): the servers beyond the seeds are reached by that name, "
+                     "which their certificate holds")
     if any("cluster.local" in route for route in routes):
         problems.add(name, "routes name the cluster domain; names in the namespace need none")
     ports = {p.get("name"): str(p["containerPort"]) for p in c.get("ports") or []}

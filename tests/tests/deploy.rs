@@ -169,6 +169,10 @@ fn admin_port() -> u64 {
 /// The gateway's settings (`SKEIN_GATEWAY_*`), declared beside its code.
 const GATEWAY_SETTINGS: &str = "lead/src/gateway/mod.rs";
 
+/// The `shell` tool's settings (`SKEIN_SHELL_*`), declared beside its code; the shell pool
+/// (`deploy/k8s/components/shell-pool`) sets them.
+const SHELL_SETTINGS: &str = "worker/src/tools/shell/config.rs";
+
 /// The port in an address (`0.0.0.0:8080`).
 fn port_of(addr: &str) -> u64 {
     addr.rsplit(':')
@@ -210,6 +214,7 @@ fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
     let mut variables = const_values(&repo_file("common/src/config.rs"), "ENV_");
     assert!(variables.len() > 20, "found the constants: {variables:?}");
     variables.extend(const_values(&repo_file(GATEWAY_SETTINGS), "ENV_GATEWAY_"));
+    variables.extend(const_values(&repo_file(SHELL_SETTINGS), "ENV_SHELL_"));
     let streams = const_values(&repo_file("common/src/subjects.rs"), "");
     let mut used = BTreeSet::new();
     for (path, text) in deploy_files() {
@@ -224,8 +229,8 @@ fn every_skein_variable_in_deploy_is_read_by_the_binaries() {
                 || family.is_some_and(|f| variables.iter().any(|v| v.starts_with(f)));
             assert!(
                 known,
-                "{path} uses {name}, which is neither a variable in common/src/config.rs or \
-                 {GATEWAY_SETTINGS} nor a stream in common/src/subjects.rs"
+                "{path} uses {name}, which is neither a variable in common/src/config.rs, \
+                 {GATEWAY_SETTINGS} or {SHELL_SETTINGS} nor a stream in common/src/subjects.rs"
             );
             used.insert(name);
         }

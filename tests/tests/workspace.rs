@@ -564,3 +564,79 @@ async fn sessions_and_tenants_are_isolated() {
     assert!(SessionRef::new("acme", "s1/../s2").is_err());
     assert!(SessionRef::new("acme.x", "s1").is_err());
 }
+
+/// The byte limit of a tenant's bucket (`SKEIN_WORKSPACE_BUCKET_BYTES`) as its stream has it.
+async fn bucket_max_bytes(nats_url: &str, tenant: &str) -> i64 {
+    let client = async_nats::connect(nats_url).await.expect("connects");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut stream = jetstream
+        .get_stream(format!("OBJ_skein-ws-{tenant}"))
+        .await
+        .expect("the tenant's bucket exists");
+    stream.info().await.expect("stream info").config.max_bytes
+}
+
+/// One tenant cannot fill the store every tenant shares: its bucket is held to
+/// `SKEIN_WORKSPACE_BUCKET_BYTES`, whether a process with the setting creates it or opens one
+/// made without it, and a write past the limit is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_bucket_is_held_to_its_byte_limit() {
+    let nats = NatsServer::start();
+    let limit: u64 = 1 << 20;
+    let bounded_cfg = WorkspaceStoreConfig {
+        bucket_bytes: Some(limit),
+        ..WorkspaceStoreConfig::default()
+    };
+
+    // Made without a limit, then opened by a process that has one.
+    let older = unique("older");
+    let unbounded = store(&nats).await;
+    unbounded
+        .write(
+            &session(&older, "s1"),
+            &path("a"),
+            Bytes::from_static(b"a"),
+            Expect::Any,
+        )
+        .await
+        .expect("written");
+    assert!(
+        bucket_max_bytes(&nats.url, &older).await <= 0,
+        "no limit of its own yet"
+    );
+    let bounded = object_store(&nats.url, &bounded_cfg, 0).await;
+    bounded
+        .write(
+            &session(&older, "s1"),
+            &path("b"),
+            Bytes::from_static(b"b"),
+            Expect::Any,
+        )
+        .await
+        .expect("written");
+    assert_eq!(bucket_max_bytes(&nats.url, &older).await, limit as i64);
+
+    // Made with the limit; a file larger than it is refused, and the bucket keeps its files.
+    let newer = unique("newer");
+    let s = session(&newer, "s1");
+    bounded
+        .write(
+            &s,
+            &path("small"),
+            Bytes::from_static(b"small"),
+            Expect::Any,
+        )
+        .await
+        .expect("written");
+    assert_eq!(bucket_max_bytes(&nats.url, &newer).await, limit as i64);
+    let big = Bytes::from(vec![7u8; 2 * limit as usize]);
+    assert!(
+        bounded
+            .write(&s, &path("big"), big, Expect::Any)
+            .await
+            .is_err(),
+        "a write past the bucket's limit is refused"
+    );
+    let (small, _) = bounded.read(&s, &path("small")).await.expect("read");
+    assert_eq!(small.as_ref(), b"small");
+}

@@ -22,8 +22,8 @@ pub mod path;
 use clap::Args;
 
 use crate::config::{
-    ENV_WORKSPACE_MAX_FILE_BYTES, ENV_WORKSPACE_MAX_SESSION_BYTES, ENV_WORKSPACE_REPLICAS,
-    ENV_WORKSPACE_VERSIONS, MAX_REPLICAS,
+    ENV_WORKSPACE_BUCKET_BYTES, ENV_WORKSPACE_MAX_FILE_BYTES, ENV_WORKSPACE_MAX_SESSION_BYTES,
+    ENV_WORKSPACE_REPLICAS, ENV_WORKSPACE_VERSIONS, MAX_REPLICAS,
 };
 use crate::protocol::validate_token;
 
@@ -184,6 +184,12 @@ pub struct WorkspaceStoreConfig {
     /// (`SKEIN_STREAM_REPLICAS`).
     #[arg(long = "workspace-replicas", env = ENV_WORKSPACE_REPLICAS)]
     pub replicas: Option<usize>,
+    /// Most bytes one tenant's workspace bucket may hold (object mode; bytes, or with a KiB, MiB
+    /// or GiB suffix): its stream's byte limit, so that one tenant cannot fill the JetStream
+    /// store that every tenant's submissions share. Set on the buckets created and, by the
+    /// processes that create buckets, on existing ones. Unset: no limit of its own.
+    #[arg(long = "workspace-bucket-bytes", env = ENV_WORKSPACE_BUCKET_BYTES, value_parser = parse_size)]
+    pub bucket_bytes: Option<u64>,
     /// Earlier versions kept per file (object mode), so a fork gets a session's files as they
     /// were at its point; 0 keeps none (a replaced version is purged at once).
     #[arg(long = "workspace-versions", env = ENV_WORKSPACE_VERSIONS, default_value_t = DEFAULT_WORKSPACE_VERSIONS)]
@@ -196,6 +202,7 @@ impl Default for WorkspaceStoreConfig {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             max_session_bytes: DEFAULT_MAX_SESSION_BYTES,
             replicas: None,
+            bucket_bytes: None,
             versions: DEFAULT_WORKSPACE_VERSIONS,
         }
     }
@@ -212,6 +219,14 @@ impl WorkspaceStoreConfig {
                 "workspace max session size ({}) must be at least the max file size ({})",
                 self.max_session_bytes, self.max_file_bytes
             ));
+        }
+        if let Some(bytes) = self.bucket_bytes {
+            if bytes < self.max_session_bytes {
+                return Err(format!(
+                    "workspace bucket bytes ({bytes}) must be at least the max session size ({})",
+                    self.max_session_bytes
+                ));
+            }
         }
         if let Some(replicas) = self.replicas {
             if !(1..=MAX_REPLICAS).contains(&replicas) {
@@ -299,6 +314,22 @@ mod tests {
         assert!(parse_size("MiB").is_err());
         assert!(parse_size("8 parsecs").is_err());
         assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn a_bucket_limit_holds_a_whole_session() {
+        let cfg = WorkspaceStoreConfig {
+            bucket_bytes: Some(DEFAULT_MAX_SESSION_BYTES - 1),
+            ..WorkspaceStoreConfig::default()
+        };
+        assert!(cfg
+            .validate()
+            .is_err_and(|e| e.contains("workspace bucket bytes")));
+        let cfg = WorkspaceStoreConfig {
+            bucket_bytes: Some(DEFAULT_MAX_SESSION_BYTES),
+            ..WorkspaceStoreConfig::default()
+        };
+        assert_eq!(cfg.validate(), Ok(()));
     }
 
     #[test]

@@ -490,6 +490,9 @@ pub(super) struct Buckets {
     /// Replicas of the buckets created, and raised to when opened; [`FIND_ONLY`]: neither.
     replicas: usize,
     kind: BucketKind,
+    /// Byte limit of each bucket, set on those created and on those opened (unless
+    /// [`FIND_ONLY`]); `None` leaves a bucket's limit as it is.
+    max_bytes: Option<u64>,
     known: std::sync::Mutex<HashMap<String, Bucket>>,
 }
 
@@ -504,8 +507,21 @@ impl Buckets {
             jetstream,
             replicas,
             kind,
+            max_bytes: None,
             known: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same buckets, each held to `max_bytes` (`None`: no limit of their own).
+    pub fn with_max_bytes(mut self, max_bytes: Option<u64>) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The byte limit as a stream has it (0: none).
+    fn stream_max_bytes(&self) -> Option<i64> {
+        self.max_bytes
+            .map(|bytes| i64::try_from(bytes).unwrap_or(i64::MAX))
     }
 
     pub fn replicas(&self) -> usize {
@@ -526,6 +542,7 @@ impl Buckets {
                     bucket: name.clone(),
                     description: Some(format!("Skein {} of tenant {tenant}", self.kind.holds)),
                     max_age: self.kind.max_age.unwrap_or_default(),
+                    max_bytes: self.stream_max_bytes().unwrap_or_default(),
                     num_replicas: self.replicas,
                     storage: StorageType::File,
                     ..Default::default()
@@ -604,6 +621,20 @@ impl Buckets {
             if let Err(e) = crate::bus::raise_replicas(&self.jetstream, config, self.replicas).await
             {
                 tracing::error!(bucket = %name, error = %e, "workspace bucket keeps fewer replicas than configured");
+            }
+            if let Some(max_bytes) = self.stream_max_bytes() {
+                if config.max_bytes != max_bytes {
+                    let mut bounded = config.clone();
+                    bounded.max_bytes = max_bytes;
+                    match self.jetstream.update_stream(&bounded).await {
+                        Ok(_) => {
+                            tracing::info!(bucket = %name, from = config.max_bytes, to = max_bytes, "workspace bucket's byte limit set")
+                        }
+                        Err(e) => {
+                            tracing::error!(bucket = %name, error = %e, "workspace bucket keeps its byte limit")
+                        }
+                    }
+                }
             }
         }
         let stream = self

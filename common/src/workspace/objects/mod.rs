@@ -137,7 +137,8 @@ impl ObjectWorkspaces {
             buckets: Buckets::new(
                 bus.jetstream().clone(),
                 cfg.bucket_replicas(bus.stream_replicas()),
-            ),
+            )
+            .with_max_bytes(cfg.bucket_bytes),
             cache: ContentCache::new(cache_bytes),
             versions: cfg.versions,
         }
