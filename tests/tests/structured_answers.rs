@@ -583,3 +583,104 @@ async fn skein_submit_with_a_schema_prints_the_parsed_output() {
     );
     assert!(stderr.contains("unsupported keyword \"if\""), "{stderr}");
 }
+
+/// The gateway takes the schema the way OpenAI's clients send it: Chat Completions'
+/// `response_format` and the Responses API's `text.format`, each reaching the model as the
+/// run's output schema; a format Skein cannot hold an answer to is refused with 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_takes_response_format_and_text_format_as_the_runs_schema() {
+    use skein_tests::support::gateway::{gateway_with_lead, KEY};
+    let cluster = TestCluster::start();
+    let model = FakeOpenAi::start(vec![
+        FakeReply::answer(r#"{"city": "Oslo", "days": 3}"#),
+        FakeReply::answer(r#"{"city": "Rome", "days": 2}"#),
+    ])
+    .await;
+    let addr = gateway_with_lead(&cluster, &model_flags(&model.base_url), &[]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("http://{addr}/v1/{path}"))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+    };
+
+    let chat = post(
+        "chat/completions",
+        json!({
+            "model": "assistant",
+            "messages": [{"role": "user", "content": "a trip north"}],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "trip", "schema": trip_schema(), "strict": true}},
+        }),
+    )
+    .await
+    .expect("the gateway answers");
+    assert_eq!(chat.status(), 200);
+    let chat: Value = chat.json().await.expect("JSON");
+    let content = chat["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert_eq!(
+        serde_json::from_str::<Value>(content).expect("the answer is JSON"),
+        json!({"city": "Oslo", "days": 3})
+    );
+
+    let response = post(
+        "responses",
+        json!({
+            "model": "assistant",
+            "input": "a trip south",
+            "text": {"format": {"type": "json_schema", "name": "trip", "schema": trip_schema()}},
+        }),
+    )
+    .await
+    .expect("the gateway answers");
+    assert_eq!(response.status(), 200);
+    let response: Value = response.json().await.expect("JSON");
+    assert_eq!(response["status"], "completed", "{response}");
+    let text = response["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("output text");
+    assert_eq!(
+        serde_json::from_str::<Value>(text).expect("the answer is JSON"),
+        json!({"city": "Rome", "days": 2})
+    );
+
+    // Each request reached the model with the schema as its response_format.
+    let asked = model.requests();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    for body in &asked {
+        let format = &body["response_format"];
+        assert_eq!(format["type"], "json_schema", "{body}");
+        assert_eq!(format["json_schema"]["name"], "trip", "{body}");
+        assert_eq!(format["json_schema"]["schema"], trip_schema(), "{body}");
+    }
+
+    for (path, body, expected) in [
+        (
+            "chat/completions",
+            json!({"model": "assistant", "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "xml"}}),
+            "not supported",
+        ),
+        (
+            "responses",
+            json!({"model": "assistant", "input": "x",
+                "text": {"format": {"type": "json_schema", "name": "t",
+                    "schema": {"type": "object", "if": {}}}}}),
+            "\"if\"",
+        ),
+    ] {
+        let refused = post(path, body).await.expect("the gateway answers");
+        assert_eq!(refused.status(), 400, "{path}");
+        let error: Value = refused.json().await.expect("JSON");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(expected), "{path}: {error}");
+    }
+    assert_eq!(
+        model.requests().len(),
+        2,
+        "nothing refused reached the model"
+    );
+}

@@ -48,6 +48,9 @@ struct ChatRequest {
     stream: bool,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    /// `{"type": "json_schema", "json_schema": {...}}` holds the answer to a schema.
+    #[serde(default)]
+    response_format: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -197,6 +200,10 @@ fn plan(
             agent: request.model,
             input,
             images: images_of(last)?,
+            output_schema: request::output_schema(
+                request.response_format.as_ref(),
+                request::FormatShape::Chat,
+            )?,
         },
     )?;
     Ok(Planned {

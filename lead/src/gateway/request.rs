@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use skein_common::protocol::content::ImageUrl;
 use skein_common::protocol::{
-    InputPart, MultitaskPolicy, SubmissionInput, TaskSubmission, PROTOCOL_VERSION,
+    InputPart, MultitaskPolicy, OutputSchema, SubmissionInput, TaskSubmission, PROTOCOL_VERSION,
 };
 
 use super::keys::{Principal, Role};
@@ -365,6 +365,56 @@ pub(crate) struct RunSpec {
     pub input: String,
     /// Images of the user's message, after `input`.
     pub images: Vec<InputPart>,
+    /// The JSON Schema the answer must match, when the request asks for one.
+    pub output_schema: Option<OutputSchema>,
+}
+
+/// Where an OpenAI-shaped request says how the answer is formatted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FormatShape {
+    /// Chat Completions' `response_format`: the schema's fields under `json_schema`.
+    Chat,
+    /// The Responses API's `text.format`: the schema's fields beside `type`.
+    Responses,
+}
+
+/// The output schema `format` asks for: `json_schema` its schema (with its `name`,
+/// `description` and `strict`), `json_object` any object, `text` (or none) no schema. Another
+/// type is refused (400).
+pub(crate) fn output_schema(
+    format: Option<&Value>,
+    shape: FormatShape,
+) -> Result<Option<OutputSchema>, ApiError> {
+    let Some(format) = format.filter(|format| !format.is_null()) else {
+        return Ok(None);
+    };
+    let field = match shape {
+        FormatShape::Chat => "response_format",
+        FormatShape::Responses => "text.format",
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(OutputSchema::new(json!({ "type": "object" })))),
+        Some("json_schema") => {
+            let fields = match shape {
+                FormatShape::Chat => format.get("json_schema").cloned().unwrap_or(Value::Null),
+                FormatShape::Responses => {
+                    let mut fields = format.clone();
+                    if let Some(object) = fields.as_object_mut() {
+                        object.remove("type");
+                    }
+                    fields
+                }
+            };
+            serde_json::from_value(fields)
+                .map(Some)
+                .map_err(|e| invalid(format!("{field}: not a JSON schema format: {e}")))
+        }
+        other => Err(invalid(format!(
+            "{field}: type {} is not supported (use text, json_object or json_schema)",
+            other.map_or_else(|| "(none)".to_owned(), |t| format!("{t:?}"))
+        ))),
+    }
 }
 
 /// The submission of `principal`'s run `spec` (queued behind a running turn of its session),
@@ -392,7 +442,7 @@ pub(crate) fn submission(
         deadline_ms: None,
         budget: None,
         multitask: MultitaskPolicy::Enqueue,
-        output_schema: None,
+        output_schema: spec.output_schema,
     };
     let checked = submission
         .validate(gateway.client.bus().max_payload())

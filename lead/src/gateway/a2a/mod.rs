@@ -348,6 +348,7 @@ async fn start(
             agent: agent.clone(),
             input: incoming.text.clone(),
             images: Vec::new(),
+            output_schema: None,
         },
     )?;
     let record = ResponseRecord {

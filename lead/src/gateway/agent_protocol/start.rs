@@ -330,6 +330,7 @@ pub(super) async fn start(
             agent: run.assistant_id.clone(),
             input: run.input.clone(),
             images,
+            output_schema: None,
         },
     )?;
     submission.multitask = policy;

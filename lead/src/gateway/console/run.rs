@@ -251,6 +251,7 @@ pub(super) async fn submit(
                     agent: asked.agent,
                     input: asked.input,
                     images: Vec::new(),
+                    output_schema: None,
                 },
             )?;
             gateway
@@ -536,6 +537,7 @@ async fn replay(
             agent: record.agent.clone(),
             input,
             images: Vec::new(),
+            output_schema: None,
         },
     )?;
     submission.replay_of = Some(ReplayOf {

@@ -63,6 +63,9 @@ struct CreateRequest {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
+    /// `{"format": {"type": "json_schema", "name", "schema", ...}}` holds the answer to a schema.
+    #[serde(default)]
+    text: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,6 +252,10 @@ async fn plan(
             agent: request.model.clone(),
             input,
             images,
+            output_schema: request::output_schema(
+                request.text.as_ref().and_then(|text| text.get("format")),
+                request::FormatShape::Responses,
+            )?,
         },
     )?;
     let record = ResponseRecord {
