@@ -240,3 +240,97 @@ async fn a_task_waiting_for_a_held_lease_hands_its_slot_back_and_runs_once_free(
         .expect("the task runs once the lease is free");
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
 }
+
+/// A started turn whose every attempt fails on something passing (here its session's lease,
+/// taken by another holder while the turn waits for a long call) is given up after exactly
+/// `--max-attempts` attempts, by its last attempt: the test takes the lease from each attempt it
+/// sees begin and counts them, and the task ends dead-lettered, naming that many attempts and the
+/// last one's failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_failing_on_every_attempt_is_given_up_after_max_attempts_exactly() {
+    const MAX_ATTEMPTS: usize = 3;
+    let cluster = TestCluster::start();
+    let script = scenario(
+        &cluster,
+        json!([{ "steps": [
+            { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": "{{input}}", "ms": 120_000 } } ] },
+            { "answer": "{{observations}}" }
+        ] }]),
+    );
+    cluster.spawn_test_worker(cluster.worker_config(&[]));
+    cluster.wait_for_workers(1).await;
+    let max_attempts = MAX_ATTEMPTS.to_string();
+    cluster.spawn_lead(cluster.lead_config(&[
+        "--scenario",
+        script.to_str().expect("utf-8 path"),
+        "--lease-ttl",
+        "1s",
+        "--max-attempts",
+        &max_attempts,
+    ]));
+    let client = cluster.client().await;
+    let session = unique("s");
+    let task = submission("acme", &session, &unique("effect"));
+    let lease = skein_common::store::keys::lease("acme", &session);
+    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
+    let mut conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+
+    let running = tokio::spawn({
+        let (client, task) = (client.clone(), task.clone());
+        async move { client.run(&task, Duration::from_secs(120), |_| {}).await }
+    });
+    // Each time a lead's token holds the lease (an attempt began), it is taken for a moment: the
+    // attempt's next renewal finds it lost and the attempt fails, to be tried again.
+    let mut attempts_seen = 0;
+    while !running.is_finished() {
+        let holder: Option<String> = redis::cmd("GET")
+            .arg(&lease)
+            .query_async(&mut conn)
+            .await
+            .expect("redis answers");
+        if holder.is_some_and(|holder| holder != "another-holder") {
+            attempts_seen += 1;
+            let () = redis::cmd("SET")
+                .arg(&lease)
+                .arg("another-holder")
+                .arg("PX")
+                .arg(300)
+                .query_async(&mut conn)
+                .await
+                .expect("lease taken");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let result = running
+        .await
+        .expect("the client task ends")
+        .expect("the task ends");
+
+    assert_eq!(result.status, TurnStatus::Failed, "{result:?}");
+    let failure = result.failure.expect("a failure");
+    assert_eq!(
+        failure.kind,
+        skein_common::protocol::FailureKind::DeadLettered
+    );
+    assert!(
+        failure
+            .message
+            .contains(&format!("failed on all {MAX_ATTEMPTS} attempts")),
+        "{}",
+        failure.message
+    );
+    // Given up by the attempt that failed last, with its own failure: not by one more delivery
+    // that only finds the attempts used up (which knows no failure but "stopped each time").
+    assert!(
+        failure.message.contains("session lease lost"),
+        "the last attempt's own failure: {}",
+        failure.message
+    );
+    assert_eq!(
+        attempts_seen, MAX_ATTEMPTS,
+        "the turn began exactly --max-attempts times"
+    );
+}
