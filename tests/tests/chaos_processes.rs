@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde_json::json;
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
 use skein_tests::support::chaos::{run_all, scenario, wait_for_effect};
@@ -182,6 +183,106 @@ async fn a_killed_leads_turn_resumes_on_another_lead_without_rerunning_finished_
     assert!(
         answer.contains("effect a done") && answer.contains("effect c done"),
         "{answer}"
+    );
+}
+
+/// A lead killed after one of a step's parallel calls has its result recorded (the other still
+/// running): the lead that resumes the turn answers the finished call from its record and does
+/// not publish it again; only the unfinished call goes out once more. (A worker would not run the
+/// copy either, so the test counts what is published on the tool's subject.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_does_not_publish_a_call_whose_result_is_recorded() {
+    let cluster = TestCluster::start();
+    let (fast, slow) = (unique("fast"), unique("slow"));
+    let script = scenario(
+        &cluster,
+        json!([{ "steps": [
+            { "tool_calls": [
+                { "name": "slow_effect", "arguments": { "key": fast, "ms": 10 } },
+                { "name": "slow_effect", "arguments": { "key": slow, "ms": 3000 } }
+            ] },
+            { "answer": "resumed: {{observations}}" }
+        ] }]),
+    );
+    let script = script.to_str().expect("utf-8 path");
+    let _worker = test_worker(&cluster, &[], "worker.log");
+    cluster.wait_for_workers(1).await;
+    let lead_flags = [
+        "--scenario",
+        script,
+        "--ack-wait",
+        "2s",
+        "--lease-ttl",
+        "2s",
+    ];
+    let mut first = lead_process(&cluster, &lead_flags, "lead-first.log");
+    let client = cluster.client().await;
+    let mut published = client
+        .bus()
+        .client()
+        .subscribe("skein.tool.*.slow_effect")
+        .await
+        .expect("subscribed");
+    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
+    let mut conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+
+    let task = submission("acme", &unique("s"), "resume me");
+    let results = skein_common::store::keys::results("acme", &task.session, &task.task_id);
+    let running = cluster.run(&task);
+    let failover = async {
+        // The fast call's result is recorded while the slow one runs: the lead dies now.
+        wait_for_effect(&effects_file(&cluster), &slow, true).await;
+        eventually(
+            "the fast call's result recorded",
+            Duration::from_secs(20),
+            || {
+                let (mut conn, results) = (conn.clone(), results.clone());
+                async move {
+                    let recorded: u64 = redis::cmd("HLEN")
+                        .arg(&results)
+                        .query_async(&mut conn)
+                        .await
+                        .ok()?;
+                    (recorded >= 1).then_some(())
+                }
+            },
+        )
+        .await;
+        first.kill();
+        lead_process(&cluster, &lead_flags, "lead-second.log")
+    };
+    let ((result, _), _second) = tokio::join!(running, failover);
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let effects = read_effects(&effects_file(&cluster));
+    assert_eq!(
+        effects.get(&fast).map(|c| c.started),
+        Some(1),
+        "{effects:?}"
+    );
+
+    // Everything published on the tool's subject, by key.
+    let mut times_published = std::collections::BTreeMap::<&str, usize>::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_millis(500), published.next()).await
+    {
+        let payload = String::from_utf8_lossy(&message.payload);
+        for key in [fast.as_str(), slow.as_str()] {
+            if payload.contains(key) {
+                *times_published.entry(key).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(
+        times_published.get(fast.as_str()),
+        Some(&1),
+        "the recorded call went out once, before the kill: {times_published:?}"
+    );
+    assert!(
+        times_published.get(slow.as_str()).is_some_and(|n| *n >= 2),
+        "the unfinished call was published again: {times_published:?}"
     );
 }
 
