@@ -679,11 +679,14 @@ async fn a_killed_workers_subagent_resumes_from_its_checkpoint() {
 /// SIGTERM reaches a worker while its call runs: the call finishes within the grace period on
 /// that worker (it is not cut off and run again elsewhere), its result reaches the turn, and the
 /// worker then exits cleanly. A worker started after the signal would run any call handed back.
+/// The call outlasts the intake's stop by far: a stopping worker first lets its pull requests in
+/// flight end (up to 2 s), and only then drains, so a shorter call would be over before the drain
+/// began and a drain that cut running work short would go unseen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_told_to_stop_finishes_its_running_call_first() {
     let cluster = TestCluster::start();
-    let script = one_slow_call(&cluster, 1500);
-    let flags = ["--grace", "20s", "--ack-wait", "2s"];
+    let script = one_slow_call(&cluster, 8000);
+    let flags = ["--grace", "30s", "--ack-wait", "2s"];
     let mut draining = test_worker(&cluster, &flags, "worker-draining.log");
     cluster.wait_for_workers(1).await;
     let _lead = lead_process(&cluster, &["--scenario", script.as_str()], "lead.log");
