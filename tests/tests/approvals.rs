@@ -215,6 +215,126 @@ async fn an_approved_call_runs_once_after_the_suspending_lead_is_killed() {
     );
 }
 
+/// An approved call that ran while its lead was stopping: the lead hands the turn back before the
+/// call ends (shutdown does not count as an attempt, so the turn's next start is again its first
+/// attempt, resumed from its checkpoint), the call ends and its result is recorded, and the lead
+/// that resumes the turn answers the call from that record instead of running it again. The work
+/// stream's duplicate window is shortened and the resume waits past it: within the window the
+/// broker would drop a second publication of the call by its message id, which would hide a lead
+/// that published it again as a first dispatch (one a worker runs without looking for a record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_resume() {
+    const DUPLICATE_WINDOW: Duration = Duration::from_secs(1);
+    let cluster = TestCluster::start();
+    let key = unique("deploy");
+    let script = cluster.scenario(json!([{ "steps": [
+        { "tool_calls": [ { "name": "slow_effect", "arguments": { "key": key, "ms": 3000 } } ] },
+        { "answer": "observed: {{observations}}" }
+    ] }]));
+    let agents = guarded_agents(&cluster, "");
+    let agents = agents.to_str().expect("utf-8 path");
+    let flags = [
+        "--scenario",
+        &script,
+        "--agents-dir",
+        agents,
+        "--ack-wait",
+        "2s",
+        "--lease-ttl",
+        "2s",
+        "--grace",
+        "1s",
+    ];
+    let _worker = test_worker(&cluster);
+    cluster.wait_for_workers(1).await;
+    let mut first = lead_process(&cluster, &flags);
+    let client = cluster.client().await;
+    let jetstream = async_nats::jetstream::new(client.bus().client().clone());
+    let mut work = jetstream
+        .get_stream(skein_common::subjects::WORK_STREAM)
+        .await
+        .expect("the work stream");
+    let mut config = work.info().await.expect("its configuration").config.clone();
+    config.duplicate_window = DUPLICATE_WINDOW;
+    jetstream
+        .update_stream(config)
+        .await
+        .expect("a shorter duplicate window");
+    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
+    let conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+
+    let task = submission("acme", &unique("s"), "deploy it");
+    let results = skein_common::store::keys::results("acme", &task.session, &task.task_id);
+    let running = cluster.run(&task);
+    let stopping = async {
+        wait_for_request(&cluster, &task).await;
+        let (approved, text) = skein(
+            &cluster,
+            &["approve", &task.task_id, "--tenant", "acme", "--by", "ann"],
+        );
+        assert!(approved, "{text}");
+        // The approved call runs; the lead is told to stop and hands the turn back before it ends.
+        eventually(
+            "the approved call to start",
+            Duration::from_secs(30),
+            || async { (effect_starts(&cluster, &key) > 0).then_some(()) },
+        )
+        .await;
+        first.sigterm();
+        let exit = first.wait_exit(Duration::from_secs(30)).await;
+        assert!(
+            exit.is_some_and(|s| s.success()),
+            "the lead stopped: {exit:?}"
+        );
+        // The call ends on its worker and its result is recorded; only then does a lead resume.
+        eventually(
+            "the call's result recorded",
+            Duration::from_secs(30),
+            || {
+                let (mut conn, results) = (conn.clone(), results.clone());
+                async move {
+                    let recorded: u64 = redis::cmd("HLEN")
+                        .arg(&results)
+                        .query_async(&mut conn)
+                        .await
+                        .ok()?;
+                    (recorded >= 1).then_some(())
+                }
+            },
+        )
+        .await;
+        // Past the duplicate window: the broker would now take another publication of the call.
+        tokio::time::sleep(DUPLICATE_WINDOW * 2).await;
+        lead_process(&cluster, &flags)
+    };
+    let ((result, events), _second) = tokio::join!(running, stopping);
+
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert!(
+        result
+            .answer
+            .as_deref()
+            .is_some_and(|answer| answer.contains(&format!("effect {key} done"))),
+        "{result:?}"
+    );
+    assert_eq!(
+        effect_starts(&cluster, &key),
+        1,
+        "the approved call ran exactly once"
+    );
+    let starts = events
+        .iter()
+        .filter(|e| matches!(e.event, EventKind::TurnStarted { .. }))
+        .count();
+    assert!(
+        starts >= 3,
+        "asked, resumed after approval, resumed after the stop: {starts}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_call_reaches_the_model_with_the_reason() {
     // Through the real OpenAI-compatible provider, against the fake model server.
