@@ -224,7 +224,7 @@ async fn a_resumed_turn_does_not_publish_a_call_whose_result_is_recorded() {
         .await
         .expect("subscribed");
     let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
-    let mut conn = redis
+    let conn = redis
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
