@@ -62,6 +62,44 @@ fn worker(cluster: &TestCluster, pool: &str, tools: &str, extra: &[&str]) -> ske
     cfg
 }
 
+/// Two writers of one file, each in its own process (no shared cache), both expecting the same
+/// version, write at once: the broker lets exactly one land, and the other is told of the
+/// conflict; what is read back is the winner's. Many rounds, so the writes do interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_racing_on_one_version_of_a_file_land_one_and_the_other_conflicts() {
+    const ROUNDS: usize = 20;
+    let nats = NatsServer::start();
+    let (left, right) = (store(&nats).await, store(&nats).await);
+    let session = session("acme", &unique("s"));
+    let file = path("shared.txt");
+    let mut current = left
+        .write(&session, &file, Bytes::from_static(b"base"), Expect::Absent)
+        .await
+        .expect("the first version");
+    for round in 0..ROUNDS {
+        let (a, b) = (
+            Bytes::from(format!("left {round}")),
+            Bytes::from(format!("right {round}")),
+        );
+        let (from_left, from_right) = tokio::join!(
+            left.write(&session, &file, a.clone(), Expect::Seq(current.seq)),
+            right.write(&session, &file, b.clone(), Expect::Seq(current.seq)),
+        );
+        let (winner, content) = match (from_left, from_right) {
+            (Ok(version), Err(WorkspaceError::Conflict(_))) => (version, a),
+            (Err(WorkspaceError::Conflict(_)), Ok(version)) => (version, b),
+            other => panic!("round {round}: exactly one write lands, not {other:?}"),
+        };
+        let (read, version) = store(&nats)
+            .await
+            .read(&session, &file)
+            .await
+            .expect("reads");
+        assert_eq!((read, &version), (content, &winner), "round {round}");
+        current = winner;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_object_store_round_trips_files_on_this_server() {
     let nats = NatsServer::start();

@@ -538,6 +538,36 @@ mod tests {
         assert!(!grep.contains("link:"), "{grep}");
     }
 
+    /// A target that is itself a link is refused even when the link points inside the workspace:
+    /// between the check and the use it could be pointed elsewhere.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_link_that_points_inside_the_workspace_is_refused_too() {
+        let fx = fixture(1024);
+        let workspace = fx.workspace("acme", "s1");
+        std::fs::create_dir_all(&workspace).expect("workspace");
+        std::fs::write(workspace.join("notes.txt"), "notes").expect("a file");
+        std::os::unix::fs::symlink("notes.txt", workspace.join("alias")).expect("file link");
+
+        assert_denied(
+            fx.call("read_file", json!({"path": "alias"})).await,
+            "alias",
+        );
+        assert_denied(
+            fx.call("write_file", json!({"path": "alias", "content": "x"}))
+                .await,
+            "alias",
+        );
+        assert_eq!(
+            std::fs::read_to_string(workspace.join("notes.txt")).expect("notes"),
+            "notes"
+        );
+        assert!(std::fs::symlink_metadata(workspace.join("alias"))
+            .expect("the link stays")
+            .file_type()
+            .is_symlink());
+    }
+
     #[tokio::test]
     async fn sessions_of_one_tenant_are_isolated() {
         let fx = fixture(1024);
