@@ -10,6 +10,7 @@ use serde_json::json;
 use skein_common::protocol::{
     ApprovalRequest, EventKind, FailureKind, TaskSubmission, TurnEvent, TurnStatus,
 };
+use skein_tests::support::chaos::wait_for_recorded_results;
 use skein_tests::support::cluster::{model_flags, submission, TestCluster};
 use skein_tests::support::fake_openai::{FakeOpenAi, FakeReply};
 use skein_tests::support::test_tools::read_effects;
@@ -260,14 +261,8 @@ async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_re
         .update_stream(config)
         .await
         .expect("a shorter duplicate window");
-    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
-    let conn = redis
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
 
     let task = submission("acme", &unique("s"), "deploy it");
-    let results = skein_common::store::keys::results("acme", &task.session, &task.task_id);
     let running = cluster.run(&task);
     let stopping = async {
         wait_for_request(&cluster, &task).await;
@@ -290,22 +285,7 @@ async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_re
             "the lead stopped: {exit:?}"
         );
         // The call ends on its worker and its result is recorded; only then does a lead resume.
-        eventually(
-            "the call's result recorded",
-            Duration::from_secs(30),
-            || {
-                let (mut conn, results) = (conn.clone(), results.clone());
-                async move {
-                    let recorded: u64 = redis::cmd("HLEN")
-                        .arg(&results)
-                        .query_async(&mut conn)
-                        .await
-                        .ok()?;
-                    (recorded >= 1).then_some(())
-                }
-            },
-        )
-        .await;
+        wait_for_recorded_results(&cluster, &task, 1).await;
         // Past the duplicate window: the broker would now take another publication of the call.
         tokio::time::sleep(DUPLICATE_WINDOW * 2).await;
         lead_process(&cluster, &flags)

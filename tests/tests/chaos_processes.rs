@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::json;
 use skein_common::protocol::{EventKind, FinalResult, TurnEvent, TurnStatus};
-use skein_tests::support::chaos::{run_all, scenario, wait_for_effect};
+use skein_tests::support::chaos::{run_all, scenario, wait_for_effect, wait_for_recorded_results};
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::test_tools::{read_effects, EFFECTS_FILE_ENV};
 use skein_tests::support::{eventually, unique, ChildProcess};
@@ -223,34 +223,13 @@ async fn a_resumed_turn_does_not_publish_a_call_whose_result_is_recorded() {
         .subscribe("skein.tool.*.slow_effect")
         .await
         .expect("subscribed");
-    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
-    let conn = redis
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
 
     let task = submission("acme", &unique("s"), "resume me");
-    let results = skein_common::store::keys::results("acme", &task.session, &task.task_id);
     let running = cluster.run(&task);
     let failover = async {
         // The fast call's result is recorded while the slow one runs: the lead dies now.
         wait_for_effect(&effects_file(&cluster), &slow, true).await;
-        eventually(
-            "the fast call's result recorded",
-            Duration::from_secs(20),
-            || {
-                let (mut conn, results) = (conn.clone(), results.clone());
-                async move {
-                    let recorded: u64 = redis::cmd("HLEN")
-                        .arg(&results)
-                        .query_async(&mut conn)
-                        .await
-                        .ok()?;
-                    (recorded >= 1).then_some(())
-                }
-            },
-        )
-        .await;
+        wait_for_recorded_results(&cluster, &task, 1).await;
         first.kill();
         lead_process(&cluster, &lead_flags, "lead-second.log")
     };

@@ -1,6 +1,6 @@
 //! What the chaos tests (`tests/tests/chaos_*.rs`) share: a scenario file by path, waiting for a
-//! `slow_effect` call to start or finish (read back from the effects file), and running a batch of
-//! turns at once. Every wait is bounded: 30 s for an effect, [`TestCluster::run`]'s own limit for a
+//! `slow_effect` call to start or finish (read back from the effects file) or for a task's call
+//! results to be recorded (read from Redis), and running a batch of turns at once. Every wait is bounded: 30 s for an effect, [`TestCluster::run`]'s own limit for a
 //! turn.
 
 use std::path::{Path, PathBuf};
@@ -42,4 +42,33 @@ pub async fn run_all(
     tasks: &[TaskSubmission],
 ) -> Vec<(FinalResult, Vec<TurnEvent>)> {
     futures::future::join_all(tasks.iter().map(|task| cluster.run(task))).await
+}
+
+/// Waits until at least `count` call results of `task` are recorded in its session's results.
+///
+/// # Panics
+/// When that has not happened within 30 s, or Redis cannot be reached.
+pub async fn wait_for_recorded_results(cluster: &TestCluster, task: &TaskSubmission, count: u64) {
+    let redis = redis::Client::open(cluster.redis.url.as_str()).expect("redis url");
+    let conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let results = skein_common::store::keys::results(&task.tenant, &task.session, &task.task_id);
+    eventually(
+        &format!("{count} call result(s) of {} recorded", task.task_id),
+        Duration::from_secs(30),
+        || {
+            let (mut conn, results) = (conn.clone(), results.clone());
+            async move {
+                let recorded: u64 = redis::cmd("HLEN")
+                    .arg(&results)
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                (recorded >= count).then_some(())
+            }
+        },
+    )
+    .await;
 }
