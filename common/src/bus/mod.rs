@@ -732,9 +732,7 @@ pub fn outgoing_headers() -> HeaderMap {
 }
 
 /// The consumer span of a delivered work message: `process {subject}`, a child of the span that
-/// published it (trace context from the message headers), so one trace crosses the broker; a
-/// message published without one is given a parent derived from its subject and id, the same on
-/// every delivery.
+/// published it (trace context from the message headers), so one trace crosses the broker.
 pub(super) fn process_span(message: &jetstream::Message) -> tracing::Span {
     let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
     let span = tracing::info_span!(
@@ -751,10 +749,7 @@ pub(super) fn process_span(message: &jetstream::Message) -> tracing::Span {
         "skein.task_id" = tracing::field::Empty,
         "gen_ai.conversation.id" = tracing::field::Empty,
     );
-    // Without a context from its sender, every delivery of the message continues one trace.
-    crate::telemetry::propagation::set_parent_or_derived(&span, message.headers.as_ref(), || {
-        message_id(message).map(|id| format!("{}\n{id}", message.subject))
-    });
+    crate::telemetry::propagation::set_parent(&span, message.headers.as_ref());
     span
 }
 

@@ -1,18 +1,12 @@
 //! Trace-context propagation over NATS message headers: W3C `traceparent`/`tracestate` written
 //! from the current span on publish, read back on receipt to parent the handling span. Uses the
 //! global text-map propagator, which [`super::init`] sets to W3C TraceContext.
-//!
-//! A message whose sender traced nothing (a client without OpenTelemetry) carries no context; its
-//! handling span is then parented by one derived from the message's subject and id
-//! ([`set_parent_or_derived`]), so every delivery of it (a task handed back and run again, a turn
-//! resumed after an approval, a lead's failover) continues one trace. That parent is a span id
-//! no one exports: trace viewers show the first span under a missing parent.
 
 use std::str::FromStr;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::{Extractor, Injector};
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -45,45 +39,6 @@ pub fn set_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
         // in each the span simply keeps its local parent.
         let _ = span.set_parent(remote);
     }
-}
-
-/// [`set_parent`], or, when `headers` carry no valid context, makes `span` a child of the context
-/// [`derived`] from the key `key` gives (a message's subject and id; asked only then): every
-/// delivery of the message continues one trace.
-pub fn set_parent_or_derived(
-    span: &tracing::Span,
-    headers: Option<&HeaderMap>,
-    key: impl FnOnce() -> Option<String>,
-) {
-    let remote = extract(headers);
-    let parent = if remote.span().span_context().is_valid() {
-        remote
-    } else if let Some(key) = key() {
-        derived(&key)
-    } else {
-        return;
-    };
-    // As in `set_parent`: a failure leaves the span with its local parent.
-    let _ = span.set_parent(parent);
-}
-
-/// A sampled remote context whose trace and span ids are the SHA-256 of `key`: the same key
-/// always gives the same trace.
-pub fn derived(key: &str) -> Context {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(key.as_bytes());
-    let mut trace = [0u8; 16];
-    let mut span = [0u8; 8];
-    trace.copy_from_slice(&digest[..16]);
-    span.copy_from_slice(&digest[16..24]);
-    let context = SpanContext::new(
-        TraceId::from_bytes(trace),
-        SpanId::from_bytes(span),
-        TraceFlags::SAMPLED,
-        true,
-        TraceState::default(),
-    );
-    Context::new().with_remote_span_context(context)
 }
 
 /// Writes propagation fields as NATS headers; names or values NATS would reject are skipped.
@@ -163,37 +118,6 @@ mod tests {
             let _entered = receiver.enter();
             assert_eq!(crate::telemetry::current_trace_id(), Some(trace_id));
             assert_ne!(span_id(&receiver), span_id(&sender));
-        });
-    }
-
-    #[test]
-    fn a_message_without_a_context_continues_the_trace_its_key_derives() {
-        traced(|| {
-            let key = "skein.submit.acme.s1\nt1";
-            let first = tracing::info_span!("process");
-            set_parent_or_derived(&first, None, || Some(key.to_owned()));
-            let again = tracing::info_span!("process");
-            set_parent_or_derived(&again, Some(&HeaderMap::new()), || Some(key.to_owned()));
-            let other = tracing::info_span!("process");
-            set_parent_or_derived(&other, None, || Some("skein.submit.acme.s1\nt2".to_owned()));
-            let trace = span_trace_id(&first).expect("a trace");
-            assert_eq!(span_trace_id(&again), Some(trace.clone()));
-            assert_ne!(span_trace_id(&other), Some(trace.clone()));
-            assert_eq!(
-                derived(key).span().span_context().trace_id().to_string(),
-                trace
-            );
-
-            // A context the sender sent wins over the derived one.
-            let sender = tracing::info_span!("publish");
-            let mut headers = HeaderMap::new();
-            {
-                let _entered = sender.enter();
-                inject_current(&mut headers);
-            }
-            let received = tracing::info_span!("process");
-            set_parent_or_derived(&received, Some(&headers), || panic!("not asked for"));
-            assert_eq!(span_trace_id(&received), span_trace_id(&sender));
         });
     }
 
