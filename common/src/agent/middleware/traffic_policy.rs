@@ -14,7 +14,8 @@
 //!
 //! A model of a named provider (`anthropic:claude-sonnet-4-5`, see `agent::model::providers`)
 //! without an entry of its own here has its provider's `limits`, if the providers file gives
-//! some, else the defaults.
+//! some, else the defaults; when the file names a `default` provider with `limits`, those are the
+//! defaults (names without a prefix go to it).
 //!
 //! 0 turns a limit off; unknown keys are refused, so a misspelt key fails at start.
 
@@ -31,8 +32,14 @@ use crate::agent::model::providers::PROVIDER_SEPARATOR;
 pub struct TrafficPolicy {
     pub defaults: TrafficLimits,
     pub models: BTreeMap<String, TrafficLimits>,
-    /// The limits of each model of a named provider, by provider name.
+    /// The limits of each model of a named provider, by provider name (a provider without
+    /// limits of its own is absent: its models have the defaults).
     pub providers: BTreeMap<String, TrafficLimits>,
+    /// The providers file's `default` provider, whose limits (if any) apply to names without a
+    /// provider's prefix.
+    pub default_provider: Option<String>,
+    /// Every named provider, to tell a provider's prefix from a colon in a model's own name.
+    pub named_providers: std::collections::BTreeSet<String>,
     pub tenants: BTreeMap<String, TrafficLimits>,
 }
 
@@ -82,7 +89,10 @@ impl TrafficPolicy {
             },
         };
         if let Some(path) = &model.providers_file {
-            policy.providers = crate::agent::model::providers::ProvidersFile::read(path)?.limits();
+            let file = crate::agent::model::providers::ProvidersFile::read(path)?;
+            policy.providers = file.limits();
+            policy.named_providers = file.providers.keys().cloned().collect();
+            policy.default_provider = file.default;
         }
         Ok(policy)
     }
@@ -107,6 +117,8 @@ impl TrafficPolicy {
         Ok(Self {
             defaults,
             providers: BTreeMap::new(),
+            default_provider: None,
+            named_providers: Default::default(),
             models: file
                 .models
                 .into_iter()
@@ -135,7 +147,11 @@ impl TrafficPolicy {
                 .models
                 .get(model)
                 .or_else(|| {
-                    let (provider, _) = model.split_once(PROVIDER_SEPARATOR)?;
+                    let provider = match model.split_once(PROVIDER_SEPARATOR) {
+                        Some((prefix, _)) if self.named_providers.contains(prefix) => prefix,
+                        // A name without a provider's prefix goes to the default provider.
+                        _ => self.default_provider.as_deref()?,
+                    };
                     self.providers.get(provider)
                 })
                 .copied()
@@ -189,6 +205,7 @@ mod tests {
         )
         .expect("a valid providers file");
         policy.providers = providers.limits();
+        policy.named_providers = providers.providers.keys().cloned().collect();
         assert_eq!(
             policy
                 .for_call("anthropic:claude-sonnet-4-5", "acme")

@@ -215,3 +215,33 @@ async fn a_provider_set_to_take_no_images_refuses_them_before_sending_and_the_ot
     assert!(matches!(sent, ModelError::Unreachable(_)), "{sent:?}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn the_limits_of_a_default_named_provider_are_those_of_names_without_a_prefix() {
+    use crate::agent::middleware::TrafficPolicy;
+    let dir = temp_dir();
+    let file = write_file(
+        &dir,
+        "providers.toml",
+        "default = \"local\"\n[providers.local]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+         limits = { max_concurrency = 5 }\n[providers.other]\nkind = \"openai\"\n",
+    );
+    let cfg = config(&[
+        "--providers",
+        file.to_str().expect("utf-8 path"),
+        "--model-max-concurrency",
+        "2",
+    ]);
+    let policy = TrafficPolicy::from_config(&cfg).expect("a valid policy");
+    assert_eq!(
+        policy.for_call("llama3:8b", "acme").model.max_concurrency,
+        5
+    );
+    assert_eq!(policy.for_call("local:m", "acme").model.max_concurrency, 5);
+    assert_eq!(
+        policy.for_call("other:m", "acme").model.max_concurrency,
+        2,
+        "a named provider without limits of its own has the defaults"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
