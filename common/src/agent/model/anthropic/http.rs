@@ -65,20 +65,3 @@ pub(super) fn answers_with_json(response: &reqwest::Response) -> bool {
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.trim_start().starts_with("application/json"))
 }
-
-/// Logs a failed model call at warn: the failure's kind and message, with the API key taken
-/// out (a server may echo it back in an error).
-pub(super) fn log_failure(error: &ModelError, secret: Option<&str>) {
-    let failure = error.to_failure();
-    let message = match secret {
-        Some(secret) if !secret.is_empty() => failure.message.replace(secret, "<redacted>"),
-        _ => failure.message,
-    };
-    tracing::warn!(
-        provider = "anthropic",
-        kind = failure.kind.as_str(),
-        retryable = failure.retryable,
-        error = %message,
-        "model call failed"
-    );
-}

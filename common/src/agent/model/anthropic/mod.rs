@@ -46,9 +46,10 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde_json::Value;
 
+use super::openai::logged_stream;
 use super::openai::{http_client, MAX_RESPONSE_BYTES};
 use super::{stream_of, ModelChunk, ModelClient, ModelError, ModelRequest, ModelResponse};
-use http::{answers_with_json, bounded, error_for_status, log_failure, read_capped};
+use http::{answers_with_json, bounded, error_for_status, read_capped};
 use stream::{parse_whole, sse_answer, BodyError};
 
 pub use request::{ANSWER_TOOL, ANSWER_TOOL_INSTRUCTION, MIN_THINKING_BUDGET};
@@ -239,6 +240,9 @@ impl AnthropicClient {
     }
 }
 
+/// This client's name in logs.
+const PROVIDER: &str = "anthropic";
+
 impl ModelClient for AnthropicClient {
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
         let mut stream = self.stream(request).await?;
@@ -257,18 +261,11 @@ impl ModelClient for AnthropicClient {
         &self,
         request: ModelRequest,
     ) -> Result<BoxStream<'static, Result<ModelChunk, ModelError>>, ModelError> {
-        let secret = self.secret.clone();
-        let stream = self
-            .open_stream(request)
-            .await
-            .inspect_err(|e| log_failure(e, secret.as_deref()))?;
-        Ok(stream
-            .inspect(move |item| {
-                if let Err(e) = item {
-                    log_failure(e, secret.as_deref());
-                }
-            })
-            .boxed())
+        logged_stream(
+            PROVIDER,
+            self.open_stream(request).await,
+            self.secret.clone(),
+        )
     }
 }
 
