@@ -450,11 +450,11 @@ fn the_binaries_deploy_runs_exist() {
     let dockerfile = deploy_file(&files, "docker/Dockerfile");
     for bin in &bins {
         assert!(
-            dockerfile.contains(&format!("target/release/{bin}")),
+            dockerfile.contains(&format!("target/dist/{bin}")),
             "the Dockerfile takes {bin} from the build"
         );
     }
-    assert!(dockerfile.contains("cargo build --release --locked"));
+    assert!(dockerfile.contains("cargo build --profile dist --locked"));
 }
 
 #[test]
