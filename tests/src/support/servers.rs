@@ -161,6 +161,11 @@ impl NatsServer {
     ///
     /// # Panics
     /// For an external server.
+    /// The server's process id, when this handle owns a running server.
+    pub fn pid(&self) -> Option<u32> {
+        self.owned.as_ref()?.process.as_ref().map(ChildProcess::id)
+    }
+
     pub fn stop(&mut self) {
         owned_mut(&mut self.owned, NATS_URL_ENV).stop();
     }
@@ -276,6 +281,11 @@ impl RedisServer {
     ///
     /// # Panics
     /// For an external server.
+    /// The server's process id, when this handle owns a running server.
+    pub fn pid(&self) -> Option<u32> {
+        self.owned.as_ref()?.process.as_ref().map(ChildProcess::id)
+    }
+
     pub fn stop(&mut self) {
         owned_mut(&mut self.owned, REDIS_URL_ENV).stop();
     }

@@ -107,7 +107,7 @@ pub(crate) async fn noop_calls(
     calls: usize,
     workers: usize,
     report: &mut Report,
-) -> Result<(), Failed> {
+) -> Result<usize, Failed> {
     let tracker = TaskTracker::new();
     let stop = CancellationToken::new();
     let dispatcher = Arc::new(
@@ -157,5 +157,5 @@ pub(crate) async fn noop_calls(
     stop.cancel();
     tracker.close();
     tracker.wait().await;
-    Ok(())
+    Ok(ok)
 }

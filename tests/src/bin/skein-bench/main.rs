@@ -10,6 +10,7 @@
 //! - `nodes`: the lead and worker processes, and what is read from them while they run.
 //! - `calls`: a step's checkpoint and no-op tool calls through the dispatcher.
 //! - `turns`: whole turns, then a burst of sessions.
+//! - `costs`: what a call and a turn cost each process (CPU) and Redis (commands, bytes).
 //! - `gateway`: the same turn streamed over HTTP through the gateway, many at once, its memory.
 //! - `plans`: a plan's steps across two workers (speed-up), and its overhead against plain
 //!   subagent calls.
@@ -19,6 +20,7 @@
 
 mod calls;
 mod celery;
+mod costs;
 mod floor;
 mod gateway;
 mod nodes;
@@ -41,6 +43,7 @@ use skein_tests::support::unique;
 
 use calls::{checkpoint_cost, noop_calls};
 use celery::celery_peer;
+use costs::{report_costs, Parts};
 use floor::{floor_jetstream, floor_redis_set, floor_request_reply, responder, session_blob};
 use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
 use report::{print_table, ratios, Report};
@@ -181,7 +184,19 @@ async fn run(args: Args) -> Result<(), Failed> {
     noop_calls(&bus, &store, args.samples, args.calls, 1, &mut report).await?;
     let mut second = cluster.worker("worker-2");
     wait_workers(&store, 2).await?;
-    noop_calls(&bus, &store, 0, args.calls, 2, &mut report).await?;
+    let mut redis_counters = redis::Client::open(redis.url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut parts = Parts {
+        lead: std::process::id(),
+        workers: vec![first.id(), second.id()],
+        nats: nats.pid(),
+        redis: redis.pid(),
+    };
+    let before = parts.snapshot(&mut redis_counters).await?;
+    let calls = noop_calls(&bus, &store, 0, args.calls, 2, &mut report).await?;
+    let after = parts.snapshot(&mut redis_counters).await?;
+    report_costs(&mut report, "call", calls, &before, &after);
     let scenario = dir.join("scenario.json");
     std::fs::write(
         &scenario,
@@ -208,7 +223,9 @@ async fn run(args: Args) -> Result<(), Failed> {
     if args.long_session > 0 {
         long_session(&nats.url, &redis.url, args.long_session, &mut report).await?;
     }
-    burst(
+    parts.lead = lead.id();
+    let before = parts.snapshot(&mut redis_counters).await?;
+    let turns = burst(
         &nats.url,
         &store,
         args.burst,
@@ -217,6 +234,8 @@ async fn run(args: Args) -> Result<(), Failed> {
         &mut report,
     )
     .await?;
+    let after = parts.snapshot(&mut redis_counters).await?;
+    report_costs(&mut report, "turn", turns, &before, &after);
     // After the burst, whose memory figures it would otherwise move.
     if args.gateway_runs > 0 {
         eprintln!("gateway");

@@ -63,17 +63,17 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
         ratio(
             "no-op round trip p50 / request-reply p50",
             round_trip / rr,
-            "<= 3",
+            "<= 1.5",
         ),
         ratio(
             "no-op calls with 2 workers / pipelined core NATS",
             two_workers / pipelined,
-            ">= 0.15",
+            ">= 0.35",
         ),
         ratio(
             "whole turn p50 / request-reply p50",
             report.get("skein: whole turn (two tool calls) p50") / rr,
-            "<= 12",
+            "<= 6",
         ),
         ratio(
             "turn streamed over HTTP p50 / same turn on NATS p50",
@@ -84,7 +84,12 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
         ratio(
             "checkpoint p50 / Redis SET p50",
             report.get("skein: checkpoint of a step p50") / set,
-            "<= 1.5",
+            "<= 1.2",
+        ),
+        ratio(
+            "lead peak RSS growth per in-flight turn (KiB)",
+            report.get("skein: lead peak RSS growth per in-flight turn"),
+            "<= 16",
         ),
         ratio(
             "plan turn p50 / as many spawn_agent calls at once p50",

@@ -155,7 +155,7 @@ pub(crate) async fn burst(
     lead_pid: u32,
     lead_admin: &str,
     report: &mut Report,
-) -> Result<(), Failed> {
+) -> Result<usize, Failed> {
     let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
     // The most turns the lead runs at once, sampled from its metrics while the burst runs.
     let sampling = CancellationToken::new();
@@ -251,5 +251,6 @@ pub(crate) async fn burst(
         (peak - idle) / most_in_flight.max(1.0),
         "KiB",
     );
-    Ok(())
+    report.add("skein: burst lead peak RSS", peak / 1024.0, "MiB");
+    Ok(done + stored_only)
 }
