@@ -29,6 +29,7 @@ fn claim<'a>(session: &'a str, task_id: &'a str, token: &'a str, max: u64) -> Tu
         lease_token: token,
         lease_ttl: Duration::from_secs(30),
         max_attempts: max,
+        trace: None,
     }
 }
 
