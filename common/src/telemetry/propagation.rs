@@ -16,6 +16,9 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+/// The W3C field that names a span: version, trace id, span id, flags.
+const TRACEPARENT: &str = "traceparent";
+
 /// Writes the current span's trace context into `headers` (nothing when there is none).
 pub fn inject_current(headers: &mut HeaderMap) {
     let cx = tracing::Span::current().context();
@@ -95,8 +98,6 @@ fn from_traceparent(traceparent: &str) -> Context {
     })
 }
 
-/// The W3C field that names a span: version, trace id, span id, flags.
-const TRACEPARENT: &str = "traceparent";
 
 /// Writes propagation fields as NATS headers; names or values NATS would reject are skipped.
 struct HeaderInjector<'a>(&'a mut HeaderMap);

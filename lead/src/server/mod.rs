@@ -12,6 +12,10 @@
 //! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
 //! lease is renewed.
 //!
+//! A submission its client sent without trace context stays in one trace across its deliveries:
+//! the turn start keeps the first delivery's `traceparent` with the task (in the same script), and
+//! a later delivery reads it before it opens its `process` span (`kept_trace`).
+//!
 //! Transient trouble (Redis away, a save that lost a race, a lost lease) hands the task back to the
 //! broker (nak) so it runs again, on this or another lead; after `max_attempts` counted attempts it
 //! is dead-lettered and ends as a `dead_lettered` failure.

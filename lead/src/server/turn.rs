@@ -1,7 +1,8 @@
 //! One turn of a delivered submission: its start (cancel and deadline looks, turn order in the
 //! session, the lease and the attempt through a `TurnLease`, which also keeps the trace of a task
-//! submitted without one, a start taken back when it must not stand), the wait for the session's lease or its older tasks, the run under the lease (renewed,
-//! checkpointed, stopped at the deadline or on a cancel request), and its atomic end.
+//! submitted without one, a start taken back when it must not stand), the wait for the session's
+//! lease or its older tasks, the run under the lease (renewed, checkpointed, stopped at the
+//! deadline or on a cancel request), and its atomic end.
 
 use std::sync::Arc;
 
