@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId};
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder};
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
@@ -316,7 +318,10 @@ impl Metrics {
                 outcome: label(outcome),
             })
             .inc();
-        observe(&f.tool_duration.get_or_create(&ToolLabels { tool }), duration);
+        observe(
+            &f.tool_duration.get_or_create(&ToolLabels { tool }),
+            duration,
+        );
     }
 
     /// A model provider call ended: `outcome` is `ok` or the failure kind.
@@ -549,12 +554,11 @@ mod tests {
             assert!(text.contains(&series), "missing {series:?} in:\n{text}");
         }
         // Only the bucket the observation fell in keeps it.
-        assert!(text.contains(
-            "skein_turn_duration_seconds_bucket{le=\"5.0\",outcome=\"completed\"} 1\n"
-        ));
-        assert!(text.contains(
-            "skein_turn_duration_seconds_bucket{le=\"0.01\",outcome=\"failed\"} 1\n"
-        ));
+        assert!(text
+            .contains("skein_turn_duration_seconds_bucket{le=\"5.0\",outcome=\"completed\"} 1\n"));
+        assert!(
+            text.contains("skein_turn_duration_seconds_bucket{le=\"0.01\",outcome=\"failed\"} 1\n")
+        );
     }
 
     #[test]

@@ -323,7 +323,10 @@ async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_re
         traces.iter().all(|trace| *trace == traces[0]),
         "every start in one trace: {traces:?}"
     );
-    assert_eq!(result.trace_id, traces[0], "the result names the same trace");
+    assert_eq!(
+        result.trace_id, traces[0],
+        "the result names the same trace"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

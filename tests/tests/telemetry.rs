@@ -443,9 +443,11 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
     // The turn's bucket links to its trace (an OpenMetrics exemplar).
     let exemplar = format!("trace_id=\"{trace_id}\"");
     assert!(
-        metrics.lines().any(|l| l.starts_with("skein_turn_duration_seconds_bucket{")
-            && l.contains("outcome=\"completed\"")
-            && l.contains(&exemplar)),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("skein_turn_duration_seconds_bucket{")
+                && l.contains("outcome=\"completed\"")
+                && l.contains(&exemplar)),
         "{metrics}"
     );
 
@@ -476,8 +478,13 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
         },
     )
     .await;
-    let turns = latest_point(&points, "skein-lead", "skein_turns", &[("outcome", "completed")])
-        .expect("skein_turns over OTLP");
+    let turns = latest_point(
+        &points,
+        "skein-lead",
+        "skein_turns",
+        &[("outcome", "completed")],
+    )
+    .expect("skein_turns over OTLP");
     assert_eq!((turns.kind, turns.value), ("sum", 1.0), "{turns:?}");
     let turn = latest_point(
         &points,
@@ -486,7 +493,10 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
         &[("outcome", "completed")],
     )
     .expect("the turn's duration over OTLP");
-    assert_eq!((turn.kind, turn.count, turn.unit.as_str()), ("histogram", 1, "s"));
+    assert_eq!(
+        (turn.kind, turn.count, turn.unit.as_str()),
+        ("histogram", 1, "s")
+    );
     let calls = latest_point(
         &points,
         "skein-lead",
@@ -495,8 +505,13 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
     )
     .expect("skein_model_calls over OTLP");
     assert_eq!(calls.value, 2.0, "{calls:?}");
-    let in_flight = latest_point(&points, "skein-lead", "skein_in_flight", &[("kind", "turn")])
-        .expect("skein_in_flight over OTLP");
+    let in_flight = latest_point(
+        &points,
+        "skein-lead",
+        "skein_in_flight",
+        &[("kind", "turn")],
+    )
+    .expect("skein_in_flight over OTLP");
     assert_eq!((in_flight.kind, in_flight.value), ("gauge", 0.0));
     let ready = http
         .get(format!("http://{admin}/readyz"))
@@ -580,9 +595,11 @@ async fn a_task_handed_back_by_a_stopping_lead_stays_in_one_trace() {
     let task = submission("acme", &unique("s"), "take your time");
     let running = cluster.run(&task);
     let stopping = async {
-        eventually("the slow call to start", Duration::from_secs(30), || async {
-            (effect_starts(&cluster, &key) > 0).then_some(())
-        })
+        eventually(
+            "the slow call to start",
+            Duration::from_secs(30),
+            || async { (effect_starts(&cluster, &key) > 0).then_some(()) },
+        )
         .await;
         first.sigterm();
         let exit = first.wait_exit(Duration::from_secs(30)).await;
@@ -596,9 +613,14 @@ async fn a_task_handed_back_by_a_stopping_lead_stays_in_one_trace() {
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     let trace_id = result.trace_id.clone().expect("the result names its trace");
     let starts = started_traces(&events);
-    assert!(starts.len() >= 2, "started, handed back, started again: {starts:?}");
     assert!(
-        starts.iter().all(|t| t.as_deref() == Some(trace_id.as_str())),
+        starts.len() >= 2,
+        "started, handed back, started again: {starts:?}"
+    );
+    assert!(
+        starts
+            .iter()
+            .all(|t| t.as_deref() == Some(trace_id.as_str())),
         "every start in the task's trace: {starts:?}"
     );
 
@@ -669,12 +691,23 @@ async fn an_approved_then_resumed_turn_stays_in_one_trace() {
         eventually("the approval request", Duration::from_secs(30), || {
             let store = store.clone();
             let task_id = task.task_id.clone();
-            async move { store.approval_request("acme", &task_id).await.ok().flatten() }
+            async move {
+                store
+                    .approval_request("acme", &task_id)
+                    .await
+                    .ok()
+                    .flatten()
+            }
         })
         .await;
         let approved = std::process::Command::new(NODE)
             .args(["approve", &task.task_id, "--tenant", "acme", "--by", "ann"])
-            .args(["--redis-url", &cluster.redis.url, "--nats-url", &cluster.nats.url])
+            .args([
+                "--redis-url",
+                &cluster.redis.url,
+                "--nats-url",
+                &cluster.nats.url,
+            ])
             .output()
             .expect("skein approve runs");
         assert!(
@@ -690,7 +723,9 @@ async fn an_approved_then_resumed_turn_stays_in_one_trace() {
     let starts = started_traces(&events);
     assert!(starts.len() >= 2, "asked, then resumed: {starts:?}");
     assert!(
-        starts.iter().all(|t| t.as_deref() == Some(trace_id.as_str())),
+        starts
+            .iter()
+            .all(|t| t.as_deref() == Some(trace_id.as_str())),
         "every start in the task's trace: {starts:?}"
     );
 
@@ -703,7 +738,10 @@ async fn an_approved_then_resumed_turn_stays_in_one_trace() {
     .await;
     let delivered = deliveries(&spans, &task.session);
     assert_eq!(
-        delivered.iter().filter(|s| s.parent_span_id.is_empty()).count(),
+        delivered
+            .iter()
+            .filter(|s| s.parent_span_id.is_empty())
+            .count(),
         1,
         "one delivery starts the trace, the others continue it: {delivered:?}"
     );

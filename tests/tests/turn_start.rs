@@ -430,7 +430,10 @@ async fn the_turn_start_keeps_the_first_trace_it_is_given() {
     let first = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let later = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
     assert_eq!(
-        store.task_trace("acme", &session, &task).await.expect("read"),
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read"),
         None
     );
 
@@ -450,11 +453,18 @@ async fn the_turn_start_keeps_the_first_trace_it_is_given() {
         .expect("begin");
     assert_eq!(busy, TurnStart::Busy);
     assert_eq!(
-        store.task_trace("acme", &session, &task).await.expect("read").as_deref(),
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read")
+            .as_deref(),
         Some(first)
     );
     assert_eq!(
-        store.task_trace("acme", &session, &holder).await.expect("read"),
+        store
+            .task_trace("acme", &session, &holder)
+            .await
+            .expect("read"),
         None,
         "a start without a trace keeps none"
     );
@@ -473,7 +483,11 @@ async fn the_turn_start_keeps_the_first_trace_it_is_given() {
         .expect("begin");
     assert!(matches!(started, TurnStart::Started { .. }), "{started:?}");
     assert_eq!(
-        store.task_trace("acme", &session, &task).await.expect("read").as_deref(),
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read")
+            .as_deref(),
         Some(first)
     );
     let mut conn = redis::Client::open(redis.url.as_str())
@@ -482,7 +496,9 @@ async fn the_turn_start_keeps_the_first_trace_it_is_given() {
         .await
         .expect("connection");
     let ttl: i64 = redis::cmd("TTL")
-        .arg(skein_common::store::keys::task_trace("acme", &session, &task))
+        .arg(skein_common::store::keys::task_trace(
+            "acme", &session, &task,
+        ))
         .query_async(&mut conn)
         .await
         .expect("TTL");
@@ -494,7 +510,10 @@ async fn the_turn_start_keeps_the_first_trace_it_is_given() {
         .await
         .expect("forget");
     assert_eq!(
-        store.task_trace("acme", &session, &task).await.expect("read"),
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read"),
         None
     );
 }

@@ -751,7 +751,11 @@ pub(super) fn process_span(message: &jetstream::Message, recorded: Option<&str>)
         "skein.task_id" = tracing::field::Empty,
         "gen_ai.conversation.id" = tracing::field::Empty,
     );
-    crate::telemetry::propagation::set_parent_or_recorded(&span, message.headers.as_ref(), recorded);
+    crate::telemetry::propagation::set_parent_or_recorded(
+        &span,
+        message.headers.as_ref(),
+        recorded,
+    );
     span
 }
 

@@ -11,9 +11,7 @@
 //! lines this reader does not understand, are left out.
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{
-    any_value, AnyValue, InstrumentationScope, KeyValue,
-};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{
     exemplar, metric, number_data_point, AggregationTemporality, Exemplar, Gauge, Histogram,
     HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
@@ -173,15 +171,13 @@ fn sample(line: &str) -> Option<(&str, Sample)> {
     }
     let rest = rest.strip_prefix(' ')?;
     let (value, rest) = rest.split_once(' ').unwrap_or((rest, ""));
-    let exemplar = rest
-        .strip_prefix("# ")
-        .and_then(|exemplar| {
-            let (labels, after) = label_set(exemplar)?;
-            let mut fields = after.split_whitespace();
-            let value = fields.next()?.parse().ok()?;
-            let at = fields.next().and_then(|at| at.parse().ok());
-            Some(TextExemplar { labels, value, at })
-        });
+    let exemplar = rest.strip_prefix("# ").and_then(|exemplar| {
+        let (labels, after) = label_set(exemplar)?;
+        let mut fields = after.split_whitespace();
+        let value = fields.next()?.parse().ok()?;
+        let at = fields.next().and_then(|at| at.parse().ok());
+        Some(TextExemplar { labels, value, at })
+    });
     Some((
         name,
         Sample {
@@ -290,8 +286,12 @@ impl Family {
     fn histogram_points(&self, times: Times) -> Vec<HistogramDataPoint> {
         let mut points: Vec<(Vec<(String, String)>, HistogramDataPoint, u64)> = Vec::new();
         for s in &self.samples {
-            let series: Vec<(String, String)> =
-                s.labels.iter().filter(|(k, _)| k != "le").cloned().collect();
+            let series: Vec<(String, String)> = s
+                .labels
+                .iter()
+                .filter(|(k, _)| k != "le")
+                .cloned()
+                .collect();
             let at = match points.iter().position(|(labels, ..)| *labels == series) {
                 Some(at) => at,
                 None => {
@@ -446,7 +446,10 @@ skein_in_flight{kind=\"turn\"} 0
             sum.data_points[0].value,
             Some(number_data_point::Value::AsDouble(0.75))
         );
-        assert_eq!(sum.data_points[0].attributes[0], attribute("tenant", "a \"b\""));
+        assert_eq!(
+            sum.data_points[0].attributes[0],
+            attribute("tenant", "a \"b\"")
+        );
 
         let duration = by_name(&request, "skein_turn_duration_seconds");
         assert_eq!(duration.unit, "s");

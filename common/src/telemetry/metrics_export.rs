@@ -179,7 +179,9 @@ fn metrics_url(endpoint: &str) -> String {
 fn unix_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(0, |since| {
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        })
 }
 
 #[cfg(test)]
@@ -203,10 +205,17 @@ mod tests {
     #[test]
     fn metrics_follow_the_otlp_endpoint_unless_told_otherwise() {
         let on = config(Some("http://collector:4318/"), "otlp");
-        assert_eq!(url(&on).as_deref(), Some("http://collector:4318/v1/metrics"));
+        assert_eq!(
+            url(&on).as_deref(),
+            Some("http://collector:4318/v1/metrics")
+        );
         assert_eq!(validate(&on), Ok(()));
         for off in ["none", "prometheus", ""] {
-            assert_eq!(url(&config(Some("http://collector:4318"), off)), None, "{off}");
+            assert_eq!(
+                url(&config(Some("http://collector:4318"), off)),
+                None,
+                "{off}"
+            );
         }
         assert_eq!(url(&config(None, "otlp")), None);
         let disabled = TelemetryConfig {

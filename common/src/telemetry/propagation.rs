@@ -98,7 +98,6 @@ fn from_traceparent(traceparent: &str) -> Context {
     })
 }
 
-
 /// Writes propagation fields as NATS headers; names or values NATS would reject are skipped.
 struct HeaderInjector<'a>(&'a mut HeaderMap);
 

@@ -172,7 +172,11 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     // Health answers (and readiness says no) while start-up waits for NATS and Redis.
     let work = Workload::default();
     admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
-    skein_common::telemetry::export_metrics(&metrics, &work.background, work.background_stop.clone());
+    skein_common::telemetry::export_metrics(
+        &metrics,
+        &work.background,
+        work.background_stop.clone(),
+    );
     // Boxed: the wait's nested retry futures would otherwise sit inline in this function's
     // future, deepening every caller's type past the compiler's layout limit.
     let connected = Box::pin(skein_common::startup::connect::<LeadError>(

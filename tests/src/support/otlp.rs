@@ -253,7 +253,11 @@ fn flatten_metrics(request: ExportMetricsServiceRequest) -> Vec<ReceivedPoint> {
                             out.push(ReceivedPoint {
                                 value: p.sum.unwrap_or(f64::NAN),
                                 count: p.count,
-                                exemplar_traces: p.exemplars.iter().map(|e| hex(&e.trace_id)).collect(),
+                                exemplar_traces: p
+                                    .exemplars
+                                    .iter()
+                                    .map(|e| hex(&e.trace_id))
+                                    .collect(),
                                 ..point("histogram", &p.attributes, p.time_unix_nano)
                             });
                         }
