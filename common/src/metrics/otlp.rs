@@ -284,28 +284,31 @@ impl Family {
     }
 
     fn histogram_points(&self, times: Times) -> Vec<HistogramDataPoint> {
-        let mut points: Vec<(Vec<(String, String)>, HistogramDataPoint, u64)> = Vec::new();
+        let mut series: Vec<HistogramSeries> = Vec::new();
         for s in &self.samples {
-            let series: Vec<(String, String)> = s
+            let labels: Vec<(String, String)> = s
                 .labels
                 .iter()
                 .filter(|(k, _)| k != "le")
                 .cloned()
                 .collect();
-            let at = match points.iter().position(|(labels, ..)| *labels == series) {
+            let at = match series.iter().position(|known| known.labels == labels) {
                 Some(at) => at,
                 None => {
-                    let point = HistogramDataPoint {
-                        attributes: attributes(&series, None),
-                        start_time_unix_nano: times.start_ns,
-                        time_unix_nano: times.now_ns,
-                        ..Default::default()
-                    };
-                    points.push((series, point, 0));
-                    points.len() - 1
+                    series.push(HistogramSeries {
+                        point: HistogramDataPoint {
+                            attributes: attributes(&labels, None),
+                            start_time_unix_nano: times.start_ns,
+                            time_unix_nano: times.now_ns,
+                            ..Default::default()
+                        },
+                        labels,
+                        below: 0,
+                    });
+                    series.len() - 1
                 }
             };
-            let (_, point, below) = &mut points[at];
+            let HistogramSeries { point, below, .. } = &mut series[at];
             match s.suffix.as_str() {
                 "_sum" => point.sum = s.value.parse().ok(),
                 "_count" => point.count = s.value.parse().unwrap_or(0),
@@ -329,8 +332,16 @@ impl Family {
                 _ => {}
             }
         }
-        points.into_iter().map(|(_, point, _)| point).collect()
+        series.into_iter().map(|known| known.point).collect()
     }
+}
+
+/// One series of a histogram while its samples are read: its labels (without `le`), its point,
+/// and the cumulative count of the buckets read so far.
+struct HistogramSeries {
+    labels: Vec<(String, String)>,
+    point: HistogramDataPoint,
+    below: u64,
 }
 
 fn attributes(labels: &[(String, String)], skip: Option<&[&str]>) -> Vec<KeyValue> {
@@ -362,7 +373,7 @@ fn to_exemplar(e: &TextExemplar, times: Times) -> Exemplar {
 }
 
 fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())
