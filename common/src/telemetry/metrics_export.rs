@@ -8,7 +8,8 @@
 //! (`POST {OTEL_EXPORTER_OTLP_ENDPOINT}/v1/metrics`, or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` as
 //! given); with `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` only a metrics endpoint of its own is used.
 //! Each export renders the registry once ([`crate::metrics::otlp`]), off every caller's path; an
-//! export that fails is logged and the next one sends the values again (they are cumulative).
+//! export that fails is logged (once while failures last) and the next one sends the values again
+//! (they are cumulative).
 
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -129,12 +130,27 @@ pub fn export_metrics(metrics: &Metrics, tracker: &TaskTracker, stop: Cancellati
             tokio::time::interval_at(tokio::time::Instant::now() + export.every, export.every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::debug!(url = %export.url, every = ?export.every, "exporting metrics");
+        // A collector that takes no metrics (Jaeger) is said once, not at every push.
+        let mut failing = false;
         loop {
             let last = tokio::select! {
                 _ = stop.cancelled() => true,
                 _ = ticks.tick() => false,
             };
-            send(&client, &export, &metrics, started).await;
+            match send(&client, &export, &metrics, started).await {
+                Ok(()) if failing => {
+                    tracing::info!(url = %export.url, "metrics export works again");
+                    failing = false;
+                }
+                Ok(()) => {}
+                Err(error) if failing => {
+                    tracing::debug!(url = %export.url, %error, "metrics export failed again");
+                }
+                Err(error) => {
+                    tracing::warn!(url = %export.url, %error, "metrics export failed; trying again every interval");
+                    failing = true;
+                }
+            }
             if last {
                 break;
             }
@@ -142,24 +158,27 @@ pub fn export_metrics(metrics: &Metrics, tracker: &TaskTracker, stop: Cancellati
     });
 }
 
-/// One export of the metrics as they are now; a failure is logged.
-async fn send(client: &reqwest::Client, export: &MetricsExport, metrics: &Metrics, started: u64) {
+/// One export of the metrics as they are now.
+async fn send(
+    client: &reqwest::Client,
+    export: &MetricsExport,
+    metrics: &Metrics,
+    started: u64,
+) -> Result<(), reqwest::Error> {
     let request = otlp::request(
         &metrics.render(),
         export.resource.clone(),
         started,
         unix_nanos(),
     );
-    let sent = client
+    client
         .post(&export.url)
         .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
         .body(request.encode_to_vec())
         .send()
         .await
-        .and_then(reqwest::Response::error_for_status);
-    if let Err(error) = sent {
-        tracing::warn!(url = %export.url, %error, "metrics export failed");
-    }
+        .and_then(reqwest::Response::error_for_status)
+        .map(drop)
 }
 
 /// The entries of an `OTEL_METRICS_EXPORTER` list (comma-separated), trimmed.
