@@ -1,20 +1,31 @@
 //! Every Prometheus metric Skein exports, in one place: the metric names, their labels and their
 //! buckets, behind typed events (`turn_finished`, `model_call`, `in_flight`, ...). Callers report
 //! what happened; only this file knows how that becomes a series. [`Metrics::render`] produces the
-//! OpenMetrics text served on `/metrics` by [`crate::admin`].
+//! OpenMetrics text served on `/metrics` by [`crate::admin`]; [`otlp`] turns the same text into
+//! an OTLP export.
+//!
+//! The duration histograms keep exemplars: an observation made inside a span with OpenTelemetry
+//! ids becomes its bucket's exemplar, with the span's `trace_id` and `span_id` and the time it was
+//! made, so a slow bucket links to a trace. Outside such a span nothing is kept.
 
-use std::fmt::Debug;
+use std::fmt::{Debug, Write as _};
 use std::hash::Hash;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use opentelemetry::trace::{SpanId, TraceContextExt, TraceId};
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry, Unit};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+pub mod otlp;
 
 /// Prefix of every metric name.
 const PREFIX: &str = "skein";
@@ -48,10 +59,67 @@ label_sets! {
     AgentLabels { agent }
 }
 
-type DurationFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+/// A duration histogram whose buckets keep the trace of their latest observation.
+type DurationHistogram = HistogramWithExemplars<TraceExemplar>;
 
-fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS)
+type DurationFamily<S> = Family<S, DurationHistogram, fn() -> DurationHistogram>;
+
+fn duration_histogram() -> DurationHistogram {
+    HistogramWithExemplars::new(DURATION_BUCKETS.into_iter())
+}
+
+/// The exemplar of an observation: the span it was made in, as the labels `trace_id` and
+/// `span_id` (lowercase hex, as W3C trace context writes them). Plain ids: keeping one allocates
+/// nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TraceExemplar {
+    trace_id: TraceId,
+    span_id: SpanId,
+}
+
+impl TraceExemplar {
+    /// The current span's ids, if it has valid OpenTelemetry ones.
+    fn current() -> Option<Self> {
+        let cx = tracing::Span::current().context();
+        let span = cx.span();
+        let ids = span.span_context();
+        ids.is_valid().then(|| Self {
+            trace_id: ids.trace_id(),
+            span_id: ids.span_id(),
+        })
+    }
+}
+
+impl EncodeLabelSet for TraceExemplar {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            ("trace_id", Id::Trace(self.trace_id)),
+            ("span_id", Id::Span(self.span_id)),
+        ]
+        .encode(encoder)
+    }
+}
+
+/// A trace or span id as a label value, in hex.
+enum Id {
+    Trace(TraceId),
+    Span(SpanId),
+}
+
+impl EncodeLabelValue for Id {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        match self {
+            Id::Trace(id) => write!(encoder, "{id}"),
+            Id::Span(id) => write!(encoder, "{id}"),
+        }
+    }
+}
+
+/// Observes `duration`, keeping the current span as the bucket's exemplar when there is one.
+fn observe(histogram: &DurationHistogram, duration: Duration) {
+    let exemplar = TraceExemplar::current();
+    let at = exemplar.as_ref().map(|_| SystemTime::now());
+    histogram.observe(duration.as_secs_f64(), exemplar, at);
 }
 
 /// A label value as exported: at most [`MAX_LABEL_CHARS`] characters.
@@ -237,9 +305,7 @@ impl Metrics {
         };
         let f = self.families();
         f.turns.get_or_create(&labels).inc();
-        f.turn_duration
-            .get_or_create(&labels)
-            .observe(duration.as_secs_f64());
+        observe(&f.turn_duration.get_or_create(&labels), duration);
     }
 
     /// A tool task ended: `outcome` is `ok` or the failure kind.
@@ -252,9 +318,10 @@ impl Metrics {
                 outcome: label(outcome),
             })
             .inc();
-        f.tool_duration
-            .get_or_create(&ToolLabels { tool })
-            .observe(duration.as_secs_f64());
+        observe(
+            &f.tool_duration.get_or_create(&ToolLabels { tool }),
+            duration,
+        );
     }
 
     /// A model provider call ended: `outcome` is `ok` or the failure kind.
@@ -274,11 +341,12 @@ impl Metrics {
                 outcome: label(outcome),
             })
             .inc();
-        f.model_call_duration
-            .get_or_create(&ProviderLabels {
+        observe(
+            &f.model_call_duration.get_or_create(&ProviderLabels {
                 provider: provider.clone(),
-            })
-            .observe(duration.as_secs_f64());
+            }),
+            duration,
+        );
         for (direction, tokens) in [("input", input_tokens), ("output", output_tokens)] {
             f.model_tokens
                 .get_or_create(&TokenLabels {
@@ -447,6 +515,50 @@ mod tests {
                 format!("skein_turn_duration_seconds_bucket{{le=\"{le}\",outcome=\"failed\"}} 1\n");
             assert!(text.contains(&bucket), "missing {bucket:?} in:\n{text}");
         }
+    }
+
+    /// Runs `body` under a subscriber that gives spans OpenTelemetry ids (nothing is exported).
+    fn traced<T>(body: impl FnOnce() -> T) -> T {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, body)
+    }
+
+    #[test]
+    fn durations_observed_in_a_span_link_their_bucket_to_its_trace() {
+        let metrics = Metrics::new();
+        let (trace_id, span_id) = traced(|| {
+            let span = tracing::info_span!("process");
+            let _entered = span.enter();
+            metrics.turn_finished("completed", Duration::from_millis(1500));
+            metrics.tool_task_finished("shell", "ok", Duration::from_millis(20));
+            metrics.model_call("openai", "ok", Duration::from_millis(700), 1, 1);
+            let cx = span.context();
+            let ids = cx.span().span_context().clone();
+            (ids.trace_id().to_string(), ids.span_id().to_string())
+        });
+        assert_eq!(trace_id.len(), 32);
+        // Outside any span: counted, with no exemplar.
+        metrics.turn_finished("failed", Duration::from_millis(5));
+
+        let text = metrics.render();
+        let exemplar = format!("# {{trace_id=\"{trace_id}\",span_id=\"{span_id}\"}}");
+        for series in [
+            format!("skein_turn_duration_seconds_bucket{{le=\"2.5\",outcome=\"completed\"}} 1 {exemplar} 1.5 "),
+            format!("skein_tool_duration_seconds_bucket{{le=\"0.025\",tool=\"shell\"}} 1 {exemplar} 0.02 "),
+            format!("skein_model_call_duration_seconds_bucket{{le=\"1.0\",provider=\"openai\"}} 1 {exemplar} 0.7 "),
+        ] {
+            assert!(text.contains(&series), "missing {series:?} in:\n{text}");
+        }
+        // Only the bucket the observation fell in keeps it.
+        assert!(text
+            .contains("skein_turn_duration_seconds_bucket{le=\"5.0\",outcome=\"completed\"} 1\n"));
+        assert!(
+            text.contains("skein_turn_duration_seconds_bucket{le=\"0.01\",outcome=\"failed\"} 1\n")
+        );
     }
 
     #[test]

@@ -305,13 +305,27 @@ async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_re
         1,
         "the approved call ran exactly once"
     );
-    let starts = events
+    // One trace: the client sent no trace context, and each start (asked, resumed after the
+    // approval, resumed after the stop) continues the trace its first delivery kept.
+    let traces: Vec<Option<String>> = events
         .iter()
-        .filter(|e| matches!(e.event, EventKind::TurnStarted { .. }))
-        .count();
+        .filter_map(|e| match &e.event {
+            EventKind::TurnStarted { trace_id, .. } => Some(trace_id.clone()),
+            _ => None,
+        })
+        .collect();
     assert!(
-        starts >= 3,
-        "asked, resumed after approval, resumed after the stop: {starts}"
+        traces.len() >= 3,
+        "asked, resumed after approval, resumed after the stop: {traces:?}"
+    );
+    assert!(traces[0].is_some(), "{traces:?}");
+    assert!(
+        traces.iter().all(|trace| *trace == traces[0]),
+        "every start in one trace: {traces:?}"
+    );
+    assert_eq!(
+        result.trace_id, traces[0],
+        "the result names the same trace"
     );
 }
 

@@ -40,6 +40,7 @@ fn claim<'a>(session: &'a str, task: &'a str, token: &'a str) -> TurnClaim<'a> {
         lease_token: token,
         lease_ttl: Duration::from_millis(300),
         max_attempts: 5,
+        trace: None,
     }
 }
 

@@ -330,6 +330,7 @@ async fn a_compacted_session_loads_only_what_its_summary_does_not_stand_for_and_
             lease_token: "lead-a",
             lease_ttl: std::time::Duration::from_secs(30),
             max_attempts: 3,
+            trace: None,
         })
         .await
         .expect("begin");

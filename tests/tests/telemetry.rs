@@ -1,5 +1,7 @@
 //! One trace from submit to every tool call, exported by real lead and worker processes to an
-//! OTLP receiver; metrics and health endpoints scraped; a dead collector does not stop a turn.
+//! OTLP receiver; one trace for every delivery of a task its client did not trace (handed back by
+//! a stopping lead, resumed after an approval); metrics scraped with their exemplars and pushed
+//! over OTLP; health endpoints scraped; a dead collector does not stop a turn.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -7,7 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use skein_common::protocol::{EventKind, TurnStatus};
 use skein_tests::support::cluster::{submission, TestCluster};
-use skein_tests::support::otlp::{OtlpReceiver, ReceivedSpan};
+use skein_tests::support::otlp::{OtlpReceiver, ReceivedPoint, ReceivedSpan};
+use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::{
     eventually, free_port, unique, ChildProcess, FakeOpenAi, FakeReply, FAKE_PROMPT_TOKENS,
 };
@@ -39,8 +42,97 @@ fn traced(
         .args(extra)
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
         .env("SKEIN_MODEL_API_KEY", SECRET);
     ChildProcess::spawn(cmd, cluster.dir.join(log))
+}
+
+/// A worker process with the test tools (`slow_effect`), exporting traces to `endpoint`.
+fn traced_test_worker(cluster: &TestCluster, endpoint: &str, log: &str) -> ChildProcess {
+    let mut args = cluster.process_args("worker");
+    args[0] = "test-worker".into();
+    let mut cmd = std::process::Command::new(NODE);
+    cmd.args(args)
+        .env("SKEIN_TEST_EFFECTS", cluster.effects_file())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    ChildProcess::spawn(cmd, cluster.dir.join(log))
+}
+
+fn effect_starts(cluster: &TestCluster, key: &str) -> usize {
+    read_effects(&cluster.effects_file())
+        .get(key)
+        .map_or(0, |count| count.started)
+}
+
+/// Waits until the processes have exported the spans `enough` asks for, each with its parent;
+/// then checks that every span they exported is in `trace_id`. Returns them.
+async fn whole_trace(
+    receiver: &OtlpReceiver,
+    trace_id: &str,
+    enough: impl Fn(&[ReceivedSpan]) -> bool,
+) -> Vec<ReceivedSpan> {
+    let spans = eventually(
+        "every span of the task, with its parent",
+        Duration::from_secs(30),
+        || {
+            let spans = receiver.spans();
+            let closed = spans.iter().all(|s| {
+                s.parent_span_id.is_empty() || spans.iter().any(|p| p.span_id == s.parent_span_id)
+            });
+            let done = enough(&spans) && closed;
+            async move { done.then_some(spans) }
+        },
+    )
+    .await;
+    println!(
+        "trace {trace_id}: {} spans: {:?}",
+        spans.len(),
+        names(&spans)
+    );
+    for span in &spans {
+        assert_eq!(
+            span.trace_id, trace_id,
+            "{} ({}) is in another trace",
+            span.name, span.service
+        );
+    }
+    spans
+}
+
+/// The trace ids the task's `turn_started` events name, in order.
+fn started_traces(events: &[skein_common::protocol::TurnEvent]) -> Vec<Option<String>> {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            EventKind::TurnStarted { trace_id, .. } => Some(trace_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The deliveries of the task's submission, by their `process` spans.
+fn deliveries<'a>(spans: &'a [ReceivedSpan], session: &str) -> Vec<&'a ReceivedSpan> {
+    let name = format!("process skein.submit.acme.{session}");
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+/// The latest point of `metric` from `service` whose attributes include `labels`.
+fn latest_point<'a>(
+    points: &'a [ReceivedPoint],
+    service: &str,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'a ReceivedPoint> {
+    points
+        .iter()
+        .filter(|p| p.service == service && p.metric == metric)
+        .filter(|p| {
+            labels
+                .iter()
+                .all(|(k, v)| p.attributes.get(*k).map(String::as_str) == Some(*v))
+        })
+        .max_by_key(|p| p.time_unix_nano)
 }
 
 fn find<'a>(spans: &'a [ReceivedSpan], service: &str, name: &str) -> &'a ReceivedSpan {
@@ -348,6 +440,79 @@ async fn one_trace_covers_the_turn_its_tool_calls_and_its_subagent_across_proces
         metrics.contains("skein_turn_duration_seconds_count{outcome=\"completed\"} 1"),
         "{metrics}"
     );
+    // The turn's bucket links to its trace (an OpenMetrics exemplar).
+    let exemplar = format!("trace_id=\"{trace_id}\"");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("skein_turn_duration_seconds_bucket{")
+                && l.contains("outcome=\"completed\"")
+                && l.contains(&exemplar)),
+        "{metrics}"
+    );
+
+    // The same metrics reach the collector over OTLP, with the exemplars.
+    let points = eventually(
+        "the turn's metrics over OTLP",
+        Duration::from_secs(30),
+        || {
+            let points = receiver.points();
+            let trace_id = trace_id.clone();
+            async move {
+                let turn = latest_point(
+                    &points,
+                    "skein-lead",
+                    "skein_turn_duration_seconds",
+                    &[("outcome", "completed")],
+                )?;
+                let tool = latest_point(
+                    &points,
+                    "skein-worker",
+                    "skein_tool_duration_seconds",
+                    &[("tool", "write_file")],
+                )?;
+                (turn.exemplar_traces.contains(&trace_id)
+                    && tool.exemplar_traces.contains(&trace_id))
+                .then_some(points)
+            }
+        },
+    )
+    .await;
+    let turns = latest_point(
+        &points,
+        "skein-lead",
+        "skein_turns",
+        &[("outcome", "completed")],
+    )
+    .expect("skein_turns over OTLP");
+    assert_eq!((turns.kind, turns.value), ("sum", 1.0), "{turns:?}");
+    let turn = latest_point(
+        &points,
+        "skein-lead",
+        "skein_turn_duration_seconds",
+        &[("outcome", "completed")],
+    )
+    .expect("the turn's duration over OTLP");
+    assert_eq!(
+        (turn.kind, turn.count, turn.unit.as_str()),
+        ("histogram", 1, "s")
+    );
+    let calls = latest_point(
+        &points,
+        "skein-lead",
+        "skein_model_calls",
+        &[("provider", "openai"), ("outcome", "ok")],
+    )
+    .expect("skein_model_calls over OTLP");
+    assert_eq!(calls.value, 2.0, "{calls:?}");
+    let in_flight = latest_point(
+        &points,
+        "skein-lead",
+        "skein_in_flight",
+        &[("kind", "turn")],
+    )
+    .expect("skein_in_flight over OTLP");
+    assert_eq!(in_flight.kind, "gauge", "{in_flight:?}");
     let ready = http
         .get(format!("http://{admin}/readyz"))
         .send()
@@ -395,4 +560,189 @@ async fn a_dead_collector_does_not_stop_a_turn() {
     println!("dead collector: turn completed in {:?}", started.elapsed());
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(result.answer.as_deref(), Some("listed"));
+}
+
+/// A task its client sent without trace context, handed back by a lead told to stop in the middle
+/// of a slow call and finished by another lead: both deliveries, and everything under them, are
+/// one trace, and every span's parent was exported (the second delivery continues the first
+/// delivery's span, which its lead exported as it stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_handed_back_by_a_stopping_lead_stays_in_one_trace() {
+    let cluster = TestCluster::start();
+    let receiver = OtlpReceiver::start().await;
+    let key = unique("slow");
+    let model = FakeOpenAi::start(vec![
+        FakeReply::tool("slow_effect", json!({ "key": key, "ms": 3000 })),
+        FakeReply::answer("done after the hand-back"),
+    ])
+    .await;
+    let _worker = traced_test_worker(&cluster, &receiver.endpoint, "worker.log");
+    cluster.wait_for_workers(1).await;
+    let flags = ["--ack-wait", "2s", "--lease-ttl", "2s", "--grace", "1s"];
+    let lead = |log| {
+        traced(
+            &cluster,
+            "lead",
+            &receiver.endpoint,
+            &model.base_url,
+            None,
+            &flags,
+            log,
+        )
+    };
+    let mut first = lead("lead1.log");
+
+    let task = submission("acme", &unique("s"), "take your time");
+    let running = cluster.run(&task);
+    let stopping = async {
+        eventually(
+            "the slow call to start",
+            Duration::from_secs(30),
+            || async { (effect_starts(&cluster, &key) > 0).then_some(()) },
+        )
+        .await;
+        first.sigterm();
+        let exit = first.wait_exit(Duration::from_secs(30)).await;
+        assert!(
+            exit.is_some_and(|s| s.success()),
+            "the lead stopped: {exit:?}"
+        );
+        lead("lead2.log")
+    };
+    let ((result, events), _second) = tokio::join!(running, stopping);
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let trace_id = result.trace_id.clone().expect("the result names its trace");
+    let starts = started_traces(&events);
+    assert!(
+        starts.len() >= 2,
+        "started, handed back, started again: {starts:?}"
+    );
+    assert!(
+        starts
+            .iter()
+            .all(|t| t.as_deref() == Some(trace_id.as_str())),
+        "every start in the task's trace: {starts:?}"
+    );
+
+    let spans = whole_trace(&receiver, &trace_id, |spans| {
+        deliveries(spans, &task.session).len() >= 2
+            && spans
+                .iter()
+                .filter(|s| s.name == "invoke_agent assistant")
+                .count()
+                >= 2
+    })
+    .await;
+    let delivered = deliveries(&spans, &task.session);
+    let root = delivered
+        .iter()
+        .find(|s| s.parent_span_id.is_empty())
+        .expect("the first delivery starts the trace");
+    assert!(
+        delivered
+            .iter()
+            .filter(|s| s.span_id != root.span_id)
+            .all(|s| s.parent_span_id == root.span_id),
+        "every later delivery continues the first: {delivered:?}"
+    );
+    let services: std::collections::BTreeSet<_> =
+        spans.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(
+        services,
+        ["skein-lead", "skein-worker"].into_iter().collect()
+    );
+}
+
+/// A call that waits for a person suspends the turn (its delivery ends and the message is held);
+/// `skein approve` answers, and the turn resumes on a later delivery: the suspended and the
+/// resumed delivery, and the approved call the worker runs, are one trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_then_resumed_turn_stays_in_one_trace() {
+    let cluster = TestCluster::start();
+    let receiver = OtlpReceiver::start().await;
+    let model = FakeOpenAi::start(vec![
+        FakeReply::tool("slow_effect", json!({ "key": unique("deploy"), "ms": 10 })),
+        FakeReply::answer("deployed after approval"),
+    ])
+    .await;
+    let agents = cluster.dir.join("agents");
+    std::fs::create_dir_all(&agents).expect("agents dir");
+    std::fs::write(
+        agents.join("AGENTS.md"),
+        "+++\n[permissions]\nask = [\"slow_effect\"]\n+++\nYou are careful.\n",
+    )
+    .expect("AGENTS.md written");
+    let _worker = traced_test_worker(&cluster, &receiver.endpoint, "worker.log");
+    cluster.wait_for_workers(1).await;
+    let _lead = traced(
+        &cluster,
+        "lead",
+        &receiver.endpoint,
+        &model.base_url,
+        None,
+        &["--agents-dir", agents.to_str().expect("utf-8 path")],
+        "lead.log",
+    );
+
+    let task = submission("acme", &unique("s"), "deploy it");
+    let running = cluster.run(&task);
+    let approving = async {
+        let store = cluster.store().await;
+        eventually("the approval request", Duration::from_secs(30), || {
+            let store = store.clone();
+            let task_id = task.task_id.clone();
+            async move {
+                store
+                    .approval_request("acme", &task_id)
+                    .await
+                    .ok()
+                    .flatten()
+            }
+        })
+        .await;
+        let approved = std::process::Command::new(NODE)
+            .args(["approve", &task.task_id, "--tenant", "acme", "--by", "ann"])
+            .args([
+                "--redis-url",
+                &cluster.redis.url,
+                "--nats-url",
+                &cluster.nats.url,
+            ])
+            .output()
+            .expect("skein approve runs");
+        assert!(
+            approved.status.success(),
+            "{}",
+            String::from_utf8_lossy(&approved.stderr)
+        );
+    };
+    let ((result, events), ()) = tokio::join!(running, approving);
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("deployed after approval"));
+    let trace_id = result.trace_id.clone().expect("the result names its trace");
+    let starts = started_traces(&events);
+    assert!(starts.len() >= 2, "asked, then resumed: {starts:?}");
+    assert!(
+        starts
+            .iter()
+            .all(|t| t.as_deref() == Some(trace_id.as_str())),
+        "every start in the task's trace: {starts:?}"
+    );
+
+    let spans = whole_trace(&receiver, &trace_id, |spans| {
+        deliveries(spans, &task.session).len() >= 2
+            && spans
+                .iter()
+                .any(|s| s.service == "skein-worker" && s.name == "execute_tool slow_effect")
+    })
+    .await;
+    let delivered = deliveries(&spans, &task.session);
+    assert_eq!(
+        delivered
+            .iter()
+            .filter(|s| s.parent_span_id.is_empty())
+            .count(),
+        1,
+        "one delivery starts the trace, the others continue it: {delivered:?}"
+    );
 }

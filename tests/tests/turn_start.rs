@@ -29,6 +29,7 @@ fn claim<'a>(session: &'a str, task_id: &'a str, token: &'a str, max: u64) -> Tu
         lease_token: token,
         lease_ttl: Duration::from_secs(30),
         max_attempts: max,
+        trace: None,
     }
 }
 
@@ -417,4 +418,102 @@ async fn the_turn_start_reads_what_was_asked_of_the_task() {
         .await
         .expect("read");
     assert!(!controls.paused && !controls.was_paused, "{controls:?}");
+}
+
+/// The start keeps the trace of a task submitted without one: the first trace given is kept (also
+/// when the session is busy), later starts do not replace it, and it expires as the attempts do.
+#[tokio::test]
+async fn the_turn_start_keeps_the_first_trace_it_is_given() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    let first = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let later = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+    assert_eq!(
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read"),
+        None
+    );
+
+    // Another task holds the session: nothing is counted, but the trace is kept.
+    let holder = unique("t");
+    let started = store
+        .begin_turn(claim(&session, &holder, "lead-a", 3))
+        .await
+        .expect("begin");
+    assert!(matches!(started, TurnStart::Started { .. }), "{started:?}");
+    let busy = store
+        .begin_turn(TurnClaim {
+            trace: Some(first),
+            ..claim(&session, &task, "lead-b", 3)
+        })
+        .await
+        .expect("begin");
+    assert_eq!(busy, TurnStart::Busy);
+    assert_eq!(
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read")
+            .as_deref(),
+        Some(first)
+    );
+    assert_eq!(
+        store
+            .task_trace("acme", &session, &holder)
+            .await
+            .expect("read"),
+        None,
+        "a start without a trace keeps none"
+    );
+
+    // A later delivery (its span a child of the first) does not replace it.
+    store
+        .release_lease("acme", &session, "lead-a")
+        .await
+        .expect("release");
+    let started = store
+        .begin_turn(TurnClaim {
+            trace: Some(later),
+            ..claim(&session, &task, "lead-b", 3)
+        })
+        .await
+        .expect("begin");
+    assert!(matches!(started, TurnStart::Started { .. }), "{started:?}");
+    assert_eq!(
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read")
+            .as_deref(),
+        Some(first)
+    );
+    let mut conn = redis::Client::open(redis.url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(skein_common::store::keys::task_trace(
+            "acme", &session, &task,
+        ))
+        .query_async(&mut conn)
+        .await
+        .expect("TTL");
+    assert!(ttl > 24 * 3600, "expires as the attempts do: {ttl}");
+
+    // A dead letter's replay forgets it with the rest of the turn.
+    store
+        .forget_turn("acme", &session, &task)
+        .await
+        .expect("forget");
+    assert_eq!(
+        store
+            .task_trace("acme", &session, &task)
+            .await
+            .expect("read"),
+        None
+    );
 }

@@ -213,6 +213,11 @@ pub async fn run_custom(
     let metrics = Metrics::new();
     let readiness = Readiness::default();
     admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
+    skein_common::telemetry::export_metrics(
+        &metrics,
+        &work.background,
+        work.background_stop.clone(),
+    );
     // Boxed: the wait's nested retry futures would otherwise sit inline in this function's
     // future, deepening every caller's type past the compiler's layout limit.
     let connected = Box::pin(skein_common::startup::connect::<WorkerError>(

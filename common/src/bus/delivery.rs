@@ -168,7 +168,18 @@ impl Envelope {
 
     /// The consumer span of its handling, a child of the span that published it.
     pub fn span(&self) -> tracing::Span {
-        process_span(&self.message)
+        process_span(&self.message, None)
+    }
+
+    /// [`Envelope::span`], continuing `recorded` (the `traceparent` an earlier delivery of the
+    /// same work kept) when the sender sent no trace context.
+    pub fn span_continuing(&self, recorded: Option<&str>) -> tracing::Span {
+        process_span(&self.message, recorded)
+    }
+
+    /// Whether its sender sent a valid trace context with it.
+    pub fn carries_trace_context(&self) -> bool {
+        crate::telemetry::propagation::carries_context(self.message.headers.as_ref())
     }
 
     /// Runs `work` while telling the broker every `every` that the message is still being worked

@@ -732,8 +732,10 @@ pub fn outgoing_headers() -> HeaderMap {
 }
 
 /// The consumer span of a delivered work message: `process {subject}`, a child of the span that
-/// published it (trace context from the message headers), so one trace crosses the broker.
-pub(super) fn process_span(message: &jetstream::Message) -> tracing::Span {
+/// published it (trace context from the message headers), so one trace crosses the broker; a
+/// message published without one continues `recorded` (the `traceparent` an earlier delivery of
+/// the same task kept), or else starts a trace.
+pub(super) fn process_span(message: &jetstream::Message, recorded: Option<&str>) -> tracing::Span {
     let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
     let span = tracing::info_span!(
         "process",
@@ -749,7 +751,11 @@ pub(super) fn process_span(message: &jetstream::Message) -> tracing::Span {
         "skein.task_id" = tracing::field::Empty,
         "gen_ai.conversation.id" = tracing::field::Empty,
     );
-    crate::telemetry::propagation::set_parent(&span, message.headers.as_ref());
+    crate::telemetry::propagation::set_parent_or_recorded(
+        &span,
+        message.headers.as_ref(),
+        recorded,
+    );
     span
 }
 

@@ -14,6 +14,7 @@
 //! | `skein:{t:s}:running:{call_key}` | string | the owner (`worker/run nonce`) of a call's run in progress, renewed while it runs and expiring soon after its worker stops renewing; deleted when the result is recorded |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
 //! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
+//! | `skein:{t:s}:trace:{task}` | string | the W3C `traceparent` of the first delivery of a task submitted without trace context, which its later deliveries continue (written by the turn-start script, expiring as the attempts) |
 //! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
 //! | `skein:{t:s}:final:{task}` | string | a task's `FinalResult` (expires) |
 //! | `skein:{t:s}:control:{task}` | hash | what was asked of `task`: `paused`, `was_paused`, `interrupt` (the later task of the session that interrupted it), `steered` (count); read by the turn-start script (expires 7 days after its last change) |
@@ -125,6 +126,11 @@ pub fn call_checkpoint(tenant: &str, child_session: &str, call_key: &str) -> Str
 /// session's save: a redelivered task finds it and records it instead of running the turn again.
 pub fn call_outcome(tenant: &str, child_session: &str, call_key: &str) -> String {
     format!("{}:outcome:{call_key}", tag(tenant, child_session))
+}
+
+/// The `traceparent` a task's later deliveries continue (a task submitted without one).
+pub fn task_trace(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:trace:{task_id}", tag(tenant, session))
 }
 
 /// The delivery counter of a piece of work (a task's turn, or a subagent call by its key): each
@@ -286,6 +292,7 @@ mod tests {
                     super::checkpoint(t, s, task),
                     super::history(t, s),
                     super::control(t, s, task),
+                    super::task_trace(t, s, task),
                 ],
             ),
             (
@@ -330,6 +337,7 @@ mod tests {
                     super::attempts(t, s, &turn),
                     super::control(t, s, task),
                     super::steer(t, s, task),
+                    super::task_trace(t, s, task),
                 ],
             ),
             (
@@ -379,6 +387,7 @@ mod tests {
             super::attempts("acme", "s1", "turn:t1"),
             super::checkpoint("acme", "s1", "t1"),
             super::final_result("acme", "s1", "t1"),
+            super::task_trace("acme", "s1", "t1"),
         ] {
             assert!(key.contains(tag), "{key}");
             assert_eq!(key.matches('{').count(), 1, "{key}");

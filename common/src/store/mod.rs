@@ -465,11 +465,13 @@ impl SessionStore {
                 .key(keys::checkpoint(tenant, session, task_id))
                 .key(keys::history(tenant, session))
                 .key(keys::control(tenant, session, task_id))
+                .key(keys::task_trace(tenant, session, task_id))
                 .arg(claim.lease_token)
                 .arg(claim.lease_ttl.as_millis().max(1) as u64)
                 .arg(keys::turn_attempts_field(task_id))
                 .arg(ATTEMPTS_TTL_SECS)
                 .arg(claim.max_attempts)
+                .arg(claim.trace.unwrap_or_default())
                 .invoke_async(&mut conn)
                 .await?,
         )?;
@@ -507,6 +509,18 @@ impl SessionStore {
             }
             _ => Err(StoreError::UnexpectedReply("the turn-start script")),
         }
+    }
+
+    /// The `traceparent` kept for a task submitted without trace context (by its first
+    /// delivery's turn start, see [`TurnClaim::trace`]), which its later deliveries continue.
+    pub async fn task_trace(
+        &self,
+        tenant: &str,
+        session: &str,
+        task_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let mut conn = self.connection.clone();
+        Ok(conn.get(keys::task_trace(tenant, session, task_id)).await?)
     }
 
     /// Records a turn's progress if `lease_token` still holds the session lease; false if not.
@@ -638,8 +652,8 @@ impl SessionStore {
         Ok(())
     }
 
-    /// Forgets a task's final result, its turn's attempts and its controls (pause, steer,
-    /// interrupt), so the task can run again (replay of a dead letter).
+    /// Forgets a task's final result, its turn's attempts, its controls (pause, steer,
+    /// interrupt) and its kept trace, so the task can run again (replay of a dead letter).
     pub async fn forget_turn(
         &self,
         tenant: &str,
@@ -653,6 +667,8 @@ impl SessionStore {
             .ignore()
             .del(keys::control(tenant, session, task_id))
             .del(keys::steer(tenant, session, task_id))
+            .ignore()
+            .del(keys::task_trace(tenant, session, task_id))
             .ignore()
             .hdel(
                 keys::attempts(tenant, session, &keys::turn_attempts_field(task_id)),

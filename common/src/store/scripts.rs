@@ -85,8 +85,10 @@ return false
 
 /// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
 /// session, KEYS[5] checkpoint, KEYS[6] history (both kept while the turn runs: an idle-session
-/// expiry must not strike mid-turn; the turn's end sets it again), KEYS[7] the task's controls;
-/// ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most attempts. Returns
+/// expiry must not strike mid-turn; the turn's end sets it again), KEYS[7] the task's controls,
+/// KEYS[8] the task's trace; ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most
+/// attempts, the `traceparent` to keep as the task's trace ('' for none: the submission carried
+/// its sender's; kept only if none is yet, and then kept as long as the attempts). Returns
 /// {'finished', final}; {'busy'} (another holds the lease; nothing counted; also when the lease
 /// is this caller's own, held by an earlier run of the task); {'busy', 'unbounded'} (the lease
 /// had no expiry, which no lead writes: it is given the lease ttl now, so it lapses then, as
@@ -97,6 +99,9 @@ return false
 pub(super) const BEGIN_SCRIPT: &str = r#"
 local done = redis.call('GET', KEYS[1])
 if done then return {'finished', done} end
+if ARGV[6] ~= '' and not redis.call('SET', KEYS[8], ARGV[6], 'NX', 'EX', ARGV[4]) then
+  redis.call('EXPIRE', KEYS[8], ARGV[4])
+end
 local held = redis.call('PTTL', KEYS[2])
 if held == -1 then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])

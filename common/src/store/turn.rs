@@ -1,10 +1,10 @@
 //! `TurnLease`: the life of one lead turn under its session's lease, as one type, with who claims
 //! it (`TurnClaim`), how its start came out (`TurnStart`) and how its end was stored (`Ended`). A turn is
-//! begun (its attempt counted, the lease taken, the session and any checkpoint loaded, in one
-//! trip), renewed and checkpointed while it runs, and ended one way: completed (session, final
-//! result and lease release in one atomic step), or given up — the lease released, and the
-//! attempt taken back when it was not the task's fault (shutdown, a suspension, a start that must
-//! not stand).
+//! begun (its attempt counted, the lease taken, the session and any checkpoint loaded, and the
+//! trace of a task submitted without one kept, in one trip), renewed and checkpointed while it
+//! runs, and ended one way: completed (session, final result and lease release in one atomic
+//! step), or given up — the lease released, and the attempt taken back when it was not the task's
+//! fault (shutdown, a suspension, a start that must not stand).
 //!
 //! Invariants: every write after the start is fenced by the lease token, so a lead that lost the
 //! lease writes nothing; a start whose reply could not be read (a corrupt session or checkpoint)
@@ -54,6 +54,9 @@ pub struct TurnClaim<'a> {
     pub lease_token: &'a str,
     pub lease_ttl: Duration,
     pub max_attempts: u64,
+    /// The `traceparent` to keep as the task's trace if none is kept yet: the span of a delivery
+    /// whose submission carried no trace context (`None` when it carried its sender's).
+    pub trace: Option<&'a str>,
 }
 
 /// One turn of one task on one session, claimed by one lead (its lease token).
@@ -66,6 +69,7 @@ pub struct TurnLease {
     token: String,
     ttl: Duration,
     max_attempts: u64,
+    trace: Option<String>,
 }
 
 impl SessionStore {
@@ -79,6 +83,7 @@ impl SessionStore {
             token: claim.lease_token.to_owned(),
             ttl: claim.lease_ttl,
             max_attempts: claim.max_attempts,
+            trace: claim.trace.map(str::to_owned),
         }
     }
 }
@@ -92,6 +97,7 @@ impl TurnLease {
             lease_token: &self.token,
             lease_ttl: self.ttl,
             max_attempts: self.max_attempts,
+            trace: self.trace.as_deref(),
         }
     }
 

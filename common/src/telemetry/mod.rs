@@ -1,6 +1,7 @@
 //! Telemetry set-up shared by every binary: the global `tracing` subscriber (logs, see [`logs`]),
-//! OpenTelemetry traces exported over OTLP when an endpoint is configured, W3C trace-context
-//! propagation over NATS headers ([`propagation`]), and the guard that flushes traces on exit.
+//! OpenTelemetry traces exported over OTLP when an endpoint is configured, metrics pushed over
+//! OTLP as well ([`metrics_export`]), W3C trace-context propagation over NATS headers
+//! ([`propagation`]), and the guard that flushes traces on exit.
 //!
 //! Spans always get OpenTelemetry ids, export or not, so trace context crosses processes and log
 //! lines carry a `trace_id` even when nothing is sent to a collector.
@@ -10,7 +11,10 @@
 //! tokio runtime of its own: exports neither depend on nor block the application's runtime.
 
 mod logs;
+mod metrics_export;
 pub mod propagation;
+
+pub use metrics_export::export_metrics;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -71,6 +75,31 @@ pub struct TelemetryConfig {
     #[arg(id = "trace_content", long = "trace-content", env = ENV_TRACE_CONTENT)]
     #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub record_content: bool,
+    /// Where metrics go besides `/metrics`, comma-separated: `otlp` (pushed to the OTLP
+    /// endpoint), `prometheus` (scraped from `/metrics` only) or `none`.
+    #[arg(
+        id = "metrics_exporter",
+        long = "otel-metrics-exporter",
+        env = "OTEL_METRICS_EXPORTER"
+    )]
+    #[arg(default_value = "otlp")]
+    pub metrics_exporter: String,
+    /// Milliseconds between two OTLP metric exports.
+    #[arg(
+        id = "metric_export_interval",
+        long = "otel-metric-export-interval",
+        env = "OTEL_METRIC_EXPORT_INTERVAL"
+    )]
+    #[arg(default_value_t = 60_000)]
+    pub metric_export_interval_ms: u64,
+    /// Where OTLP metrics go (OTLP/HTTP, used as given), e.g.
+    /// http://collector:4318/v1/metrics. Unset: `{endpoint}/v1/metrics`.
+    #[arg(
+        id = "otlp_metrics_endpoint",
+        long = "otlp-metrics-endpoint",
+        env = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+    )]
+    pub otlp_metrics_endpoint: Option<String>,
 }
 
 /// The OTLP transport.
@@ -88,6 +117,9 @@ impl TelemetryConfig {
             otlp_protocol: PROTOCOL_HTTP.to_owned(),
             disabled: true,
             record_content: false,
+            metrics_exporter: "none".to_owned(),
+            metric_export_interval_ms: 60_000,
+            otlp_metrics_endpoint: None,
         }
     }
 
@@ -95,18 +127,9 @@ impl TelemetryConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.transport()?;
         if let Some(endpoint) = self.endpoint() {
-            let url = reqwest::Url::parse(endpoint)
-                .map_err(|e| format!("OTLP endpoint {endpoint:?} is not a URL: {e}"))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(format!(
-                    "OTLP endpoint {endpoint:?} must be http:// or https://"
-                ));
-            }
-            if url.host_str().is_none_or(str::is_empty) {
-                return Err(format!("OTLP endpoint {endpoint:?} has no host"));
-            }
+            check_endpoint(endpoint)?;
         }
-        Ok(())
+        metrics_export::validate(self)
     }
 
     fn transport(&self) -> Result<Transport, String> {
@@ -126,6 +149,21 @@ impl TelemetryConfig {
             .map(str::trim)
             .filter(|endpoint| !endpoint.is_empty())
     }
+}
+
+/// Checks that `endpoint` is an `http://` or `https://` URL with a host.
+fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    let url = reqwest::Url::parse(endpoint)
+        .map_err(|e| format!("OTLP endpoint {endpoint:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "OTLP endpoint {endpoint:?} must be http:// or https://"
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("OTLP endpoint {endpoint:?} has no host"));
+    }
+    Ok(())
 }
 
 /// Why trace export could not be set up (the process then runs without it).
@@ -158,7 +196,9 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
         Ok(exporter) => (exporter, None),
         Err(e) => (None, Some(e)),
     };
-    let provider = tracer_provider(resource(service, instance), exporter);
+    let resource = resource(service, instance);
+    let metrics_export = metrics_export::MetricsExport::from_config(cfg, &resource);
+    let provider = tracer_provider(resource, exporter);
     let scope = InstrumentationScope::builder("skein")
         .with_version(crate::VERSION)
         .build();
@@ -180,6 +220,10 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
     );
     if let Some(e) = export_error {
         tracing::warn!(service, error = %e, "trace export disabled");
+    }
+    // Metrics are exported by the process's own metrics task (`export_metrics`).
+    if let Some(export) = metrics_export {
+        export.install();
     }
     TelemetryGuard {
         provider: Some(provider),

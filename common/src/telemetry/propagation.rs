@@ -1,7 +1,13 @@
 //! Trace-context propagation over NATS message headers: W3C `traceparent`/`tracestate` written
 //! from the current span on publish, read back on receipt to parent the handling span. Uses the
 //! global text-map propagator, which [`super::init`] sets to W3C TraceContext.
+//!
+//! A message whose sender traced nothing carries no context. For a submission, the lead keeps the
+//! `traceparent` of its first delivery's span with the task ([`traceparent`]), and a later
+//! delivery continues it ([`set_parent_or_recorded`]): the recorded span is a real, exported
+//! span, so the trace has no missing parent.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
@@ -9,6 +15,9 @@ use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The W3C field that names a span: version, trace id, span id, flags.
+const TRACEPARENT: &str = "traceparent";
 
 /// Writes the current span's trace context into `headers` (nothing when there is none).
 pub fn inject_current(headers: &mut HeaderMap) {
@@ -39,6 +48,54 @@ pub fn set_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
         // in each the span simply keeps its local parent.
         let _ = span.set_parent(remote);
     }
+}
+
+/// Whether `headers` carry a valid trace context from the message's sender.
+pub fn carries_context(headers: Option<&HeaderMap>) -> bool {
+    extract(headers).span().span_context().is_valid()
+}
+
+/// [`set_parent`], or, when `headers` carry no valid context, makes `span` a child of the span
+/// `recorded` names (a W3C `traceparent` kept with the task by an earlier delivery). Neither
+/// valid: the span keeps its local parent (a delivery's span is then the root of a new trace).
+pub fn set_parent_or_recorded(
+    span: &tracing::Span,
+    headers: Option<&HeaderMap>,
+    recorded: Option<&str>,
+) {
+    let remote = extract(headers);
+    let parent = if remote.span().span_context().is_valid() {
+        remote
+    } else {
+        match recorded.map(from_traceparent) {
+            Some(recorded) if recorded.span().span_context().is_valid() => recorded,
+            _ => return,
+        }
+    };
+    // As in `set_parent`: a failure leaves the span with its local parent.
+    let _ = span.set_parent(parent);
+}
+
+/// The W3C `traceparent` of `span`, if it has a valid context (this starts the span's
+/// OpenTelemetry side: set its parent first).
+pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut fields = HashMap::new();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&cx, &mut fields);
+    });
+    fields.remove(TRACEPARENT)
+}
+
+/// The remote context a `traceparent` names; an empty context when it does not parse.
+fn from_traceparent(traceparent: &str) -> Context {
+    let fields = HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract_with_context(&Context::new(), &fields)
+    })
 }
 
 /// Writes propagation fields as NATS headers; names or values NATS would reject are skipped.
@@ -118,6 +175,40 @@ mod tests {
             let _entered = receiver.enter();
             assert_eq!(crate::telemetry::current_trace_id(), Some(trace_id));
             assert_ne!(span_id(&receiver), span_id(&sender));
+        });
+    }
+
+    #[test]
+    fn a_delivery_without_a_context_continues_the_recorded_span() {
+        traced(|| {
+            let first = tracing::info_span!("process");
+            set_parent_or_recorded(&first, None, None);
+            let recorded = traceparent(&first).expect("the first delivery's traceparent");
+            let trace = span_trace_id(&first).expect("a trace");
+            assert_eq!(recorded, format!("00-{trace}-{}-01", span_id(&first)));
+
+            let again = tracing::info_span!("process");
+            set_parent_or_recorded(&again, Some(&HeaderMap::new()), Some(&recorded));
+            assert_eq!(span_trace_id(&again), Some(trace.clone()));
+            assert_ne!(span_id(&again), span_id(&first));
+
+            // Garbage recorded: a trace of its own.
+            let lost = tracing::info_span!("process");
+            set_parent_or_recorded(&lost, None, Some("not a traceparent"));
+            assert!(span_trace_id(&lost).is_some_and(|t| t != trace));
+
+            // A context the sender sent wins over the recorded one.
+            let sender = tracing::info_span!("publish");
+            let mut headers = HeaderMap::new();
+            {
+                let _entered = sender.enter();
+                inject_current(&mut headers);
+            }
+            assert!(carries_context(Some(&headers)));
+            assert!(!carries_context(None));
+            let received = tracing::info_span!("process");
+            set_parent_or_recorded(&received, Some(&headers), Some(&recorded));
+            assert_eq!(span_trace_id(&received), span_trace_id(&sender));
         });
     }
 

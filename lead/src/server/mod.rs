@@ -12,6 +12,10 @@
 //! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
 //! lease is renewed.
 //!
+//! A submission its client sent without trace context stays in one trace across its deliveries:
+//! the turn start keeps the first delivery's `traceparent` with the task (in the same script), and
+//! a later delivery reads it before it opens its `process` span (`kept_trace`).
+//!
 //! Transient trouble (Redis away, a save that lost a race, a lost lease) hands the task back to the
 //! broker (nak) so it runs again, on this or another lead; after `max_attempts` counted attempts it
 //! is dead-lettered and ends as a `dead_lettered` failure.
@@ -41,7 +45,7 @@ use skein_common::cancel::CancelRegistry;
 use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
 use skein_common::principals::Operation;
-use skein_common::protocol::{Failure, FailureKind, TaskSubmission};
+use skein_common::protocol::{validate_token, Failure, FailureKind, TaskSubmission};
 use skein_common::shutdown::Workload;
 use skein_common::store::{SessionStore, StoreError};
 use skein_common::subjects;
@@ -168,6 +172,11 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     // Health answers (and readiness says no) while start-up waits for NATS and Redis.
     let work = Workload::default();
     admin::serve_configured(&cfg.admin, metrics.clone(), readiness.clone(), &work).await?;
+    skein_common::telemetry::export_metrics(
+        &metrics,
+        &work.background,
+        work.background_stop.clone(),
+    );
     // Boxed: the wait's nested retry futures would otherwise sit inline in this function's
     // future, deepening every caller's type past the compiler's layout limit.
     let connected = Box::pin(skein_common::startup::connect::<LeadError>(
@@ -382,7 +391,11 @@ impl Lead {
         if envelope.delivered() > 1 {
             self.metrics.redelivered("turn");
         }
-        let span = envelope.span();
+        let recorded = match &received {
+            Received::Decoded(delivery) => self.kept_trace(delivery).await,
+            Received::Undecodable(_) => None,
+        };
+        let span = envelope.span_continuing(recorded.as_deref());
         span.record("skein.kind", "submission");
         match received {
             Received::Decoded(delivery) => {
@@ -423,6 +436,7 @@ impl Lead {
         let position = Position {
             sequence: envelope.stream_sequence(),
             first: envelope.is_first(),
+            sender_traced: envelope.carries_trace_context(),
         };
         let every = self.cfg.process.progress_every();
         let outcome = envelope
@@ -436,6 +450,36 @@ impl Lead {
         if freed {
             crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
         }
+    }
+
+    /// The trace a later delivery of a submission sent without trace context continues: the
+    /// `traceparent` its first delivery kept with the task (see `turn`). Asked of Redis before the
+    /// delivery's span opens, since a span's parent is fixed once it starts; only for such later
+    /// deliveries (a hand-back, a resume after an approval or a pause, another lead's takeover),
+    /// so a first delivery costs no extra trip. A look that fails starts a new trace.
+    async fn kept_trace(&self, delivery: &Delivery<TaskSubmission>) -> Option<String> {
+        let envelope = delivery.envelope();
+        let submission = delivery.body();
+        let valid = || {
+            subject_matches(envelope, submission).is_ok()
+                && [
+                    ("tenant", &submission.tenant),
+                    ("session", &submission.session),
+                    ("task_id", &submission.task_id),
+                ]
+                .iter()
+                .all(|(field, value)| validate_token(field, value).is_ok())
+        };
+        if envelope.is_first() || envelope.carries_trace_context() || !valid() {
+            return None;
+        }
+        self.store
+            .task_trace(&submission.tenant, &submission.session, &submission.task_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, task_id = %submission.task_id, "the task's trace not read; this delivery starts a new one");
+                None
+            })
     }
 
     /// Checks who submitted (see `principals`): a signed submission's `user` becomes its

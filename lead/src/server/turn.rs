@@ -1,7 +1,8 @@
 //! One turn of a delivered submission: its start (cancel and deadline looks, turn order in the
-//! session, the lease and the attempt through a `TurnLease`, a start taken back when it must not
-//! stand), the wait for the session's lease or its older tasks, the run under the lease (renewed,
-//! checkpointed, stopped at the deadline or on a cancel request), and its atomic end.
+//! session, the lease and the attempt through a `TurnLease`, which also keeps the trace of a task
+//! submitted without one, a start taken back when it must not stand), the wait for the session's
+//! lease or its older tasks, the run under the lease (renewed, checkpointed, stopped at the
+//! deadline or on a cancel request), and its atomic end.
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use skein_common::protocol::{
 use skein_common::store::control::Controls;
 use skein_common::store::history::{calls_of, ForkError, TurnRecord};
 use skein_common::store::{Ended, LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
+use skein_common::telemetry::propagation;
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
@@ -35,11 +37,13 @@ pub(super) struct StartedTurn<'a> {
     controls: Controls,
 }
 
-/// Where a submission sits in its stream, and whether this is its first delivery.
+/// Where a submission sits in its stream, whether this is its first delivery, and whether its
+/// sender sent a trace context with it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Position {
     pub(super) sequence: u64,
     pub(super) first: bool,
+    pub(super) sender_traced: bool,
 }
 
 impl Lead {
@@ -70,6 +74,11 @@ impl Lead {
             .register(tenant, &submission.task_id, stop.clone());
         let token = format!("{}:{}", self.instance, submission.task_id);
         let max_attempts = self.cfg.process.max_attempts;
+        // A task its sender did not trace keeps the trace of this delivery's span (the first
+        // delivery's, kept once): every later delivery continues it.
+        let trace = (!delivery.sender_traced)
+            .then(|| propagation::traceparent(&tracing::Span::current()))
+            .flatten();
         let lease = self.store.turn(TurnClaim {
             tenant,
             session,
@@ -77,6 +86,7 @@ impl Lead {
             lease_token: &token,
             lease_ttl: self.cfg.lease_ttl,
             max_attempts,
+            trace: trace.as_deref(),
         });
         // Independent looks in one round trip: a cancel request (or a passed deadline), the
         // session's oldest unfinished submission, the start of the turn itself — which answers

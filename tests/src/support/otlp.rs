@@ -1,12 +1,15 @@
 //! An OTLP/HTTP receiver for tests: accepts `POST /v1/traces` with a protobuf
-//! `ExportTraceServiceRequest` (decoded with the real OpenTelemetry protocol types) and keeps every
-//! span, flattened, so a test can check what lead and worker processes exported.
+//! `ExportTraceServiceRequest` and `POST /v1/metrics` with an `ExportMetricsServiceRequest`
+//! (decoded with the real OpenTelemetry protocol types) and keeps every span and every metric data
+//! point, flattened, so a test can check what lead and worker processes exported.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -23,11 +26,38 @@ pub struct ReceivedSpan {
     pub attributes: BTreeMap<String, String>,
 }
 
+/// One received metric data point (a sum's or gauge's value, or a histogram's count and sum).
+#[derive(Debug, Clone)]
+pub struct ReceivedPoint {
+    pub service: String,
+    /// The metric's name (`skein_turns`, `skein_turn_duration_seconds`, ...).
+    pub metric: String,
+    /// `sum`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    pub unit: String,
+    pub attributes: BTreeMap<String, String>,
+    /// A sum's or gauge's value; a histogram's sum.
+    pub value: f64,
+    /// A histogram's count (0 otherwise).
+    pub count: u64,
+    /// The trace ids of a histogram's exemplars.
+    pub exemplar_traces: Vec<String>,
+    /// When the point was read (Unix nanoseconds): later exports carry later points.
+    pub time_unix_nano: u64,
+}
+
+/// What the receiver keeps.
+#[derive(Default)]
+struct Received {
+    spans: Vec<ReceivedSpan>,
+    points: Vec<ReceivedPoint>,
+}
+
 /// A running receiver; stops when dropped.
 pub struct OtlpReceiver {
     /// `http://127.0.0.1:PORT` — what `OTEL_EXPORTER_OTLP_ENDPOINT` should be.
     pub endpoint: String,
-    spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    received: Arc<Mutex<Received>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -37,8 +67,8 @@ impl OtlpReceiver {
             .await
             .expect("bind a free port");
         let port = listener.local_addr().expect("bound address").port();
-        let spans = Arc::new(Mutex::new(Vec::new()));
-        let stored = spans.clone();
+        let received = Arc::new(Mutex::new(Received::default()));
+        let stored = received.clone();
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 tokio::spawn(serve_connection(socket, stored.clone()));
@@ -46,14 +76,25 @@ impl OtlpReceiver {
         });
         Self {
             endpoint: format!("http://127.0.0.1:{port}"),
-            spans,
+            received,
             task,
         }
     }
 
     /// Every span received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
-        self.spans.lock().map(|s| s.clone()).unwrap_or_default()
+        self.received
+            .lock()
+            .map(|r| r.spans.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every metric data point received so far, oldest first.
+    pub fn points(&self) -> Vec<ReceivedPoint> {
+        self.received
+            .lock()
+            .map(|r| r.points.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -64,7 +105,7 @@ impl Drop for OtlpReceiver {
 }
 
 /// Serves HTTP/1.1 requests on one connection until it closes.
-async fn serve_connection(mut socket: TcpStream, spans: Arc<Mutex<Vec<ReceivedSpan>>>) {
+async fn serve_connection(mut socket: TcpStream, received: Arc<Mutex<Received>>) {
     let mut buffer = Vec::new();
     loop {
         let Some(header_end) = read_until_headers(&mut socket, &mut buffer).await else {
@@ -93,8 +134,18 @@ async fn serve_connection(mut socket: TcpStream, spans: Arc<Mutex<Vec<ReceivedSp
         let status = if head.starts_with("POST /v1/traces") {
             match ExportTraceServiceRequest::decode(body.as_slice()) {
                 Ok(request) => {
-                    if let Ok(mut stored) = spans.lock() {
-                        stored.extend(flatten(request));
+                    if let Ok(mut stored) = received.lock() {
+                        stored.spans.extend(flatten(request));
+                    }
+                    "200 OK"
+                }
+                Err(_) => "400 Bad Request",
+            }
+        } else if head.starts_with("POST /v1/metrics") {
+            match ExportMetricsServiceRequest::decode(body.as_slice()) {
+                Ok(request) => {
+                    if let Ok(mut stored) = received.lock() {
+                        stored.points.extend(flatten_metrics(request));
                     }
                     "200 OK"
                 }
@@ -148,6 +199,71 @@ fn flatten(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
                     name: span.name,
                     attributes: attrs,
                 });
+            }
+        }
+    }
+    out
+}
+
+fn flatten_metrics(request: ExportMetricsServiceRequest) -> Vec<ReceivedPoint> {
+    let mut out = Vec::new();
+    for resource_metrics in request.resource_metrics {
+        let resource = resource_metrics
+            .resource
+            .map(|r| attributes(&r.attributes))
+            .unwrap_or_default();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
+        for scope in resource_metrics.scope_metrics {
+            for metric in scope.metrics {
+                let point = |kind, attributes: &[KeyValue], time_unix_nano| ReceivedPoint {
+                    service: service.clone(),
+                    metric: metric.name.clone(),
+                    kind,
+                    unit: metric.unit.clone(),
+                    attributes: self::attributes(attributes),
+                    value: 0.0,
+                    count: 0,
+                    exemplar_traces: Vec::new(),
+                    time_unix_nano,
+                };
+                let number = |value: &Option<number_data_point::Value>| match value {
+                    Some(number_data_point::Value::AsInt(i)) => *i as f64,
+                    Some(number_data_point::Value::AsDouble(d)) => *d,
+                    None => f64::NAN,
+                };
+                match &metric.data {
+                    Some(metric::Data::Sum(sum)) => {
+                        for p in &sum.data_points {
+                            out.push(ReceivedPoint {
+                                value: number(&p.value),
+                                ..point("sum", &p.attributes, p.time_unix_nano)
+                            });
+                        }
+                    }
+                    Some(metric::Data::Gauge(gauge)) => {
+                        for p in &gauge.data_points {
+                            out.push(ReceivedPoint {
+                                value: number(&p.value),
+                                ..point("gauge", &p.attributes, p.time_unix_nano)
+                            });
+                        }
+                    }
+                    Some(metric::Data::Histogram(histogram)) => {
+                        for p in &histogram.data_points {
+                            out.push(ReceivedPoint {
+                                value: p.sum.unwrap_or(f64::NAN),
+                                count: p.count,
+                                exemplar_traces: p
+                                    .exemplars
+                                    .iter()
+                                    .map(|e| hex(&e.trace_id))
+                                    .collect(),
+                                ..point("histogram", &p.attributes, p.time_unix_nano)
+                            });
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
     }

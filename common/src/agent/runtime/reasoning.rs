@@ -150,18 +150,23 @@ impl Runtime {
                 if crate::telemetry::record_content() {
                     span.record("gen_ai.output.messages", response.message.content.as_str());
                 }
-                self.metrics.model_call(
-                    &provider,
-                    "ok",
-                    duration,
-                    response.usage.prompt_tokens,
-                    response.usage.completion_tokens,
-                );
+                // In the call's span: its duration's exemplar names it.
+                span.in_scope(|| {
+                    self.metrics.model_call(
+                        &provider,
+                        "ok",
+                        duration,
+                        response.usage.prompt_tokens,
+                        response.usage.completion_tokens,
+                    )
+                });
             }
             Err(failure) => {
                 record_failure(&span, failure);
-                self.metrics
-                    .model_call(&provider, failure.kind.as_str(), duration, 0, 0);
+                span.in_scope(|| {
+                    self.metrics
+                        .model_call(&provider, failure.kind.as_str(), duration, 0, 0)
+                });
             }
         }
         result
