@@ -11,20 +11,55 @@ use std::collections::HashMap;
 use std::str::FromStr;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry::propagation::{Extractor, Injector};
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::{SpanContext, TraceContextExt, TraceFlags};
 use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The W3C field that names a span: version, trace id, span id, flags.
 const TRACEPARENT: &str = "traceparent";
+/// The W3C field of vendor-specific trace state.
+const TRACESTATE: &str = "tracestate";
+/// Length of a version-00 `traceparent`: `00-` 32 hex `-` 16 hex `-` 2 hex.
+const TRACEPARENT_LEN: usize = 55;
 
-/// Writes the current span's trace context into `headers` (nothing when there is none).
+/// Writes the current span's trace context into `headers` (nothing when there is none): its W3C
+/// `traceparent`, and `tracestate` when the span carries one. Written directly rather than through
+/// the global propagator, whose text-map round trip costs several allocations on every publish;
+/// the fields are those of the W3C propagator [`super::init`] installs, which reads them back.
 pub fn inject_current(headers: &mut HeaderMap) {
     let cx = tracing::Span::current().context();
-    opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.inject_context(&cx, &mut HeaderInjector(headers));
-    });
+    let span = cx.span();
+    let span_context = span.span_context();
+    if !span_context.is_valid() {
+        return;
+    }
+    headers.insert(
+        HeaderName::from_static(TRACEPARENT),
+        HeaderValue::from(w3c_traceparent(span_context)),
+    );
+    let state = span_context.trace_state().header();
+    if !state.is_empty() {
+        if let Ok(state) = HeaderValue::from_str(&state) {
+            headers.insert(HeaderName::from_static(TRACESTATE), state);
+        }
+    }
+}
+
+/// `00-{trace id}-{span id}-{flags}`: version 00 of the W3C format, sampled flag only.
+fn w3c_traceparent(span_context: &SpanContext) -> String {
+    use std::fmt::Write as _;
+    let mut value = String::with_capacity(TRACEPARENT_LEN);
+    let flags = span_context.trace_flags() & TraceFlags::SAMPLED;
+    // Writing to a String cannot fail.
+    let _ = write!(
+        value,
+        "00-{}-{}-{:02x}",
+        span_context.trace_id(),
+        span_context.span_id(),
+        flags.to_u8()
+    );
+    value
 }
 
 /// The remote trace context carried by `headers`; an empty context when there are none or
@@ -80,14 +115,11 @@ pub fn set_parent_or_recorded(
 /// OpenTelemetry side: set its parent first).
 pub fn traceparent(span: &tracing::Span) -> Option<String> {
     let cx = span.context();
-    if !cx.span().span_context().is_valid() {
-        return None;
-    }
-    let mut fields = HashMap::new();
-    opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.inject_context(&cx, &mut fields);
-    });
-    fields.remove(TRACEPARENT)
+    let span = cx.span();
+    let span_context = span.span_context();
+    span_context
+        .is_valid()
+        .then(|| w3c_traceparent(span_context))
 }
 
 /// The remote context a `traceparent` names; an empty context when it does not parse.
@@ -96,17 +128,6 @@ fn from_traceparent(traceparent: &str) -> Context {
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract_with_context(&Context::new(), &fields)
     })
-}
-
-/// Writes propagation fields as NATS headers; names or values NATS would reject are skipped.
-struct HeaderInjector<'a>(&'a mut HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (HeaderName::from_str(key), HeaderValue::from_str(&value)) {
-            self.0.insert(name, value);
-        }
-    }
 }
 
 /// Reads propagation fields from NATS headers (names are case-sensitive in NATS; the W3C
@@ -209,6 +230,50 @@ mod tests {
             let received = tracing::info_span!("process");
             set_parent_or_recorded(&received, Some(&headers), Some(&recorded));
             assert_eq!(span_trace_id(&received), span_trace_id(&sender));
+        });
+    }
+
+    #[test]
+    fn the_fields_written_are_those_the_w3c_propagator_writes() {
+        traced(|| {
+            // A remote parent with vendor trace state, which its children carry on.
+            let mut incoming = HeaderMap::new();
+            incoming.insert(
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            );
+            incoming.insert("tracestate", "vendor=opaque,other=1");
+            let parent = tracing::info_span!("process");
+            set_parent(&parent, Some(&incoming));
+            let sender = parent.in_scope(|| tracing::info_span!("publish"));
+            let mut written = HeaderMap::new();
+            sender.in_scope(|| inject_current(&mut written));
+
+            let mut expected = HashMap::new();
+            let cx = sender.context();
+            opentelemetry::global::get_text_map_propagator(|propagator| {
+                propagator.inject_context(&cx, &mut expected);
+            });
+            for field in [TRACEPARENT, TRACESTATE] {
+                assert_eq!(
+                    written.get(field).map(HeaderValue::as_str),
+                    expected.get(field).map(String::as_str),
+                    "{field}"
+                );
+            }
+            assert!(written
+                .get(TRACEPARENT)
+                .is_some_and(|v| v.as_str().contains("4bf92f3577b34da6a3ce929d0e0e4736")));
+
+            // No trace state: no empty `tracestate` header.
+            let plain = tracing::info_span!("publish");
+            let mut headers = HeaderMap::new();
+            plain.in_scope(|| inject_current(&mut headers));
+            assert_eq!(
+                headers.get(TRACEPARENT).map(|v| v.as_str().len()),
+                Some(TRACEPARENT_LEN)
+            );
+            assert!(headers.get(TRACESTATE).is_none());
         });
     }
 
