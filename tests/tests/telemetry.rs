@@ -111,6 +111,26 @@ fn started_traces(events: &[skein_common::protocol::TurnEvent]) -> Vec<Option<St
         .collect()
 }
 
+/// The trace the task's result names, after checking that the task started at least `starts`
+/// times (`what` says why) and that every start was in that trace.
+fn one_trace_for_every_start(
+    result: &skein_common::protocol::FinalResult,
+    events: &[skein_common::protocol::TurnEvent],
+    starts: usize,
+    what: &str,
+) -> String {
+    let trace_id = result.trace_id.clone().expect("the result names its trace");
+    let started = started_traces(events);
+    assert!(started.len() >= starts, "{what}: {started:?}");
+    assert!(
+        started
+            .iter()
+            .all(|t| t.as_deref() == Some(trace_id.as_str())),
+        "every start in the task's trace: {started:?}"
+    );
+    trace_id
+}
+
 /// The deliveries of the task's submission, by their `process` spans.
 fn deliveries<'a>(spans: &'a [ReceivedSpan], session: &str) -> Vec<&'a ReceivedSpan> {
     let name = format!("process skein.submit.acme.{session}");
@@ -611,18 +631,8 @@ async fn a_task_handed_back_by_a_stopping_lead_stays_in_one_trace() {
     };
     let ((result, events), _second) = tokio::join!(running, stopping);
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
-    let trace_id = result.trace_id.clone().expect("the result names its trace");
-    let starts = started_traces(&events);
-    assert!(
-        starts.len() >= 2,
-        "started, handed back, started again: {starts:?}"
-    );
-    assert!(
-        starts
-            .iter()
-            .all(|t| t.as_deref() == Some(trace_id.as_str())),
-        "every start in the task's trace: {starts:?}"
-    );
+    let trace_id =
+        one_trace_for_every_start(&result, &events, 2, "started, handed back, started again");
 
     let spans = whole_trace(&receiver, &trace_id, |spans| {
         deliveries(spans, &task.session).len() >= 2
@@ -719,15 +729,7 @@ async fn an_approved_then_resumed_turn_stays_in_one_trace() {
     let ((result, events), ()) = tokio::join!(running, approving);
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(result.answer.as_deref(), Some("deployed after approval"));
-    let trace_id = result.trace_id.clone().expect("the result names its trace");
-    let starts = started_traces(&events);
-    assert!(starts.len() >= 2, "asked, then resumed: {starts:?}");
-    assert!(
-        starts
-            .iter()
-            .all(|t| t.as_deref() == Some(trace_id.as_str())),
-        "every start in the task's trace: {starts:?}"
-    );
+    let trace_id = one_trace_for_every_start(&result, &events, 2, "asked, then resumed");
 
     let spans = whole_trace(&receiver, &trace_id, |spans| {
         deliveries(spans, &task.session).len() >= 2
