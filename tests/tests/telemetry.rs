@@ -1,7 +1,7 @@
 //! One trace from submit to every tool call, exported by real lead and worker processes to an
 //! OTLP receiver; one trace for every delivery of a task its client did not trace (handed back by
-//! a stopping lead, resumed after an approval); metrics scraped with their exemplars and pushed
-//! over OTLP; health endpoints scraped; a dead collector does not stop a turn.
+//! a stopping lead, resumed after an approval or a pause); metrics scraped with their exemplars
+//! and pushed over OTLP; health endpoints scraped; a dead collector does not stop a turn.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -739,6 +739,95 @@ async fn an_approved_then_resumed_turn_stays_in_one_trace() {
     })
     .await;
     let delivered = deliveries(&spans, &task.session);
+    assert_eq!(
+        delivered
+            .iter()
+            .filter(|s| s.parent_span_id.is_empty())
+            .count(),
+        1,
+        "one delivery starts the trace, the others continue it: {delivered:?}"
+    );
+}
+
+/// A turn paused while its call runs parks (its delivery ends; no lead holds it) and `skein
+/// resume` lets a later delivery continue it: the parked and the resumed delivery, and both calls
+/// the worker runs, are one trace, every span's parent exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_then_resumed_turn_stays_in_one_trace() {
+    let cluster = TestCluster::start();
+    let receiver = OtlpReceiver::start().await;
+    let (first, second) = (unique("before-pause"), unique("after-resume"));
+    let model = FakeOpenAi::start(vec![
+        FakeReply::tool("slow_effect", json!({ "key": first, "ms": 1500 })),
+        FakeReply::tool("slow_effect", json!({ "key": second, "ms": 10 })),
+        FakeReply::answer("done after the pause"),
+    ])
+    .await;
+    let _worker = traced_test_worker(&cluster, &receiver.endpoint, "worker.log");
+    cluster.wait_for_workers(1).await;
+    let _lead = traced(
+        &cluster,
+        "lead",
+        &receiver.endpoint,
+        &model.base_url,
+        None,
+        &[],
+        "lead.log",
+    );
+
+    let session = unique("s");
+    let task = submission("acme", &session, "work, then wait");
+    let running = cluster.run(&task);
+    let controlling = async {
+        eventually(
+            "the first call running",
+            Duration::from_secs(30),
+            || async { (effect_starts(&cluster, &first) > 0).then_some(()) },
+        )
+        .await;
+        let control = |args: &[&str]| {
+            let output = std::process::Command::new(NODE)
+                .args(args)
+                .args(["--nats-url", &cluster.nats.url, "--tenant", "acme"])
+                .output()
+                .expect("skein runs");
+            assert!(
+                output.status.success(),
+                "skein {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        control(&["pause", &task.task_id]);
+        let store = cluster.store().await;
+        eventually("the turn parked", Duration::from_secs(30), || {
+            let (store, session) = (store.clone(), session.clone());
+            async move {
+                store
+                    .running_turn("acme", &session)
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }
+        })
+        .await;
+        control(&["resume", &task.task_id, "--session", &session]);
+    };
+    let ((result, events), ()) = tokio::join!(running, controlling);
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    assert_eq!(result.answer.as_deref(), Some("done after the pause"));
+    let trace_id = one_trace_for_every_start(&result, &events, 2, "paused, then resumed");
+
+    let spans = whole_trace(&receiver, &trace_id, |spans| {
+        deliveries(spans, &session).len() >= 2
+            && spans
+                .iter()
+                .filter(|s| s.service == "skein-worker" && s.name == "execute_tool slow_effect")
+                .count()
+                >= 2
+    })
+    .await;
+    let delivered = deliveries(&spans, &session);
     assert_eq!(
         delivered
             .iter()
