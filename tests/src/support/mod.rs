@@ -25,6 +25,7 @@ pub mod slow_http;
 pub mod soak;
 pub mod test_tools;
 pub mod tls;
+pub mod traced;
 pub mod workspaces;
 
 use std::fs::{File, OpenOptions};
