@@ -30,6 +30,7 @@ mod acting;
 mod compact;
 mod planning;
 mod reasoning;
+mod structured_answer;
 mod turn;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,8 @@ pub use acting::{LOAD_SKILL_TOOL, REPLAYED, SPAWN_TOOL};
 pub use compact::{Compaction, Summary};
 pub use planning::{READ_PLAN_TOOL, RUN_PLAN_TOOL, UPDATE_PLAN_TOOL};
 pub use turn::{Awaiting, TurnInput, TurnOutput, TurnStop};
+
+use structured_answer::{invalid_output, recheck_rewritten, settle_answer, Settled};
 
 /// Limits and defaults of a runtime.
 #[derive(Debug, Clone)]
@@ -680,105 +683,6 @@ fn settle_step_end(out: &mut TurnOutput) {
     if let Some(end) = out.step_ends.last_mut().filter(|end| end.step == previous) {
         let now = crate::protocol::now_ms();
         end.at_ms = end.at_ms + now.saturating_sub(end.at_ms) / 2;
-    }
-}
-
-/// What became of an answer that would end the turn.
-enum Settled {
-    /// It ends the turn: `out` holds it (and its `output`, for a structured answer).
-    Ended,
-    /// It did not match the output schema, and a repair request was added: the model is asked
-    /// again.
-    Repair,
-    /// It did not match, also after the turn's repair: why, and the answer.
-    Failed(String, String),
-}
-
-/// Settles the answer `text` that would end the turn: as it is without an output schema;
-/// otherwise checked, and asked to be repaired (once a turn) when it fails.
-async fn settle_answer(
-    turn: &TurnInput<'_>,
-    out: &mut TurnOutput,
-    structured: Option<&Structured>,
-    text: String,
-) -> Settled {
-    let Some(structured) = structured else {
-        out.answer = Some(text);
-        return Settled::Ended;
-    };
-    match structured.check(&text) {
-        Ok(checked) => {
-            out.answer = Some(checked.text);
-            out.output = Some(checked.value);
-            Settled::Ended
-        }
-        Err(problems) if out.new_messages.iter().any(is_repair_request) => {
-            Settled::Failed(problems, text)
-        }
-        Err(problems) => {
-            tracing::info!(%problems, "the answer does not match the output schema; asking for a repair");
-            // What the answer streamed is not the turn's answer.
-            turn.events
-                .emit(EventKind::OutputDiscarded {
-                    failure: Failure::new(
-                        FailureKind::InvalidOutput,
-                        format!(
-                            "the answer does not match the output schema {:?}: {problems}",
-                            structured.schema.name
-                        ),
-                    ),
-                })
-                .await;
-            out.new_messages.push(structured.repair_request(&problems));
-            Settled::Repair
-        }
-    }
-}
-
-/// A turn whose answer still does not match its output schema after the repair: it ends
-/// `invalid_output`, with the last answer and what is wrong with it.
-fn invalid_output(
-    turn: &TurnInput<'_>,
-    mut out: TurnOutput,
-    structured: Option<&Structured>,
-    problems: &str,
-    answer: String,
-) -> Result<TurnOutput, TurnStop> {
-    interrupted_if_cancelled(turn)?;
-    out.status = TurnStatus::InvalidOutput;
-    out.answer = Some(answer);
-    out.output = None;
-    out.failure = structured.map(|s| s.failure(problems));
-    Ok(out)
-}
-
-/// Checks again a structured answer the `after_turn` hooks rewrote: its `output` follows the new
-/// text, or the turn ends `invalid_output` when the text no longer matches.
-fn recheck_rewritten(agent: &AgentSpec, out: &mut TurnOutput) {
-    let Ok(Some(structured)) = Structured::of(agent) else {
-        return;
-    };
-    let Some(answer) = out.answer.clone() else {
-        out.output = None;
-        return;
-    };
-    match structured.check(&answer) {
-        Ok(checked) => {
-            out.answer = Some(checked.text);
-            out.output = Some(checked.value);
-        }
-        Err(problems) => {
-            out.output = None;
-            out.status = TurnStatus::InvalidOutput;
-            out.failure = Some(Failure::new(
-                FailureKind::InvalidOutput,
-                format!(
-                    "the answer as the turn's hooks left it does not match the output schema \
-                     {:?}: {problems}",
-                    structured.schema.name
-                ),
-            ));
-        }
     }
 }
 
