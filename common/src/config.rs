@@ -15,6 +15,7 @@ pub const ENV_NATS_TLS_CERT: &str = "SKEIN_NATS_TLS_CERT";
 pub const ENV_NATS_TLS_KEY: &str = "SKEIN_NATS_TLS_KEY";
 pub const ENV_NATS_INBOX_PREFIX: &str = "SKEIN_NATS_INBOX_PREFIX";
 pub const ENV_STREAM_REPLICAS: &str = "SKEIN_STREAM_REPLICAS";
+pub const ENV_PARTITIONS: &str = "SKEIN_PARTITIONS";
 pub const ENV_PRINCIPALS: &str = "SKEIN_PRINCIPALS";
 pub const ENV_REQUIRE_SIGNED: &str = "SKEIN_REQUIRE_SIGNED";
 pub const ENV_SIGNATURE_WINDOW: &str = "SKEIN_SIGNATURE_WINDOW";
@@ -125,6 +126,11 @@ pub struct NatsConfig {
     /// existing stream with fewer is raised to it.
     #[arg(id = "stream_replicas", long = "stream-replicas", env = ENV_STREAM_REPLICAS, default_value_t = 1)]
     pub stream_replicas: usize,
+    /// Work partitions: tool and subagent tasks go to one of this many streams (`SKEIN_WORK`,
+    /// `SKEIN_WORK_1`, …) by a hash of their session, so the streams' leaders can spread over a
+    /// NATS cluster. Workers serve every partition stream that exists, whatever this says.
+    #[arg(id = "partitions", long = "partitions", env = ENV_PARTITIONS, default_value_t = 1)]
+    pub partitions: u32,
     /// The principals file (TOML): who may act on tasks, with their tenants, roles and public
     /// nkeys (see `principals`). Read by leads and workers to check signed operations.
     #[arg(id = "principals", long = "principals", env = ENV_PRINCIPALS)]
@@ -156,6 +162,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("stream_replicas", &self.stream_replicas)
+            .field("partitions", &self.partitions)
             .field("principals", &self.principals)
             .field("require_signed", &self.require_signed)
             .field(
@@ -180,6 +187,7 @@ impl NatsConfig {
             inbox_prefix: None,
             connect_timeout: Duration::from_secs(5),
             stream_replicas: 1,
+            partitions: 1,
             principals: None,
             require_signed: false,
             signature_window: crate::principals::DEFAULT_SIGNATURE_WINDOW,
@@ -217,8 +225,8 @@ impl NatsConfig {
             .transpose()
     }
 
-    /// Checks values clap cannot: every server address of the list, the replicas, and that TLS
-    /// can use the client certificate.
+    /// Checks values clap cannot: every server address of the list, the replicas, the
+    /// partitions, and that TLS can use the client certificate.
     pub fn validate(&self) -> Result<(), String> {
         crate::bus::server_addrs(&self.url).map_err(|e| e.to_string())?;
         if let Some(cert) = &self.tls_cert {
@@ -228,6 +236,13 @@ impl NatsConfig {
             return Err(format!(
                 "stream replicas must be 1 to {MAX_REPLICAS}, got {}",
                 self.stream_replicas
+            ));
+        }
+        if !(1..=crate::subjects::MAX_PARTITIONS).contains(&self.partitions) {
+            return Err(format!(
+                "{ENV_PARTITIONS} must be 1 to {}, got {}",
+                crate::subjects::MAX_PARTITIONS,
+                self.partitions
             ));
         }
         Ok(())
@@ -640,6 +655,13 @@ mod tests {
                 ..NatsConfig::local("nats://a:4222")
             };
             assert_eq!(cfg.validate().is_ok(), valid, "{replicas} replicas");
+        }
+        for (partitions, valid) in [(0, false), (1, true), (3, true), (64, true), (65, false)] {
+            let cfg = NatsConfig {
+                partitions,
+                ..NatsConfig::local("nats://a:4222")
+            };
+            assert_eq!(cfg.validate().is_ok(), valid, "{partitions} partitions");
         }
     }
 }

@@ -5,6 +5,7 @@
 //! | `skein.submit.{tenant}.{session}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
 //! | `skein.tool.{pool}.{tool}` | stream `SKEIN_WORK` (work queue), consumer `skein-tools-{pool}` | `ToolTask` |
 //! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` (every type) or `skein-agents-{pool}~{agent}` (one per type the pool's workers list) | `SubagentTask` |
+//! | `skein.tool~{k}.{pool}.{tool}`, `skein.agent~{k}.{pool}.{agent}` | stream `SKEIN_WORK_{k}`: work partition `k` ≥ 1, with the same consumers as `SKEIN_WORK` | `ToolTask`, `SubagentTask` |
 //! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
@@ -21,6 +22,13 @@
 //! type, with non-overlapping filters, as a work-queue stream on nats-server 2.9 requires. A
 //! per-type consumer's name joins pool and agent with `~`, which no token contains, so no two
 //! (pool, agent) pairs, and no pool's every-type consumer, share a name.
+//!
+//! Work partitions: a task's partition is a hash of its tenant and session
+//! ([`work_partition`]), the same in every process and every version. Partition 0 is the
+//! `SKEIN_WORK` stream with its subjects as they always were; partition `k` ≥ 1 is the stream
+//! `SKEIN_WORK_{k}`, whose subjects mark their kind `tool~{k}` or `agent~{k}`, so no two
+//! partitions' subjects overlap and a subject's kind ([`kind`]) stays its second token without
+//! the mark.
 
 pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
 pub const WORK_STREAM: &str = "SKEIN_WORK";
@@ -67,14 +75,78 @@ pub fn parse_submit(subject: &str) -> Option<(&str, &str)> {
         .then_some((tenant, session))
 }
 
-/// Where a call of `tool` is sent for workers of `pool`.
-pub fn tool_task(pool: &str, tool: &str) -> String {
-    format!("skein.tool.{pool}.{tool}")
+/// Most work partitions (`SKEIN_PARTITIONS`).
+pub const MAX_PARTITIONS: u32 = 64;
+
+/// The work partition of a session's tasks, of `partitions` (FNV-1a over `tenant.session`: the
+/// same in every process and version, spread evenly).
+pub fn work_partition(tenant: &str, session: &str, partitions: u32) -> u32 {
+    if partitions <= 1 {
+        return 0;
+    }
+    let bytes = tenant
+        .bytes()
+        .chain(std::iter::once(b'.'))
+        .chain(session.bytes());
+    let hash = bytes.fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    hash % partitions
 }
 
-/// Filter of the consumer shared by the workers of `pool` for tool tasks.
-pub fn tool_filter(pool: &str) -> String {
-    format!("skein.tool.{pool}.>")
+/// The work stream of partition `partition`: `SKEIN_WORK`, then `SKEIN_WORK_1`, `SKEIN_WORK_2`, ….
+pub fn work_stream(partition: u32) -> String {
+    match partition {
+        0 => WORK_STREAM.to_owned(),
+        k => format!("{WORK_STREAM}_{k}"),
+    }
+}
+
+/// The partition a work stream's name stands for, if it names one.
+pub fn parse_work_stream(name: &str) -> Option<u32> {
+    if name == WORK_STREAM {
+        return Some(0);
+    }
+    let k: u32 = name
+        .strip_prefix(WORK_STREAM)?
+        .strip_prefix('_')?
+        .parse()
+        .ok()?;
+    (k >= 1 && work_stream(k) == name).then_some(k)
+}
+
+/// The subjects of partition `partition`'s work stream.
+pub fn work_subjects(partition: u32) -> Vec<String> {
+    ["tool", "agent"]
+        .iter()
+        .map(|kind| format!("skein.{}.>", work_kind(kind, partition)))
+        .collect()
+}
+
+/// The second token of a work subject: the kind, marked with the partition from 1 on.
+fn work_kind(kind: &str, partition: u32) -> std::borrow::Cow<'_, str> {
+    match partition {
+        0 => kind.into(),
+        k => format!("{kind}~{k}").into(),
+    }
+}
+
+/// What a subject carries: its second token (`submit`, `tool`, `agent`, `events`, …), without
+/// a work partition's mark.
+pub fn kind(subject: &str) -> &str {
+    let second = subject.split('.').nth(1).unwrap_or_default();
+    second.split_once('~').map_or(second, |(kind, _)| kind)
+}
+
+/// Where a call of `tool` is sent for workers of `pool`, in work partition `partition`.
+pub fn tool_task(partition: u32, pool: &str, tool: &str) -> String {
+    format!("skein.{}.{pool}.{tool}", work_kind("tool", partition))
+}
+
+/// Filter of the consumer shared by the workers of `pool` for tool tasks, on partition
+/// `partition`'s stream.
+pub fn tool_filter(partition: u32, pool: &str) -> String {
+    format!("skein.{}.{pool}.>", work_kind("tool", partition))
 }
 
 /// Durable consumer of `pool`'s tool tasks.
@@ -82,14 +154,16 @@ pub fn tool_consumer(pool: &str) -> String {
     format!("skein-tools-{pool}")
 }
 
-/// Where a subagent task for `agent` is sent for workers of `pool`.
-pub fn agent_task(pool: &str, agent: &str) -> String {
-    format!("skein.agent.{pool}.{agent}")
+/// Where a subagent task for `agent` is sent for workers of `pool`, in work partition
+/// `partition`.
+pub fn agent_task(partition: u32, pool: &str, agent: &str) -> String {
+    format!("skein.{}.{pool}.{agent}", work_kind("agent", partition))
 }
 
-/// Filter of the consumer shared by the workers of `pool` for subagent tasks.
-pub fn agent_filter(pool: &str) -> String {
-    format!("skein.agent.{pool}.>")
+/// Filter of the consumer shared by the workers of `pool` for subagent tasks, on partition
+/// `partition`'s stream.
+pub fn agent_filter(partition: u32, pool: &str) -> String {
+    format!("skein.{}.{pool}.>", work_kind("agent", partition))
 }
 
 /// Durable consumer of `pool`'s subagent tasks.
@@ -98,9 +172,9 @@ pub fn agent_consumer(pool: &str) -> String {
 }
 
 /// Filter of the consumer shared by the workers of `pool` that run subagents of type `agent`
-/// only (a list of types, not every type).
-pub fn agent_type_filter(pool: &str, agent: &str) -> String {
-    agent_task(pool, agent)
+/// only (a list of types, not every type), on partition `partition`'s stream.
+pub fn agent_type_filter(partition: u32, pool: &str, agent: &str) -> String {
+    agent_task(partition, pool, agent)
 }
 
 /// Durable consumer of `pool`'s subagent tasks of type `agent` (see [`agent_type_filter`]).
@@ -143,11 +217,10 @@ pub fn reply_number(subject: &str) -> Option<u64> {
 /// Where a message that could not be handled is kept, by the kind of its original subject
 /// (`submit`, `tool`, `agent`, or `other`).
 pub fn dead_letter(original_subject: &str) -> String {
-    let kind = original_subject
-        .split('.')
-        .nth(1)
-        .filter(|kind| matches!(*kind, "submit" | "tool" | "agent"))
-        .unwrap_or("other");
+    let kind = match kind(original_subject) {
+        kind @ ("submit" | "tool" | "agent") => kind,
+        _ => "other",
+    };
     format!("skein.dlq.{kind}")
 }
 
@@ -271,25 +344,25 @@ mod tests {
 
     #[test]
     fn pool_filters_do_not_overlap() {
-        let tool = tool_filter("default");
-        let agent = agent_filter("default");
+        let tool = tool_filter(0, "default");
+        let agent = agent_filter(0, "default");
         assert_ne!(tool, agent);
-        assert!(tool_task("default", "read_file").starts_with(tool.trim_end_matches('>')));
-        assert!(agent_task("default", "researcher").starts_with(agent.trim_end_matches('>')));
-        assert!(!tool_task("default", "x").starts_with(agent.trim_end_matches('>')));
+        assert!(tool_task(0, "default", "read_file").starts_with(tool.trim_end_matches('>')));
+        assert!(agent_task(0, "default", "researcher").starts_with(agent.trim_end_matches('>')));
+        assert!(!tool_task(0, "default", "x").starts_with(agent.trim_end_matches('>')));
     }
 
     #[test]
     fn per_type_agent_consumers_split_the_pool_and_never_share_a_name() {
-        let researcher = agent_type_filter("default", "researcher");
-        let writer = agent_type_filter("default", "writer");
-        assert_eq!(researcher, agent_task("default", "researcher"));
+        let researcher = agent_type_filter(0, "default", "researcher");
+        let writer = agent_type_filter(0, "default", "writer");
+        assert_eq!(researcher, agent_task(0, "default", "researcher"));
         assert!(!filters_overlap(&researcher, &writer));
-        assert!(!filters_overlap(&researcher, &tool_filter("default")));
-        assert!(!filters_overlap(&researcher, &agent_filter("other")));
+        assert!(!filters_overlap(&researcher, &tool_filter(0, "default")));
+        assert!(!filters_overlap(&researcher, &agent_filter(0, "other")));
         // The every-type consumer of the same pool overlaps: a pool is one or the other.
-        assert!(filters_overlap(&researcher, &agent_filter("default")));
-        assert!(filters_overlap(&agent_filter("default"), &researcher));
+        assert!(filters_overlap(&researcher, &agent_filter(0, "default")));
+        assert!(filters_overlap(&agent_filter(0, "default"), &researcher));
         assert_ne!(
             agent_type_consumer("a-b", "c"),
             agent_type_consumer("a", "b-c")
@@ -343,9 +416,77 @@ mod tests {
     #[test]
     fn dead_letters_are_filed_by_kind() {
         assert_eq!(dead_letter(&submit("a", "s")), "skein.dlq.submit");
-        assert_eq!(dead_letter(&tool_task("p", "read_file")), "skein.dlq.tool");
-        assert_eq!(dead_letter(&agent_task("p", "r")), "skein.dlq.agent");
+        assert_eq!(
+            dead_letter(&tool_task(0, "p", "read_file")),
+            "skein.dlq.tool"
+        );
+        assert_eq!(dead_letter(&agent_task(0, "p", "r")), "skein.dlq.agent");
         assert_eq!(dead_letter("weird"), "skein.dlq.other");
+        assert_eq!(dead_letter(&tool_task(3, "p", "x")), "skein.dlq.tool");
+        assert_eq!(dead_letter(&agent_task(2, "p", "r")), "skein.dlq.agent");
+        assert_eq!(dead_letter("skein.other~1.x"), "skein.dlq.other");
+    }
+
+    #[test]
+    fn partition_zero_keeps_the_subjects_of_one_work_stream() {
+        assert_eq!(work_stream(0), WORK_STREAM);
+        assert_eq!(work_subjects(0), WORK_ALL);
+        assert_eq!(tool_task(0, "p", "x"), "skein.tool.p.x");
+        assert_eq!(agent_filter(0, "p"), "skein.agent.p.>");
+        assert_eq!(work_partition("acme", "s1", 1), 0);
+    }
+
+    #[test]
+    fn partitions_have_streams_and_subjects_of_their_own() {
+        for k in 0..MAX_PARTITIONS {
+            assert_eq!(parse_work_stream(&work_stream(k)), Some(k));
+            // Every subject of a partition is in its stream's subjects and in no other's.
+            let task = tool_task(k, "pool", "read_file");
+            let subagent = agent_task(k, "pool", "researcher");
+            for other in 0..MAX_PARTITIONS {
+                let covers = |subject: &str| {
+                    work_subjects(other)
+                        .iter()
+                        .any(|filter| filters_overlap(filter, subject))
+                };
+                assert_eq!(covers(&task), k == other, "{task} in {other}");
+                assert_eq!(covers(&subagent), k == other, "{subagent} in {other}");
+                assert!(!filters_overlap(
+                    &work_subjects(k)[0],
+                    &work_subjects(other)[1]
+                ));
+            }
+            assert!(filters_overlap(&tool_filter(k, "pool"), &task));
+            assert!(!filters_overlap(&tool_filter(k, "other"), &task));
+            assert_eq!(kind(&task), "tool");
+            assert_eq!(kind(&subagent), "agent");
+        }
+        for name in [
+            "SKEIN_WORK_0",
+            "SKEIN_WORK_01",
+            "SKEIN_WORK_x",
+            "SKEIN_WORKS",
+            "SKEIN_SUBMIT",
+        ] {
+            assert_eq!(parse_work_stream(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn sessions_spread_over_the_partitions_and_keep_theirs() {
+        let mut counts = [0u32; 3];
+        for i in 0..3000 {
+            let session = format!("session-{i}");
+            let k = work_partition("acme", &session, 3);
+            assert_eq!(k, work_partition("acme", &session, 3));
+            counts[k as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&n| (800..1200).contains(&n)),
+            "{counts:?}"
+        );
+        // The same bytes in every process and version (FNV-1a of "a.b").
+        assert_eq!(work_partition("a", "b", 1 << 31), 0x108b_f50c);
     }
 
     #[test]

@@ -29,9 +29,9 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
     let durable = subjects::tool_consumer(&pool);
     let intake = bus
         .intake(&ConsumerSettings {
-            stream: subjects::WORK_STREAM,
+            stream: subjects::WORK_STREAM.into(),
             durable: durable.clone(),
-            filter: subjects::tool_filter(&pool),
+            filter: subjects::tool_filter(0, &pool),
             ack_wait: Duration::from_secs(30),
             max_deliver: -1,
             max_ack_pending: None,
@@ -41,7 +41,7 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
     let queued = 10;
     for i in 0..queued {
         bus.publish_work(
-            subjects::tool_task(&pool, "noop"),
+            subjects::tool_task(0, &pool, "noop"),
             &serde_json::json!({ "n": i }),
             &format!("{pool}-{i}"),
         )
@@ -159,9 +159,9 @@ async fn a_consumer_created_with_other_settings_is_reconciled() {
     bus.ensure_streams().await.expect("streams");
     let pool = unique("pool");
     let settings = |ack_wait: u64, max_ack_pending: Option<i64>| ConsumerSettings {
-        stream: subjects::WORK_STREAM,
+        stream: subjects::WORK_STREAM.into(),
         durable: subjects::tool_consumer(&pool),
-        filter: subjects::tool_filter(&pool),
+        filter: subjects::tool_filter(0, &pool),
         ack_wait: Duration::from_secs(ack_wait),
         max_deliver: -1,
         max_ack_pending,
@@ -260,7 +260,7 @@ async fn streams_are_bounded_and_old_streams_get_their_limits() {
     let pool = unique("pool");
     for n in 0..2 {
         bus.publish_work(
-            subjects::tool_task(&pool, "noop"),
+            subjects::tool_task(0, &pool, "noop"),
             &serde_json::json!({ "n": n }),
             &format!("{pool}-{n}"),
         )
@@ -269,7 +269,7 @@ async fn streams_are_bounded_and_old_streams_get_their_limits() {
     }
     let refused = bus
         .publish_work(
-            subjects::tool_task(&pool, "noop"),
+            subjects::tool_task(0, &pool, "noop"),
             &serde_json::json!({ "n": 2 }),
             &format!("{pool}-2"),
         )

@@ -271,7 +271,7 @@ async fn the_worker_answers_a_recorded_call_without_running_it() {
     };
     async_nats::jetstream::new(client.clone())
         .publish(
-            subjects::tool_task("default", "slow_effect"),
+            subjects::tool_task(0, "default", "slow_effect"),
             serde_json::to_vec(&tool_task).expect("encodes").into(),
         )
         .await

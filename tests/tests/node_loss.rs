@@ -282,9 +282,9 @@ async fn streams_and_buckets_with_fewer_replicas_are_raised() {
         .await
         .expect("a file written");
     let consumer = ConsumerSettings {
-        stream: subjects::WORK_STREAM,
+        stream: subjects::WORK_STREAM.into(),
         durable: subjects::tool_consumer("default"),
-        filter: subjects::tool_filter("default"),
+        filter: subjects::tool_filter(0, "default"),
         ack_wait: Duration::from_secs(30),
         max_deliver: -1,
         max_ack_pending: None,

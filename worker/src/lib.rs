@@ -4,6 +4,7 @@
 //! - [`WorkerBuilder`]: a worker binary of your own, with your own typed tools.
 //! - [`config`]: the `skein-worker` configuration.
 //! - [`run`]: intake loops (pulls only for free slots, bounded by capacity), heartbeats, graceful drain.
+//! - `intakes`: the pool's consumers on every work partition, sharing one set of slots.
 //! - [`execute`]: running one tool task or subagent task, recording and returning its result.
 //! - [`scope`]: `TaskScope`, the per-task owner of resources, closed in layers on every outcome.
 //! - [`tools`]: the `Tool` contract, the registry, and the built-in tools (workspace files,
@@ -14,6 +15,7 @@
 mod builder;
 pub mod config;
 pub mod execute;
+mod intakes;
 mod lending;
 pub mod mcp;
 pub mod run;

@@ -1,8 +1,10 @@
-//! The worker process: connect, bind the pool's tool and subagent consumers, announce, serve
-//! them, drain. A worker that runs every subagent type binds the pool's one agent consumer; one
-//! that lists types binds one per type, each with its own slots. Consumers are bound before the
-//! worker announces itself, so a worker configured unlike its pool (a consumer of every type
-//! beside per-type ones, which a work-queue stream refuses) stops before it is routed to.
+//! The worker process: connect, bind the pool's tool and subagent consumers on every work
+//! partition (`intakes`), announce, serve them, drain. A worker that runs every subagent type
+//! binds the pool's one agent consumer; one that lists types binds one per type, each with its
+//! own slots. Consumers are bound before the worker announces itself, so a worker configured
+//! unlike its pool (a consumer of every type beside per-type ones, which a work-queue stream
+//! refuses) stops before it is routed to; on every heartbeat it also serves the partitions made
+//! since.
 //!
 //! Shutdown: the root token stops intake (no new pulls) and removes the worker from the registry;
 //! running tasks get the grace period to finish, then the abort token stops them — their scopes
@@ -17,18 +19,19 @@ use skein_common::agent::middleware::Middleware;
 use skein_common::agent::model::{ModelError, Providers};
 use skein_common::agent::runtime::RuntimeSettings;
 use skein_common::agent::skills::SkillCatalog;
-use skein_common::bus::{Bus, BusError, ConsumerSettings, Intake, Slots};
+use skein_common::bus::{Bus, BusError};
 use skein_common::dispatch::Dispatcher;
 use skein_common::metrics::Metrics;
 use skein_common::protocol::{now_ms, WorkerAnnouncement, PROTOCOL_VERSION};
 use skein_common::shutdown::Workload;
 use skein_common::store::StoreError;
 use skein_common::workspace::ObjectWorkspaces;
-use skein_common::{subjects, VERSION};
+use skein_common::VERSION;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, SubagentTypes};
-use crate::execute::{self, AgentIntake, WorkerContext};
+use crate::config::Config;
+use crate::execute::WorkerContext;
+use crate::intakes::{Bound, Served};
 use crate::lending::LendSlotsLayer;
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
@@ -92,77 +95,13 @@ fn raise_bucket_replicas(cfg: &Config, bus: &Bus, work: &Workload) {
     });
 }
 
-/// The consumers a worker binds: the pool's tool consumer, and its agent consumers (with the
-/// type of each when the worker lists types).
-struct Intakes {
-    tools: Option<(String, Intake)>,
-    agents: Vec<(String, Intake, Option<String>)>,
-}
-
-impl Intakes {
-    /// The durable names, for the queue-depth report.
-    fn consumers(&self) -> Vec<(&'static str, String)> {
-        let tools = self.tools.iter().map(|(durable, _)| durable);
-        let agents = self.agents.iter().map(|(durable, _, _)| durable);
-        tools
-            .chain(agents)
-            .map(|durable| (subjects::WORK_STREAM, durable.clone()))
-            .collect()
+/// Binds the worker's consumers on every partition there is now.
+async fn bind_every_partition(served: &Served, bus: &Bus) -> Result<Vec<Bound>, WorkerError> {
+    let mut bound = Vec::new();
+    for partition in served.unbound_partitions(bus).await? {
+        bound.push(served.bind(bus, partition).await?);
     }
-}
-
-/// Binds (creating if needed) the consumers this worker serves: the pool's tool consumer when it
-/// provides a tool; for subagents, the pool's consumer of every type, or one per listed type.
-async fn bind(cfg: &Config, bus: &Bus, has_tools: bool) -> Result<Intakes, WorkerError> {
-    let consumer = |durable: String, filter: String| ConsumerSettings {
-        stream: subjects::WORK_STREAM,
-        durable,
-        filter,
-        ack_wait: cfg.process.ack_wait,
-        max_deliver: -1,
-        max_ack_pending: None,
-    };
-    let tools = if has_tools {
-        let settings = consumer(
-            subjects::tool_consumer(&cfg.pool),
-            subjects::tool_filter(&cfg.pool),
-        );
-        Some((settings.durable.clone(), bus.intake(&settings).await?))
-    } else {
-        None
-    };
-    let wanted: Vec<(ConsumerSettings, Option<String>)> = match &cfg.subagents {
-        SubagentTypes::None => Vec::new(),
-        SubagentTypes::All => vec![(
-            consumer(
-                subjects::agent_consumer(&cfg.pool),
-                subjects::agent_filter(&cfg.pool),
-            ),
-            None,
-        )],
-        SubagentTypes::Only(types) => types
-            .iter()
-            .map(|agent| {
-                let settings = consumer(
-                    subjects::agent_type_consumer(&cfg.pool, agent),
-                    subjects::agent_type_filter(&cfg.pool, agent),
-                );
-                (settings, Some(agent.clone()))
-            })
-            .collect(),
-    };
-    let mut agents = Vec::new();
-    for (settings, agent) in wanted {
-        let intake = bus.intake(&settings).await.map_err(|e| match e {
-            overlap @ BusError::Overlaps { .. } => WorkerError::PoolMismatch {
-                pool: cfg.pool.clone(),
-                source: overlap,
-            },
-            other => WorkerError::Bus(other),
-        })?;
-        agents.push((settings.durable, intake, agent));
-    }
-    Ok(Intakes { tools, agents })
+    Ok(bound)
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains.
@@ -305,8 +244,9 @@ pub async fn run_custom(
     };
 
     let has_tools = !registry.specs().is_empty();
-    let intakes = match bind(&cfg, &bus, has_tools).await {
-        Ok(intakes) => intakes,
+    let mut served = Served::new(&cfg, has_tools);
+    let bound = match bind_every_partition(&served, &bus).await {
+        Ok(bound) => bound,
         Err(e) => {
             mcp.close().await;
             work.drain(cfg.process.grace).await;
@@ -353,34 +293,9 @@ pub async fn run_custom(
     });
     tracing::info!(worker_id = %instance, pool = %cfg.pool, "worker ready");
 
-    let mut loops = Vec::new();
-    let watched = intakes.consumers();
-    if let Some((_, intake)) = intakes.tools {
-        let (ctx, abort) = (ctx.clone(), work.abort.clone());
-        let serving = intake.serve(
-            Slots::new(cfg.concurrency),
-            shutdown.clone(),
-            work.running.clone(),
-            move |received| execute::tool(ctx.clone(), received, abort.child_token()),
-        );
-        loops.push(tokio::spawn(serving));
-    }
-    // Each agent consumer has its own slots: one consumer's tasks never wait for another's.
-    for (_, intake, agent) in intakes.agents {
-        let (ctx, abort) = (ctx.clone(), work.abort.clone());
-        let of = AgentIntake {
-            slots: Slots::new(cfg.concurrency),
-            agent,
-        };
-        let serving = intake.serve(
-            of.slots.clone(),
-            shutdown.clone(),
-            work.running.clone(),
-            move |received| {
-                execute::subagent(ctx.clone(), received, of.clone(), abort.child_token())
-            },
-        );
-        loops.push(tokio::spawn(serving));
+    let watched = served.consumers();
+    for bound in bound {
+        served.serve(bound, &ctx, &shutdown, &work);
     }
 
     bus.watch_queue_depth(
@@ -399,6 +314,7 @@ pub async fn run_custom(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = beats.tick() => {
+                served.serve_new_partitions(&bus, &ctx, &shutdown, &work).await;
                 announcement.heartbeat_ms = now_ms();
                 let counts = ctx.stats.snapshot();
                 metrics.open_resources("scopes", counts.open_scopes() as i64);
@@ -412,9 +328,7 @@ pub async fn run_custom(
 
     // Drain: stop taking work, leave the registry, let running tasks finish, then abort.
     readiness.set_ready(false);
-    for intake in loops {
-        let _ = intake.await;
-    }
+    served.finished().await;
     if let Err(e) = store.remove_worker(&instance).await {
         tracing::warn!(error = %e, "could not leave the worker registry; the entry will expire");
     }

@@ -73,9 +73,10 @@ impl DeadLetter {
         serde_json::from_slice(&self.payload).ok()
     }
 
-    /// What the original message was: `submit`, `tool`, `agent`, … (its subject's second word).
+    /// What the original message was: `submit`, `tool`, `agent`, … (its subject's second word,
+    /// without a work partition's mark).
     pub fn kind(&self) -> &str {
-        self.original_subject.split('.').nth(1).unwrap_or_default()
+        subjects::kind(&self.original_subject)
     }
 
     /// The tenant the letter belongs to (see the module documentation), if any; `body` is

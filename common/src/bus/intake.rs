@@ -14,11 +14,12 @@ use serde::de::DeserializeOwned;
 
 use super::delivery::{settle, Envelope, Received};
 use super::{Bus, BusError, Slots};
+use crate::subjects;
 
 /// Settings of a durable work-queue consumer.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
-    pub stream: &'static str,
+    pub stream: String,
     pub durable: String,
     pub filter: String,
     /// How long a delivery may go unacknowledged (progress acks extend it).
@@ -48,7 +49,7 @@ impl Bus {
         };
         let stream = self
             .jetstream
-            .get_stream(settings.stream)
+            .get_stream(&settings.stream)
             .await
             .map_err(|e| consumer_error(e.to_string()))?;
         let wanted = consumer::pull::Config {
@@ -149,7 +150,38 @@ impl Bus {
         Ok((info.num_pending, info.num_ack_pending as u64))
     }
 
-    /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until `stop`.
+    /// Pending and unacknowledged messages of a work consumer, summed over the streams of
+    /// `partitions` (a partition where the consumer does not exist yet holds none of its work);
+    /// an error only when no partition could be read.
+    pub async fn work_depth(
+        &self,
+        durable: &str,
+        partitions: &[u32],
+    ) -> Result<(u64, u64), BusError> {
+        let (mut total, mut first_error) = (None::<(u64, u64)>, None);
+        for &partition in partitions {
+            match self
+                .consumer_depth(&subjects::work_stream(partition), durable)
+                .await
+            {
+                Ok((pending, ack_pending)) => {
+                    let (p, a) = total.unwrap_or_default();
+                    total = Some((p + pending, a + ack_pending));
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match (total, first_error) {
+            (Some(total), _) => Ok(total),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok((0, 0)),
+        }
+    }
+
+    /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until
+    /// `stop`; a consumer of [`subjects::WORK_STREAM`] is summed over every work partition.
     pub fn watch_queue_depth(
         &self,
         metrics: crate::metrics::Metrics,
@@ -166,8 +198,16 @@ impl Bus {
                     _ = stop.cancelled() => break,
                     _ = ticks.tick() => {}
                 }
+                let partitions = match consumers.iter().any(|(s, _)| *s == subjects::WORK_STREAM) {
+                    true => bus.work_partitions().await.unwrap_or_else(|_| vec![0]),
+                    false => Vec::new(),
+                };
                 for (stream, durable) in &consumers {
-                    match bus.consumer_depth(stream, durable).await {
+                    let depth = match *stream {
+                        subjects::WORK_STREAM => bus.work_depth(durable, &partitions).await,
+                        stream => bus.consumer_depth(stream, durable).await,
+                    };
+                    match depth {
                         Ok((pending, ack_pending)) => {
                             metrics.queue_depth(durable, pending, ack_pending)
                         }
@@ -191,7 +231,7 @@ async fn overlapping_consumers(
         .filter_map(|info| async move { info.ok() })
         .filter(|info| {
             let overlaps = info.name != settings.durable
-                && crate::subjects::filters_overlap(&info.config.filter_subject, &settings.filter);
+                && subjects::filters_overlap(&info.config.filter_subject, &settings.filter);
             async move { overlaps }
         })
         .map(|info| (info.name, info.config.filter_subject))

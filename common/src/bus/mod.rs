@@ -173,6 +173,8 @@ pub struct Bus {
     disconnects: tokio::sync::watch::Receiver<u64>,
     /// Replicas of the streams this process creates (and raises existing ones to).
     stream_replicas: usize,
+    /// Work partitions this process creates and dispatches to (`SKEIN_PARTITIONS`).
+    partitions: u32,
     /// How long the audit stream keeps its records.
     audit_retention: Duration,
     /// Who may act: what operations this process receives are checked against.
@@ -250,6 +252,7 @@ impl Bus {
             max_payload: max_payload.min(server_cap.max(1)),
             disconnects,
             stream_replicas: cfg.stream_replicas.max(1),
+            partitions: cfg.partitions.clamp(1, subjects::MAX_PARTITIONS),
             audit_retention: cfg.audit_retention,
             gate: std::sync::Arc::new(gate),
             signing: signer.map(|signer| {
@@ -317,6 +320,16 @@ impl Bus {
     /// Replicas of the streams this process creates (`SKEIN_STREAM_REPLICAS`).
     pub fn stream_replicas(&self) -> usize {
         self.stream_replicas
+    }
+
+    /// Work partitions this process creates and dispatches to (`SKEIN_PARTITIONS`).
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The work partition of a session's tasks (see [`subjects::work_partition`]).
+    pub fn work_partition(&self, tenant: &str, session: &str) -> u32 {
+        subjects::work_partition(tenant, session, self.partitions)
     }
 
     /// Changes each time the connection drops; what core subscriptions missed meanwhile must be

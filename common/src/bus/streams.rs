@@ -8,6 +8,9 @@
 //!   one with more keeps them, so a process with a smaller setting (a CLI, an older pod) never
 //!   shrinks what another raised. A raise that the servers refuse (fewer servers than replicas)
 //!   is reported at error level, naming the stream and both counts, and the stream keeps serving;
+//! - the work streams are partitions (`SKEIN_PARTITIONS`): a process creates those of its
+//!   setting and never removes one, so a partition another process made keeps its tasks until
+//!   they are served ([`Bus::work_partitions`] finds every one);
 //! - creation is safe from many processes at once: a process that loses the race to create a
 //!   stream (the server answers that the name is in use) reads the winner's stream and reconciles
 //!   it like any existing one.
@@ -23,7 +26,8 @@ use super::intake::PULL_RETRY;
 use super::{Bus, BusError, JETSTREAM_READY_WAIT};
 
 impl Bus {
-    /// Creates Skein's streams if they do not exist, with [`Bus::stream_replicas`] replicas;
+    /// Creates Skein's streams if they do not exist (a work stream for each of
+    /// [`Bus::partitions`]), with [`Bus::stream_replicas`] replicas;
     /// gives streams created before their limits (see [`STREAM_LIMITS`]) those limits, and
     /// raises streams with fewer replicas (idempotent; safe from every process at once).
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
@@ -41,12 +45,10 @@ impl Bus {
             num_replicas: replicas,
             ..Default::default()
         };
-        let streams = [
+        let work = (0..self.partitions)
+            .map(|k| queue(&subjects::work_stream(k), subjects::work_subjects(k)));
+        let others = [
             queue(subjects::SUBMIT_STREAM, vec![subjects::SUBMIT_ALL.into()]),
-            queue(
-                subjects::WORK_STREAM,
-                subjects::WORK_ALL.iter().map(|s| s.to_string()).collect(),
-            ),
             stream::Config {
                 name: subjects::CANCEL_STREAM.into(),
                 subjects: vec![subjects::CANCEL_ALL.into()],
@@ -94,6 +96,7 @@ impl Bus {
                 ..Default::default()
             },
         ];
+        let streams = others.into_iter().chain(work);
         // A server that just started (or restarted) may take a moment before JetStream answers,
         // and a cluster before it has elected its leaders.
         let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
@@ -121,6 +124,21 @@ impl Bus {
             }
         }
         Ok(())
+    }
+
+    /// The work partitions whose streams exist: this process's `SKEIN_PARTITIONS`, and those
+    /// another process with more made (a cluster being re-partitioned), in order.
+    pub async fn work_partitions(&self) -> Result<Vec<u32>, BusError> {
+        let mut names = self.jetstream.stream_names();
+        let mut partitions = Vec::new();
+        while let Some(name) = names.try_next().await.map_err(|e| BusError::Stream {
+            stream: format!("{}*", subjects::WORK_STREAM),
+            message: format!("cannot list the streams: {e}"),
+        })? {
+            partitions.extend(subjects::parse_work_stream(&name));
+        }
+        partitions.sort_unstable();
+        Ok(partitions)
     }
 
     /// Raises every stream whose name starts with `prefix` (the workspace buckets' streams, say)

@@ -292,7 +292,8 @@ impl Dispatcher {
             timeout_ms: timeout.as_millis() as u64,
             first_dispatch: !route.may_have_run,
         };
-        let subject = subjects::tool_task(route.pool, tool);
+        let partition = self.bus.work_partition(&origin.tenant, &origin.session);
+        let subject = subjects::tool_task(partition, route.pool, tool);
         let call = Dispatch {
             n,
             origin,
@@ -342,7 +343,8 @@ impl Dispatcher {
             first_dispatch: !route.may_have_run,
             skills,
         };
-        let subject = subjects::agent_task(route.pool, &task.agent.name);
+        let partition = self.bus.work_partition(&origin.tenant, &origin.session);
+        let subject = subjects::agent_task(partition, route.pool, &task.agent.name);
         let call = Dispatch {
             n,
             origin,

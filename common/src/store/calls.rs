@@ -322,7 +322,7 @@ impl SessionStore {
         original_subject: &str,
         payload: &[u8],
     ) -> Result<(), ForgetError> {
-        let kind = original_subject.split('.').nth(1).unwrap_or_default();
+        let kind = crate::subjects::kind(original_subject);
         let undecodable = || ForgetError::Undecodable(kind.to_owned());
         match kind {
             "submit" => {

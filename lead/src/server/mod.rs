@@ -224,7 +224,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
     );
     let intake = bus
         .intake(&ConsumerSettings {
-            stream: subjects::SUBMIT_STREAM,
+            stream: subjects::SUBMIT_STREAM.into(),
             durable: subjects::LEADS_CONSUMER.into(),
             filter: subjects::SUBMIT_ALL.into(),
             ack_wait: cfg.process.ack_wait,
@@ -236,7 +236,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         .await?;
     let decisions = bus
         .intake(&ConsumerSettings {
-            stream: subjects::APPROVALS_STREAM,
+            stream: subjects::APPROVALS_STREAM.into(),
             durable: subjects::APPROVALS_CONSUMER.into(),
             filter: subjects::APPROVALS_ALL.into(),
             ack_wait: cfg.process.ack_wait,
@@ -246,7 +246,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         .await?;
     let controls = bus
         .intake(&ConsumerSettings {
-            stream: subjects::APPROVALS_STREAM,
+            stream: subjects::APPROVALS_STREAM.into(),
             durable: subjects::CONTROL_CONSUMER.into(),
             filter: subjects::CONTROL_ALL.into(),
             ack_wait: cfg.process.ack_wait,

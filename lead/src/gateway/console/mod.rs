@@ -276,12 +276,10 @@ async fn backlog(gateway: &Gateway, workers: &[WorkerAnnouncement]) -> Vec<Value
         }
     }
     let mut shown = Vec::with_capacity(consumers.len());
+    let bus = gateway.client.bus();
+    let partitions = bus.work_partitions().await.unwrap_or_else(|_| vec![0]);
     for (pool, consumer) in consumers {
-        let depth = gateway
-            .client
-            .bus()
-            .consumer_depth(subjects::WORK_STREAM, &consumer)
-            .await;
+        let depth = bus.work_depth(&consumer, &partitions).await;
         shown.push(match depth {
             Ok((pending, ack_pending)) => json!({
                 "pool": pool, "consumer": consumer, "pending": pending, "ack_pending": ack_pending,
