@@ -13,8 +13,9 @@ use tokio_util::task::TaskTracker;
 use serde::de::DeserializeOwned;
 
 use super::delivery::{settle, Envelope, Received};
-use super::{Bus, BusError, Slots};
+use super::{Bus, BusError, Slots, JETSTREAM_READY_WAIT};
 use crate::subjects;
+use async_nats::jetstream::stream::ConsumerErrorKind;
 
 /// Settings of a durable work-queue consumer.
 #[derive(Debug, Clone)]
@@ -61,10 +62,27 @@ impl Bus {
             max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
             ..Default::default()
         };
-        let mut consumer = match stream
-            .get_or_create_consumer(&settings.durable, wanted.clone())
-            .await
-        {
+        // A cluster answers a consumer's creation late while it settles (just formed, streams
+        // just made, several processes creating the same consumer at once): asked again.
+        let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
+        let created = loop {
+            match stream
+                .get_or_create_consumer(&settings.durable, wanted.clone())
+                .await
+            {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request
+                    ) && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(consumer = %settings.durable, error = %e, "consumer not created yet; retrying");
+                    tokio::time::sleep(PULL_RETRY).await;
+                }
+                created => break created,
+            }
+        };
+        let mut consumer = match created {
             Ok(consumer) => consumer,
             Err(e) => {
                 // Say which consumers stand in the way, when overlap is why it was refused.

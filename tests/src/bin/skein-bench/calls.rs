@@ -105,7 +105,7 @@ pub(crate) async fn noop_calls(
     store: &SessionStore,
     samples: usize,
     calls: usize,
-    workers: usize,
+    throughput_label: &str,
     report: &mut Report,
 ) -> Result<usize, Failed> {
     let tracker = TaskTracker::new();
@@ -150,7 +150,7 @@ pub(crate) async fn noop_calls(
         .count()
         .await;
     report.add(
-        &format!("skein: no-op tool calls with {workers} worker(s)"),
+        throughput_label,
         ok as f64 / started.elapsed().as_secs_f64(),
         "calls/s",
     );

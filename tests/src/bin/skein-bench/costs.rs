@@ -95,7 +95,7 @@ pub(crate) fn report_costs(
 }
 
 /// User and system CPU time of process `pid` (all its threads, living and ended), in seconds.
-fn cpu_seconds(pid: u32) -> Result<f64, Failed> {
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64, Failed> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name is in parentheses and may hold spaces: fields count from after it.
     let after_name = stat

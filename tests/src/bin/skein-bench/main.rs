@@ -24,6 +24,7 @@ mod costs;
 mod floor;
 mod gateway;
 mod nodes;
+mod partitions;
 mod plans;
 mod report;
 mod soak;
@@ -87,6 +88,10 @@ struct Args {
     /// workers hold before and after.
     #[arg(long)]
     soak: bool,
+    /// Run only the partition bench: no-op calls per second on a local three-node NATS cluster
+    /// with one work partition and with three, and what each node spends.
+    #[arg(long)]
+    partitions: bool,
     /// Tasks of the soak.
     #[arg(long, default_value_t = 20_000)]
     soak_tasks: usize,
@@ -131,6 +136,11 @@ fn main() -> ExitCode {
 
 pub(crate) type Failed = Box<dyn std::error::Error + Send + Sync>;
 
+/// The figure of no-op calls per second with `workers` workers.
+fn calls_with(workers: usize) -> String {
+    format!("skein: no-op tool calls with {workers} worker(s)")
+}
+
 async fn run(args: Args) -> Result<(), Failed> {
     let nats = NatsServer::start();
     let redis = RedisServer::start();
@@ -142,6 +152,7 @@ async fn run(args: Args) -> Result<(), Failed> {
             redis: redis.url.clone(),
             dir: dir.clone(),
             wrap_lead: None,
+            partitions: 1,
         };
         let bus = Bus::connect(
             &NatsConfig::local(nats.url.clone()),
@@ -152,6 +163,14 @@ async fn run(args: Args) -> Result<(), Failed> {
         bus.ensure_streams().await?;
         let store = SessionStore::connect(&RedisConfig::local(redis.url.clone())).await?;
         soak::soak_run(&nodes, &bus, &store, args.soak_tasks, args.soak_in_flight).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    if args.partitions {
+        let mut report = Report::default();
+        partitions::partitioned_calls(&dir, args.calls, &mut report).await?;
+        print_table(&report);
+        write_json(&report, args.json.as_deref())?;
         let _ = std::fs::remove_dir_all(&dir);
         return Ok(());
     }
@@ -168,6 +187,7 @@ async fn run(args: Args) -> Result<(), Failed> {
         redis: redis.url.clone(),
         dir: dir.clone(),
         wrap_lead: args.wrap_lead.clone(),
+        partitions: 1,
     };
     checkpoint_cost(&redis.url, &blob, args.samples, &mut report).await?;
     let bus = Bus::connect(
@@ -181,7 +201,15 @@ async fn run(args: Args) -> Result<(), Failed> {
     let ready = start_to_ready(&cluster, &store, &mut report).await?;
     let mut first = cluster.worker("worker-1");
     wait_workers(&store, 1).await?;
-    noop_calls(&bus, &store, args.samples, args.calls, 1, &mut report).await?;
+    noop_calls(
+        &bus,
+        &store,
+        args.samples,
+        args.calls,
+        &calls_with(1),
+        &mut report,
+    )
+    .await?;
     let mut second = cluster.worker("worker-2");
     wait_workers(&store, 2).await?;
     let mut redis_counters = redis::Client::open(redis.url.as_str())?
@@ -194,7 +222,7 @@ async fn run(args: Args) -> Result<(), Failed> {
         redis: redis.pid(),
     };
     let before = parts.snapshot(&mut redis_counters).await?;
-    let calls = noop_calls(&bus, &store, 0, args.calls, 2, &mut report).await?;
+    let calls = noop_calls(&bus, &store, 0, args.calls, &calls_with(2), &mut report).await?;
     let after = parts.snapshot(&mut redis_counters).await?;
     report_costs(&mut report, "call", calls, &before, &after);
     let scenario = dir.join("scenario.json");
@@ -272,17 +300,22 @@ async fn run(args: Args) -> Result<(), Failed> {
         .await?;
     }
     print_table(&report);
-    if let Some(path) = args.json {
-        let rows: Vec<Value> = report
-            .rows
-            .iter()
-            .map(|(name, value, unit)| json!({ "name": name, "value": value, "unit": unit }))
-            .collect();
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&json!({ "figures": rows, "ratios": ratios(&report) }))?,
-        )?;
-    }
+    write_json(&report, args.json.as_deref())?;
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Writes the figures and ratios as JSON to `path`, when there is one.
+fn write_json(report: &Report, path: Option<&std::path::Path>) -> Result<(), Failed> {
+    let Some(path) = path else { return Ok(()) };
+    let rows: Vec<Value> = report
+        .rows
+        .iter()
+        .map(|(name, value, unit)| json!({ "name": name, "value": value, "unit": unit }))
+        .collect();
+    std::fs::write(
+        path,
+        serde_json::to_string_pretty(&json!({ "figures": rows, "ratios": ratios(report) }))?,
+    )?;
     Ok(())
 }

@@ -18,6 +18,8 @@ pub(crate) struct Nodes {
     pub(crate) dir: PathBuf,
     /// A profiler command the lead runs under.
     pub(crate) wrap_lead: Option<String>,
+    /// Work partitions of the processes (`SKEIN_PARTITIONS`).
+    pub(crate) partitions: u32,
 }
 
 impl Nodes {
@@ -45,7 +47,11 @@ impl Nodes {
             &self.redis,
         ])
         .args(["--instance-id", id, "--admin-addr", admin])
-        .env("SKEIN_LOG", "warn");
+        .env("SKEIN_LOG", "warn")
+        .env(
+            skein_common::config::ENV_PARTITIONS,
+            self.partitions.to_string(),
+        );
         cmd
     }
 

@@ -18,7 +18,7 @@ impl Report {
         self.rows.push((name.to_owned(), value, unit.to_owned()));
     }
 
-    fn get(&self, name: &str) -> f64 {
+    pub(crate) fn get(&self, name: &str) -> f64 {
         self.rows
             .iter()
             .find(|(n, _, _)| n == name)
@@ -59,7 +59,7 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
     let round_trip = report.get("skein: no-op tool call round trip p50");
     let two_workers = report.get("skein: no-op tool calls with 2 worker(s)");
     let ratio = |name: &str, value: f64, target: &str| json!({ "name": name, "value": value, "target": target });
-    vec![
+    [
         ratio(
             "no-op round trip p50 / request-reply p50",
             round_trip / rr,
@@ -107,13 +107,18 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
             ">= 20",
         ),
     ]
+    .into_iter()
+    // A ratio of figures this run did not measure is left out.
+    .filter(|ratio| ratio["value"].as_f64().is_some_and(f64::is_finite))
+    .collect()
 }
 
 pub(crate) fn print_table(report: &Report) {
     println!("| figure | value | unit |");
     println!("| --- | ---: | --- |");
     for (name, value, unit) in &report.rows {
-        println!("| {name} | {value:.1} | {unit} |");
+        let digits = if value.abs() < 10.0 { 2 } else { 1 };
+        println!("| {name} | {value:.digits$} | {unit} |");
     }
     println!();
     println!("| ratio | value | target |");
