@@ -15,7 +15,16 @@ use serde::de::DeserializeOwned;
 use super::delivery::{settle, Envelope, Received};
 use super::{Bus, BusError, Slots, JETSTREAM_READY_WAIT};
 use crate::subjects;
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::stream::ConsumerErrorKind;
+
+/// Why one try of binding a consumer failed.
+enum Binding {
+    /// A request went unanswered (timed out, no responders): worth another try.
+    Unanswered(BusError),
+    /// The server refused, or the consumer is not one this process may use.
+    Refused(BusError),
+}
 
 /// Settings of a durable work-queue consumer.
 #[derive(Debug, Clone)]
@@ -43,16 +52,39 @@ impl Bus {
     /// for either, and says so), and `max_deliver` and `max_ack_pending` are set to this
     /// process's. Every process sends progress acks at a third of its own `ack_wait`, so none
     /// can fall behind the consumer's deadline.
+    ///
+    /// A cluster may leave a request of the binding unanswered while it settles (just formed,
+    /// streams just made, several processes creating the same consumer at once): the binding is
+    /// then tried again every 500 ms for up to [`JETSTREAM_READY_WAIT`].
     pub async fn intake(&self, settings: &ConsumerSettings) -> Result<Intake, BusError> {
+        let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
+        loop {
+            match self.bind_consumer(settings).await {
+                Ok(intake) => return Ok(intake),
+                Err(Binding::Unanswered(e)) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(consumer = %settings.durable, error = %e, "consumer not bound yet; retrying");
+                    tokio::time::sleep(PULL_RETRY).await;
+                }
+                Err(Binding::Unanswered(e) | Binding::Refused(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// One try of [`Bus::intake`].
+    async fn bind_consumer(&self, settings: &ConsumerSettings) -> Result<Intake, Binding> {
         let consumer_error = |message: String| BusError::Consumer {
             consumer: settings.durable.clone(),
             message,
+        };
+        let failed = |unanswered: bool, message: String| match unanswered {
+            true => Binding::Unanswered(consumer_error(message)),
+            false => Binding::Refused(consumer_error(message)),
         };
         let stream = self
             .jetstream
             .get_stream(&settings.stream)
             .await
-            .map_err(|e| consumer_error(e.to_string()))?;
+            .map_err(|e| failed(e.kind() == GetStreamErrorKind::Request, e.to_string()))?;
         let wanted = consumer::pull::Config {
             durable_name: Some(settings.durable.clone()),
             filter_subject: settings.filter.clone(),
@@ -62,54 +94,56 @@ impl Bus {
             max_ack_pending: settings.max_ack_pending.unwrap_or_default(),
             ..Default::default()
         };
-        // A cluster answers a consumer's creation late while it settles (just formed, streams
-        // just made, several processes creating the same consumer at once): asked again.
-        let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
-        let created = loop {
-            match stream
-                .get_or_create_consumer(&settings.durable, wanted.clone())
-                .await
-            {
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request
-                    ) && tokio::time::Instant::now() < deadline =>
-                {
-                    tracing::debug!(consumer = %settings.durable, error = %e, "consumer not created yet; retrying");
-                    tokio::time::sleep(PULL_RETRY).await;
-                }
-                created => break created,
-            }
-        };
+        let created = stream
+            .get_or_create_consumer(&settings.durable, wanted.clone())
+            .await;
         let mut consumer = match created {
             Ok(consumer) => consumer,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request
+                ) =>
+            {
+                return Err(failed(true, e.to_string()));
+            }
             Err(e) => {
                 // Say which consumers stand in the way, when overlap is why it was refused.
                 let others = overlapping_consumers(&stream, settings).await;
                 if others.is_empty() {
-                    return Err(consumer_error(e.to_string()));
+                    return Err(failed(false, e.to_string()));
                 }
-                return Err(BusError::Overlaps {
+                return Err(Binding::Refused(BusError::Overlaps {
                     consumer: settings.durable.clone(),
                     filter: settings.filter.clone(),
                     others,
                     message: e.to_string(),
-                });
+                }));
             }
         };
         let existing = consumer
             .info()
             .await
-            .map_err(|e| consumer_error(e.to_string()))?
+            .map_err(|e| {
+                let unanswered = matches!(
+                    e.kind(),
+                    ConsumerInfoErrorKind::TimedOut
+                        | ConsumerInfoErrorKind::NoResponders
+                        | ConsumerInfoErrorKind::Request
+                );
+                failed(unanswered, e.to_string())
+            })?
             .config
             .clone();
         if existing.filter_subject != settings.filter {
             // A consumer of this name made for other work: pulling from it would take that work.
-            return Err(consumer_error(format!(
-                "exists with filter {}, not {}",
-                existing.filter_subject, settings.filter
-            )));
+            return Err(failed(
+                false,
+                format!(
+                    "exists with filter {}, not {}",
+                    existing.filter_subject, settings.filter
+                ),
+            ));
         }
         if let Some(reconciled) = reconcile(&existing, &wanted) {
             tracing::warn!(
@@ -122,11 +156,11 @@ impl Bus {
             stream
                 .create_consumer(reconciled)
                 .await
-                .map_err(|e| consumer_error(format!("cannot update its settings: {e}")))?;
+                .map_err(|e| failed(false, format!("cannot update its settings: {e}")))?;
             consumer = stream
                 .get_consumer(&settings.durable)
                 .await
-                .map_err(|e| consumer_error(e.to_string()))?;
+                .map_err(|e| failed(true, e.to_string()))?;
         }
         if existing.ack_wait > settings.ack_wait {
             tracing::warn!(

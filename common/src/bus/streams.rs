@@ -31,6 +31,38 @@ impl Bus {
     /// gives streams created before their limits (see [`STREAM_LIMITS`]) those limits, and
     /// raises streams with fewer replicas (idempotent; safe from every process at once).
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
+        // A server that just started (or restarted) may take a moment before JetStream answers,
+        // and a cluster before it has elected its leaders.
+        let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
+        for config in self.stream_configs() {
+            let current = loop {
+                // Found, or created by this process; a process that loses a race to create it
+                // (its create is refused: the name is in use) finds the winner's on the next try.
+                match self.jetstream.get_or_create_stream(config.clone()).await {
+                    Ok(existing) => break existing.cached_info().config.clone(),
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        tracing::debug!(stream = %config.name, error = %e, "JetStream not ready; retrying");
+                        tokio::time::sleep(PULL_RETRY).await;
+                    }
+                    Err(e) => {
+                        return Err(BusError::Stream {
+                            stream: config.name.clone(),
+                            message: e.to_string(),
+                        })
+                    }
+                }
+            };
+            let current = self.bound_stream(current, &config).await?;
+            if let Err(e) = raise_replicas(&self.jetstream, &current, self.stream_replicas).await {
+                tracing::error!(stream = %config.name, error = %e, "stream keeps fewer replicas than configured");
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`Bus::ensure_streams`] creates: Skein's streams, with every work partition's of
+    /// this process's setting last.
+    pub fn stream_configs(&self) -> Vec<stream::Config> {
         let replicas = self.stream_replicas;
         let queue = |name: &str, subjects: Vec<String>| stream::Config {
             name: name.into(),
@@ -96,34 +128,7 @@ impl Bus {
                 ..Default::default()
             },
         ];
-        let streams = others.into_iter().chain(work);
-        // A server that just started (or restarted) may take a moment before JetStream answers,
-        // and a cluster before it has elected its leaders.
-        let deadline = tokio::time::Instant::now() + JETSTREAM_READY_WAIT;
-        for config in streams {
-            let current = loop {
-                // Found, or created by this process; a process that loses a race to create it
-                // (its create is refused: the name is in use) finds the winner's on the next try.
-                match self.jetstream.get_or_create_stream(config.clone()).await {
-                    Ok(existing) => break existing.cached_info().config.clone(),
-                    Err(e) if tokio::time::Instant::now() < deadline => {
-                        tracing::debug!(stream = %config.name, error = %e, "JetStream not ready; retrying");
-                        tokio::time::sleep(PULL_RETRY).await;
-                    }
-                    Err(e) => {
-                        return Err(BusError::Stream {
-                            stream: config.name.clone(),
-                            message: e.to_string(),
-                        })
-                    }
-                }
-            };
-            let current = self.bound_stream(current, &config).await?;
-            if let Err(e) = raise_replicas(&self.jetstream, &current, replicas).await {
-                tracing::error!(stream = %config.name, error = %e, "stream keeps fewer replicas than configured");
-            }
-        }
-        Ok(())
+        others.into_iter().chain(work).collect()
     }
 
     /// The work partitions whose streams exist: this process's `SKEIN_PARTITIONS`, and those

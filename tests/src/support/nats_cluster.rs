@@ -1,5 +1,5 @@
 //! A JetStream cluster of real `nats-server` processes for one test: each node on free client
-//! and route ports, with its own `server_name` and store directory, all routed to each other in
+//! and route ports, with its own `server_name` (also its placement tag) and store directory, all routed to each other in
 //! one uniquely named cluster. Nodes can be killed (SIGKILL) and restarted with their data; the
 //! stream leader of any stream can be looked up by server name. Every node stops when the
 //! cluster is dropped.
@@ -42,6 +42,7 @@ impl NatsCluster {
             .map(|(name, port)| {
                 NatsServer::start_with_config(&format!(
                     "server_name: {name}\n\
+                     server_tags: [\"{name}\"]\n\
                      cluster {{\n  name: {cluster}\n  listen: 127.0.0.1:{port}\n  routes: [{routes}]\n}}"
                 ))
             })
@@ -75,7 +76,7 @@ impl NatsCluster {
             .unwrap_or_else(|| panic!("no node named {server_name:?} in {:?}", self.names))
     }
 
-    /// The `server_name` of node `index`.
+    /// The `server_name` of node `index`, which is also its only placement tag.
     pub fn name(&self, index: usize) -> &str {
         &self.names[index]
     }

@@ -1,7 +1,9 @@
 //! The partition bench: durable no-op calls per second on a local three-node NATS cluster with
 //! one work partition (every call through one stream leader) and with three, and what each
-//! node's `nats-server` spends per call. Each run has a fresh cluster, Redis and two workers;
-//! streams have one replica, and the node that leads each work stream is reported.
+//! node's `nats-server` spends per call. Three partitions are measured twice: placed by NATS as
+//! the processes create them, and placed one per node (made first with a placement tag each, as
+//! an operator can). Each run has a fresh cluster, Redis and two workers; streams have one
+//! replica, and the node that leads each work stream is reported.
 
 use std::path::Path;
 
@@ -21,45 +23,57 @@ use crate::Failed;
 /// Nodes of the NATS cluster.
 const NODES: usize = 3;
 
-/// Partition counts measured, the first being the baseline.
-const MEASURED: [u32; 2] = [1, 3];
+/// The layouts measured, the first being the baseline: (partitions, placed one per node).
+const MEASURED: [(u32, bool); 3] = [(1, false), (3, false), (3, true)];
 
-/// Runs the measurement for every count of [`MEASURED`] and adds the figures and their ratios.
+/// Runs the measurement for every layout of [`MEASURED`] and adds the figures and their ratios
+/// to the first.
 pub(crate) async fn partitioned_calls(
     dir: &Path,
     calls: usize,
     report: &mut Report,
 ) -> Result<(), Failed> {
-    for partitions in MEASURED {
-        eprintln!("cluster of {NODES}, {partitions} partition(s)");
-        one_count(dir, calls, partitions, report).await?;
+    for (partitions, one_per_node) in MEASURED {
+        eprintln!("{}", layout(partitions, one_per_node));
+        one_layout(dir, calls, partitions, one_per_node, report).await?;
     }
-    let (base, spread) = (MEASURED[0], MEASURED[1]);
-    let figure = |what: &str, partitions: u32| report.get(&label(what, partitions));
-    let calls_ratio = figure("no-op calls", spread) / figure("no-op calls", base);
-    let busiest_ratio =
-        figure("busiest node's CPU per call", spread) / figure("busiest node's CPU per call", base);
-    report.add(
-        &format!("cluster: calls/s with {spread} partitions / with {base}"),
-        calls_ratio,
-        "",
-    );
-    report.add(
-        &format!("cluster: busiest node's CPU per call with {spread} partitions / with {base}"),
-        busiest_ratio,
-        "",
-    );
+    let (base, base_placed) = MEASURED[0];
+    let mut ratios = Vec::new();
+    for &(partitions, one_per_node) in &MEASURED[1..] {
+        let ratio = |what: &str| {
+            report.get(&label(what, partitions, one_per_node))
+                / report.get(&label(what, base, base_placed))
+        };
+        let named = layout(partitions, one_per_node);
+        ratios.push((
+            format!("{named}: calls/s / with {base}"),
+            ratio("no-op calls"),
+        ));
+        ratios.push((
+            format!("{named}: busiest node's CPU per call / with {base}"),
+            ratio("busiest node's CPU per call"),
+        ));
+    }
+    for (name, value) in ratios {
+        report.add(&name, value, "");
+    }
     Ok(())
 }
 
-fn label(what: &str, partitions: u32) -> String {
-    format!("cluster of {NODES}, {partitions} partition(s): {what}")
+fn layout(partitions: u32, one_per_node: bool) -> String {
+    let placed = if one_per_node { ", one per node" } else { "" };
+    format!("cluster of {NODES}, {partitions} partition(s){placed}")
 }
 
-async fn one_count(
+fn label(what: &str, partitions: u32, one_per_node: bool) -> String {
+    format!("{}: {what}", layout(partitions, one_per_node))
+}
+
+async fn one_layout(
     dir: &Path,
     calls: usize,
     partitions: u32,
+    one_per_node: bool,
     report: &mut Report,
 ) -> Result<(), Failed> {
     let nats = NatsCluster::start(NODES);
@@ -77,6 +91,9 @@ async fn one_count(
         ..NatsConfig::local(nats.url())
     };
     let bus = Bus::connect(&cfg, "bench", DEFAULT_MAX_PAYLOAD).await?;
+    if one_per_node {
+        place_one_per_node(&bus, &nats).await?;
+    }
     bus.ensure_streams().await?;
     let store = SessionStore::connect(&RedisConfig::local(redis.url.clone())).await?;
     let mut workers = [nodes.worker("part-1"), nodes.worker("part-2")];
@@ -109,7 +126,7 @@ async fn one_count(
         &store,
         0,
         calls,
-        &label("no-op calls", partitions),
+        &label("no-op calls", partitions, one_per_node),
         report,
     )
     .await?;
@@ -125,17 +142,34 @@ async fn one_count(
     eprintln!("  NATS CPU per call by node (µs): {per_call:?}");
     let busiest = per_call.iter().cloned().fold(0.0, f64::max);
     report.add(
-        &label("busiest node's CPU per call", partitions),
+        &label("busiest node's CPU per call", partitions, one_per_node),
         busiest,
         "µs",
     );
     report.add(
-        &label("all nodes' CPU per call", partitions),
+        &label("all nodes' CPU per call", partitions, one_per_node),
         per_call.iter().sum(),
         "µs",
     );
     for worker in &mut workers {
         worker.kill();
+    }
+    Ok(())
+}
+
+/// Makes each work partition's stream first, on node `k % NODES` (its placement tag), so that
+/// the processes find them made.
+async fn place_one_per_node(bus: &Bus, nats: &NatsCluster) -> Result<(), Failed> {
+    let jetstream = async_nats::jetstream::new(bus.client().clone());
+    for mut config in bus.stream_configs() {
+        let Some(k) = subjects::parse_work_stream(&config.name) else {
+            continue;
+        };
+        config.placement = Some(async_nats::jetstream::stream::Placement {
+            cluster: None,
+            tags: vec![nats.name(k as usize % NODES).to_owned()],
+        });
+        jetstream.create_stream(config).await?;
     }
     Ok(())
 }
