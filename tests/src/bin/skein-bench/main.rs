@@ -50,6 +50,11 @@ use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
 use report::{print_table, ratios, Report};
 use turns::{burst, long_session, whole_turns};
 
+/// The allocator the shipped binaries use (mimalloc), so the lead and workers this binary runs
+/// as `node` measure what ships.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "skein-bench",
