@@ -6,8 +6,8 @@
 //! - one set of slots serves a consumer on every partition, so `SKEIN_CONCURRENCY` bounds the
 //!   worker's tool tasks (and each agent consumer's tasks) whatever the partition count;
 //! - every partition stream that exists is served: those of this worker's `SKEIN_PARTITIONS`, and
-//!   any another process made, found at start and again on every heartbeat
-//!   ([`Served::serve_new_partitions`]). So a cluster re-partitioned to more streams has its new
+//!   any another process made, found at start and looked for again every
+//!   [`PARTITIONS_LOOK_EVERY`] from the heartbeat loop ([`Served::serve_new_partitions`]). So a cluster re-partitioned to more streams has its new
 //!   partitions served by workers that started before, and one re-partitioned to fewer still
 //!   has the tasks waiting in the partitions no longer dispatched to done: no task waits in a
 //!   stream no worker reads;
@@ -29,6 +29,10 @@ use crate::config::{Config, SubagentTypes};
 use crate::execute::{self, AgentIntake, WorkerContext};
 use crate::run::WorkerError;
 
+/// How often a running worker looks for partition streams made since it started (a listing of
+/// every stream's name: not on every heartbeat).
+pub(crate) const PARTITIONS_LOOK_EVERY: Duration = Duration::from_secs(10);
+
 /// The consumers of one partition, bound and not yet served.
 pub(crate) struct Bound {
     partition: u32,
@@ -47,6 +51,8 @@ pub(crate) struct Served {
     agents: Vec<AgentIntake>,
     /// Partitions bound so far.
     partitions: BTreeSet<u32>,
+    /// When the partition streams were last looked for.
+    looked: tokio::time::Instant,
     loops: Vec<JoinHandle<()>>,
 }
 
@@ -70,6 +76,7 @@ impl Served {
                 })
                 .collect(),
             partitions: BTreeSet::new(),
+            looked: tokio::time::Instant::now(),
             loops: Vec::new(),
         }
     }
@@ -186,8 +193,8 @@ impl Served {
     }
 
     /// Binds and serves the partition streams made since the last look (a cluster
-    /// re-partitioned while this worker runs). A partition that cannot be bound now is tried
-    /// again on the next call.
+    /// re-partitioned while this worker runs), at most every [`PARTITIONS_LOOK_EVERY`]. A
+    /// partition that cannot be bound now is tried again at the next look.
     pub(crate) async fn serve_new_partitions(
         &mut self,
         bus: &Bus,
@@ -195,6 +202,10 @@ impl Served {
         shutdown: &CancellationToken,
         work: &Workload,
     ) {
+        if self.looked.elapsed() < PARTITIONS_LOOK_EVERY {
+            return;
+        }
+        self.looked = tokio::time::Instant::now();
         let unbound = match self.unbound_partitions(bus).await {
             Ok(unbound) => unbound,
             Err(e) => {

@@ -3,8 +3,8 @@
 //! binds the pool's one agent consumer; one that lists types binds one per type, each with its
 //! own slots. Consumers are bound before the worker announces itself, so a worker configured
 //! unlike its pool (a consumer of every type beside per-type ones, which a work-queue stream
-//! refuses) stops before it is routed to; on every heartbeat it also serves the partitions made
-//! since.
+//! refuses) stops before it is routed to; from its heartbeat loop it also serves the partitions
+//! made since (every 10 s).
 //!
 //! Shutdown: the root token stops intake (no new pulls) and removes the worker from the registry;
 //! running tasks get the grace period to finish, then the abort token stops them — their scopes

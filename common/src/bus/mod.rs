@@ -322,16 +322,6 @@ impl Bus {
         self.stream_replicas
     }
 
-    /// Work partitions this process creates and dispatches to (`SKEIN_PARTITIONS`).
-    pub fn partitions(&self) -> u32 {
-        self.partitions
-    }
-
-    /// The work partition of a session's tasks (see [`subjects::work_partition`]).
-    pub fn work_partition(&self, tenant: &str, session: &str) -> u32 {
-        subjects::work_partition(tenant, session, self.partitions)
-    }
-
     /// Changes each time the connection drops; what core subscriptions missed meanwhile must be
     /// read from a stream.
     pub fn disconnects(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -412,26 +402,6 @@ impl Bus {
         headers.insert(NATS_MESSAGE_ID, id.as_str());
         self.publish_traced(subject, headers, payload, &submission.task_id)
             .await
-    }
-
-    /// The stream sequence of a session's oldest unfinished submission (finished ones are removed
-    /// from the work-queue stream), if any.
-    pub async fn oldest_submission(
-        &self,
-        tenant: &str,
-        session: &str,
-    ) -> Result<Option<u64>, BusError> {
-        use async_nats::jetstream::stream::RawMessageErrorKind;
-        let stream = self.stream_no_info(subjects::SUBMIT_STREAM).await?;
-        let stream_error = |message: String| stream_error(subjects::SUBMIT_STREAM, message);
-        match stream
-            .get_first_raw_message_by_subject(subjects::submit(tenant, session), 1)
-            .await
-        {
-            Ok(message) => Ok(Some(message.sequence)),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(stream_error(e.to_string())),
-        }
     }
 
     /// Asks every process to stop a task; kept so that work starting later sees it too.

@@ -131,6 +131,16 @@ impl Bus {
         others.into_iter().chain(work).collect()
     }
 
+    /// Work partitions this process creates and dispatches to (`SKEIN_PARTITIONS`).
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The work partition of a session's tasks (see [`subjects::work_partition`]).
+    pub fn work_partition(&self, tenant: &str, session: &str) -> u32 {
+        subjects::work_partition(tenant, session, self.partitions)
+    }
+
     /// The work partitions whose streams exist: this process's `SKEIN_PARTITIONS`, and those
     /// another process with more made (a cluster being re-partitioned), in order.
     pub async fn work_partitions(&self) -> Result<Vec<u32>, BusError> {

@@ -24,6 +24,26 @@ pub struct QueuedSubmission {
 }
 
 impl Bus {
+    /// The stream sequence of a session's oldest unfinished submission (finished ones are removed
+    /// from the work-queue stream), if any.
+    pub async fn oldest_submission(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<u64>, BusError> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let stream = self.stream_no_info(subjects::SUBMIT_STREAM).await?;
+        let stream_error = |message: String| super::stream_error(subjects::SUBMIT_STREAM, message);
+        match stream
+            .get_first_raw_message_by_subject(subjects::submit(tenant, session), 1)
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(stream_error(e.to_string())),
+        }
+    }
+
     /// The session's unfinished submissions with a sequence below `before`, oldest first, at
     /// most `limit` of them.
     pub async fn unfinished_submissions(
