@@ -85,6 +85,10 @@ proptest! {
         }
         let _ = subjects::reply_number(&subject);
         let _ = subjects::dead_letter(&subject);
+        prop_assert!(!subjects::kind(&subject).contains(['.', '~']));
+        if let Some(k) = subjects::parse_work_stream(&subject) {
+            prop_assert_eq!(subjects::work_stream(k), subject.clone());
+        }
     }
 
     #[test]

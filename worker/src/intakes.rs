@@ -83,7 +83,7 @@ impl Served {
 
     /// The partitions to serve now: this process's setting and every partition stream that
     /// exists, less those bound already.
-    pub(crate) async fn unbound_partitions(&self, bus: &Bus) -> Result<Vec<u32>, BusError> {
+    async fn unbound_partitions(&self, bus: &Bus) -> Result<Vec<u32>, BusError> {
         let existing = bus.work_partitions().await?;
         Ok((0..bus.partitions())
             .chain(existing)
@@ -93,8 +93,18 @@ impl Served {
             .collect())
     }
 
+    /// Binds the worker's consumers on every partition there is now (at start, before the
+    /// worker announces itself).
+    pub(crate) async fn bind_every_partition(&self, bus: &Bus) -> Result<Vec<Bound>, WorkerError> {
+        let mut bound = Vec::new();
+        for partition in self.unbound_partitions(bus).await? {
+            bound.push(self.bind(bus, partition).await?);
+        }
+        Ok(bound)
+    }
+
     /// Binds (creating if needed) this worker's consumers on `partition`'s stream.
-    pub(crate) async fn bind(&self, bus: &Bus, partition: u32) -> Result<Bound, WorkerError> {
+    async fn bind(&self, bus: &Bus, partition: u32) -> Result<Bound, WorkerError> {
         let stream = subjects::work_stream(partition);
         let settings = |durable: String, filter: String| ConsumerSettings {
             stream: stream.clone(),

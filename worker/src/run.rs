@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::execute::WorkerContext;
-use crate::intakes::{Bound, Served};
+use crate::intakes::Served;
 use crate::lending::LendSlotsLayer;
 use crate::scope::ScopeStats;
 use crate::tools::{builtin_registry, BuiltinConfig, ToolRegistry};
@@ -93,15 +93,6 @@ fn raise_bucket_replicas(cfg: &Config, bus: &Bus, work: &Workload) {
             Err(e) => tracing::error!(error = %e, "workspace buckets' replicas not checked"),
         }
     });
-}
-
-/// Binds the worker's consumers on every partition there is now.
-async fn bind_every_partition(served: &Served, bus: &Bus) -> Result<Vec<Bound>, WorkerError> {
-    let mut bound = Vec::new();
-    for partition in served.unbound_partitions(bus).await? {
-        bound.push(served.bind(bus, partition).await?);
-    }
-    Ok(bound)
 }
 
 /// Runs a worker until `shutdown` is cancelled, then drains.
@@ -245,7 +236,7 @@ pub async fn run_custom(
 
     let has_tools = !registry.specs().is_empty();
     let mut served = Served::new(&cfg, has_tools);
-    let bound = match bind_every_partition(&served, &bus).await {
+    let bound = match served.bind_every_partition(&bus).await {
         Ok(bound) => bound,
         Err(e) => {
             mcp.close().await;

@@ -1,10 +1,13 @@
-//! Durable work-queue consumers: binding and reconciling them (`Bus::intake`), pulling only for
-//! free slots (`Intake::serve`), handing each message over as a decoded `Delivery`, and consumer
-//! depth.
+//! Durable work-queue consumers: binding and reconciling them (`Bus::intake`, patient with a
+//! cluster that does not answer yet), pulling only for free slots (`Intake::serve`), handing each
+//! message over as a decoded `Delivery`, and consumer depth (a work consumer's summed over the
+//! work partitions).
 
 use std::future::Future;
 use std::time::Duration;
 
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamErrorKind};
+use async_nats::jetstream::stream::ConsumerErrorKind;
 use async_nats::jetstream::{self, consumer};
 use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
@@ -15,8 +18,6 @@ use serde::de::DeserializeOwned;
 use super::delivery::{settle, Envelope, Received};
 use super::{Bus, BusError, Slots, JETSTREAM_READY_WAIT};
 use crate::subjects;
-use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamErrorKind};
-use async_nats::jetstream::stream::ConsumerErrorKind;
 
 /// Why one try of binding a consumer failed.
 enum Binding {
