@@ -16,6 +16,8 @@
 //!   subagent calls.
 //! - `celery`: the Celery peer.
 //! - `soak`: `--soak`, tool tasks of every outcome and what the workers hold before and after.
+//! - `partitions`: `--partitions`, no-op calls on a three-node NATS cluster with one work
+//!   partition and with three.
 //! - `report`: the figures, the ratios and the printed tables.
 
 mod calls;
