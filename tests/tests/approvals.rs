@@ -13,7 +13,6 @@ use skein_common::protocol::{
 use skein_tests::support::chaos::wait_for_recorded_results;
 use skein_tests::support::cluster::{model_flags, submission, TestCluster};
 use skein_tests::support::fake_openai::{FakeOpenAi, FakeReply};
-use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::{eventually, unique, ChildProcess};
 
 const NODE: &str = env!("CARGO_BIN_EXE_skein-node");
@@ -120,13 +119,6 @@ fn events_of(events: &[TurnEvent], name: &str) -> usize {
         .count()
 }
 
-fn effect_starts(cluster: &TestCluster, key: &str) -> usize {
-    read_effects(&cluster.effects_file())
-        .get(key)
-        .map(|c| c.started)
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_call_runs_once_after_the_suspending_lead_is_killed() {
     let cluster = TestCluster::start();
@@ -171,7 +163,7 @@ async fn an_approved_call_runs_once_after_the_suspending_lead_is_killed() {
             "the CLI lists the request: {text}"
         );
         assert_eq!(
-            effect_starts(&cluster, "deploy"),
+            cluster.effect_starts("deploy"),
             0,
             "nothing ran before approval"
         );
@@ -192,7 +184,7 @@ async fn an_approved_call_runs_once_after_the_suspending_lead_is_killed() {
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(result.answer.as_deref(), Some("deployed after approval"));
     assert_eq!(
-        effect_starts(&cluster, "deploy"),
+        cluster.effect_starts("deploy"),
         1,
         "the approved call ran exactly once"
     );
@@ -275,7 +267,7 @@ async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_re
         eventually(
             "the approved call to start",
             Duration::from_secs(30),
-            || async { (effect_starts(&cluster, &key) > 0).then_some(()) },
+            || async { (cluster.effect_starts(&key) > 0).then_some(()) },
         )
         .await;
         first.sigterm();
@@ -301,7 +293,7 @@ async fn an_approved_call_that_ran_while_its_lead_stopped_is_not_run_again_on_re
         "{result:?}"
     );
     assert_eq!(
-        effect_starts(&cluster, &key),
+        cluster.effect_starts(&key),
         1,
         "the approved call ran exactly once"
     );
@@ -376,7 +368,7 @@ async fn a_denied_call_reaches_the_model_with_the_reason() {
     assert!(observed.contains("denied by"), "{observed}");
     assert!(observed.contains("not on a Friday"), "{observed}");
     assert_eq!(
-        effect_starts(&cluster, "drop"),
+        cluster.effect_starts("drop"),
         0,
         "the denied call never ran"
     );
@@ -398,7 +390,7 @@ async fn an_unanswered_request_expires_into_a_denial() {
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     let answer = result.answer.unwrap_or_default();
     assert!(answer.contains("nobody answered"), "{answer}");
-    assert_eq!(effect_starts(&cluster, "late"), 0);
+    assert_eq!(cluster.effect_starts("late"), 0);
     assert!(events.iter().any(|e| matches!(
         &e.event,
         EventKind::ApprovalRequested {
@@ -432,7 +424,7 @@ async fn a_cancel_reaches_a_waiting_turn() {
     let ((result, _), ()) = tokio::join!(running, cancelling);
     assert_eq!(result.status, TurnStatus::Cancelled, "{result:?}");
     assert_eq!(result.failure.map(|f| f.kind), Some(FailureKind::Cancelled));
-    assert_eq!(effect_starts(&cluster, "never"), 0);
+    assert_eq!(cluster.effect_starts("never"), 0);
     let store = cluster.store().await;
     assert_eq!(
         store
@@ -457,7 +449,7 @@ async fn a_deadline_ends_a_waiting_turn() {
     assert_eq!(result.status, TurnStatus::Failed, "{result:?}");
     assert_eq!(result.failure.map(|f| f.kind), Some(FailureKind::TimedOut));
     assert_eq!(events_of(&events, "approval_requested"), 1);
-    assert_eq!(effect_starts(&cluster, "too-late"), 0);
+    assert_eq!(cluster.effect_starts("too-late"), 0);
     let store = cluster.store().await;
     assert_eq!(
         store
@@ -567,7 +559,7 @@ async fn a_subagent_waits_for_a_person_and_an_answer_resumes_it_after_its_worker
             &["approve", &task.task_id, "--tenant", "acme", "--by", "ops"],
         );
         assert!(approved, "{text}");
-        assert_eq!(effect_starts(&cluster, "ship"), 0, "nothing ran before");
+        assert_eq!(cluster.effect_starts("ship"), 0, "nothing ran before");
         subagent_worker(&cluster, &scenario)
     };
     let ((result, events), second) = tokio::join!(running, approving);
@@ -582,7 +574,7 @@ async fn a_subagent_waits_for_a_person_and_an_answer_resumes_it_after_its_worker
         "the second worker resumed the waiting run"
     );
     assert_eq!(
-        effect_starts(&cluster, "ship"),
+        cluster.effect_starts("ship"),
         1,
         "the approved call ran once"
     );
@@ -658,7 +650,7 @@ async fn a_subagent_waiting_for_a_person_hears_a_denial_at_once_and_goes_on() {
         "the run observed the denial and went on: {answer}"
     );
     assert_eq!(
-        effect_starts(&cluster, "ship"),
+        cluster.effect_starts("ship"),
         0,
         "the denied call never ran"
     );

@@ -24,7 +24,6 @@ use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::principals::{
     audited, client_of, hand_signed, people, publish_raw, refused_because, People,
 };
-use skein_tests::support::test_tools::read_effects;
 use skein_tests::support::{eventually, unique};
 
 const SKEIN: &str = env!("CARGO_BIN_EXE_skein-node");
@@ -82,13 +81,6 @@ fn decision(task: &TaskSubmission, claimed_by: &str) -> ApprovalDecision {
         reason: String::new(),
         by: claimed_by.into(),
     }
-}
-
-fn effect_starts(cluster: &TestCluster, key: &str) -> usize {
-    read_effects(&cluster.effects_file())
-        .get(key)
-        .map(|c| c.started)
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,7 +206,7 @@ async fn only_an_allowed_principal_s_signed_approval_runs_the_call_and_it_is_aud
             "{said}"
         );
         assert_eq!(
-            effect_starts(&cluster, "deploy"),
+            cluster.effect_starts("deploy"),
             0,
             "no refused answer ran the call"
         );
@@ -261,7 +253,7 @@ async fn only_an_allowed_principal_s_signed_approval_runs_the_call_and_it_is_aud
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(result.answer.as_deref(), Some("done after approval"));
     assert_eq!(
-        effect_starts(&cluster, "deploy"),
+        cluster.effect_starts("deploy"),
         1,
         "the approved call ran exactly once"
     );
@@ -475,7 +467,7 @@ async fn the_gateway_acts_for_the_callers_its_keys_prove() {
     .await;
     assert_eq!(refused.principal, "carol");
     assert_eq!(
-        effect_starts(&cluster, "ship"),
+        cluster.effect_starts("ship"),
         0,
         "carol's answer ran nothing"
     );
@@ -502,7 +494,7 @@ async fn the_gateway_acts_for_the_callers_its_keys_prove() {
     .await;
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(
-        effect_starts(&cluster, "ship"),
+        cluster.effect_starts("ship"),
         1,
         "the approved call ran once"
     );

@@ -10,7 +10,7 @@ use skein_common::protocol::TurnStatus;
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::otlp::OtlpReceiver;
 use skein_tests::support::traced::{
-    deliveries, effect_starts, one_root_delivery, one_trace_for_every_start, whole_trace, Exporting,
+    deliveries, one_root_delivery, one_trace_for_every_start, whole_trace, Exporting,
 };
 use skein_tests::support::{eventually, unique, FakeOpenAi, FakeReply};
 
@@ -50,7 +50,7 @@ async fn a_task_handed_back_by_a_stopping_lead_stays_in_one_trace() {
         eventually(
             "the slow call to start",
             Duration::from_secs(30),
-            || async { (effect_starts(&cluster, &key) > 0).then_some(()) },
+            || async { (cluster.effect_starts(&key) > 0).then_some(()) },
         )
         .await;
         first.sigterm();
@@ -202,7 +202,7 @@ async fn a_paused_then_resumed_turn_stays_in_one_trace() {
         eventually(
             "the first call running",
             Duration::from_secs(30),
-            || async { (effect_starts(&cluster, &first) > 0).then_some(()) },
+            || async { (cluster.effect_starts(&first) > 0).then_some(()) },
         )
         .await;
         let control = |args: &[&str]| {

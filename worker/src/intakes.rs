@@ -127,16 +127,11 @@ impl Served {
         };
         let mut agents = Vec::with_capacity(self.agents.len());
         for of in &self.agents {
-            let wanted = match &of.agent {
-                None => settings(
-                    subjects::agent_consumer(pool),
-                    subjects::agent_filter(partition, pool),
-                ),
-                Some(agent) => settings(
-                    subjects::agent_type_consumer(pool, agent),
-                    subjects::agent_type_filter(partition, pool, agent),
-                ),
+            let filter = match &of.agent {
+                None => subjects::agent_filter(partition, pool),
+                Some(agent) => subjects::agent_type_filter(partition, pool, agent),
             };
+            let wanted = settings(self.agent_consumer(of), filter);
             let intake = bus.intake(&wanted).await.map_err(|e| match e {
                 overlap @ BusError::Overlaps { .. } => WorkerError::PoolMismatch {
                     pool: self.pool.clone(),
@@ -153,16 +148,21 @@ impl Served {
         })
     }
 
+    /// The durable name of an agent consumer: the pool's for every type, or its type's.
+    fn agent_consumer(&self, of: &AgentIntake) -> String {
+        match &of.agent {
+            None => subjects::agent_consumer(&self.pool),
+            Some(agent) => subjects::agent_type_consumer(&self.pool, agent),
+        }
+    }
+
     /// The durable names, for the queue-depth report (summed over the partitions).
     pub(crate) fn consumers(&self) -> Vec<(&'static str, String)> {
         let tools = self
             .tools
             .iter()
             .map(|_| subjects::tool_consumer(&self.pool));
-        let agents = self.agents.iter().map(|of| match &of.agent {
-            None => subjects::agent_consumer(&self.pool),
-            Some(agent) => subjects::agent_type_consumer(&self.pool, agent),
-        });
+        let agents = self.agents.iter().map(|of| self.agent_consumer(of));
         tools
             .chain(agents)
             .map(|durable| (subjects::WORK_STREAM, durable))

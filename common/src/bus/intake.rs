@@ -234,7 +234,7 @@ impl Bus {
     }
 
     /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until
-    /// `stop`; a consumer of [`subjects::WORK_STREAM`] is summed over every work partition.
+    /// `stop`; a consumer of [`subjects::WORK_STREAM`] is summed over the work partitions, listed again every sixth tick.
     pub fn watch_queue_depth(
         &self,
         metrics: crate::metrics::Metrics,
@@ -244,17 +244,21 @@ impl Bus {
         stop: CancellationToken,
     ) {
         let bus = self.clone();
+        let watches_work = consumers.iter().any(|(s, _)| *s == subjects::WORK_STREAM);
         tracker.spawn(async move {
+            let (mut partitions, mut tick) = (vec![0], 0u64);
             let mut ticks = tokio::time::interval(every);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = ticks.tick() => {}
                 }
-                let partitions = match consumers.iter().any(|(s, _)| *s == subjects::WORK_STREAM) {
-                    true => bus.work_partitions().await.unwrap_or_else(|_| vec![0]),
-                    false => Vec::new(),
-                };
+                // The partitions are listed (every stream's name) on every PARTITIONS_LISTED_EVERY
+                // tick only: they change rarely.
+                if watches_work && tick % PARTITIONS_LISTED_EVERY == 0 {
+                    partitions = bus.work_partitions().await.unwrap_or_else(|_| vec![0]);
+                }
+                tick += 1;
                 for (stream, durable) in &consumers {
                     let depth = match *stream {
                         subjects::WORK_STREAM => bus.work_depth(durable, &partitions).await,
@@ -328,6 +332,9 @@ pub fn reconcile(
     }
     Some(reconciled)
 }
+
+/// Of the queue-depth report's ticks, one in this many lists the work partitions again.
+const PARTITIONS_LISTED_EVERY: u64 = 6;
 
 /// The server's `max_ack_pending` for a consumer created without one.
 const DEFAULT_MAX_ACK_PENDING: i64 = 1000;

@@ -168,6 +168,13 @@ impl TestCluster {
         self.dir.join("effects.log")
     }
 
+    /// How many times the test tools started the effect `key` (see [`effects_file`](Self::effects_file)).
+    pub fn effect_starts(&self, key: &str) -> usize {
+        super::test_tools::read_effects(&self.effects_file())
+            .get(key)
+            .map_or(0, |count| count.started)
+    }
+
     /// Writes a scripted-model scenario whose `assistant` plays `turns`; returns its path.
     pub fn scenario(&self, turns: serde_json::Value) -> String {
         let path = self.dir.join(format!("{}.json", unique("scenario")));

@@ -8,7 +8,6 @@ use skein_common::protocol::{EventKind, FinalResult, TurnEvent};
 
 use super::cluster::TestCluster;
 use super::otlp::{OtlpReceiver, ReceivedSpan};
-use super::test_tools::read_effects;
 use super::{eventually, ChildProcess};
 
 /// The model key the traced processes are given (no span or log may show it).
@@ -71,13 +70,6 @@ impl<'a> Exporting<'a> {
             .env("OTEL_BSP_SCHEDULE_DELAY", "100");
         ChildProcess::spawn(cmd, self.cluster.dir.join(log))
     }
-}
-
-/// How many times the test tools started the effect `key`.
-pub fn effect_starts(cluster: &TestCluster, key: &str) -> usize {
-    read_effects(&cluster.effects_file())
-        .get(key)
-        .map_or(0, |count| count.started)
 }
 
 /// Waits until the processes have exported the spans `enough` asks for, each with its parent;
