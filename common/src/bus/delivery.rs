@@ -210,10 +210,23 @@ impl Envelope {
 
     /// Tells the broker how the message ends, once; the disposition actually applied is returned
     /// (a `SetAside` whose letter was refused becomes a `Retry`).
-    pub async fn settle(self, disposition: Disposition) -> Disposition {
+    ///
+    /// A plain function returning an `async move` block: an `async fn` keeps a by-value argument
+    /// twice in its future, and this one is awaited on every delivery.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would store the envelope twice in its future"
+    )]
+    pub fn settle(self, disposition: Disposition) -> impl Future<Output = Disposition> + Send {
+        async move { self.settle_now(disposition).await }
+    }
+
+    async fn settle_now(&self, disposition: Disposition) -> Disposition {
         let applied = match disposition {
             Disposition::SetAside { reason, attempts } => {
-                if self.set_aside(&reason, attempts).await {
+                // Boxed: the dead-letter publish is rare, and inline it would double the size of
+                // every settling future.
+                if Box::pin(self.set_aside(&reason, attempts)).await {
                     Disposition::SetAside { reason, attempts }
                 } else {
                     Disposition::Retry(Some(SET_ASIDE_RETRY))
@@ -243,9 +256,9 @@ impl<T> Delivery<T> {
     }
 
     /// Settles the message, once; returns the disposition actually applied (see
-    /// [`Disposition::SetAside`]).
-    pub async fn settle(self, disposition: Disposition) -> Disposition {
-        self.envelope.settle(disposition).await
+    /// [`Disposition::SetAside`]). The body is dropped first.
+    pub fn settle(self, disposition: Disposition) -> impl Future<Output = Disposition> + Send {
+        self.envelope.settle(disposition)
     }
 
     /// The envelope and the body apart (a handler that keeps the body past settling, or holds

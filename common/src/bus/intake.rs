@@ -425,9 +425,12 @@ impl Intake {
                             continue;
                         };
                         // The slot is freed when the work ends (`map` keeps the future stored
-                        // once, where an `async` block would hold it twice).
+                        // once, where an `async` block would hold it twice). Boxed first: a
+                        // handler's future is many KiB (a worker's tool task about 15), and on
+                        // its way into a task it is moved several times, a box as a pointer.
                         let delivery = Envelope::new(message, self.bus.clone()).decode();
-                        tracker.spawn(handler(delivery).map(move |()| drop(slot)));
+                        let work = Box::pin(handler(delivery));
+                        tracker.spawn(work.map(move |()| drop(slot)));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "pull ended early");

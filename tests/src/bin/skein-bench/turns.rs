@@ -157,19 +157,24 @@ pub(crate) async fn burst(
     report: &mut Report,
 ) -> Result<usize, Failed> {
     let client = SkeinClient::connect(&NatsConfig::local(url.to_owned())).await?;
-    // The most turns the lead runs at once, sampled from its metrics while the burst runs.
+    // The most turns the lead runs at once, sampled from its metrics while the burst runs, and
+    // the most anonymous memory it held (the kernel keeps a peak only of the whole RSS).
     let sampling = CancellationToken::new();
+    let idle_anonymous = rss_kib(lead_pid, "RssAnon")?;
     let most_in_flight = tokio::spawn({
         let (admin, stop) = (lead_admin.to_owned(), sampling.clone());
         async move {
-            let mut most = 0.0_f64;
+            let (mut most, mut most_anonymous) = (0.0_f64, idle_anonymous);
             while !stop.is_cancelled() {
                 if let Some(now) = turns_in_flight(&admin).await {
                     most = most.max(now);
                 }
+                if let Ok(anonymous) = rss_kib(lead_pid, "RssAnon") {
+                    most_anonymous = most_anonymous.max(anonymous);
+                }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            most
+            (most, most_anonymous)
         }
     });
     let nats = async_nats::connect(url).await?;
@@ -218,7 +223,7 @@ pub(crate) async fn burst(
         }
     }
     sampling.cancel();
-    let most_in_flight = most_in_flight.await.unwrap_or(0.0);
+    let (most_in_flight, peak_anonymous) = most_in_flight.await.unwrap_or((0.0, idle_anonymous));
     report.add(
         "skein: burst sessions completed",
         (done + stored_only) as f64,
@@ -252,5 +257,11 @@ pub(crate) async fn burst(
         "KiB",
     );
     report.add("skein: burst lead peak RSS", peak / 1024.0, "MiB");
+    // The same without the binary's pages, whose count depends on the page cache, not the turns.
+    report.add(
+        "skein: lead peak anonymous memory growth per in-flight turn",
+        (peak_anonymous - idle_anonymous) / most_in_flight.max(1.0),
+        "KiB",
+    );
     Ok(done + stored_only)
 }
