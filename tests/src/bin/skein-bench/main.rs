@@ -244,29 +244,17 @@ async fn run(args: Args) -> Result<(), Failed> {
     let lead_admin = format!("127.0.0.1:{}", skein_tests::support::free_port());
     let mut lead = cluster.lead(&scenario, &lead_admin);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    report.add(
-        "lead idle RSS",
-        rss_kib(lead.id(), "VmRSS")? / 1024.0,
-        "MiB",
-    );
-    report.add(
-        "worker idle RSS",
-        rss_kib(first.id(), "VmRSS")? / 1024.0,
-        "MiB",
-    );
     // VmRSS counts the pages of the binary mapped in, which depend on what of the file the page
     // cache holds: the same bytes measured 22 MiB, and 27 MiB as a fresh copy. The anonymous
     // part is the process's own memory.
-    report.add(
-        "lead idle anonymous RSS",
-        rss_kib(lead.id(), "RssAnon")? / 1024.0,
-        "MiB",
-    );
-    report.add(
-        "worker idle anonymous RSS",
-        rss_kib(first.id(), "RssAnon")? / 1024.0,
-        "MiB",
-    );
+    for (name, pid, field) in [
+        ("lead idle RSS", lead.id(), "VmRSS"),
+        ("worker idle RSS", first.id(), "VmRSS"),
+        ("lead idle anonymous RSS", lead.id(), "RssAnon"),
+        ("worker idle anonymous RSS", first.id(), "RssAnon"),
+    ] {
+        report.add(name, rss_kib(pid, field)? / 1024.0, "MiB");
+    }
     whole_turns(&nats.url, args.samples.min(500), &mut report).await?;
     if args.long_session > 0 {
         long_session(&nats.url, &redis.url, args.long_session, &mut report).await?;
