@@ -426,7 +426,7 @@ impl Intake {
                         };
                         // The slot is freed when the work ends (`map` keeps the future stored
                         // once, where an `async` block would hold it twice). Boxed first: a
-                        // handler's future is many KiB (a worker's tool task about 15), and on
+                        // handler's future is many KiB (a worker's tool task about 10), and on
                         // its way into a task it is moved several times, a box as a pointer.
                         let delivery = Envelope::new(message, self.bus.clone()).decode();
                         let work = Box::pin(handler(delivery));
