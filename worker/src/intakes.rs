@@ -7,10 +7,10 @@
 //!   worker's tool tasks (and each agent consumer's tasks) whatever the partition count;
 //! - every partition stream that exists is served: those of this worker's `SKEIN_PARTITIONS`, and
 //!   any another process made, found at start and looked for again every
-//!   [`PARTITIONS_LOOK_EVERY`] from the heartbeat loop ([`Served::serve_new_partitions`]). So a cluster re-partitioned to more streams has its new
-//!   partitions served by workers that started before, and one re-partitioned to fewer still
-//!   has the tasks waiting in the partitions no longer dispatched to done: no task waits in a
-//!   stream no worker reads;
+//!   [`PARTITIONS_LOOK_EVERY`] from the heartbeat loop ([`Served::serve_new_partitions`]). So a
+//!   cluster re-partitioned to more streams has its new partitions served by workers that
+//!   started before, and one re-partitioned to fewer still has the tasks waiting in the
+//!   partitions no longer dispatched to done: no task waits in a stream no worker reads;
 //! - a partition is bound once; the consumers of the partitions found at start are bound before
 //!   the worker announces itself, so a worker configured unlike its pool stops before it is
 //!   routed to.

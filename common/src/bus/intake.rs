@@ -234,7 +234,8 @@ impl Bus {
     }
 
     /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until
-    /// `stop`; a consumer of [`subjects::WORK_STREAM`] is summed over the work partitions, listed again every sixth tick.
+    /// `stop`; a consumer of [`subjects::WORK_STREAM`] is summed over the work partitions, which
+    /// are listed again every [`PARTITIONS_LISTED_EVERY`] ticks.
     pub fn watch_queue_depth(
         &self,
         metrics: crate::metrics::Metrics,

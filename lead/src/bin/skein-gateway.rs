@@ -3,10 +3,7 @@
 
 use clap::Parser;
 
-/// mimalloc rather than glibc's allocator: a turn makes about 1,300 allocations, glibc's took
-/// about 30 % of the lead's CPU, and its per-thread arenas kept what a burst had freed.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+skein_common::global_allocator!();
 
 fn main() -> std::process::ExitCode {
     let command = skein_lead::cli::GatewayCommand::parse();

@@ -52,10 +52,9 @@ use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
 use report::{print_table, ratios, Report};
 use turns::{burst, long_session, whole_turns};
 
-/// The allocator the shipped binaries use (mimalloc), so the lead and workers this binary runs
-/// as `node` measure what ships.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The shipped binaries' allocator, so the lead and workers this binary runs as `node` measure
+// what ships.
+skein_common::global_allocator!();
 
 #[derive(Debug, Parser)]
 #[command(
