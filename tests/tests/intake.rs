@@ -276,3 +276,91 @@ async fn streams_are_bounded_and_old_streams_get_their_limits() {
         .await;
     assert!(refused.is_err(), "a full queue refuses: {refused:?}");
 }
+
+/// Pulling one message at a time (one free slot) subscribes once: each pull request goes to the
+/// same inbox, so the broker's subscription table is not changed twice per pull. Counted with
+/// nats-server's own subscription statistics (`/subsz`).
+#[tokio::test]
+async fn pulls_reuse_one_inbox_rather_than_subscribing_for_each() {
+    let monitor = skein_tests::support::servers::free_port();
+    let nats = NatsServer::start_with_config(&format!("http: 127.0.0.1:{monitor}"));
+    let inserts = || async move {
+        let stats: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{monitor}/subsz"))
+            .await
+            .expect("monitoring answers")
+            .json()
+            .await
+            .expect("subscription statistics");
+        stats["num_inserts"].as_u64().expect("num_inserts")
+    };
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    bus.ensure_streams().await.expect("streams");
+    let pool = unique("pool");
+    let intake = bus
+        .intake(&ConsumerSettings {
+            stream: subjects::WORK_STREAM.into(),
+            durable: subjects::tool_consumer(&pool),
+            filter: subjects::tool_filter(0, &pool),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: -1,
+            max_ack_pending: None,
+        })
+        .await
+        .expect("intake");
+    let queued = 40;
+    for i in 0..queued {
+        bus.publish_work(
+            subjects::tool_task(0, &pool, "noop"),
+            &serde_json::json!({ "n": i }),
+            &format!("{pool}-{i}"),
+        )
+        .await
+        .expect("published");
+    }
+    let before = inserts().await;
+
+    let (ran, mut runs) = mpsc::channel(queued);
+    let shutdown = CancellationToken::new();
+    let serving = tokio::spawn(intake.serve(
+        Slots::new(1),
+        shutdown.clone(),
+        TaskTracker::new(),
+        move |received: Received<serde_json::Value>| {
+            let ran = ran.clone();
+            async move {
+                let Received::Decoded(delivery) = received else {
+                    panic!("the test's messages decode");
+                };
+                let n = delivery.body()["n"].as_u64();
+                delivery.settle(Disposition::Ack).await;
+                let _ = ran.send(n).await;
+            }
+        },
+    ));
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..queued {
+        let n = tokio::time::timeout(Duration::from_secs(10), runs.recv())
+            .await
+            .expect("every message runs")
+            .expect("ran");
+        assert!(seen.insert(n), "message {n:?} ran twice");
+    }
+    let subscribed = inserts().await - before;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("intake stops on shutdown")
+        .expect("intake task");
+    assert_eq!(seen.len(), queued);
+    // One pull per message (one slot): a subscription per pull would be `queued` of them.
+    assert!(
+        subscribed <= 2,
+        "{subscribed} subscriptions made for {queued} pulls"
+    );
+}

@@ -9,13 +9,14 @@ use std::time::Duration;
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::stream::ConsumerErrorKind;
 use async_nats::jetstream::{self, consumer};
+use async_nats::StatusCode;
 use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use serde::de::DeserializeOwned;
 
-use super::delivery::{settle, Envelope, Received};
+use super::delivery::{Envelope, Received};
 use super::{Bus, BusError, Slots, JETSTREAM_READY_WAIT};
 use crate::subjects;
 
@@ -347,18 +348,6 @@ pub struct Intake {
 }
 
 impl Intake {
-    /// One pull request for at most `count` messages, delivered as they come until `count` have
-    /// come or `wait` ends.
-    async fn pull(&self, count: usize, wait: Duration) -> Result<consumer::pull::Batch, BusError> {
-        self.consumer
-            .batch()
-            .max_messages(count)
-            .expires(wait)
-            .messages()
-            .await
-            .map_err(|e| BusError::Pull(e.to_string()))
-    }
-
     /// Pulls and runs messages until `shutdown`: at most as many run at once as `slots` holds,
     /// and the broker is asked only for as many messages as there are free slots. Each pull
     /// request asks for every slot free when it is made (each message then runs in a slot held
@@ -395,7 +384,8 @@ impl Intake {
         F: Fn(Received<T>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        loop {
+        let mut puller: Option<Puller> = None;
+        'pulls: loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 slot = slots.acquire() => slot,
@@ -405,9 +395,21 @@ impl Intake {
             if shutdown.is_cancelled() {
                 break;
             }
-            let mut batch = match self.pull(held.num_permits(), PULL_WAIT).await {
-                Ok(batch) => batch,
+            let opened = match puller.take() {
+                Some(current) => Ok(current),
+                None => Puller::open(&self.bus).await,
+            };
+            let requested = match opened {
+                Ok(current) => current
+                    .request(&self.consumer, held.num_permits())
+                    .await
+                    .map(|()| current),
+                Err(e) => Err(e),
+            };
+            let mut current = match requested {
+                Ok(current) => current,
                 Err(e) => {
+                    // The inbox is dropped with the failure: the next pull opens a new one.
                     tracing::warn!(error = %e, "pull failed; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
@@ -416,30 +418,109 @@ impl Intake {
                     continue;
                 }
             };
-            while let Some(delivered) = batch.next().await {
-                match delivered {
-                    Ok(message) => {
-                        // The broker sends at most as many messages as were asked for.
-                        let Some(slot) = held.split(1) else {
-                            tracing::error!("more messages than asked for; handing one back");
-                            settle(&message, jetstream::AckKind::Nak(None)).await;
-                            continue;
-                        };
+            let unanswered_after = tokio::time::Instant::now() + PULL_WAIT + PULL_GRACE;
+            while held.num_permits() > 0 {
+                match current.next(unanswered_after).await {
+                    Pulled::Message(message) => {
+                        let Some(slot) = held.split(1) else { break };
                         // The slot is freed when the work ends (`map` keeps the future stored
                         // once, where an `async` block would hold it twice). Boxed first: a
                         // handler's future is many KiB (a worker's tool task about 10), and on
                         // its way into a task it is moved several times, a box as a pointer.
+                        let message = jetstream::Message {
+                            message,
+                            context: self.bus.jetstream.clone(),
+                        };
                         let delivery = Envelope::new(message, self.bus.clone()).decode();
                         let work = Box::pin(handler(delivery));
                         tracker.spawn(work.map(move |()| drop(slot)));
                     }
-                    Err(e) => {
+                    Pulled::Ended => break,
+                    Pulled::Failed(e) => {
                         tracing::warn!(error = %e, "pull ended early");
                         break;
                     }
+                    Pulled::Unanswered => {
+                        // The request may outlive this wait (a server restarted, a connection
+                        // moved): what it delivers late must not be taken for the next
+                        // request's, so the next goes to a new inbox.
+                        tracing::warn!("pull unanswered; pulling on a new inbox");
+                        continue 'pulls;
+                    }
                 }
             }
+            puller = Some(current);
             // Slots asked for but not filled before the pull ended go back here (`held` drops).
+        }
+    }
+}
+
+/// A puller's inbox: subscribed once for as long as its requests are answered, so that a pull
+/// request costs one publish (not a subscription made and removed around each). One request is
+/// outstanding on it at a time, so all it receives answers that request.
+struct Puller {
+    inbox: async_nats::Subject,
+    deliveries: async_nats::Subscriber,
+}
+
+/// What a puller's inbox gave.
+enum Pulled {
+    /// A delivered message.
+    Message(async_nats::Message),
+    /// The request ended (it expired, or the server had none to give at once).
+    Ended,
+    /// The server ended the request with an error (a consumer deleted, a leader changed, too
+    /// many requests waiting).
+    Failed(String),
+    /// No word of the request in time, or the connection closed.
+    Unanswered,
+}
+
+impl Puller {
+    async fn open(bus: &Bus) -> Result<Self, BusError> {
+        let inbox = async_nats::Subject::from(bus.client.new_inbox());
+        let deliveries = bus
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| BusError::Pull(e.to_string()))?;
+        Ok(Self { inbox, deliveries })
+    }
+
+    /// Asks for at most `count` messages, delivered as they come until `count` have come or
+    /// [`PULL_WAIT`] ends.
+    async fn request(
+        &self,
+        consumer: &consumer::Consumer<consumer::pull::Config>,
+        count: usize,
+    ) -> Result<(), BusError> {
+        let request = consumer::pull::BatchConfig {
+            batch: count,
+            expires: Some(PULL_WAIT),
+            ..Default::default()
+        };
+        consumer
+            .request_batch(request, self.inbox.clone())
+            .await
+            .map_err(|e| BusError::Pull(e.to_string()))
+    }
+
+    /// The next thing the inbox receives, or [`Pulled::Unanswered`] at `deadline`.
+    async fn next(&mut self, deadline: tokio::time::Instant) -> Pulled {
+        loop {
+            let received = tokio::time::timeout_at(deadline, self.deliveries.next()).await;
+            let Ok(Some(message)) = received else {
+                return Pulled::Unanswered;
+            };
+            return match message.status {
+                None | Some(StatusCode::OK) => Pulled::Message(message),
+                Some(StatusCode::IDLE_HEARTBEAT) => continue,
+                Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => Pulled::Ended,
+                Some(status) => Pulled::Failed(format!(
+                    "{status}: {}",
+                    message.description.as_deref().unwrap_or("no description")
+                )),
+            };
         }
     }
 }
@@ -452,5 +533,8 @@ const MAX_PULL_BATCH: usize = 256;
 
 /// How long one pull waits for a message; also bounds how late shutdown is noticed.
 const PULL_WAIT: Duration = Duration::from_secs(2);
+/// How long past [`PULL_WAIT`] a pull request's end may take to arrive before it is taken as
+/// lost.
+const PULL_GRACE: Duration = Duration::from_secs(5);
 /// Pause after a failed pull (NATS away).
 pub(super) const PULL_RETRY: Duration = Duration::from_millis(500);
