@@ -126,9 +126,10 @@ pub struct NatsConfig {
     /// existing stream with fewer is raised to it.
     #[arg(id = "stream_replicas", long = "stream-replicas", env = ENV_STREAM_REPLICAS, default_value_t = 1)]
     pub stream_replicas: usize,
-    /// Work partitions: tool and subagent tasks go to one of this many streams (`SKEIN_WORK`,
-    /// `SKEIN_WORK_1`, …) by a hash of their session, so the streams' leaders can spread over a
-    /// NATS cluster. Workers serve every partition stream that exists, whatever this says.
+    /// Partitions: submissions go to one of this many streams (`SKEIN_SUBMIT`, `SKEIN_SUBMIT_1`,
+    /// …) and tool and subagent tasks to one of as many (`SKEIN_WORK`, `SKEIN_WORK_1`, …) by a
+    /// hash of their session, so the streams' leaders can spread over a NATS cluster. Leads and
+    /// workers serve every partition stream that exists, whatever this says.
     #[arg(id = "partitions", long = "partitions", env = ENV_PARTITIONS, default_value_t = 1)]
     pub partitions: u32,
     /// The principals file (TOML): who may act on tasks, with their tenants, roles and public

@@ -3,6 +3,7 @@
 //! | subject | carried by | payload |
 //! | --- | --- | --- |
 //! | `skein.submit.{tenant}.{session}` | stream `SKEIN_SUBMIT` (work queue), consumer `skein-leads` | `TaskSubmission` |
+//! | `skein.submit~{k}.{tenant}.{session}` | stream `SKEIN_SUBMIT_{k}`: submit partition `k` ≥ 1, with the same consumer | `TaskSubmission` |
 //! | `skein.tool.{pool}.{tool}` | stream `SKEIN_WORK` (work queue), consumer `skein-tools-{pool}` | `ToolTask` |
 //! | `skein.agent.{pool}.{agent}` | stream `SKEIN_WORK`, consumer `skein-agents-{pool}` (every type) or `skein-agents-{pool}~{agent}` (one per type the pool's workers list) | `SubagentTask` |
 //! | `skein.tool~{k}.{pool}.{tool}`, `skein.agent~{k}.{pool}.{agent}` | stream `SKEIN_WORK_{k}`: work partition `k` ≥ 1, with the same consumers as `SKEIN_WORK` | `ToolTask`, `SubagentTask` |
@@ -23,11 +24,12 @@
 //! per-type consumer's name joins pool and agent with `~`, which no token contains, so no two
 //! (pool, agent) pairs, and no pool's every-type consumer, share a name.
 //!
-//! Work partitions: a task's partition is a hash of its tenant and session
-//! ([`work_partition`]), the same in every process and every version. Partition 0 is the
-//! `SKEIN_WORK` stream with its subjects as they always were; partition `k` ≥ 1 is the stream
-//! `SKEIN_WORK_{k}`, whose subjects mark their kind `tool~{k}` or `agent~{k}`, so no two
-//! partitions' subjects overlap and a subject's kind ([`kind`]) stays its second token without
+//! Partitions: a session's partition is a hash of its tenant and session
+//! ([`session_partition`]), the same in every process and every version; its submissions and its
+//! tasks' calls go there. Partition 0 is the `SKEIN_SUBMIT` and `SKEIN_WORK` streams with their
+//! subjects as they always were; partition `k` ≥ 1 is the streams `SKEIN_SUBMIT_{k}` and
+//! `SKEIN_WORK_{k}`, whose subjects mark their kind `submit~{k}`, `tool~{k}` or `agent~{k}`, so no
+//! two partitions' subjects overlap and a subject's kind ([`kind`]) stays its second token without
 //! the mark.
 
 pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
@@ -61,26 +63,61 @@ pub const CANCEL_ALL: &str = "skein.cancel.>";
 /// All subjects of the dead-letter stream.
 pub const DLQ_ALL: &str = "skein.dlq.>";
 
-/// Where the tasks of one session are submitted. One subject per session lets a lead find the
-/// session's oldest unfinished task in the work-queue stream, which keeps turns in order.
+/// Where the tasks of one session are submitted, in submit partition 0 (`SKEIN_SUBMIT`; see
+/// [`submit_in`]). One subject per session lets a lead find the session's oldest unfinished task
+/// in the work-queue stream, which keeps turns in order.
 pub fn submit(tenant: &str, session: &str) -> String {
-    format!("skein.submit.{tenant}.{session}")
+    submit_in(0, tenant, session)
 }
 
-/// The tenant and session named by a submit subject, if it is one.
+/// Where the tasks of one session are submitted in submit partition `partition`:
+/// `skein.submit.{tenant}.{session}` in partition 0, `skein.submit~{k}.{tenant}.{session}` in
+/// partition `k` ≥ 1 (stream [`submit_stream`]).
+pub fn submit_in(partition: u32, tenant: &str, session: &str) -> String {
+    format!(
+        "skein.{}.{tenant}.{session}",
+        partition_kind("submit", partition)
+    )
+}
+
+/// The tenant and session named by a submit subject of any partition, if it is one.
 pub fn parse_submit(subject: &str) -> Option<(&str, &str)> {
-    let rest = subject.strip_prefix("skein.submit.")?;
+    parse_submit_in(subject).map(|(_, tenant, session)| (tenant, session))
+}
+
+/// The partition, tenant and session named by a submit subject, if it is one (the inverse of
+/// [`submit_in`]).
+pub fn parse_submit_in(subject: &str) -> Option<(u32, &str, &str)> {
+    let rest = subject.strip_prefix("skein.submit")?;
+    let (partition, rest) = match rest.strip_prefix('.') {
+        Some(rest) => (0, rest),
+        None => {
+            let (mark, rest) = rest.strip_prefix('~')?.split_once('.')?;
+            let k: u32 = mark.parse().ok()?;
+            (k >= 1 && k.to_string() == mark).then_some((k, rest))?
+        }
+    };
     let (tenant, session) = rest.split_once('.')?;
     (!tenant.is_empty() && !session.is_empty() && !session.contains('.'))
-        .then_some((tenant, session))
+        .then_some((partition, tenant, session))
+}
+
+/// The submit stream of partition `partition`: `SKEIN_SUBMIT`, then `SKEIN_SUBMIT_1`, ….
+pub fn submit_stream(partition: u32) -> String {
+    partition_stream(SUBMIT_STREAM, partition)
+}
+
+/// The subjects of partition `partition`'s submit stream.
+pub fn submit_subjects(partition: u32) -> String {
+    format!("skein.{}.>", partition_kind("submit", partition))
 }
 
 /// Most work partitions (`SKEIN_PARTITIONS`).
 pub const MAX_PARTITIONS: u32 = 64;
 
-/// The work partition of a session's tasks, of `partitions` (FNV-1a over `tenant.session`: the
-/// same in every process and version, spread evenly).
-pub fn work_partition(tenant: &str, session: &str, partitions: u32) -> u32 {
+/// The partition of a session's submissions and of its tasks' calls, of `partitions` (FNV-1a
+/// over `tenant.session`: the same in every process and version, spread evenly).
+pub fn session_partition(tenant: &str, session: &str, partitions: u32) -> u32 {
     if partitions <= 1 {
         return 0;
     }
@@ -94,37 +131,45 @@ pub fn work_partition(tenant: &str, session: &str, partitions: u32) -> u32 {
     hash % partitions
 }
 
+/// The stream of partition `partition` of the partitioned stream `base` ([`WORK_STREAM`],
+/// [`SUBMIT_STREAM`]): `base` itself, then `{base}_1`, `{base}_2`, ….
+pub fn partition_stream(base: &str, partition: u32) -> String {
+    match partition {
+        0 => base.to_owned(),
+        k => format!("{base}_{k}"),
+    }
+}
+
+/// The partition of `base` a stream's name stands for, if it names one.
+pub fn parse_partition_stream(base: &str, name: &str) -> Option<u32> {
+    if name == base {
+        return Some(0);
+    }
+    let k: u32 = name.strip_prefix(base)?.strip_prefix('_')?.parse().ok()?;
+    (k >= 1 && partition_stream(base, k) == name).then_some(k)
+}
+
 /// The work stream of partition `partition`: `SKEIN_WORK`, then `SKEIN_WORK_1`, `SKEIN_WORK_2`, ….
 pub fn work_stream(partition: u32) -> String {
-    match partition {
-        0 => WORK_STREAM.to_owned(),
-        k => format!("{WORK_STREAM}_{k}"),
-    }
+    partition_stream(WORK_STREAM, partition)
 }
 
 /// The partition a work stream's name stands for, if it names one.
 pub fn parse_work_stream(name: &str) -> Option<u32> {
-    if name == WORK_STREAM {
-        return Some(0);
-    }
-    let k: u32 = name
-        .strip_prefix(WORK_STREAM)?
-        .strip_prefix('_')?
-        .parse()
-        .ok()?;
-    (k >= 1 && work_stream(k) == name).then_some(k)
+    parse_partition_stream(WORK_STREAM, name)
 }
 
 /// The subjects of partition `partition`'s work stream.
 pub fn work_subjects(partition: u32) -> Vec<String> {
     ["tool", "agent"]
         .iter()
-        .map(|kind| format!("skein.{}.>", work_kind(kind, partition)))
+        .map(|kind| format!("skein.{}.>", partition_kind(kind, partition)))
         .collect()
 }
 
-/// The second token of a work subject: the kind, marked with the partition from 1 on.
-fn work_kind(kind: &str, partition: u32) -> std::borrow::Cow<'_, str> {
+/// The second token of a partitioned subject (work, submissions): the kind, marked with the
+/// partition from 1 on.
+fn partition_kind(kind: &str, partition: u32) -> std::borrow::Cow<'_, str> {
     match partition {
         0 => kind.into(),
         k => format!("{kind}~{k}").into(),
@@ -140,13 +185,13 @@ pub fn kind(subject: &str) -> &str {
 
 /// Where a call of `tool` is sent for workers of `pool`, in work partition `partition`.
 pub fn tool_task(partition: u32, pool: &str, tool: &str) -> String {
-    format!("skein.{}.{pool}.{tool}", work_kind("tool", partition))
+    format!("skein.{}.{pool}.{tool}", partition_kind("tool", partition))
 }
 
 /// Filter of the consumer shared by the workers of `pool` for tool tasks, on partition
 /// `partition`'s stream.
 pub fn tool_filter(partition: u32, pool: &str) -> String {
-    format!("skein.{}.{pool}.>", work_kind("tool", partition))
+    format!("skein.{}.{pool}.>", partition_kind("tool", partition))
 }
 
 /// Durable consumer of `pool`'s tool tasks.
@@ -157,13 +202,16 @@ pub fn tool_consumer(pool: &str) -> String {
 /// Where a subagent task for `agent` is sent for workers of `pool`, in work partition
 /// `partition`.
 pub fn agent_task(partition: u32, pool: &str, agent: &str) -> String {
-    format!("skein.{}.{pool}.{agent}", work_kind("agent", partition))
+    format!(
+        "skein.{}.{pool}.{agent}",
+        partition_kind("agent", partition)
+    )
 }
 
 /// Filter of the consumer shared by the workers of `pool` for subagent tasks, on partition
 /// `partition`'s stream.
 pub fn agent_filter(partition: u32, pool: &str) -> String {
-    format!("skein.{}.{pool}.>", work_kind("agent", partition))
+    format!("skein.{}.{pool}.>", partition_kind("agent", partition))
 }
 
 /// Durable consumer of `pool`'s subagent tasks.
@@ -433,7 +481,7 @@ mod tests {
         assert_eq!(work_subjects(0), WORK_ALL);
         assert_eq!(tool_task(0, "p", "x"), "skein.tool.p.x");
         assert_eq!(agent_filter(0, "p"), "skein.agent.p.>");
-        assert_eq!(work_partition("acme", "s1", 1), 0);
+        assert_eq!(session_partition("acme", "s1", 1), 0);
     }
 
     #[test]
@@ -477,8 +525,8 @@ mod tests {
         let mut counts = [0u32; 3];
         for i in 0..3000 {
             let session = format!("session-{i}");
-            let k = work_partition("acme", &session, 3);
-            assert_eq!(k, work_partition("acme", &session, 3));
+            let k = session_partition("acme", &session, 3);
+            assert_eq!(k, session_partition("acme", &session, 3));
             counts[k as usize] += 1;
         }
         assert!(
@@ -486,7 +534,7 @@ mod tests {
             "{counts:?}"
         );
         // The same bytes in every process and version (FNV-1a of "a.b").
-        assert_eq!(work_partition("a", "b", 1 << 31), 0x108b_f50c);
+        assert_eq!(session_partition("a", "b", 1 << 31), 0x108b_f50c);
     }
 
     #[test]
@@ -494,6 +542,42 @@ mod tests {
         assert_eq!(reply_number(&reply("lead-1", 42)), Some(42));
         assert!(reply("lead-1", 7).starts_with(reply_filter("lead-1").trim_end_matches('*')));
         assert_eq!(reply_number("skein.reply.lead-1.x"), None);
+    }
+
+    #[test]
+    fn submit_partitions_have_streams_and_subjects_of_their_own() {
+        assert_eq!(submit_stream(0), SUBMIT_STREAM);
+        assert_eq!(submit_subjects(0), SUBMIT_ALL);
+        assert_eq!(submit_in(0, "acme", "s1"), submit("acme", "s1"));
+        for k in 0..MAX_PARTITIONS {
+            let subject = submit_in(k, "acme", "s1");
+            assert_eq!(parse_submit(&subject), Some(("acme", "s1")), "{subject}");
+            assert_eq!(parse_submit_in(&subject), Some((k, "acme", "s1")));
+            assert_eq!(kind(&subject), "submit");
+            assert_eq!(dead_letter(&subject), "skein.dlq.submit");
+            assert_eq!(
+                parse_partition_stream(SUBMIT_STREAM, &submit_stream(k)),
+                Some(k)
+            );
+            assert_eq!(parse_work_stream(&submit_stream(k)), None);
+            for other in 0..MAX_PARTITIONS {
+                assert_eq!(
+                    filters_overlap(&submit_subjects(other), &subject),
+                    k == other,
+                    "{subject} in {other}"
+                );
+            }
+        }
+        for subject in [
+            "skein.submit~0.acme.s1",
+            "skein.submit~01.acme.s1",
+            "skein.submit~x.acme.s1",
+            "skein.submit~.acme.s1",
+            "skein.submit~1",
+            "skein.submits.acme.s1",
+        ] {
+            assert_eq!(parse_submit(subject), None, "{subject}");
+        }
     }
 
     #[test]

@@ -72,7 +72,7 @@ proptest! {
     }
 
     #[test]
-    fn subject_parsers_never_panic_and_never_yield_a_token_with_a_dot(subject in "[a-z.>*]{0,12}(skein\\.(submit|cancel|approval|wake|result|reply)\\.)?[a-zA-Z0-9._>* -]{0,40}") {
+    fn subject_parsers_never_panic_and_never_yield_a_token_with_a_dot(subject in "[a-z.>*]{0,12}(skein\\.(submit|submit~[0-9]{1,2}|cancel|approval|wake|result|reply)\\.)?[a-zA-Z0-9._>* -]{0,40}") {
         for (a, b) in [subjects::parse_submit(&subject), subjects::parse_cancel(&subject),
                        subjects::parse_approval(&subject), subjects::parse_wake(&subject)]
             .into_iter()
@@ -88,6 +88,9 @@ proptest! {
         prop_assert!(!subjects::kind(&subject).contains(['.', '~']));
         if let Some(k) = subjects::parse_work_stream(&subject) {
             prop_assert_eq!(subjects::work_stream(k), subject.clone());
+        }
+        if let Some((k, tenant, session)) = subjects::parse_submit_in(&subject) {
+            prop_assert_eq!(subjects::submit_in(k, tenant, session), subject.clone());
         }
     }
 

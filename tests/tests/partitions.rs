@@ -16,7 +16,7 @@ use skein_common::dispatch::{CallRoute, Dispatcher};
 use skein_common::protocol::{CallOutcome, TaskOrigin};
 use skein_common::subjects;
 use skein_tests::support::cluster::TestCluster;
-use skein_tests::support::unique;
+use skein_tests::support::{stored_per_stream, unique};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -87,24 +87,14 @@ async fn call_every_session(dispatcher: Arc<Dispatcher>) -> usize {
 
 /// How many messages each work partition's stream has ever stored.
 async fn stored_per_partition(bus: &Bus, partitions: u32) -> Vec<u64> {
-    let jetstream = async_nats::jetstream::new(bus.client().clone());
-    let mut stored = Vec::new();
-    for k in 0..partitions {
-        let mut stream = jetstream
-            .get_stream(subjects::work_stream(k))
-            .await
-            .expect("the partition's stream exists");
-        let info = stream.info().await.expect("stream info");
-        stored.push(info.state.last_sequence);
-    }
-    stored
+    stored_per_stream(bus.client(), (0..partitions).map(subjects::work_stream)).await
 }
 
 /// The sessions' expected spread over `partitions` (the hash every process uses).
 fn expected_spread(partitions: u32) -> Vec<u64> {
     let mut counts = vec![0u64; partitions as usize];
     for session in 0..SESSIONS {
-        let k = subjects::work_partition("acme", &format!("session-{session}"), partitions);
+        let k = subjects::session_partition("acme", &format!("session-{session}"), partitions);
         counts[k as usize] += 1;
     }
     counts

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skein_common::bus::{Bus, BusError, ConsumerSettings, Intake, Slots};
+use skein_common::bus::{Bus, BusError, ConsumerSettings, Intake, Slots, PARTITIONS_LOOK_EVERY};
 use skein_common::shutdown::Workload;
 use skein_common::subjects;
 use tokio::task::JoinHandle;
@@ -28,10 +28,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, SubagentTypes};
 use crate::execute::{self, AgentIntake, WorkerContext};
 use crate::run::WorkerError;
-
-/// How often a running worker looks for partition streams made since it started (a listing of
-/// every stream's name: not on every heartbeat).
-pub(crate) const PARTITIONS_LOOK_EVERY: Duration = Duration::from_secs(10);
 
 /// The consumers of one partition, bound and not yet served.
 pub(crate) struct Bound {

@@ -4,7 +4,7 @@
 //! own slots. Consumers are bound before the worker announces itself, so a worker configured
 //! unlike its pool (a consumer of every type beside per-type ones, which a work-queue stream
 //! refuses) stops before it is routed to; from its heartbeat loop it also serves the partitions
-//! made since (every `intakes::PARTITIONS_LOOK_EVERY`).
+//! made since (every `skein_common::bus::PARTITIONS_LOOK_EVERY`).
 //!
 //! Shutdown: the root token stops intake (no new pulls) and removes the worker from the registry;
 //! running tasks get the grace period to finish, then the abort token stops them — their scopes

@@ -1,4 +1,4 @@
-//! The subject parsers (`parse_submit`, `parse_cancel`, `parse_approval`, `parse_wake`,
+//! The subject parsers (`parse_submit_in`, `parse_cancel`, `parse_approval`, `parse_wake`,
 //! `parse_turned`, `parse_result`, `reply_number`, `dead_letter`) on arbitrary text.
 //!
 //! Checks: no panic; every parsed token is non-empty and free of `.`; the subject's builder
@@ -17,8 +17,14 @@ fuzz_target!(|bytes: &[u8]| {
     let Ok(subject) = std::str::from_utf8(bytes) else {
         return;
     };
-    let pairs: [(_, fn(&str, &str) -> String); 5] = [
-        (subjects::parse_submit(subject), subjects::submit),
+    if let Some((partition, tenant, session)) = subjects::parse_submit_in(subject) {
+        assert!(
+            token_ok(tenant) && token_ok(session),
+            "{subject:?} -> {tenant:?}, {session:?}"
+        );
+        assert_eq!(subjects::submit_in(partition, tenant, session), subject);
+    }
+    let pairs: [(_, fn(&str, &str) -> String); 4] = [
         (subjects::parse_cancel(subject), subjects::cancel),
         (subjects::parse_approval(subject), subjects::approval),
         (subjects::parse_wake(subject), subjects::wake),

@@ -103,6 +103,25 @@ impl Envelope {
         self.message.info().map(|i| i.stream_sequence).unwrap_or(0)
     }
 
+    /// Where it waits among its session's submissions, when it is one (see
+    /// [`super::SubmissionPlace`]).
+    pub fn submission_place(&self) -> super::SubmissionPlace {
+        let info = self.message.info().ok();
+        super::SubmissionPlace {
+            partition: info
+                .as_ref()
+                .and_then(|i| {
+                    crate::subjects::parse_partition_stream(
+                        crate::subjects::SUBMIT_STREAM,
+                        i.stream,
+                    )
+                })
+                .unwrap_or(0),
+            sequence: info.as_ref().map_or(0, |i| i.stream_sequence),
+            stored_ns: info.map_or(0, |i| i.published.unix_timestamp_nanos()),
+        }
+    }
+
     /// True for the first delivery of a message that is not a replayed dead letter: no earlier
     /// delivery of this work can have run. (A message whose delivery count is unknown is not.)
     pub fn is_first(&self) -> bool {

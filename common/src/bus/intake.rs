@@ -1,7 +1,7 @@
 //! Durable work-queue consumers: binding and reconciling them (`Bus::intake`, patient with a
 //! cluster that does not answer yet), pulling only for free slots (`Intake::serve`), handing each
-//! message over as a decoded `Delivery`, and consumer depth (a work consumer's summed over the
-//! work partitions).
+//! message over as a decoded `Delivery`, and consumer depth (a work or submit consumer's summed
+//! over its stream's partitions).
 
 use std::future::Future;
 use std::time::Duration;
@@ -205,17 +205,30 @@ impl Bus {
     }
 
     /// Pending and unacknowledged messages of a work consumer, summed over the streams of
-    /// `partitions` (a partition where the consumer does not exist yet holds none of its work);
-    /// an error only when no partition could be read.
+    /// `partitions` (see [`Bus::partitioned_depth`]).
     pub async fn work_depth(
         &self,
+        durable: &str,
+        partitions: &[u32],
+    ) -> Result<(u64, u64), BusError> {
+        self.partitioned_depth(subjects::WORK_STREAM, durable, partitions)
+            .await
+    }
+
+    /// Pending and unacknowledged messages of a consumer of the partitioned stream `base`
+    /// ([`subjects::WORK_STREAM`], [`subjects::SUBMIT_STREAM`]), summed over the streams of
+    /// `partitions` (a partition where the consumer does not exist yet holds none of its work);
+    /// an error only when no partition could be read.
+    pub async fn partitioned_depth(
+        &self,
+        base: &str,
         durable: &str,
         partitions: &[u32],
     ) -> Result<(u64, u64), BusError> {
         let (mut total, mut first_error) = (None::<(u64, u64)>, None);
         for &partition in partitions {
             match self
-                .consumer_depth(&subjects::work_stream(partition), durable)
+                .consumer_depth(&subjects::partition_stream(base, partition), durable)
                 .await
             {
                 Ok((pending, ack_pending)) => {
@@ -235,8 +248,9 @@ impl Bus {
     }
 
     /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until
-    /// `stop`; a consumer of [`subjects::WORK_STREAM`] is summed over the work partitions, which
-    /// are listed again every [`PARTITIONS_LISTED_EVERY`] ticks.
+    /// `stop`; a consumer of a partitioned stream ([`subjects::WORK_STREAM`],
+    /// [`subjects::SUBMIT_STREAM`]) is summed over its partitions, which are listed again every
+    /// [`PARTITIONS_LISTED_EVERY`] ticks.
     pub fn watch_queue_depth(
         &self,
         metrics: crate::metrics::Metrics,
@@ -246,9 +260,8 @@ impl Bus {
         stop: CancellationToken,
     ) {
         let bus = self.clone();
-        let watches_work = consumers.iter().any(|(s, _)| *s == subjects::WORK_STREAM);
         tracker.spawn(async move {
-            let (mut partitions, mut tick) = (vec![0], 0u64);
+            let (mut partitions, mut tick) = (std::collections::HashMap::new(), 0u64);
             let mut ticks = tokio::time::interval(every);
             loop {
                 tokio::select! {
@@ -257,14 +270,21 @@ impl Bus {
                 }
                 // The partitions are listed (every stream's name) on every PARTITIONS_LISTED_EVERY
                 // tick only: they change rarely.
-                if watches_work && tick % PARTITIONS_LISTED_EVERY == 0 {
-                    partitions = bus.work_partitions().await.unwrap_or_else(|_| vec![0]);
+                if tick % PARTITIONS_LISTED_EVERY == 0 {
+                    for (stream, _) in &consumers {
+                        let listed = match *stream {
+                            subjects::WORK_STREAM => bus.work_partitions().await,
+                            subjects::SUBMIT_STREAM => bus.submit_partitions().await,
+                            _ => continue,
+                        };
+                        partitions.insert(*stream, listed.unwrap_or_else(|_| vec![0]));
+                    }
                 }
                 tick += 1;
                 for (stream, durable) in &consumers {
-                    let depth = match *stream {
-                        subjects::WORK_STREAM => bus.work_depth(durable, &partitions).await,
-                        stream => bus.consumer_depth(stream, durable).await,
+                    let depth = match partitions.get(stream) {
+                        Some(of) => bus.partitioned_depth(stream, durable, of).await,
+                        None => bus.consumer_depth(stream, durable).await,
                     };
                     match depth {
                         Ok((pending, ack_pending)) => {

@@ -43,8 +43,8 @@ pub use dead_letters::{
 pub use delivery::{Delivery, Disposition, Envelope, Received, Undecodable, SET_ASIDE_RETRY};
 pub use intake::{reconcile, ConsumerSettings, Intake, PULLERS};
 pub use slots::{Loan, Slots};
-pub use streams::{raise_replicas, StreamLimits, STREAM_LIMITS};
-pub use submissions::QueuedSubmission;
+pub use streams::{raise_replicas, StreamLimits, PARTITIONS_LOOK_EVERY, STREAM_LIMITS};
+pub use submissions::{QueuedSubmission, SubmissionPlace};
 pub use tls::check_client_certificate;
 
 use crate::config::NatsConfig;
@@ -173,8 +173,12 @@ pub struct Bus {
     disconnects: tokio::sync::watch::Receiver<u64>,
     /// Replicas of the streams this process creates (and raises existing ones to).
     stream_replicas: usize,
-    /// Work partitions this process creates and dispatches to (`SKEIN_PARTITIONS`).
+    /// Partitions this process creates and publishes submissions and calls to
+    /// (`SKEIN_PARTITIONS`).
     partitions: u32,
+    /// The submit partitions known to exist, shared by the clones: where a session's unfinished
+    /// submissions are looked for.
+    known_submit_partitions: std::sync::Arc<std::sync::RwLock<Vec<u32>>>,
     /// How long the audit stream keeps its records.
     audit_retention: Duration,
     /// Who may act: what operations this process receives are checked against.
@@ -246,13 +250,17 @@ impl Bus {
             })?;
         let server_cap = client.server_info().max_payload;
         let jetstream = jetstream::new(client.clone());
+        let partitions = cfg.partitions.clamp(1, subjects::MAX_PARTITIONS);
         Ok(Self {
             client,
             jetstream,
             max_payload: max_payload.min(server_cap.max(1)),
             disconnects,
             stream_replicas: cfg.stream_replicas.max(1),
-            partitions: cfg.partitions.clamp(1, subjects::MAX_PARTITIONS),
+            partitions,
+            known_submit_partitions: std::sync::Arc::new(std::sync::RwLock::new(
+                (0..partitions).collect(),
+            )),
             audit_retention: cfg.audit_retention,
             gate: std::sync::Arc::new(gate),
             signing: signer.map(|signer| {
@@ -393,10 +401,12 @@ impl Bus {
         serde_json::from_slice(payload).map_err(BusError::Decode)
     }
 
-    /// Publishes a task submission durably; resubmitting the same `task_id` is a no-op.
+    /// Publishes a task submission durably, to its session's submit partition; resubmitting the
+    /// same `task_id` is a no-op.
     pub async fn submit(&self, submission: &TaskSubmission) -> Result<Stored, BusError> {
         let payload = self.encode(submission)?;
-        let subject = subjects::submit(&submission.tenant, &submission.session);
+        let (tenant, session) = (&submission.tenant, &submission.session);
+        let subject = subjects::submit_in(self.session_partition(tenant, session), tenant, session);
         let mut headers = self.signed_headers(&subject, &payload);
         let id = submission_id(&submission.tenant, &submission.task_id);
         headers.insert(NATS_MESSAGE_ID, id.as_str());

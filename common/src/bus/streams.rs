@@ -23,6 +23,11 @@ use futures::TryStreamExt;
 use crate::subjects;
 
 use super::intake::PULL_RETRY;
+
+/// How often a running process looks for partition streams made since it started (a listing of
+/// every stream's name, so not more often): workers for work partitions, leads for submit
+/// partitions.
+pub const PARTITIONS_LOOK_EVERY: Duration = Duration::from_secs(10);
 use super::{Bus, BusError, JETSTREAM_READY_WAIT};
 
 impl Bus {
@@ -79,6 +84,12 @@ impl Bus {
         };
         let work = (0..self.partitions)
             .map(|k| queue(&subjects::work_stream(k), subjects::work_subjects(k)));
+        let submit = (1..self.partitions).map(|k| {
+            queue(
+                &subjects::submit_stream(k),
+                vec![subjects::submit_subjects(k)],
+            )
+        });
         let others = [
             queue(subjects::SUBMIT_STREAM, vec![subjects::SUBMIT_ALL.into()]),
             stream::Config {
@@ -128,29 +139,43 @@ impl Bus {
                 ..Default::default()
             },
         ];
-        others.into_iter().chain(work).collect()
+        others.into_iter().chain(submit).chain(work).collect()
     }
 
-    /// Work partitions this process creates and dispatches to (`SKEIN_PARTITIONS`).
+    /// Partitions this process creates and publishes submissions and calls to
+    /// (`SKEIN_PARTITIONS`).
     pub fn partitions(&self) -> u32 {
         self.partitions
     }
 
-    /// The work partition of a session's tasks (see [`subjects::work_partition`]).
-    pub fn work_partition(&self, tenant: &str, session: &str) -> u32 {
-        subjects::work_partition(tenant, session, self.partitions)
+    /// The partition of a session's submissions and calls (see [`subjects::session_partition`]).
+    pub fn session_partition(&self, tenant: &str, session: &str) -> u32 {
+        subjects::session_partition(tenant, session, self.partitions)
     }
 
     /// The work partitions whose streams exist: this process's `SKEIN_PARTITIONS`, and those
     /// another process with more made (a cluster being re-partitioned), in order.
     pub async fn work_partitions(&self) -> Result<Vec<u32>, BusError> {
+        self.partitions_of(subjects::WORK_STREAM).await
+    }
+
+    /// The submit partitions whose streams exist, in order; also remembered as the partitions
+    /// a session's unfinished submissions are looked for in ([`Bus::known_submit_partitions`]).
+    pub async fn submit_partitions(&self) -> Result<Vec<u32>, BusError> {
+        let found = self.partitions_of(subjects::SUBMIT_STREAM).await?;
+        self.know_submit_partitions(&found);
+        Ok(found)
+    }
+
+    /// The partitions of the partitioned stream `base` whose streams exist, in order.
+    async fn partitions_of(&self, base: &str) -> Result<Vec<u32>, BusError> {
         let mut names = self.jetstream.stream_names();
         let mut partitions = Vec::new();
         while let Some(name) = names.try_next().await.map_err(|e| BusError::Stream {
-            stream: format!("{}*", subjects::WORK_STREAM),
+            stream: format!("{base}*"),
             message: format!("cannot list the streams: {e}"),
         })? {
-            partitions.extend(subjects::parse_work_stream(&name));
+            partitions.extend(subjects::parse_partition_stream(base, &name));
         }
         partitions.sort_unstable();
         Ok(partitions)

@@ -1,83 +1,179 @@
-//! The unfinished submissions of one session, read from the work-queue stream `SKEIN_SUBMIT`:
-//! finished submissions are acknowledged and so removed, and a session's tasks share its submit
-//! subject, so what the stream holds on that subject, in sequence order, is the session's queue
-//! (the task running first).
+//! The unfinished submissions of one session, read from the work-queue submit streams
+//! (`SKEIN_SUBMIT` and its partitions `SKEIN_SUBMIT_{k}`): finished submissions are acknowledged
+//! and so removed, and a session's tasks share its submit subject, so what the streams hold on
+//! that subject, in order, is the session's queue (the task running first).
 //!
-//! Only reads (gets by subject from the stream leader); each message is named by its task id as
+//! A session's submissions go to one partition while the partition count stays the same; a
+//! re-partition can leave older ones in another. So each look asks every submit partition known
+//! to exist (one stream at the default of one partition): those of this process's setting, and
+//! those found since by [`Bus::submit_partitions`]. Places in one partition are ordered by
+//! sequence, places in two by when their streams stored them ([`SubmissionPlace`]).
+//!
+//! Only reads (gets by subject from the stream leaders); each message is named by its task id as
 //! the submitter gave it — its `Nats-Msg-Id` (`<tenant>:<task_id>`), or else the body's `task_id`
 //! — and only when that is a valid token.
 
+use std::cmp::Ordering;
+
 use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::RawMessageErrorKind;
+use futures::future::try_join_all;
 
 use super::{Bus, BusError};
 use crate::protocol::{validate_token, TaskSubmission};
 use crate::subjects;
 
+/// Where a submission waits: its submit partition, its sequence in that partition's stream, and
+/// when the stream stored it (nanoseconds since the epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmissionPlace {
+    pub partition: u32,
+    pub sequence: u64,
+    pub stored_ns: i128,
+}
+
+impl SubmissionPlace {
+    /// The first place of every partition: any submission is at or after it.
+    pub const START: SubmissionPlace = SubmissionPlace {
+        partition: 0,
+        sequence: 0,
+        stored_ns: i128::MIN,
+    };
+    /// A place after every submission.
+    pub const END: SubmissionPlace = SubmissionPlace {
+        partition: u32::MAX,
+        sequence: u64::MAX,
+        stored_ns: i128::MAX,
+    };
+
+    /// The order of two places: by sequence in one partition (a stream's own order), else by when
+    /// they were stored, then by partition.
+    pub fn order(&self, other: &SubmissionPlace) -> Ordering {
+        if self.partition == other.partition {
+            return self.sequence.cmp(&other.sequence);
+        }
+        (self.stored_ns, self.partition).cmp(&(other.stored_ns, other.partition))
+    }
+
+    /// Whether this place comes before `other`.
+    pub fn is_before(&self, other: &SubmissionPlace) -> bool {
+        self.order(other) == Ordering::Less
+    }
+}
+
 /// One unfinished submission of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedSubmission {
-    /// Its sequence in `SKEIN_SUBMIT`: older tasks have lower ones.
-    pub sequence: u64,
+    /// Where it waits: older tasks come before.
+    pub place: SubmissionPlace,
     /// Its task id; `None` when neither its message id nor its body names a valid one.
     pub task_id: Option<String>,
 }
 
 impl Bus {
-    /// The stream sequence of a session's oldest unfinished submission (finished ones are removed
-    /// from the work-queue stream), if any.
+    /// The submit partitions a session's unfinished submissions are looked for in.
+    pub fn known_submit_partitions(&self) -> Vec<u32> {
+        self.known_submit_partitions
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Adds `found` to the submit partitions known to exist (never removes one: a partition's
+    /// stream is never removed).
+    pub(super) fn know_submit_partitions(&self, found: &[u32]) {
+        let mut known = self
+            .known_submit_partitions
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &k in found {
+            if let Err(at) = known.binary_search(&k) {
+                known.insert(at, k);
+            }
+        }
+    }
+
+    /// The place of a session's oldest unfinished submission (finished ones are removed from the
+    /// work-queue streams), if any.
     pub async fn oldest_submission(
         &self,
         tenant: &str,
         session: &str,
-    ) -> Result<Option<u64>, BusError> {
-        use async_nats::jetstream::stream::RawMessageErrorKind;
-        let stream = self.stream_no_info(subjects::SUBMIT_STREAM).await?;
-        let stream_error = |message: String| super::stream_error(subjects::SUBMIT_STREAM, message);
-        match stream
-            .get_first_raw_message_by_subject(subjects::submit(tenant, session), 1)
-            .await
-        {
-            Ok(message) => Ok(Some(message.sequence)),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(stream_error(e.to_string())),
-        }
+    ) -> Result<Option<SubmissionPlace>, BusError> {
+        let partitions = self.known_submit_partitions();
+        let firsts = try_join_all(
+            partitions
+                .iter()
+                .map(|&k| self.first_submission(k, tenant, session, 1)),
+        )
+        .await?;
+        Ok(firsts
+            .into_iter()
+            .flatten()
+            .map(|(place, _)| place)
+            .min_by(SubmissionPlace::order))
     }
 
-    /// The session's unfinished submissions with a sequence below `before`, oldest first, at
-    /// most `limit` of them.
+    /// The session's unfinished submissions placed before `before`, oldest first, at most `limit`
+    /// of them.
     pub async fn unfinished_submissions(
         &self,
         tenant: &str,
         session: &str,
-        before: u64,
+        before: SubmissionPlace,
         limit: usize,
     ) -> Result<Vec<QueuedSubmission>, BusError> {
-        use async_nats::jetstream::stream::RawMessageErrorKind;
-        let stream = self.stream_no_info(subjects::SUBMIT_STREAM).await?;
-        let stream_error = |message: String| super::stream_error(subjects::SUBMIT_STREAM, message);
-        let subject = subjects::submit(tenant, session);
         let mut queued = Vec::new();
-        let mut from = 1;
-        while queued.len() < limit {
-            let message = match stream
-                .get_first_raw_message_by_subject(&subject, from)
-                .await
-            {
-                Ok(message) => message,
-                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(stream_error(e.to_string())),
-            };
-            if message.sequence >= before {
-                break;
+        for partition in self.known_submit_partitions() {
+            let (mut from, mut taken) = (1, 0);
+            while taken < limit {
+                let Some((place, message)) = self
+                    .first_submission(partition, tenant, session, from)
+                    .await?
+                else {
+                    break;
+                };
+                if !place.is_before(&before) {
+                    break;
+                }
+                (from, taken) = (place.sequence + 1, taken + 1);
+                queued.push(QueuedSubmission {
+                    place,
+                    task_id: self.task_id_of(tenant, &message),
+                });
             }
-            from = message.sequence + 1;
-            queued.push(QueuedSubmission {
-                sequence: message.sequence,
-                task_id: self.task_id_of(tenant, &message),
-            });
         }
+        queued.sort_by(|a, b| a.place.order(&b.place));
+        queued.truncate(limit);
         Ok(queued)
+    }
+
+    /// The session's first unfinished submission in `partition` at sequence `from` or later.
+    async fn first_submission(
+        &self,
+        partition: u32,
+        tenant: &str,
+        session: &str,
+        from: u64,
+    ) -> Result<Option<(SubmissionPlace, StreamMessage)>, BusError> {
+        let name = subjects::submit_stream(partition);
+        let stream = self.stream_no_info(&name).await?;
+        match stream
+            .get_first_raw_message_by_subject(subjects::submit_in(partition, tenant, session), from)
+            .await
+        {
+            Ok(message) => Ok(Some((
+                SubmissionPlace {
+                    partition,
+                    sequence: message.sequence,
+                    stored_ns: message.time.unix_timestamp_nanos(),
+                },
+                message,
+            ))),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(super::stream_error(&name, e.to_string())),
+        }
     }
 
     /// The task id a submission message names: its `Nats-Msg-Id` without the tenant's scope,
@@ -94,5 +190,43 @@ impl Bus {
                 .map(|submission| submission.task_id)
         })?;
         validate_token("task_id", &task_id).ok().map(|()| task_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SubmissionPlace;
+
+    fn place(partition: u32, sequence: u64, stored_ns: i128) -> SubmissionPlace {
+        SubmissionPlace {
+            partition,
+            sequence,
+            stored_ns,
+        }
+    }
+
+    #[test]
+    fn places_of_one_partition_follow_its_sequence_whatever_the_clock() {
+        // A stream's sequence is its order, even if its leader's clock stepped back.
+        assert!(place(2, 5, 900).is_before(&place(2, 6, 100)));
+        assert!(!place(2, 6, 100).is_before(&place(2, 5, 900)));
+        assert!(!place(2, 5, 1).is_before(&place(2, 5, 1)));
+    }
+
+    #[test]
+    fn places_of_two_partitions_follow_when_they_were_stored() {
+        assert!(place(0, 900, 100).is_before(&place(3, 1, 200)));
+        assert!(place(3, 1, 100).is_before(&place(0, 900, 200)));
+        // Stored in the same nanosecond: the lower partition first, so the order is total.
+        assert!(place(0, 9, 100).is_before(&place(1, 1, 100)));
+        assert!(!place(1, 1, 100).is_before(&place(0, 9, 100)));
+    }
+
+    #[test]
+    fn start_and_end_bound_every_place() {
+        for p in [place(0, 1, 0), place(7, u64::MAX - 1, i128::MAX - 1)] {
+            assert!(SubmissionPlace::START.is_before(&p));
+            assert!(p.is_before(&SubmissionPlace::END));
+        }
     }
 }

@@ -292,7 +292,7 @@ impl Dispatcher {
             timeout_ms: timeout.as_millis() as u64,
             first_dispatch: !route.may_have_run,
         };
-        let partition = self.bus.work_partition(&origin.tenant, &origin.session);
+        let partition = self.bus.session_partition(&origin.tenant, &origin.session);
         let subject = subjects::tool_task(partition, route.pool, tool);
         let call = Dispatch {
             n,
@@ -343,7 +343,7 @@ impl Dispatcher {
             first_dispatch: !route.may_have_run,
             skills,
         };
-        let partition = self.bus.work_partition(&origin.tenant, &origin.session);
+        let partition = self.bus.session_partition(&origin.tenant, &origin.session);
         let subject = subjects::agent_task(partition, route.pool, &task.agent.name);
         let call = Dispatch {
             n,

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use skein_common::bus::QueuedSubmission;
+use skein_common::bus::{QueuedSubmission, SubmissionPlace};
 use skein_common::client::SkeinClient;
 use skein_common::protocol::TaskSubmission;
 use skein_common::subjects;
@@ -81,15 +81,24 @@ async fn why_waiting(
     if let Ok(Ok(Some(_))) = tokio::time::timeout(LOOK_TIMEOUT, bus.last_event(&events)).await {
         return None;
     }
+    // Every submit partition there is (a cluster may have more than this process's setting).
+    let partitions = match tokio::time::timeout(LOOK_TIMEOUT, bus.submit_partitions()).await {
+        Ok(Ok(partitions)) => partitions,
+        _ => bus.known_submit_partitions(),
+    };
     let (leads, queued, backlog) = tokio::join!(
         leads(client, submission),
         tokio::time::timeout(
             LOOK_TIMEOUT,
-            bus.unfinished_submissions(tenant, session, u64::MAX, MAX_AHEAD),
+            bus.unfinished_submissions(tenant, session, SubmissionPlace::END, MAX_AHEAD),
         ),
         tokio::time::timeout(
             LOOK_TIMEOUT,
-            bus.consumer_depth(subjects::SUBMIT_STREAM, subjects::LEADS_CONSUMER),
+            bus.partitioned_depth(
+                subjects::SUBMIT_STREAM,
+                subjects::LEADS_CONSUMER,
+                &partitions
+            ),
         ),
     );
     let ahead = match queued {
@@ -163,7 +172,11 @@ mod tests {
         ids.iter()
             .enumerate()
             .map(|(n, id)| QueuedSubmission {
-                sequence: n as u64 + 1,
+                place: SubmissionPlace {
+                    partition: 0,
+                    sequence: n as u64 + 1,
+                    stored_ns: 0,
+                },
                 task_id: Some((*id).to_owned()),
             })
             .collect()

@@ -24,7 +24,8 @@
 //! from its start to its atomic end, `finals` the final results that do not come from a turn's end
 //! (a task that ended before it ran, a redelivery of one that finished, a refused submission),
 //! `multitask` what a task does when older tasks of its session are unfinished (wait, end as
-//! rejected, cancel them, interrupt them) and the hook that ends an interrupted turn.
+//! rejected, cancel them, interrupt them) and the hook that ends an interrupted turn,
+//! `submit_intakes` the submit partitions the lead takes submissions from.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,9 +57,11 @@ use tracing::Instrument;
 mod finals;
 mod input;
 mod multitask;
+mod submit_intakes;
 mod turn;
 
 use finals::failed_result;
+use submit_intakes::SubmitIntakes;
 use turn::Position;
 
 use crate::approvals::{Parked, Suspension};
@@ -222,18 +225,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
         metrics.clone(),
         &cfg.model,
     );
-    let intake = bus
-        .intake(&ConsumerSettings {
-            stream: subjects::SUBMIT_STREAM.into(),
-            durable: subjects::LEADS_CONSUMER.into(),
-            filter: subjects::SUBMIT_ALL.into(),
-            ack_wait: cfg.process.ack_wait,
-            max_deliver: -1,
-            // Suspended turns stay unacknowledged while they wait for a person, without a slot:
-            // they must not use up the server's default of 1,000 outstanding deliveries.
-            max_ack_pending: Some(-1),
-        })
-        .await?;
+    let intake = SubmitIntakes::bind(&bus, cfg.process.ack_wait).await?;
     let decisions = bus
         .intake(&ConsumerSettings {
             stream: subjects::APPROVALS_STREAM.into(),
@@ -434,7 +426,7 @@ impl Lead {
         span.record("skein.task_id", submission.task_id.as_str());
         span.record("gen_ai.conversation.id", submission.session.as_str());
         let position = Position {
-            sequence: envelope.stream_sequence(),
+            place: envelope.submission_place(),
             first: envelope.is_first(),
             sender_traced: envelope.carries_trace_context(),
         };
@@ -590,10 +582,12 @@ impl Lead {
     }
 }
 
-/// A submission must arrive on its own session's subject: ordering and tenant isolation rely on it.
+/// A submission must arrive on its own session's subject (of any submit partition): ordering and
+/// tenant isolation rely on it.
 fn subject_matches(envelope: &Envelope, submission: &TaskSubmission) -> Result<(), Failure> {
     let expected = subjects::submit(&submission.tenant, &submission.session);
-    if envelope.subject() == expected {
+    let named = subjects::parse_submit(envelope.subject());
+    if named == Some((submission.tenant.as_str(), submission.session.as_str())) {
         Ok(())
     } else {
         Err(Failure::new(

@@ -14,7 +14,7 @@
 //!   call, keeping its input.
 //!
 //! Invariants: only the older unfinished submissions of the task's own session are affected (its
-//! submit subject, lower stream sequences); cancel and interrupt requests are durable and
+//! submit subject, earlier places in the submit streams); cancel and interrupt requests are durable and
 //! idempotent, so one made for a task that has not started yet is met when it starts, and a
 //! delivery handed back and taken again repeats them harmlessly. A look that fails never ends a
 //! task: `reject` hands it back to look again, the other policies wait as `enqueue` does.
@@ -25,6 +25,9 @@ use skein_common::protocol::{
     CancelRequest, Failure, FailureKind, MultitaskPolicy, TaskSubmission, TurnStatus,
     PROTOCOL_VERSION,
 };
+
+use skein_common::bus::SubmissionPlace;
+use skein_common::subjects;
 
 use super::finals::failed_result;
 use super::{Lead, Settled};
@@ -40,7 +43,7 @@ impl Lead {
     pub(super) async fn apply_multitask(
         &self,
         submission: &TaskSubmission,
-        sequence: u64,
+        place: SubmissionPlace,
     ) -> Option<Settled> {
         let policy = submission.multitask;
         if policy == MultitaskPolicy::Enqueue {
@@ -49,7 +52,7 @@ impl Lead {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         let older = match self
             .bus
-            .unfinished_submissions(tenant, session, sequence, MAX_AFFECTED)
+            .unfinished_submissions(tenant, session, place, MAX_AFFECTED)
             .await
         {
             Ok(older) => older,
@@ -69,7 +72,11 @@ impl Lead {
             MultitaskPolicy::Reject => {
                 let holder = match &oldest.task_id {
                     Some(task_id) => format!("task {task_id}"),
-                    None => format!("the task at sequence {} of SKEIN_SUBMIT", oldest.sequence),
+                    None => format!(
+                        "the task at sequence {} of {}",
+                        oldest.place.sequence,
+                        subjects::submit_stream(oldest.place.partition)
+                    ),
                 };
                 tracing::info!(%holder, "the session is busy; rejecting the task (multitask: reject)");
                 let failure = Failure::new(

@@ -10,6 +10,7 @@ use futures::FutureExt;
 use skein_common::agent::definition::with_output_schema;
 use skein_common::agent::replay::RecordedCalls;
 use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
+use skein_common::bus::SubmissionPlace;
 use skein_common::protocol::{
     EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
 };
@@ -41,7 +42,7 @@ pub(super) struct StartedTurn<'a> {
 /// sender sent a trace context with it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Position {
-    pub(super) sequence: u64,
+    pub(super) place: SubmissionPlace,
     pub(super) first: bool,
     pub(super) sender_traced: bool,
 }
@@ -118,7 +119,8 @@ impl Lead {
             tracing::info!("task already finished; re-publishing its result");
             return self.emit_final(submission, done, epoch).boxed().await;
         }
-        let in_line = oldest.map(|oldest| oldest.is_none_or(|oldest| oldest >= delivery.sequence));
+        let in_line =
+            oldest.map(|oldest| oldest.is_none_or(|oldest| !oldest.is_before(&delivery.place)));
         let mut start = start;
         if unstartable.is_some() || !matches!(in_line, Ok(true)) {
             lease.take_back(&start).await;
@@ -143,14 +145,14 @@ impl Lead {
                 // Older tasks of the session are unfinished: the task's policy says whether it
                 // waits for them (and what it asks of them first) or ends here.
                 if let Some(settled) = self
-                    .apply_multitask(submission, delivery.sequence)
+                    .apply_multitask(submission, delivery.place)
                     .boxed()
                     .await
                 {
                     return settled;
                 }
                 match self
-                    .wait_for_turn_order(submission, delivery.sequence, &waiter, &stop)
+                    .wait_for_turn_order(submission, delivery.place, &waiter, &stop)
                     .boxed()
                     .await
                 {
@@ -292,7 +294,7 @@ impl Lead {
     async fn wait_for_turn_order(
         &self,
         submission: &TaskSubmission,
-        sequence: u64,
+        place: SubmissionPlace,
         waiter: &crate::turns::Waiter,
         stop: &CancellationToken,
     ) -> Result<bool, Failure> {
@@ -304,12 +306,13 @@ impl Lead {
                 .await
                 .map_err(|e| e.to_failure())?;
             match oldest {
-                Some(oldest) if oldest < sequence => {}
+                Some(oldest) if oldest.is_before(&place) => {}
                 _ => return Ok(true),
             }
             if tokio::time::Instant::now() >= deadline {
                 tracing::info!(
-                    sequence,
+                    partition = place.partition,
+                    sequence = place.sequence,
                     "an older task of the session is unfinished; handing this one back"
                 );
                 return Ok(false);

@@ -63,6 +63,27 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &random[..8])
 }
 
+/// How many messages each of the `streams` has ever stored (its last sequence), in order.
+///
+/// # Panics
+/// When a stream does not exist or does not answer.
+pub async fn stored_per_stream(
+    client: &async_nats::Client,
+    streams: impl IntoIterator<Item = String>,
+) -> Vec<u64> {
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let mut stored = Vec::new();
+    for name in streams {
+        let mut stream = jetstream
+            .get_stream(&name)
+            .await
+            .unwrap_or_else(|e| panic!("stream {name}: {e}"));
+        let info = stream.info().await.expect("stream info");
+        stored.push(info.state.last_sequence);
+    }
+    stored
+}
+
 /// Polls `f` every 50 ms until it yields `Some`, and returns that value.
 ///
 /// # Panics
