@@ -656,6 +656,15 @@ def pool_consumers(env):
     return consumers | subagent_consumers(pool, env.get("SKEIN_SUBAGENTS"))
 
 
+def partition_streams(base, value):
+    """The streams of a partitioned stream a process with SKEIN_PARTITIONS `value` consumes
+    (common/src/subjects.rs): `base`, then `base_1` ... `base_<N-1>`."""
+    count = int(value) if value not in (None, "") else 1
+    if not 1 <= count <= 64:
+        raise ValueError("not within 1 to 64 (the process refuses it)")
+    return [base] + [f"{base}_{k}" for k in range(1, count)]
+
+
 def check_scale_down(name, behavior, problems):
     """Scale-in removes at most one pod a minute: every policy is a Pods policy of at most
     SCALE_DOWN_PODS per SCALE_DOWN_PERIOD seconds (the HPA's default allows 100 % at once)."""
@@ -696,25 +705,30 @@ def check_autoscalers(r, problems):
             continue
         if binary == "skein-worker":
             try:
-                stream, consumers = "SKEIN_WORK", pool_consumers(env)
+                base, consumers = "SKEIN_WORK", pool_consumers(env)
             except ValueError as e:
                 problems.add(where(target), f"SKEIN_SUBAGENTS {env.get('SKEIN_SUBAGENTS')!r}: {e} "
                              "(the worker refuses it)")
                 continue
         elif binary == "skein-lead":
-            stream, consumers = "SKEIN_SUBMIT", {"skein-leads"}
+            base, consumers = "SKEIN_SUBMIT", {"skein-leads"}
         else:
             problems.add(where(so), f"scales {where(target)}, which runs neither skein-lead, skein-worker "
                          f"nor {GATEWAY_BINARY}")
+            continue
+        try:
+            streams = partition_streams(base, env.get("SKEIN_PARTITIONS"))
+        except ValueError as e:
+            problems.add(where(target), f"SKEIN_PARTITIONS {env.get('SKEIN_PARTITIONS')!r}: {e}")
             continue
         watched = set()
         for trigger in so["spec"]["triggers"]:
             if trigger["type"] != "nats-jetstream":
                 continue
             meta = trigger["metadata"]
-            watched.add(meta["consumer"])
-            if meta["stream"] != stream:
-                problems.add(where(so), f"stream {meta['stream']}: {binary} consumes {stream}")
+            watched.add((meta["stream"], meta["consumer"]))
+            if meta["stream"] not in streams:
+                problems.add(where(so), f"stream {meta['stream']}: {binary} consumes {', '.join(streams)}")
             if meta["consumer"] not in consumers:
                 problems.add(where(so), f"consumer {meta['consumer']} is not created by {where(target)} "
                              f"({sorted(consumers)}, from SKEIN_POOL, SKEIN_TOOLS, SKEIN_SUBAGENTS): KEDA "
@@ -724,8 +738,10 @@ def check_autoscalers(r, problems):
                 problems.add(where(so), f"lagThreshold {meta.get('lagThreshold')} is not one process's "
                              f"SKEIN_CONCURRENCY {env['SKEIN_CONCURRENCY']}")
             check_monitoring_endpoint(r, so, meta["natsServerMonitoringEndpoint"], problems)
-        for missing in sorted(consumers - watched):
-            problems.add(where(so), f"no trigger for consumer {missing}, which {where(target)} creates")
+        for stream in streams:
+            for missing in sorted(c for c in consumers if (stream, c) not in watched):
+                on = "" if stream == base else f" on stream {stream} (SKEIN_PARTITIONS)"
+                problems.add(where(so), f"no trigger for consumer {missing}{on}, which {where(target)} creates")
     for hpa in r.kind("HorizontalPodAutoscaler").values():
         ref = hpa["spec"]["scaleTargetRef"]
         target = r.kind(ref["kind"]).get(ref["name"])

@@ -186,6 +186,13 @@ def namespace_left_behind(docs):
             d["spec"]["dnsNames"] = [re.sub(r"\.[a-z0-9-]+\.svc$", ".skein.svc", n) for n in d["spec"]["dnsNames"]]
 
 
+# Settings: partitions set without a trigger for each partition's consumers.
+def partitions_without_triggers(docs):
+    for name in ("skein-worker", "skein-lead"):
+        env = container(find(docs, "Deployment", name), name.removeprefix("skein-")).setdefault("env", [])
+        env.append({"name": "SKEIN_PARTITIONS", "value": "2"})
+
+
 MUTATIONS = {
     "nats-password-unquoted": nats_password_unquoted,
     "zone-spread-strict": zone_spread_strict,
@@ -205,6 +212,7 @@ MUTATIONS = {
     "tenant-fills-store": tenant_fills_store,
     "no-tls": no_tls,
     "namespace-left-behind": namespace_left_behind,
+    "partitions-without-triggers": partitions_without_triggers,
 }
 
 
