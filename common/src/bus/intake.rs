@@ -532,9 +532,16 @@ impl Puller {
             let Ok(Some(message)) = received else {
                 return Pulled::Unanswered;
             };
+            let completed = message
+                .description
+                .as_deref()
+                .is_some_and(|d| d.eq_ignore_ascii_case("batch completed"));
             return match message.status {
                 None | Some(StatusCode::OK) => Pulled::Message(message),
                 Some(StatusCode::IDLE_HEARTBEAT) => continue,
+                // A request is read only until its batch is full, so a note that a batch was
+                // completed (sent by some servers) is about an earlier request: not this one's end.
+                Some(StatusCode::REQUEST_TERMINATED) if completed => continue,
                 Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => Pulled::Ended,
                 Some(status) => Pulled::Failed(format!(
                     "{status}: {}",
