@@ -16,8 +16,8 @@
 //!   subagent calls.
 //! - `celery`: the Celery peer.
 //! - `soak`: `--soak`, tool tasks of every outcome and what the workers hold before and after.
-//! - `partitions`: `--partitions`, no-op calls on a three-node NATS cluster with one work
-//!   partition and with three.
+//! - `partitions`: `--partitions`, no-op calls and a burst of turns on a three-node NATS cluster
+//!   with one partition and with three.
 //! - `report`: the figures, the ratios and the printed tables.
 
 mod calls;
@@ -50,7 +50,7 @@ use costs::{report_costs, Parts};
 use floor::{floor_jetstream, floor_redis_set, floor_request_reply, responder, session_blob};
 use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
 use report::{print_table, ratios, Report};
-use turns::{burst, long_session, whole_turns};
+use turns::{burst, long_session, two_call_scenario, whole_turns};
 
 // The shipped binaries' allocator, so the lead and workers this binary runs as `node` measure
 // what ships.
@@ -94,8 +94,8 @@ struct Args {
     /// workers hold before and after.
     #[arg(long)]
     soak: bool,
-    /// Run only the partition bench: no-op calls per second on a local three-node NATS cluster
-    /// with one work partition and with three, and what each node spends.
+    /// Run only the partition bench: no-op calls and turns per second on a local three-node NATS
+    /// cluster with one partition and with three, and what each node spends per call.
     #[arg(long)]
     partitions: bool,
     /// Tasks of the soak.
@@ -231,15 +231,7 @@ async fn run(args: Args) -> Result<(), Failed> {
     let calls = noop_calls(&bus, &store, 0, args.calls, &calls_with(2), &mut report).await?;
     let after = parts.snapshot(&mut redis_counters).await?;
     report_costs(&mut report, "call", calls, &before, &after);
-    let scenario = dir.join("scenario.json");
-    std::fs::write(
-        &scenario,
-        json!({ "agents": { "assistant": { "turns": [ { "steps": [
-            { "tool_calls": [ { "name": "noop", "arguments": {} }, { "name": "noop", "arguments": {} } ] },
-            { "answer": "done" }
-        ] } ] } } })
-        .to_string(),
-    )?;
+    let scenario = two_call_scenario(&dir, "scenario.json")?;
     let lead_admin = format!("127.0.0.1:{}", skein_tests::support::free_port());
     let mut lead = cluster.lead(&scenario, &lead_admin);
     tokio::time::sleep(Duration::from_millis(500)).await;

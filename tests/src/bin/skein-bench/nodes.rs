@@ -170,17 +170,38 @@ pub(crate) async fn start_to_ready(
     Ok(taken[2])
 }
 
+/// The whole answer (status line, headers, body) of `GET path` on the admin server `admin`.
+async fn admin_get(admin: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: node\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.ok()?;
+    Some(answer)
+}
+
+/// Waits until the process whose admin server is `admin` answers `/readyz` with 200 (at most 60 s).
+pub(crate) async fn wait_ready(admin: &str) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let answer = admin_get(admin, "/readyz").await.unwrap_or_default();
+        let status = answer
+            .lines()
+            .next()
+            .and_then(|line| line.split(' ').nth(1));
+        if status == Some("200") {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("{admin} not ready within 60 s").into())
+}
+
 /// The lead's `skein_in_flight{kind="turn"}` gauge, read from its admin server.
 pub(crate) async fn turns_in_flight(admin: &str) -> Option<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let read = async {
-        let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: lead\r\n\r\n")
-            .await
-            .ok()?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body).await.ok()?;
+        let body = admin_get(admin, "/metrics").await?;
         body.lines()
             .find(|line| line.starts_with("skein_in_flight{") && line.contains("kind=\"turn\""))
             .and_then(|line| line.rsplit(' ').next())

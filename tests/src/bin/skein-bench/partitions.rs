@@ -1,11 +1,18 @@
 //! The partition bench: durable no-op calls per second on a local three-node NATS cluster with
-//! one work partition (every call through one stream leader) and with three, and what each
-//! node's `nats-server` spends per call. Three partitions are measured twice: placed by NATS as
-//! the processes create them, and placed one per node (made first with a placement tag each, as
-//! an operator can). Each run has a fresh cluster, Redis and two workers; streams have one
-//! replica, and the node that leads each work stream is reported.
+//! one partition (every call through one stream leader) and with three, and what each node's
+//! `nats-server` spends per call; then a burst of two-tool turns of as many sessions as calls /
+//! 10, submitted by a client of the same partition count, and the turns per second of one lead.
+//! Three partitions are measured twice: placed by NATS as the processes create them, and placed
+//! one per node (each partition's submit and work streams made first with a placement tag, as an
+//! operator can). Each run has a fresh cluster, Redis and two workers; streams have one replica,
+//! and the node that leads each work stream is reported.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use skein_common::client::SkeinClient;
+use skein_common::protocol::{EventKind, TurnEvent};
 
 use skein_common::bus::{Bus, DEFAULT_MAX_PAYLOAD};
 use skein_common::config::{NatsConfig, RedisConfig};
@@ -16,8 +23,9 @@ use skein_tests::support::servers::RedisServer;
 
 use crate::calls::noop_calls;
 use crate::costs::cpu_seconds;
-use crate::nodes::{wait_workers, Nodes};
+use crate::nodes::{wait_ready, wait_workers, Nodes};
 use crate::report::Report;
+use crate::turns::{task, two_call_scenario};
 use crate::Failed;
 
 /// Nodes of the NATS cluster.
@@ -52,6 +60,10 @@ pub(crate) async fn partitioned_calls(
         ratios.push((
             format!("{named}: busiest node's CPU per call / with {base}"),
             ratio("busiest node's CPU per call"),
+        ));
+        ratios.push((
+            format!("{named}: turns/s / with {base}"),
+            ratio("burst throughput"),
         ));
     }
     for (name, value) in ratios {
@@ -151,18 +163,81 @@ async fn one_layout(
         per_call.iter().sum(),
         "µs",
     );
+    let turns = (calls / 10).max(100);
+    let per_second = turn_burst(&nodes, dir, &nats.url(), partitions, turns).await?;
+    report.add(
+        &label("burst throughput", partitions, one_per_node),
+        per_second,
+        "turns/s",
+    );
     for worker in &mut workers {
         worker.kill();
     }
     Ok(())
 }
 
-/// Makes each work partition's stream first, on node `k % NODES` (its placement tag), so that
-/// the processes find them made.
+/// Turns per second of one lead through a burst of `turns` sessions' two-tool turns, submitted
+/// by a client of `partitions` partitions; an error if a turn does not end.
+async fn turn_burst(
+    nodes: &Nodes,
+    dir: &Path,
+    url: &str,
+    partitions: u32,
+    turns: usize,
+) -> Result<f64, Failed> {
+    let scenario = two_call_scenario(dir, "partitions-scenario.json")?;
+    let admin = format!("127.0.0.1:{}", skein_tests::support::free_port());
+    let mut lead = nodes.lead(&scenario, &admin);
+    wait_ready(&admin).await?;
+    let client = SkeinClient::connect(&NatsConfig {
+        partitions,
+        ..NatsConfig::local(url.to_owned())
+    })
+    .await?;
+    let mut finals = client
+        .bus()
+        .client()
+        .subscribe("skein.events.bench.>")
+        .await?;
+    let tasks: Vec<_> = (0..turns).map(task).collect();
+    let started = Instant::now();
+    let submitted = futures::stream::iter(&tasks)
+        .map(|t| client.submit(t))
+        .buffer_unordered(256)
+        .filter(|r| futures::future::ready(r.is_ok()))
+        .count()
+        .await;
+    let mut ended = std::collections::HashSet::with_capacity(turns);
+    while ended.len() < submitted {
+        let next = tokio::time::timeout(Duration::from_secs(60), finals.next()).await;
+        let Ok(Some(message)) = next else {
+            break;
+        };
+        if let Ok(TurnEvent {
+            event: EventKind::Final { .. },
+            task_id,
+            ..
+        }) = serde_json::from_slice::<TurnEvent>(&message.payload)
+        {
+            ended.insert(task_id);
+        }
+    }
+    let elapsed = started.elapsed();
+    lead.kill();
+    if ended.len() < turns {
+        return Err(format!("{} of {turns} turns ended", ended.len()).into());
+    }
+    Ok(turns as f64 / elapsed.as_secs_f64())
+}
+
+/// Makes each partition's work and submit streams first, on node `k % NODES` (its placement
+/// tag), so that the processes find them made.
 async fn place_one_per_node(bus: &Bus, nats: &NatsCluster) -> Result<(), Failed> {
     let jetstream = async_nats::jetstream::new(bus.client().clone());
     for mut config in bus.stream_configs() {
-        let Some(k) = subjects::parse_work_stream(&config.name) else {
+        let partition = subjects::parse_work_stream(&config.name)
+            .or_else(|| subjects::parse_partition_stream(subjects::SUBMIT_STREAM, &config.name));
+        let Some(k) = partition else {
             continue;
         };
         config.placement = Some(async_nats::jetstream::stream::Placement {

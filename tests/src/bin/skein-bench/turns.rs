@@ -16,6 +16,24 @@ use crate::nodes::{rss_kib, turns_in_flight};
 use crate::report::{latencies, percentile, Report};
 use crate::Failed;
 
+/// Writes, under `dir` as `name`, the scripted model of the burst: each turn makes two no-op
+/// calls at once, then answers.
+pub(crate) fn two_call_scenario(
+    dir: &std::path::Path,
+    name: &str,
+) -> Result<std::path::PathBuf, Failed> {
+    let scenario = dir.join(name);
+    std::fs::write(
+        &scenario,
+        serde_json::json!({ "agents": { "assistant": { "turns": [ { "steps": [
+            { "tool_calls": [ { "name": "noop", "arguments": {} }, { "name": "noop", "arguments": {} } ] },
+            { "answer": "done" }
+        ] } ] } } })
+        .to_string(),
+    )?;
+    Ok(scenario)
+}
+
 pub(crate) fn task(i: usize) -> TaskSubmission {
     TaskSubmission {
         replay_of: None,
