@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use skein_common::bus::{Bus, ConsumerSettings, Disposition, Received, Slots, DEFAULT_MAX_PAYLOAD};
+use skein_common::bus::{
+    Bus, ConsumerSettings, Disposition, Intake, Received, Slots, DEFAULT_MAX_PAYLOAD,
+};
 use skein_common::config::NatsConfig;
 use skein_common::subjects;
 use skein_tests::support::servers::NatsServer;
@@ -14,9 +16,9 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-#[tokio::test]
-async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free() {
-    let nats = NatsServer::start();
+/// A bus on `nats` with Skein's streams, a new pool's tool consumer bound (its durable name and
+/// intake), and `queued` tool tasks (`{"n": i}`) waiting for it.
+async fn queued_tool_intake(nats: &NatsServer, queued: usize) -> (Bus, String, Intake) {
     let bus = Bus::connect(
         &NatsConfig::local(nats.url.clone()),
         "test",
@@ -38,7 +40,6 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
         })
         .await
         .expect("intake");
-    let queued = 10;
     for i in 0..queued {
         bus.publish_work(
             subjects::tool_task(0, &pool, "noop"),
@@ -48,6 +49,14 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
         .await
         .expect("published");
     }
+    (bus, durable, intake)
+}
+
+#[tokio::test]
+async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free() {
+    let nats = NatsServer::start();
+    let queued = 10;
+    let (bus, durable, intake) = queued_tool_intake(&nats, queued).await;
 
     // Three slots; every handler holds its message until it is let go.
     let capacity = 3;
@@ -293,36 +302,8 @@ async fn pulls_reuse_one_inbox_rather_than_subscribing_for_each() {
             .expect("subscription statistics");
         stats["num_inserts"].as_u64().expect("num_inserts")
     };
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
-    bus.ensure_streams().await.expect("streams");
-    let pool = unique("pool");
-    let intake = bus
-        .intake(&ConsumerSettings {
-            stream: subjects::WORK_STREAM.into(),
-            durable: subjects::tool_consumer(&pool),
-            filter: subjects::tool_filter(0, &pool),
-            ack_wait: Duration::from_secs(30),
-            max_deliver: -1,
-            max_ack_pending: None,
-        })
-        .await
-        .expect("intake");
     let queued = 40;
-    for i in 0..queued {
-        bus.publish_work(
-            subjects::tool_task(0, &pool, "noop"),
-            &serde_json::json!({ "n": i }),
-            &format!("{pool}-{i}"),
-        )
-        .await
-        .expect("published");
-    }
+    let (_bus, _, intake) = queued_tool_intake(&nats, queued).await;
     let before = inserts().await;
 
     let (ran, mut runs) = mpsc::channel(queued);

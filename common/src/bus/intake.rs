@@ -249,8 +249,9 @@ impl Bus {
 
     /// Reports the depth of `consumers` (stream, durable) into `metrics` every `every` until
     /// `stop`; a consumer of a partitioned stream ([`subjects::WORK_STREAM`],
-    /// [`subjects::SUBMIT_STREAM`]) is summed over its partitions, which are listed again every
-    /// [`PARTITIONS_LISTED_EVERY`] ticks.
+    /// [`subjects::SUBMIT_STREAM`]) is summed over its partitions: the work partitions listed
+    /// again every [`PARTITIONS_LISTED_EVERY`] ticks, the submit partitions those the process
+    /// knows ([`Bus::known_submit_partitions`]).
     pub fn watch_queue_depth(
         &self,
         metrics: crate::metrics::Metrics,
@@ -268,17 +269,18 @@ impl Bus {
                     _ = stop.cancelled() => break,
                     _ = ticks.tick() => {}
                 }
-                // The partitions are listed (every stream's name) on every PARTITIONS_LISTED_EVERY
-                // tick only: they change rarely.
-                if tick % PARTITIONS_LISTED_EVERY == 0 {
-                    for (stream, _) in &consumers {
-                        let listed = match *stream {
-                            subjects::WORK_STREAM => bus.work_partitions().await,
-                            subjects::SUBMIT_STREAM => bus.submit_partitions().await,
-                            _ => continue,
-                        };
-                        partitions.insert(*stream, listed.unwrap_or_else(|_| vec![0]));
-                    }
+                // The work partitions are listed (every stream's name) on every
+                // PARTITIONS_LISTED_EVERY tick only: they change rarely. The submit partitions are
+                // those the process knows (a lead's intake looks for new ones): no listing here.
+                for (stream, _) in &consumers {
+                    let listed = match *stream {
+                        subjects::WORK_STREAM if tick % PARTITIONS_LISTED_EVERY == 0 => {
+                            bus.work_partitions().await.unwrap_or_else(|_| vec![0])
+                        }
+                        subjects::SUBMIT_STREAM => bus.known_submit_partitions(),
+                        _ => continue,
+                    };
+                    partitions.insert(*stream, listed);
                 }
                 tick += 1;
                 for (stream, durable) in &consumers {
@@ -439,10 +441,11 @@ impl Intake {
                 }
             };
             let unanswered_after = tokio::time::Instant::now() + PULL_WAIT + PULL_GRACE;
-            while held.num_permits() > 0 {
+            // Each message runs in a slot of its own; one taken and not used goes back when the
+            // request ends.
+            while let Some(slot) = held.split(1) {
                 match current.next(unanswered_after).await {
                     Pulled::Message(message) => {
-                        let Some(slot) = held.split(1) else { break };
                         // The slot is freed when the work ends (`map` keeps the future stored
                         // once, where an `async` block would hold it twice). Boxed first: a
                         // handler's future is many KiB (a worker's tool task about 10), and on
