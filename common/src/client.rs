@@ -214,27 +214,31 @@ impl SkeinClient {
         task_id: &str,
     ) -> Result<impl Stream<Item = Result<TurnEvent, ClientError>> + Send + 'static, ClientError>
     {
-        let messages = self.bus.replay(subjects::events(tenant, task_id)).await?;
+        let messages = self.bus.replay(tenant, task_id).await?;
         let bus = self.bus.clone();
-        let events = messages
-            .map(move |message| {
-                let message = message.map_err(|e| BusError::Pull(e.to_string()))?;
-                Ok::<_, ClientError>(bus.decode::<TurnEvent>(&message.payload)?)
-            })
-            .scan(false, |finished, event| {
-                if *finished {
-                    return futures::future::ready(None);
+        let events = messages.map(move |message| {
+            let message = message.map_err(|e| BusError::Pull(e.to_string()))?;
+            Ok::<_, ClientError>(bus.decode::<TurnEvent>(&message.payload)?)
+        });
+        // Ends as soon as the final event is passed on, without waiting for a message after it.
+        let events = futures::stream::unfold(
+            (Box::pin(events), false),
+            |(mut events, finished)| async move {
+                if finished {
+                    return None;
                 }
-                if let Ok(TurnEvent {
-                    event: EventKind::Final { .. },
-                    ..
-                }) = &event
-                {
-                    *finished = true;
-                }
-                futures::future::ready(Some(event))
-            });
-        Ok(events)
+                let event = events.next().await?;
+                let finished = matches!(
+                    &event,
+                    Ok(TurnEvent {
+                        event: EventKind::Final { .. },
+                        ..
+                    })
+                );
+                Some((event, (events, finished)))
+            },
+        );
+        Ok(events.boxed())
     }
 
     /// Asks any lead for a task's stored final result, with its whole answer: `None` while the
@@ -305,7 +309,7 @@ impl SkeinClient {
         submission
             .validate(self.bus.max_payload())
             .map_err(ClientError::Rejected)?;
-        let subject = subjects::events(tenant, task_id);
+        let subject = self.bus.events_subject(tenant, task_id);
         let mut disconnects = self.bus.disconnects();
         disconnects.mark_unchanged();
         let mut live = self.bus.subscribe(&subject).await?;
@@ -347,7 +351,7 @@ impl SkeinClient {
                 // A stream's leader being elected again (a NATS node lost) or a reconnect makes
                 // reading the stream fail for a moment: read it again, past what was passed on.
                 match self
-                    .catch_up(submission, &subject, &mut passed_on, &mut on_event)
+                    .catch_up(submission, &mut passed_on, &mut on_event)
                     .await
                 {
                     Err(ClientError::Bus(e)) if e.is_transient() => {
@@ -373,7 +377,6 @@ impl SkeinClient {
     async fn catch_up(
         &self,
         submission: &TaskSubmission,
-        subject: &str,
         passed_on: &mut usize,
         on_event: &mut (impl FnMut(&TurnEvent) + Send),
     ) -> Result<FinalResult, ClientError> {
@@ -389,10 +392,12 @@ impl SkeinClient {
             .await
             .ok()
             .flatten();
+        // One partition read for both: the stream sequences of one partition compare.
+        let partition = self.bus.task_events_partition(tenant, task_id).await?;
         let last = match ended {
             Some(_) => self
                 .bus
-                .last_event(subject)
+                .last_event_in(partition, tenant, task_id)
                 .await?
                 .map(|(sequence, _)| sequence),
             None => None,
@@ -400,7 +405,7 @@ impl SkeinClient {
         if let (Some(result), None) = (&ended, last) {
             return Ok(self.announce_stored(on_event, result.clone()).await);
         }
-        let messages = self.bus.replay(subject.to_owned()).await?;
+        let messages = self.bus.replay_in(partition, tenant, task_id).await?;
         futures::pin_mut!(messages);
         let mut seen = 0usize;
         while let Some(message) = messages.next().await {

@@ -9,6 +9,7 @@
 //! | `skein.tool~{k}.{pool}.{tool}`, `skein.agent~{k}.{pool}.{agent}` | stream `SKEIN_WORK_{k}`: work partition `k` ≥ 1, with the same consumers as `SKEIN_WORK` | `ToolTask`, `SubagentTask` |
 //! | `skein.reply.{instance}.{n}` | core NATS | `ToolResult` of dispatch `n` |
 //! | `skein.events.{tenant}.{task_id}` | stream `SKEIN_EVENTS` (limits, replayable) | `TurnEvent` |
+//! | `skein.events.{tenant}.{task_id}.~{k}` | stream `SKEIN_EVENTS_{k}`: events partition `k` ≥ 1 | `TurnEvent` |
 //! | `skein.cancel.{tenant}.{task_id}` | stream `SKEIN_CANCEL` (limits, 1 day) and core subscribers | `CancelRequest` |
 //! | `skein.approval.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-approvals` | `ApprovalDecision` |
 //! | `skein.control.{tenant}.{task_id}` | stream `SKEIN_APPROVALS` (work queue), consumer `skein-leads-control` | `RunControl` (pause, resume, steer) |
@@ -31,6 +32,12 @@
 //! `SKEIN_WORK_{k}`, whose subjects mark their kind `submit~{k}`, `tool~{k}` or `agent~{k}`, so no
 //! two partitions' subjects overlap and a subject's kind ([`kind`]) stays its second token without
 //! the mark.
+//!
+//! Events are split by a hash of tenant and *task* ([`events_partition`]), since everyone who
+//! reads them names a task and not always its session. Partition `k` ≥ 1 adds a last token `~{k}`
+//! instead of marking the kind, so `skein.events.{tenant}.>` still covers a tenant's events in
+//! every partition (a tenant's permission to watch is one subject); partition 0 (`SKEIN_EVENTS`)
+//! holds only four-token subjects (`skein.events.*.*`), so no two partitions overlap.
 
 pub const SUBMIT_STREAM: &str = "SKEIN_SUBMIT";
 pub const WORK_STREAM: &str = "SKEIN_WORK";
@@ -56,7 +63,7 @@ pub const RESULT_QUEUE: &str = "skein-leads";
 pub const SUBMIT_ALL: &str = "skein.submit.>";
 /// All subjects of the work stream.
 pub const WORK_ALL: [&str; 2] = ["skein.tool.>", "skein.agent.>"];
-/// All subjects of the events stream.
+/// Every task event of every partition (the events stream's one subject before it was split).
 pub const EVENTS_ALL: &str = "skein.events.>";
 /// All cancel requests.
 pub const CANCEL_ALL: &str = "skein.cancel.>";
@@ -364,12 +371,51 @@ pub fn parse_turned(subject: &str) -> Option<(&str, &str)> {
         .then_some((tenant, session))
 }
 
-/// The events of one task.
-pub fn events(tenant: &str, task_id: &str) -> String {
-    format!("skein.events.{tenant}.{task_id}")
+/// The events of one task in events partition `partition` (see [`events_partition`]):
+/// `skein.events.{tenant}.{task_id}` in partition 0, with a last token `~{k}` in partition `k`.
+pub fn events_in(partition: u32, tenant: &str, task_id: &str) -> String {
+    match partition {
+        0 => format!("skein.events.{tenant}.{task_id}"),
+        k => format!("skein.events.{tenant}.{task_id}.~{k}"),
+    }
 }
 
-/// Every task's events of a tenant (a subscription's filter).
+/// The partition, tenant and task id of an event subject, if it is one (the inverse of
+/// [`events_in`]).
+pub fn parse_events(subject: &str) -> Option<(u32, &str, &str)> {
+    let rest = subject.strip_prefix("skein.events.")?;
+    let (tenant, rest) = rest.split_once('.')?;
+    let (task, partition) = match rest.split_once('.') {
+        None => (rest, 0),
+        Some((task, mark)) => {
+            let digits = mark.strip_prefix('~')?;
+            let k: u32 = digits.parse().ok()?;
+            (k >= 1 && k.to_string() == digits).then_some((task, k))?
+        }
+    };
+    (!tenant.is_empty() && !task.is_empty()).then_some((partition, tenant, task))
+}
+
+/// The events partition of a task, of `partitions`: the same hash as [`session_partition`],
+/// over tenant and task id.
+pub fn events_partition(tenant: &str, task_id: &str, partitions: u32) -> u32 {
+    session_partition(tenant, task_id, partitions)
+}
+
+/// The events stream of partition `partition`: `SKEIN_EVENTS`, then `SKEIN_EVENTS_1`, ….
+pub fn events_stream(partition: u32) -> String {
+    partition_stream(EVENTS_STREAM, partition)
+}
+
+/// The subjects of partition `partition`'s events stream.
+pub fn events_subjects(partition: u32) -> String {
+    match partition {
+        0 => "skein.events.*.*".to_owned(),
+        k => format!("skein.events.*.*.~{k}"),
+    }
+}
+
+/// Every task's events of a tenant, in every partition (a subscription's filter).
 pub fn tenant_events(tenant: &str) -> String {
     format!("skein.events.{tenant}.>")
 }
@@ -577,6 +623,47 @@ mod tests {
             "skein.submits.acme.s1",
         ] {
             assert_eq!(parse_submit(subject), None, "{subject}");
+        }
+    }
+
+    #[test]
+    fn events_partitions_have_streams_and_subjects_of_their_own() {
+        assert_eq!(events_stream(0), EVENTS_STREAM);
+        assert_eq!(events_in(0, "acme", "t1"), "skein.events.acme.t1");
+        assert_eq!(events_partition("acme", "t1", 1), 0);
+        for k in 0..MAX_PARTITIONS {
+            let subject = events_in(k, "acme", "t1");
+            assert_eq!(parse_events(&subject), Some((k, "acme", "t1")), "{subject}");
+            assert_eq!(kind(&subject), "events");
+            assert_eq!(
+                parse_partition_stream(EVENTS_STREAM, &events_stream(k)),
+                Some(k)
+            );
+            // A tenant's one filter covers its events in every partition, and no other tenant's.
+            assert!(filters_overlap(&tenant_events("acme"), &subject));
+            assert!(!filters_overlap(&tenant_events("globex"), &subject));
+            for other in 0..MAX_PARTITIONS {
+                assert_eq!(
+                    filters_overlap(&events_subjects(other), &subject),
+                    k == other,
+                    "{subject} in {other}"
+                );
+                assert_eq!(
+                    filters_overlap(&events_subjects(other), &events_subjects(k)),
+                    k == other
+                );
+            }
+        }
+        for subject in [
+            "skein.events.acme.t1.~0",
+            "skein.events.acme.t1.~01",
+            "skein.events.acme.t1.1",
+            "skein.events.acme.t1.~1.x",
+            "skein.events.acme.t1.~",
+            "skein.events.acme",
+            "skein.events..t1",
+        ] {
+            assert_eq!(parse_events(subject), None, "{subject}");
         }
     }
 

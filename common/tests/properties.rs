@@ -92,6 +92,10 @@ proptest! {
         if let Some((k, tenant, session)) = subjects::parse_submit_in(&subject) {
             prop_assert_eq!(subjects::submit_in(k, tenant, session), subject.clone());
         }
+        if let Some((k, tenant, task)) = subjects::parse_events(&subject) {
+            prop_assert!(!tenant.contains('.') && !task.contains('.'));
+            prop_assert_eq!(subjects::events_in(k, tenant, task), subject.clone());
+        }
     }
 
     #[test]

@@ -108,7 +108,7 @@ async fn a_final_event_that_is_never_published_is_answered_from_the_stored_resul
     // It came from the store: the stream holds nothing of the task.
     let last = client
         .bus()
-        .last_event(&skein_common::subjects::events("acme", &task.task_id))
+        .last_event("acme", &task.task_id)
         .await
         .expect("the events stream can be read");
     assert!(last.is_none(), "{last:?}");
@@ -152,14 +152,14 @@ async fn a_client_cut_off_while_the_final_event_is_published_still_gets_it() {
         .expect("the connection lives on");
     gate.add_permits(1);
     let observer = cluster.client().await;
-    let subject = skein_common::subjects::events("acme", &task.task_id);
+    let task_id = task.task_id.clone();
     eventually(
         "the final event in the stream",
         Duration::from_secs(20),
         || {
-            let (observer, subject) = (observer.clone(), subject.clone());
+            let (observer, task_id) = (observer.clone(), task_id.clone());
             async move {
-                let (_, last) = observer.bus().last_event(&subject).await.ok()??;
+                let (_, last) = observer.bus().last_event("acme", &task_id).await.ok()??;
                 matches!(last.event, EventKind::Final { .. }).then_some(())
             }
         },

@@ -393,7 +393,7 @@ async fn an_answer_over_the_payload_cap_is_announced_by_reference() {
         .client()
         .await
         .bus()
-        .last_event(&skein_common::subjects::events("acme", &task.task_id))
+        .last_event("acme", &task.task_id)
         .await
         .expect("read")
         .expect("the final event");

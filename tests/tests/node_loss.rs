@@ -77,7 +77,7 @@ async fn bus(url: &str, replicas: usize) -> Bus {
 
 /// The `Final` events of a task in the event stream.
 async fn final_events(bus: &Bus, tenant: &str, task_id: &str) -> Vec<FinalResult> {
-    let subject = subjects::events(tenant, task_id);
+    let subject = subjects::events_in(0, tenant, task_id);
     let stream = bus
         .jetstream()
         .get_stream(subjects::EVENTS_STREAM)
@@ -93,9 +93,8 @@ async fn final_events(bus: &Bus, tenant: &str, task_id: &str) -> Vec<FinalResult
     let total: usize = counts.iter().map(|(_, n)| n).sum();
     // Right after a node is lost, the servers may still place a new consumer on it (creating it
     // then times out) until they see it gone.
-    let mut replay = eventually("an events replay", Duration::from_secs(60), || {
-        let subject = subject.clone();
-        async move { bus.replay(subject).await.ok() }
+    let mut replay = eventually("an events replay", Duration::from_secs(60), || async move {
+        bus.replay(tenant, task_id).await.ok()
     })
     .await;
     let mut finals = Vec::new();

@@ -8,22 +8,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use skein_common::client::SkeinClient;
-use skein_common::config::NatsConfig;
 use skein_common::protocol::{TaskSubmission, TurnStatus};
 use skein_common::subjects;
 use skein_tests::support::chaos::scenario;
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::{stored_per_stream, unique};
-
-/// A client on the cluster's NATS that creates and submits to `partitions` partitions.
-async fn partitioned_client(cluster: &TestCluster, partitions: u32) -> SkeinClient {
-    SkeinClient::connect(&NatsConfig {
-        partitions,
-        ..NatsConfig::local(cluster.nats.url.clone())
-    })
-    .await
-    .expect("client connects to the test NATS")
-}
 
 /// Lead flags for a scripted model that answers each task with its input and the input of the
 /// session's turn before it.
@@ -67,7 +56,7 @@ async fn turns_spread_over_the_submit_partitions_and_every_one_ends() {
     flags.extend(["--partitions".into(), "3".into()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     cluster.start_nodes(0, &flags).await;
-    let client = partitioned_client(&cluster, 3).await;
+    let client = cluster.partitioned_client(3).await;
 
     let sessions: Vec<String> = (0..12).map(|i| format!("{}-{i}", unique("s"))).collect();
     let tasks: Vec<_> = sessions
@@ -102,8 +91,8 @@ async fn turns_spread_over_the_submit_partitions_and_every_one_ends() {
 async fn a_sessions_turns_keep_their_order_across_a_repartition() {
     let cluster = TestCluster::start();
     let (one, three) = (
-        partitioned_client(&cluster, 1).await,
-        partitioned_client(&cluster, 3).await,
+        cluster.partitioned_client(1).await,
+        cluster.partitioned_client(3).await,
     );
     let session = session_outside_partition_zero();
     // Submitted while no lead runs: the first and last to `SKEIN_SUBMIT`, the middle one, by a
@@ -160,12 +149,12 @@ async fn submit_partitions_made_while_a_lead_runs_are_served_by_it() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     // The lead starts on one partition: only `SKEIN_SUBMIT` exists.
     cluster.start_nodes(0, &flags).await;
-    let one = partitioned_client(&cluster, 1).await;
+    let one = cluster.partitioned_client(1).await;
     assert_eq!(one.bus().submit_partitions().await.expect("listed"), [0]);
 
     // The cluster is re-partitioned: a client with three partitions makes the new streams and
     // submits to one of them.
-    let three = partitioned_client(&cluster, 3).await;
+    let three = cluster.partitioned_client(3).await;
     let session = session_outside_partition_zero();
     let task = submission("acme", &session, "hello");
 

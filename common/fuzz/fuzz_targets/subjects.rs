@@ -1,4 +1,4 @@
-//! The subject parsers (`parse_submit_in`, `parse_cancel`, `parse_approval`, `parse_wake`,
+//! The subject parsers (`parse_submit_in`, `parse_events`, `parse_cancel`, `parse_approval`, `parse_wake`,
 //! `parse_turned`, `parse_result`, `reply_number`, `dead_letter`) on arbitrary text.
 //!
 //! Checks: no panic; every parsed token is non-empty and free of `.`; the subject's builder
@@ -23,6 +23,13 @@ fuzz_target!(|bytes: &[u8]| {
             "{subject:?} -> {tenant:?}, {session:?}"
         );
         assert_eq!(subjects::submit_in(partition, tenant, session), subject);
+    }
+    if let Some((partition, tenant, task)) = subjects::parse_events(subject) {
+        assert!(
+            token_ok(tenant) && token_ok(task),
+            "{subject:?} -> {tenant:?}, {task:?}"
+        );
+        assert_eq!(subjects::events_in(partition, tenant, task), subject);
     }
     let pairs: [(_, fn(&str, &str) -> String); 4] = [
         (subjects::parse_cancel(subject), subjects::cancel),

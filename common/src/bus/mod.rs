@@ -1,6 +1,6 @@
 //! `Bus`: Skein's one NATS transport. It owns the connection, message encoding and size caps,
-//! publishing, the event stream's look-ups, and the headers every published message carries; its
-//! submodules own the streams (`streams`), the durable consumers (`intake`), a delivered message
+//! publishing, and the headers every published message carries; its submodules own the streams
+//! (`streams`), a task's events in the events partitions (`events`), the durable consumers (`intake`), a delivered message
 //! until it is settled (`delivery`), how many of a consumer's messages run at once (`slots`), the
 //! dead-letter stream (`dead_letters`), a session's unfinished submissions (`submissions`), and
 //! whether TLS can use the client certificate (`tls`).
@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use bytes::Bytes;
 
 use serde::de::DeserializeOwned;
@@ -29,11 +29,11 @@ use tracing::Instrument;
 
 mod dead_letters;
 mod delivery;
+mod events;
 mod intake;
 mod slots;
 mod streams;
 mod submissions;
-mod task_list;
 mod tls;
 
 pub use dead_letters::{
@@ -179,6 +179,9 @@ pub struct Bus {
     /// The submit partitions known to exist, shared by the clones: where a session's unfinished
     /// submissions are looked for.
     known_submit_partitions: std::sync::Arc<std::sync::RwLock<Vec<u32>>>,
+    /// The events partitions listed last, and when (looked up when a task's events are not
+    /// where this process would put them).
+    seen_event_partitions: events::SeenEventPartitions,
     /// How long the audit stream keeps its records.
     audit_retention: Duration,
     /// Who may act: what operations this process receives are checked against.
@@ -261,6 +264,7 @@ impl Bus {
             known_submit_partitions: std::sync::Arc::new(std::sync::RwLock::new(
                 (0..partitions).collect(),
             )),
+            seen_event_partitions: events::SeenEventPartitions::default(),
             audit_retention: cfg.audit_retention,
             gate: std::sync::Arc::new(gate),
             signing: signer.map(|signer| {
@@ -524,7 +528,7 @@ impl Bus {
     ) -> Result<PendingAck, BusError> {
         let payload = self.encode(event)?;
         self.send_durable(
-            subjects::events(tenant, &event.task_id),
+            self.events_subject(tenant, &event.task_id),
             outgoing_headers(),
             payload,
         )
@@ -611,69 +615,6 @@ impl Bus {
                 message: e.to_string(),
             }),
         }
-    }
-
-    /// The latest event on one subject of the events stream, with its stream sequence. Read with
-    /// a direct get, whose API subject names the event subject, so a server can fence it by
-    /// tenant.
-    pub async fn last_event(&self, subject: &str) -> Result<Option<(u64, TurnEvent)>, BusError> {
-        self.event_at(subject, EventEnd::Last).await
-    }
-
-    /// The first or the latest event on one subject of the events stream, by a direct get.
-    pub(super) async fn event_at(
-        &self,
-        subject: &str,
-        end: EventEnd,
-    ) -> Result<Option<(u64, TurnEvent)>, BusError> {
-        use async_nats::jetstream::stream::DirectGetErrorKind;
-        let lookup_error = |message: String| BusError::Consumer {
-            consumer: format!("{}({subject})", end.name()),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::EVENTS_STREAM)
-            .await
-            .map_err(|e| lookup_error(e.to_string()))?;
-        let found = match end {
-            EventEnd::First => stream.direct_get_first_for_subject(subject).await,
-            EventEnd::Last => stream.direct_get_last_for_subject(subject).await,
-        };
-        match found {
-            Ok(message) => Ok(Some((message.sequence, self.decode(&message.payload)?))),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(e) => Err(lookup_error(e.to_string())),
-        }
-    }
-
-    /// A replaying, ordered view of one subject of the events stream, from its first message.
-    pub async fn replay(&self, subject: String) -> Result<consumer::pull::Ordered, BusError> {
-        let consumer_error = |message: String| BusError::Consumer {
-            consumer: format!("ordered({subject})"),
-            message,
-        };
-        let stream = self
-            .jetstream
-            .get_stream_no_info(subjects::EVENTS_STREAM)
-            .await
-            .map_err(|e| consumer_error(e.to_string()))?;
-        // Named, so the create request's API subject carries the filter (and a server can fence
-        // which events a user may watch).
-        let name = format!("watch_{}", uuid::Uuid::new_v4().simple());
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                name: Some(name),
-                filter_subject: subject.clone(),
-                deliver_policy: consumer::DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| consumer_error(e.to_string()))?;
-        consumer
-            .messages()
-            .await
-            .map_err(|e| consumer_error(e.to_string()))
     }
 }
 
@@ -766,22 +707,6 @@ pub(crate) fn stream_error(stream: &str, message: String) -> BusError {
     BusError::Stream {
         stream: stream.into(),
         message,
-    }
-}
-
-/// Which end of a subject's events a direct get reads.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum EventEnd {
-    First,
-    Last,
-}
-
-impl EventEnd {
-    fn name(self) -> &'static str {
-        match self {
-            EventEnd::First => "first",
-            EventEnd::Last => "last",
-        }
     }
 }
 

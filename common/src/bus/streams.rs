@@ -8,9 +8,10 @@
 //!   one with more keeps them, so a process with a smaller setting (a CLI, an older pod) never
 //!   shrinks what another raised. A raise that the servers refuse (fewer servers than replicas)
 //!   is reported at error level, naming the stream and both counts, and the stream keeps serving;
-//! - the work streams are partitions (`SKEIN_PARTITIONS`): a process creates those of its
-//!   setting and never removes one, so a partition another process made keeps its tasks until
-//!   they are served ([`Bus::work_partitions`] finds every one);
+//! - the work, submit and events streams are partitions (`SKEIN_PARTITIONS`): a process creates
+//!   those of its setting and never removes one, so a partition another process made keeps its
+//!   tasks until they are served ([`Bus::work_partitions`] finds every one) and its events until
+//!   they age out;
 //! - creation is safe from many processes at once: a process that loses the race to create a
 //!   stream (the server answers that the name is in use) reads the winner's stream and reconciles
 //!   it like any existing one.
@@ -31,8 +32,8 @@ pub const PARTITIONS_LOOK_EVERY: Duration = Duration::from_secs(10);
 use super::{Bus, BusError, JETSTREAM_READY_WAIT};
 
 impl Bus {
-    /// Creates Skein's streams if they do not exist (a work stream for each of
-    /// [`Bus::partitions`]), with [`Bus::stream_replicas`] replicas;
+    /// Creates Skein's streams if they do not exist (a work, submit and events stream for each
+    /// of [`Bus::partitions`]), with [`Bus::stream_replicas`] replicas;
     /// gives streams created before their limits (see [`STREAM_LIMITS`]) those limits, and
     /// raises streams with fewer replicas (idempotent; safe from every process at once).
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
@@ -84,6 +85,17 @@ impl Bus {
         };
         let work = (0..self.partitions)
             .map(|k| queue(&subjects::work_stream(k), subjects::work_subjects(k)));
+        let events = (0..self.partitions).map(|k| stream::Config {
+            name: subjects::events_stream(k),
+            subjects: vec![subjects::events_subjects(k)],
+            retention: stream::RetentionPolicy::Limits,
+            max_age: Duration::from_secs(24 * 3600),
+            max_bytes: STREAM_LIMITS.events_bytes,
+            // Direct gets name the subject in their API subject (fenceable per tenant).
+            allow_direct: true,
+            num_replicas: replicas,
+            ..Default::default()
+        });
         let submit = (1..self.partitions).map(|k| {
             queue(
                 &subjects::submit_stream(k),
@@ -127,19 +139,13 @@ impl Bus {
                 num_replicas: replicas,
                 ..Default::default()
             },
-            stream::Config {
-                name: subjects::EVENTS_STREAM.into(),
-                subjects: vec![subjects::EVENTS_ALL.into()],
-                retention: stream::RetentionPolicy::Limits,
-                max_age: Duration::from_secs(24 * 3600),
-                max_bytes: STREAM_LIMITS.events_bytes,
-                // Direct gets name the subject in their API subject (fenceable per tenant).
-                allow_direct: true,
-                num_replicas: replicas,
-                ..Default::default()
-            },
         ];
-        others.into_iter().chain(submit).chain(work).collect()
+        others
+            .into_iter()
+            .chain(events)
+            .chain(submit)
+            .chain(work)
+            .collect()
     }
 
     /// Partitions this process creates and publishes submissions and calls to
@@ -168,7 +174,7 @@ impl Bus {
     }
 
     /// The partitions of the partitioned stream `base` whose streams exist, in order.
-    async fn partitions_of(&self, base: &str) -> Result<Vec<u32>, BusError> {
+    pub(super) async fn partitions_of(&self, base: &str) -> Result<Vec<u32>, BusError> {
         let mut names = self.jetstream.stream_names();
         let mut partitions = Vec::new();
         while let Some(name) = names.try_next().await.map_err(|e| BusError::Stream {
@@ -231,11 +237,19 @@ impl Bus {
             .filter(|s| !current.subjects.contains(s))
             .cloned()
             .collect();
-        if limits(&current) == limits(wanted) && missing.is_empty() {
+        // … and loses those this build narrowed.
+        let narrowed: Vec<String> = current
+            .subjects
+            .iter()
+            .filter(|s| NARROWED.contains(&(current.name.as_str(), s.as_str())))
+            .cloned()
+            .collect();
+        if limits(&current) == limits(wanted) && missing.is_empty() && narrowed.is_empty() {
             return Ok(current);
         }
-        tracing::warn!(stream = %current.name, ?missing, "stream limits or subjects differ from this build's; updating them");
+        tracing::warn!(stream = %current.name, ?missing, ?narrowed, "stream limits or subjects differ from this build's; updating them");
         let mut bounded = current.clone();
+        bounded.subjects.retain(|s| !narrowed.contains(s));
         bounded.subjects.extend(missing);
         bounded.max_messages = wanted.max_messages;
         bounded.max_bytes = wanted.max_bytes;
@@ -252,6 +266,10 @@ impl Bus {
             })
     }
 }
+
+/// Subjects an earlier build gave a stream that this one replaces with narrower ones: the events
+/// stream took all of `skein.events.>` before its partitions needed subjects beside it.
+const NARROWED: [(&str, &str); 1] = [(subjects::EVENTS_STREAM, subjects::EVENTS_ALL)];
 
 /// Raises `current` (an existing stream's configuration) to `wanted` replicas if it has fewer;
 /// tells whether it did. A stream with more replicas keeps them (said at info level). Other

@@ -77,8 +77,9 @@ async fn why_waiting(
         submission.session.as_str(),
         submission.task_id.as_str(),
     );
-    let events = subjects::events(tenant, task_id);
-    if let Ok(Ok(Some(_))) = tokio::time::timeout(LOOK_TIMEOUT, bus.last_event(&events)).await {
+    if let Ok(Ok(Some(_))) =
+        tokio::time::timeout(LOOK_TIMEOUT, bus.last_event(tenant, task_id)).await
+    {
         return None;
     }
     // Every submit partition there is (a cluster may have more than this process's setting).

@@ -131,11 +131,7 @@ impl Lead {
     /// Whether a task id already has events (it runs or ran); an unanswered look counts as yes,
     /// so a refusal is never announced over a real task.
     async fn task_has_events(&self, tenant: &str, task_id: &str) -> bool {
-        match self
-            .bus
-            .last_event(&subjects::events(tenant, task_id))
-            .await
-        {
+        match self.bus.last_event(tenant, task_id).await {
             Ok(None) => false,
             Ok(Some(_)) => {
                 tracing::warn!(%task_id, "a refused submission names a task that has events; not announced");

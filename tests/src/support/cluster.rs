@@ -225,6 +225,16 @@ impl TestCluster {
             .expect("client connects to the test NATS")
     }
 
+    /// A client that creates and publishes to `partitions` partitions (`SKEIN_PARTITIONS`).
+    pub async fn partitioned_client(&self, partitions: u32) -> SkeinClient {
+        SkeinClient::connect(&NatsConfig {
+            partitions,
+            ..NatsConfig::local(self.nats.url.clone())
+        })
+        .await
+        .expect("client connects to the test NATS")
+    }
+
     pub async fn store(&self) -> SessionStore {
         SessionStore::connect(&skein_common::config::RedisConfig::local(
             self.redis.url.clone(),

@@ -53,12 +53,11 @@ pub async fn last_event_of(
     tenant: &str,
     task_id: &str,
 ) -> Option<(u64, EventKind)> {
-    let subject = skein_common::subjects::events(tenant, task_id);
     let (seq, event) = cluster
         .client()
         .await
         .bus()
-        .last_event(&subject)
+        .last_event(tenant, task_id)
         .await
         .ok()??;
     Some((seq, event.event))

@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use skein_common::protocol::{ApprovalRequest, EventKind, FinalResult, PendingCall, TurnEvent};
-use skein_common::subjects;
 use tokio::time::{Instant, Interval};
 
 use super::super::{approvals, Gateway};
@@ -103,7 +102,7 @@ impl Follower {
         let messages = gateway
             .client
             .bus()
-            .replay(subjects::events(tenant, task_id))
+            .replay(tenant, task_id)
             .await
             .map_err(|e| RpcError::internal(format!("the task's events cannot be read: {e}")))?
             .map(|message| message.map_err(|e| e.to_string()));

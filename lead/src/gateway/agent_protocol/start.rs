@@ -226,11 +226,10 @@ pub(super) async fn start(
         answer.check_complete(&calls, CallRef::id)?;
         // The resumed stretch starts after what the task holds now (it waits: nothing comes
         // until it is answered).
-        let subject = skein_common::subjects::events(tenant, &interrupted.task_id);
         let after_events = gateway
             .client
             .bus()
-            .event_count(&subject)
+            .event_count(tenant, &interrupted.task_id)
             .await
             .map_err(|e| request::unavailable("the run's events could not be counted", e))?;
         approvals::answer(gateway, principal, &interrupted.task_id, &answer).await?;

@@ -56,11 +56,10 @@ fn json_body<T: DeserializeOwned>(
 /// The run's first event (its start), or 404 when the events stream holds none.
 async fn started(gateway: &Gateway, tenant: &str, task_id: &str) -> Result<Started, ApiError> {
     validate_token("task_id", task_id).map_err(|f| request::invalid(f.message))?;
-    let subject = skein_common::subjects::events(tenant, task_id);
     let first = gateway
         .client
         .bus()
-        .first_event(&subject)
+        .first_event(tenant, task_id)
         .await
         .map_err(|e| request::unavailable("the run could not be read", e))?;
     match first {
@@ -101,10 +100,9 @@ async fn events_so_far(
     fn unreadable(e: impl std::fmt::Display) -> ApiError {
         request::unavailable("the run's events could not be read", e)
     }
-    let subject = skein_common::subjects::events(tenant, task_id);
     let bus = gateway.client.bus();
-    let count = bus.event_count(&subject).await.map_err(unreadable)?;
-    let messages = bus.replay(subject).await.map_err(unreadable)?;
+    let count = bus.event_count(tenant, task_id).await.map_err(unreadable)?;
+    let messages = bus.replay(tenant, task_id).await.map_err(unreadable)?;
     let read = messages
         .take(count as usize)
         .map(|message| {

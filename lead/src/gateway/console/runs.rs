@@ -61,11 +61,10 @@ pub(super) async fn list(
                 .map_err(unreadable)?;
             let mut runs = Vec::with_capacity(tasks.len());
             for (task_id, events) in tasks {
-                let subject = skein_common::subjects::events(tenant, &task_id);
                 let Some((_, first)) = gateway
                     .client
                     .bus()
-                    .first_event(&subject)
+                    .first_event(tenant, &task_id)
                     .await
                     .map_err(unreadable)?
                 else {

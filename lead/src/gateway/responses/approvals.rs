@@ -82,7 +82,7 @@ pub(super) async fn resume(
     let after_events = gateway
         .client
         .bus()
-        .event_count(&skein_common::subjects::events(tenant, &task))
+        .event_count(tenant, &task)
         .await
         .map_err(|e| request::unavailable("the task's events could not be counted", e))?;
     approvals::answer(&gateway, &principal, &task, &answer).await?;

@@ -3,8 +3,8 @@
 //! `nats-server` spends per call; then a burst of two-tool turns of as many sessions as calls /
 //! 10, submitted by a client of the same partition count, and the turns per second of one lead.
 //! Three partitions are measured twice: placed by NATS as the processes create them, and placed
-//! one per node (each partition's submit and work streams made first with a placement tag, as an
-//! operator can). Each run has a fresh cluster, Redis and two workers; streams have one replica,
+//! one per node (each partition's submit, work and events streams made first with a placement
+//! tag, as an operator can). Each run has a fresh cluster, Redis and two workers; streams have one replica,
 //! and the node that leads each work stream is reported.
 
 use std::path::Path;
@@ -230,13 +230,14 @@ async fn turn_burst(
     Ok(turns as f64 / elapsed.as_secs_f64())
 }
 
-/// Makes each partition's work and submit streams first, on node `k % NODES` (its placement
+/// Makes each partition's work, submit and events streams first, on node `k % NODES` (its placement
 /// tag), so that the processes find them made.
 async fn place_one_per_node(bus: &Bus, nats: &NatsCluster) -> Result<(), Failed> {
     let jetstream = async_nats::jetstream::new(bus.client().clone());
     for mut config in bus.stream_configs() {
         let partition = subjects::parse_work_stream(&config.name)
-            .or_else(|| subjects::parse_partition_stream(subjects::SUBMIT_STREAM, &config.name));
+            .or_else(|| subjects::parse_partition_stream(subjects::SUBMIT_STREAM, &config.name))
+            .or_else(|| subjects::parse_partition_stream(subjects::EVENTS_STREAM, &config.name));
         let Some(k) = partition else {
             continue;
         };
