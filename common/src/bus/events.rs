@@ -8,8 +8,8 @@
 //!   ([`subjects::events_partition`]);
 //! - a reader looks there first and, when that partition holds none of the task's events, in
 //!   every other events partition there is: a task whose events another setting placed (a
-//!   cluster being re-partitioned, a client with another count) is still found. The partitions
-//!   there are are listed at most every [`PARTITIONS_LOOK_EVERY`], and only on such a miss;
+//!   cluster being re-partitioned, a client with another count) is still found. The streams are
+//!   listed at most every [`PARTITIONS_LOOK_EVERY`], and only on such a miss;
 //! - what the streams no longer hold (older than their retention) is not found.
 
 use std::collections::BTreeMap;

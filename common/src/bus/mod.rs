@@ -1,9 +1,10 @@
 //! `Bus`: Skein's one NATS transport. It owns the connection, message encoding and size caps,
 //! publishing, and the headers every published message carries; its submodules own the streams
-//! (`streams`), a task's events in the events partitions (`events`), the durable consumers (`intake`), a delivered message
-//! until it is settled (`delivery`), how many of a consumer's messages run at once (`slots`), the
-//! dead-letter stream (`dead_letters`), a session's unfinished submissions (`submissions`), and
-//! whether TLS can use the client certificate (`tls`).
+//! (`streams`), a task's events in the events partitions (`events`), the durable consumers
+//! (`intake`), a delivered message until it is settled (`delivery`), how many of a consumer's
+//! messages run at once (`slots`), the dead-letter stream (`dead_letters`), a session's
+//! unfinished submissions (`submissions`), and whether TLS can use the client certificate
+//! (`tls`).
 //!
 //! Invariants:
 //! - work is pulled only for free capacity: each pull request asks for as many messages as there
@@ -173,7 +174,7 @@ pub struct Bus {
     disconnects: tokio::sync::watch::Receiver<u64>,
     /// Replicas of the streams this process creates (and raises existing ones to).
     stream_replicas: usize,
-    /// Partitions this process creates and publishes submissions and calls to
+    /// Partitions this process creates and publishes submissions, calls and events to
     /// (`SKEIN_PARTITIONS`).
     partitions: u32,
     /// The submit partitions known to exist, shared by the clones: where a session's unfinished

@@ -148,7 +148,7 @@ impl Bus {
             .collect()
     }
 
-    /// Partitions this process creates and publishes submissions and calls to
+    /// Partitions this process creates and publishes submissions, calls and events to
     /// (`SKEIN_PARTITIONS`).
     pub fn partitions(&self) -> u32 {
         self.partitions
