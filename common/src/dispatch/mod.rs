@@ -57,9 +57,16 @@ const RECORD_POLL: Duration = Duration::from_secs(1);
 /// it goes.
 type Pending = Arc<Mutex<HashMap<u64, (String, oneshot::Sender<ToolResult>)>>>;
 
-/// Sends calls to worker pools and collects results for one process.
+/// Sends calls to worker pools and collects results for one process. A clone shares its parts
+/// (one reference count), so that each call's future keeps a pointer rather than a copy of the
+/// bus and the store.
 #[derive(Clone)]
 pub struct Dispatcher {
+    parts: Arc<DispatcherParts>,
+}
+
+/// What the clones of a dispatcher share.
+pub struct DispatcherParts {
     bus: Bus,
     store: SessionStore,
     /// Which pools provide which tools (routing).
@@ -69,6 +76,14 @@ pub struct Dispatcher {
     pending: Pending,
     /// Where arguments and inputs too large to travel inline are stored.
     payloads: PayloadStore,
+}
+
+impl std::ops::Deref for Dispatcher {
+    type Target = DispatcherParts;
+
+    fn deref(&self) -> &DispatcherParts {
+        &self.parts
+    }
 }
 
 /// Removes a dispatch's waiter when dropped.
@@ -169,7 +184,7 @@ impl Dispatcher {
                 }
             }
         });
-        Ok(Self {
+        let parts = DispatcherParts {
             payloads: PayloadStore::new(&bus),
             bus,
             catalog: LiveCatalog::new(store.clone(), catalog::CATALOG_MAX_AGE),
@@ -177,6 +192,9 @@ impl Dispatcher {
             instance: instance.into(),
             next_dispatch: Arc::default(),
             pending,
+        };
+        Ok(Self {
+            parts: Arc::new(parts),
         })
     }
 
@@ -197,7 +215,9 @@ impl Dispatcher {
     }
 
     /// Runs one call of the runtime on a worker pool that provides its tool (or runs subagents).
-    pub async fn run(&self, request: ToolCallRequest) -> ToolResult {
+    /// The request is read where it is (what is sent on is taken out of it), so a waiting
+    /// call's future holds it once.
+    async fn run(&self, request: &mut ToolCallRequest) -> ToolResult {
         let ToolCallRequest {
             origin,
             step,
@@ -210,6 +230,11 @@ impl Dispatcher {
             Ok(catalog) => catalog,
             Err(e) => return failed(&call.id, e.to_failure()),
         };
+        let route = |pool| CallRoute {
+            pool,
+            timeout: *timeout,
+            may_have_run: *may_have_run,
+        };
         match target {
             CallTarget::Tool => {
                 let Some(pool) = catalog.pool_for_tool(&call.name) else {
@@ -219,12 +244,8 @@ impl Dispatcher {
                     );
                     return failed(&call.id, failure);
                 };
-                let route = CallRoute {
-                    pool,
-                    timeout,
-                    may_have_run,
-                };
-                self.call_tool(&origin, step, &call.id, &call.name, call.arguments, route)
+                let arguments = std::mem::take(&mut call.arguments);
+                self.call_tool(origin, *step, &call.id, &call.name, arguments, route(pool))
                     .await
             }
             CallTarget::Subagent {
@@ -240,19 +261,15 @@ impl Dispatcher {
                     );
                     return failed(&call.id, failure);
                 };
-                let route = CallRoute {
-                    pool,
-                    timeout,
-                    may_have_run,
-                };
                 let child = Child {
-                    agent: Arc::unwrap_or_clone(agent),
-                    input: task,
-                    depth,
-                    skills,
+                    agent: AgentSpec::clone(agent.as_ref()),
+                    input: std::mem::take(task),
+                    depth: *depth,
+                    skills: std::mem::take(skills),
                 };
-                self.call_subagent(&origin, step, &call.id, child, route)
-                    .await
+                // Boxed: a subagent's dispatch is larger than a tool's, and inline it would
+                // size every waiting call's future.
+                Box::pin(self.call_subagent(origin, *step, &call.id, child, route(pool))).await
             }
         }
     }
@@ -424,9 +441,10 @@ impl Dispatcher {
         };
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
         let publishing = tokio::time::Instant::now();
-        if let Err(failure) = self
-            .publish_patiently(subject, task, &dedup_id, timeout)
-            .await
+        // Boxed: publishing takes one round trip, and inline its future would be most of what a
+        // call keeps while it waits for its result.
+        if let Err(failure) =
+            Box::pin(self.publish_patiently(subject, task, &dedup_id, timeout)).await
         {
             return failed(call_id, failure);
         }
@@ -505,9 +523,9 @@ impl tower::Service<ToolCallRequest> for Dispatcher {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: ToolCallRequest) -> Self::Future {
+    fn call(&mut self, mut request: ToolCallRequest) -> Self::Future {
         let dispatcher = self.clone();
-        Box::pin(async move { Ok(dispatcher.run(request).await) })
+        Box::pin(async move { Ok(dispatcher.run(&mut request).await) })
     }
 }
 
