@@ -203,13 +203,21 @@ impl Envelope {
 
     /// Runs `work` while telling the broker every `every` that the message is still being worked
     /// on, so a short ack deadline still catches a dead process quickly while long work survives.
-    pub async fn with_progress<O>(&self, every: Duration, work: impl Future<Output = O>) -> O {
-        futures::pin_mut!(work);
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        loop {
-            tokio::select! {
-                done = &mut work => return done,
-                _ = ticks.tick() => self.progress().await,
+    pub fn with_progress<'a, O: 'a>(
+        &'a self,
+        every: Duration,
+        work: impl Future<Output = O> + 'a,
+    ) -> impl Future<Output = O> + 'a {
+        // Boxed before any future holds it: an `async fn` would keep the work twice (its
+        // argument and its pinned copy), and a turn's is many KiB, held for the whole turn.
+        let mut work = Box::pin(work);
+        async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tokio::select! {
+                    done = &mut work => return done,
+                    _ = ticks.tick() => self.progress().await,
+                }
             }
         }
     }
