@@ -221,9 +221,8 @@ impl SkeinClient {
             Ok::<_, ClientError>(bus.decode::<TurnEvent>(&message.payload)?)
         });
         // Ends as soon as the final event is passed on, without waiting for a message after it.
-        let events = futures::stream::unfold(
-            (Box::pin(events), false),
-            |(mut events, finished)| async move {
+        let events =
+            futures::stream::unfold((events, false), |(mut events, finished)| async move {
                 if finished {
                     return None;
                 }
@@ -236,8 +235,7 @@ impl SkeinClient {
                     })
                 );
                 Some((event, (events, finished)))
-            },
-        );
+            });
         Ok(events.boxed())
     }
 
