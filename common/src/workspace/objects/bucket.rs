@@ -135,7 +135,8 @@ pub(super) struct Bucket {
 /// Metadata messages fetched per request of a listing.
 const LIST_BATCH: usize = 256;
 
-/// Longest wait for the answer to one fetch of a listing, and how many fetches may go unanswered.
+/// Longest wait for the answer to one fetch of a listing, and how many listings may have one go
+/// unanswered before the listing fails.
 const LIST_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 const LIST_FETCH_ATTEMPTS: u32 = 5;
 
@@ -162,16 +163,43 @@ impl Bucket {
         self.read_metadata(DeliverPolicy::All).await
     }
 
+    /// Reads the metadata messages `deliver_policy` selects through an ephemeral pull consumer.
+    /// A fetch whose answer never comes (seen on 2.9 when a purge or rollup races a listing: the
+    /// consumer's count of what is pending goes wrong and asking it again does not help) starts
+    /// the whole listing again on a fresh consumer, a bounded number of times.
     async fn read_metadata(
         &self,
         deliver_policy: DeliverPolicy,
     ) -> Result<Vec<Meta>, WorkspaceError> {
-        use async_nats::jetstream::consumer::{pull, AckPolicy};
-        use futures::StreamExt;
-        let failed = |e: &dyn std::fmt::Display| WorkspaceError::Unavailable {
+        let mut unanswered = 0;
+        loop {
+            match self.read_metadata_once(deliver_policy).await? {
+                Some(metas) => return Ok(metas),
+                None if unanswered + 1 < LIST_FETCH_ATTEMPTS => unanswered += 1,
+                None => {
+                    return Err(self.list_failed(&format!(
+                        "{LIST_FETCH_ATTEMPTS} listings had a fetch go unanswered"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn list_failed(&self, e: &dyn std::fmt::Display) -> WorkspaceError {
+        WorkspaceError::Unavailable {
             message: format!("cannot list {}: {e}", self.name),
             source: None,
-        };
+        }
+    }
+
+    /// One listing on one consumer: `None` when a fetch went unanswered.
+    async fn read_metadata_once(
+        &self,
+        deliver_policy: DeliverPolicy,
+    ) -> Result<Option<Vec<Meta>>, WorkspaceError> {
+        use async_nats::jetstream::consumer::{pull, AckPolicy};
+        use futures::StreamExt;
+        let failed = |e: &dyn std::fmt::Display| self.list_failed(e);
         let consumer = self
             .stream
             .create_consumer(pull::Config {
@@ -185,7 +213,6 @@ impl Bucket {
             .map_err(|e| failed(&e))?;
         let mut infos = Vec::new();
         let listed = async {
-            let mut unanswered = 0;
             loop {
                 let batch = async {
                     let mut batch = consumer
@@ -204,22 +231,15 @@ impl Bucket {
                     }
                     Ok::<_, WorkspaceError>(received)
                 };
-                // A pull request whose answer never comes (seen on 2.9 under concurrent
-                // rollups) is asked again; the consumer keeps its place.
                 match tokio::time::timeout(LIST_FETCH_TIMEOUT, batch).await {
                     Ok(received) => {
                         let received = received?;
                         if received.is_empty() {
-                            return Ok(());
+                            return Ok(true);
                         }
                         infos.extend(received);
                     }
-                    Err(_) if unanswered < LIST_FETCH_ATTEMPTS => unanswered += 1,
-                    Err(_) => {
-                        return Err(failed(&format!(
-                            "{LIST_FETCH_ATTEMPTS} fetches went unanswered"
-                        )))
-                    }
+                    Err(_) => return Ok(false),
                 }
             }
         }
@@ -232,7 +252,7 @@ impl Bucket {
         {
             tracing::debug!(error = %e, "listing consumer not deleted; it expires");
         }
-        listed.map(|()| infos)
+        listed.map(|complete| complete.then_some(infos))
     }
 
     /// The cache key of `object` in this bucket.
