@@ -164,9 +164,22 @@ impl BusError {
     }
 }
 
-/// A connection to NATS with JetStream.
+/// A connection to NATS with JetStream. Clones share one [`BusParts`]: a bus is held by every
+/// delivery, dispatcher and event sink in flight, so it is a pointer, cloned by one count.
 #[derive(Clone)]
-pub struct Bus {
+pub struct Bus(std::sync::Arc<BusParts>);
+
+impl std::ops::Deref for Bus {
+    type Target = BusParts;
+
+    fn deref(&self) -> &BusParts {
+        &self.0
+    }
+}
+
+/// What a [`Bus`] holds.
+#[derive(Clone)]
+pub struct BusParts {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     max_payload: usize,
@@ -255,7 +268,7 @@ impl Bus {
         let server_cap = client.server_info().max_payload;
         let jetstream = jetstream::new(client.clone());
         let partitions = cfg.partitions.clamp(1, subjects::MAX_PARTITIONS);
-        Ok(Self {
+        Ok(Self(std::sync::Arc::new(BusParts {
             client,
             jetstream,
             max_payload: max_payload.min(server_cap.max(1)),
@@ -274,7 +287,7 @@ impl Bus {
                     on_behalf: None,
                 })
             }),
-        })
+        })))
     }
 
     /// What operations this process receives are checked against.
@@ -294,25 +307,27 @@ impl Bus {
     }
 
     /// This connection, signing with `signer` from now on.
-    pub fn with_signer(mut self, signer: Signer) -> Self {
-        self.signing = Some(std::sync::Arc::new(Signing {
+    pub fn with_signer(self, signer: Signer) -> Self {
+        let mut parts = BusParts::clone(&self);
+        parts.signing = Some(std::sync::Arc::new(Signing {
             signer: std::sync::Arc::new(signer),
             on_behalf: None,
         }));
-        self
+        Self(std::sync::Arc::new(parts))
     }
 
     /// This connection, with its operations signed as acting for `name` with `roles` (a
     /// delegate, the gateway, acting for a caller it proved). Without a key it is unchanged.
     pub fn acting_for(&self, name: &str, roles: &[Role]) -> Self {
-        let mut bus = self.clone();
-        if let Some(signing) = &self.signing {
-            bus.signing = Some(std::sync::Arc::new(Signing {
-                signer: signing.signer.clone(),
-                on_behalf: Some((name.to_owned(), roles.to_vec())),
-            }));
-        }
-        bus
+        let Some(signing) = &self.signing else {
+            return self.clone();
+        };
+        let mut parts = BusParts::clone(self);
+        parts.signing = Some(std::sync::Arc::new(Signing {
+            signer: signing.signer.clone(),
+            on_behalf: Some((name.to_owned(), roles.to_vec())),
+        }));
+        Self(std::sync::Arc::new(parts))
     }
 
     /// `headers` for an operation's message, signed when this process has a key.

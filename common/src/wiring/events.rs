@@ -50,14 +50,17 @@ pub struct BusEvents {
 }
 
 impl BusEvents {
+    /// A sink for `origin`'s events from `source`; values too large for an event go to
+    /// `payloads` (the process's own store, shared, so that a bucket is looked up once).
     pub fn new(
         bus: Bus,
+        payloads: &PayloadStore,
         listeners: Listeners,
         origin: TaskOrigin,
         source: impl Into<Arc<str>>,
     ) -> Self {
         Self {
-            payloads: PayloadStore::new(&bus),
+            payloads: payloads.clone(),
             bus,
             listeners,
             origin,
@@ -77,13 +80,21 @@ impl BusEvents {
     pub fn child(&self, source: impl Into<Arc<str>>) -> Self {
         Self::new(
             self.bus.clone(),
+            &self.payloads,
             self.listeners.clone(),
             self.origin.clone(),
             source,
         )
     }
 
-    pub async fn emit(&self, event: EventKind) {
+    /// Sends `event` (see the module header). Boxed, as through [`EventSink`]: fitting and
+    /// publishing an event is a future of several KiB, and inline it would grow the future of
+    /// every loop that emits one by that much for the loop's whole life.
+    pub fn emit(&self, event: EventKind) -> BoxFuture<'_, ()> {
+        Box::pin(self.emit_now(event))
+    }
+
+    async fn emit_now(&self, event: EventKind) {
         self.listeners.notify(&self.origin, &self.source, &event);
         for event in self.fit(event).await {
             self.send(event).await;
@@ -107,8 +118,14 @@ impl BusEvents {
     }
 
     /// Publishes an event and waits until the stream has stored it (and so every event before
-    /// it on this connection was handled too).
-    pub async fn announce(&self, event: EventKind) -> Result<(), BusError> {
+    /// it on this connection was handled too). Boxed: a task announces once, at its end, and
+    /// inline this future (fitting a final result, its publish and confirmation) would grow by
+    /// several KiB every turn's future, held for the whole turn.
+    pub fn announce(&self, event: EventKind) -> BoxFuture<'_, Result<(), BusError>> {
+        Box::pin(self.announce_now(event))
+    }
+
+    async fn announce_now(&self, event: EventKind) -> Result<(), BusError> {
         self.listeners.notify(&self.origin, &self.source, &event);
         // A final result always fits its event (its answer by reference, or cut if it cannot be
         // stored), or the client would wait for ever for an answer that is never announced.
@@ -260,7 +277,7 @@ fn split(text: &str, limit: usize) -> impl Iterator<Item = String> + '_ {
 
 impl EventSink for BusEvents {
     fn emit(&self, event: EventKind) -> BoxFuture<'_, ()> {
-        Box::pin(BusEvents::emit(self, event))
+        BusEvents::emit(self, event)
     }
 }
 

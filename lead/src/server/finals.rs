@@ -45,7 +45,13 @@ impl Lead {
             budget: None,
             run_budget: None,
         };
-        let events = BusEvents::new(self.bus.clone(), Listeners::default(), origin, "lead");
+        let events = BusEvents::new(
+            self.bus.clone(),
+            &self.payloads,
+            Listeners::default(),
+            origin,
+            "lead",
+        );
         events.announce(EventKind::Final { result }).await
     }
 
@@ -58,6 +64,7 @@ impl Lead {
     ) -> Settled {
         let events = BusEvents::new(
             self.bus.clone(),
+            &self.payloads,
             self.listeners.clone(),
             submission.origin(),
             "lead",

@@ -27,6 +27,7 @@
 //! rejected, cancel them, interrupt them) and the hook that ends an interrupted turn,
 //! `submit_intakes` the submit partitions the lead takes submissions from.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -376,71 +377,87 @@ impl Settled {
 }
 
 impl Lead {
-    /// Runs one delivered submission; the future owns the lead, so it is spawned as it is.
-    async fn handle(self: Arc<Self>, received: Received<TaskSubmission>, abort: CancellationToken) {
-        let _in_flight = self.metrics.in_flight("turn");
-        let envelope = received.envelope();
-        if envelope.delivered() > 1 {
-            self.metrics.redelivered("turn");
-        }
-        let recorded = match &received {
-            Received::Decoded(delivery) => self.kept_trace(delivery).await,
-            Received::Undecodable(_) => None,
-        };
-        let span = envelope.span_continuing(recorded.as_deref());
-        span.record("skein.kind", "submission");
-        match received {
-            Received::Decoded(delivery) => {
-                self.handle_delivery(delivery, abort).instrument(span).await
+    /// Runs one delivered submission; the future owns the lead, so it is spawned as it is. A
+    /// plain function: an `async fn` would keep the delivery twice in its future.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would store the delivery twice in its future"
+    )]
+    fn handle(
+        self: Arc<Self>,
+        received: Received<TaskSubmission>,
+        abort: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let _in_flight = self.metrics.in_flight("turn");
+            let envelope = received.envelope();
+            if envelope.delivered() > 1 {
+                self.metrics.redelivered("turn");
             }
-            Received::Undecodable(undecodable) => {
-                let (task_id, failure) = (
-                    undecodable.envelope().message_id(),
-                    undecodable.body().to_failure(),
-                );
-                let (envelope, _) = undecodable.into_parts();
-                self.reject(envelope, task_id, failure)
-                    .boxed()
-                    .instrument(span)
-                    .await
+            let recorded = match &received {
+                Received::Decoded(delivery) => self.kept_trace(delivery).await,
+                Received::Undecodable(_) => None,
+            };
+            let span = envelope.span_continuing(recorded.as_deref());
+            span.record("skein.kind", "submission");
+            match received {
+                Received::Decoded(delivery) => {
+                    self.handle_delivery(delivery, abort).instrument(span).await
+                }
+                Received::Undecodable(undecodable) => {
+                    let (task_id, failure) = (
+                        undecodable.envelope().message_id(),
+                        undecodable.body().to_failure(),
+                    );
+                    let (envelope, _) = undecodable.into_parts();
+                    self.reject(envelope, task_id, failure)
+                        .boxed()
+                        .instrument(span)
+                        .await
+                }
             }
         }
     }
 
-    async fn handle_delivery(
+    /// Checks and runs a decoded submission, then settles it. A plain function taking the
+    /// delivery apart before its future starts: an `async fn` would keep the delivery and its
+    /// parts both, for the whole turn.
+    fn handle_delivery(
         self: &Arc<Self>,
         delivery: Delivery<TaskSubmission>,
         abort: CancellationToken,
-    ) {
+    ) -> impl Future<Output = ()> + Send + '_ {
         let (envelope, mut submission) = delivery.into_parts();
-        let checked = submission
-            .validate(self.cfg.process.max_payload)
-            .and_then(|()| submission.images(&self.cfg.model.image_limits()).map(drop))
-            .and_then(|()| subject_matches(&envelope, &submission))
-            .and_then(|()| self.submitter(&envelope, &mut submission));
-        if let Err(failure) = checked {
-            let task_id = Some(submission.task_id.clone());
-            return self.reject(envelope, task_id, failure).boxed().await;
-        }
-        let span = tracing::Span::current();
-        span.record("skein.task_id", submission.task_id.as_str());
-        span.record("gen_ai.conversation.id", submission.session.as_str());
-        let position = Position {
-            place: envelope.submission_place(),
-            first: envelope.is_first(),
-            sender_traced: envelope.carries_trace_context(),
-        };
-        let every = self.cfg.process.progress_every();
-        let outcome = envelope
-            .with_progress(every, self.settle_turn(&submission, position, &abort))
-            .await;
-        // Whatever ended here may free the session for its next turn; a task handed back for
-        // turn order freed nothing.
-        let freed = !matches!(outcome, Settled::NotYet);
-        self.settle_delivery(envelope, &submission, outcome, &abort)
-            .await;
-        if freed {
-            crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
+        async move {
+            let checked = submission
+                .validate(self.cfg.process.max_payload)
+                .and_then(|()| submission.images(&self.cfg.model.image_limits()).map(drop))
+                .and_then(|()| subject_matches(&envelope, &submission))
+                .and_then(|()| self.submitter(&envelope, &mut submission));
+            if let Err(failure) = checked {
+                let task_id = Some(submission.task_id.clone());
+                return self.reject(envelope, task_id, failure).boxed().await;
+            }
+            let span = tracing::Span::current();
+            span.record("skein.task_id", submission.task_id.as_str());
+            span.record("gen_ai.conversation.id", submission.session.as_str());
+            let position = Position {
+                place: envelope.submission_place(),
+                first: envelope.is_first(),
+                sender_traced: envelope.carries_trace_context(),
+            };
+            let every = self.cfg.process.progress_every();
+            let outcome = envelope
+                .with_progress(every, self.settle_turn(&submission, position, &abort))
+                .await;
+            // Whatever ended here may free the session for its next turn; a task handed back for
+            // turn order freed nothing.
+            let freed = !matches!(outcome, Settled::NotYet);
+            // Boxed: settling is brief, and inline it would grow the future the whole turn keeps.
+            Box::pin(self.settle_delivery(envelope, &submission, outcome, &abort)).await;
+            if freed {
+                crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
+            }
         }
     }
 

@@ -349,6 +349,7 @@ impl Lead {
         let events = Arc::new(
             BusEvents::new(
                 self.bus.clone(),
+                &self.payloads,
                 self.listeners.clone(),
                 origin.clone(),
                 "lead",

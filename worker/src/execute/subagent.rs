@@ -143,6 +143,7 @@ pub(super) async fn subagent_task(
     let events = Arc::new(
         BusEvents::new(
             ctx.bus.clone(),
+            &ctx.payloads,
             Listeners::default(),
             child_origin.clone(),
             skein_common::protocol::child_event_source(

@@ -161,43 +161,58 @@ impl Runtime {
     /// Runs one turn to its end, or resumes it from `turn.resume`. `Err` means the turn stopped
     /// without ending (interrupted, or waiting for approval): the caller decides what happens
     /// next.
-    pub async fn run_turn(&self, turn: TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
-        let span = tracing::info_span!(
-            "invoke_agent",
-            "otel.name" = format!("invoke_agent {}", turn.agent.name),
-            "gen_ai.operation.name" = "invoke_agent",
-            "gen_ai.agent.name" = %turn.agent.name,
-            "gen_ai.conversation.id" = %turn.origin.session,
-            "skein.task_id" = %turn.origin.task_id,
-            "skein.tenant" = %turn.origin.tenant,
-            "skein.depth" = turn.depth,
-            "skein.approval_pending" = tracing::field::Empty,
-            "otel.status_code" = tracing::field::Empty,
-            "error.type" = tracing::field::Empty,
-        );
-        let result = self.run_hooked_turn(turn).instrument(span.clone()).await;
-        match &result {
-            Ok(TurnOutput {
-                failure: Some(failure),
-                ..
-            })
-            | Err(TurnStop::Interrupted(failure)) => record_failure(&span, failure),
-            Err(TurnStop::AwaitingApproval(awaiting)) => {
-                span.record("skein.approval_pending", awaiting.calls.len());
+    ///
+    /// A plain function: an `async fn` would keep the turn's input twice in its future, and
+    /// the layers below borrow it rather than take it, for the same reason.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would store the turn's input twice in its future"
+    )]
+    pub fn run_turn<'a>(
+        &'a self,
+        mut turn: TurnInput<'a>,
+    ) -> impl std::future::Future<Output = Result<TurnOutput, TurnStop>> + Send + 'a {
+        async move {
+            let span = tracing::info_span!(
+                "invoke_agent",
+                "otel.name" = format!("invoke_agent {}", turn.agent.name),
+                "gen_ai.operation.name" = "invoke_agent",
+                "gen_ai.agent.name" = %turn.agent.name,
+                "gen_ai.conversation.id" = %turn.origin.session,
+                "skein.task_id" = %turn.origin.task_id,
+                "skein.tenant" = %turn.origin.tenant,
+                "skein.depth" = turn.depth,
+                "skein.approval_pending" = tracing::field::Empty,
+                "otel.status_code" = tracing::field::Empty,
+                "error.type" = tracing::field::Empty,
+            );
+            let result = self
+                .run_hooked_turn(&mut turn)
+                .instrument(span.clone())
+                .await;
+            match &result {
+                Ok(TurnOutput {
+                    failure: Some(failure),
+                    ..
+                })
+                | Err(TurnStop::Interrupted(failure)) => record_failure(&span, failure),
+                Err(TurnStop::AwaitingApproval(awaiting)) => {
+                    span.record("skein.approval_pending", awaiting.calls.len());
+                }
+                Err(TurnStop::Paused) | Ok(_) => {}
             }
-            Err(TurnStop::Paused) | Ok(_) => {}
+            result
         }
-        result
     }
 
     /// The turn inside its turn hooks: `before_turn` may rewrite the input or end the turn
     /// without a model call; `after_turn` may change how it ended.
-    async fn run_hooked_turn(&self, mut turn: TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
+    async fn run_hooked_turn(&self, turn: &mut TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
         let hooks = self.middleware.hooks();
         if hooks.is_empty() {
             return self.run_turn_steps(turn).await;
         }
-        let ctx = turn_context(&turn, 0);
+        let ctx = turn_context(turn, 0);
         // A resumed turn already went through `before_turn` on its first run.
         if turn.resume.is_none() {
             match hooks.enter_turn(&ctx, turn.input.clone()).await {
@@ -255,9 +270,9 @@ impl Runtime {
         out
     }
 
-    async fn run_turn_steps(&self, turn: TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
+    async fn run_turn_steps(&self, turn: &TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
         let asked = std::sync::atomic::AtomicBool::new(false);
-        let mut out = self.steps(&turn, &asked).await?;
+        let mut out = self.steps(turn, &asked).await?;
         out.asked_approval = asked.load(std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
