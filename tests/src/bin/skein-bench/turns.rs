@@ -2,6 +2,8 @@
 //! burst of many sessions at once, counting finals from the events (and from the stored results
 //! for finals the watcher missed), the lead's peak turns in flight and its memory per turn.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -195,39 +197,60 @@ pub(crate) async fn burst(
             (most, most_anonymous)
         }
     });
-    let nats = async_nats::connect(url).await?;
+    // The watcher counts what its connection dropped: a core subscriber that falls behind loses
+    // messages, and a final event it lost is not a lost turn (see below).
+    let dropped = Arc::new(AtomicU64::new(0));
+    let nats = async_nats::ConnectOptions::new()
+        .event_callback({
+            let dropped = dropped.clone();
+            move |event| {
+                if let async_nats::Event::SlowConsumer(_) = event {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                std::future::ready(())
+            }
+        })
+        .connect(url)
+        .await?;
     let mut finals = nats.subscribe("skein.events.bench.>").await?;
     let idle = rss_kib(lead_pid, "VmRSS")?;
     let tasks: Vec<TaskSubmission> = (0..sessions).map(task).collect();
     let submitted = Instant::now();
+    // Finals are read while the tasks are submitted, so the watcher does not fall behind.
+    let watching = tokio::spawn(async move {
+        let mut finished = std::collections::HashSet::with_capacity(sessions);
+        let mut taken = Vec::with_capacity(sessions);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while finished.len() < sessions && Instant::now() < deadline {
+            let Ok(Some(message)) =
+                tokio::time::timeout(Duration::from_secs(30), finals.next()).await
+            else {
+                break;
+            };
+            if let Ok(TurnEvent {
+                event: EventKind::Final { .. },
+                task_id,
+                ..
+            }) = serde_json::from_slice::<TurnEvent>(&message.payload)
+            {
+                if finished.insert(task_id) {
+                    taken.push(submitted.elapsed());
+                }
+            }
+        }
+        (finished, taken, submitted.elapsed())
+    });
     let published = futures::stream::iter(tasks.iter())
         .map(|t| client.submit(t))
         .buffer_unordered(256)
         .filter(|r| futures::future::ready(r.is_ok()))
         .count()
         .await;
-    let mut done = 0;
-    let mut finished = std::collections::HashSet::with_capacity(sessions);
-    let mut taken = Vec::with_capacity(sessions);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while done < published && Instant::now() < deadline {
-        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(30), finals.next()).await
-        else {
-            break;
-        };
-        if let Ok(TurnEvent {
-            event: EventKind::Final { .. },
-            task_id,
-            ..
-        }) = serde_json::from_slice::<TurnEvent>(&message.payload)
-        {
-            if finished.insert(task_id) {
-                done += 1;
-                taken.push(submitted.elapsed());
-            }
-        }
+    let (finished, mut taken, elapsed) = watching.await?;
+    let done = finished.len();
+    if published < sessions {
+        eprintln!("{} of {sessions} submissions failed", sessions - published);
     }
-    let elapsed = submitted.elapsed();
     let peak = rss_kib(lead_pid, "VmHWM")?;
     // A final event this watcher missed (a slow core subscriber drops messages) is not a lost
     // turn: a turn counts as lost only if its final result is not stored either.
@@ -251,6 +274,11 @@ pub(crate) async fn burst(
         "skein: burst final events not seen by the watcher (results stored)",
         stored_only as f64,
         "turns",
+    );
+    report.add(
+        "skein: burst events the watcher's connection dropped (slow consumer, at least)",
+        dropped.load(Ordering::Relaxed) as f64,
+        "messages",
     );
     report.add(
         "skein: burst sessions lost",
