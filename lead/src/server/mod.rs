@@ -379,28 +379,27 @@ impl Settled {
 impl Lead {
     /// Runs one delivered submission; the future owns the lead, so it is spawned as it is. A
     /// plain function: an `async fn` would keep the delivery twice in its future.
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an async fn would store the delivery twice in its future"
-    )]
     fn handle(
         self: Arc<Self>,
         received: Received<TaskSubmission>,
         abort: CancellationToken,
     ) -> impl Future<Output = ()> + Send + 'static {
+        // Boxed until it is taken apart: the future then keeps a pointer, not a second copy of
+        // the delivery beside the parts the turn holds.
+        let received = Box::new(received);
         async move {
             let _in_flight = self.metrics.in_flight("turn");
             let envelope = received.envelope();
             if envelope.delivered() > 1 {
                 self.metrics.redelivered("turn");
             }
-            let recorded = match &received {
+            let recorded = match &*received {
                 Received::Decoded(delivery) => self.kept_trace(delivery).await,
                 Received::Undecodable(_) => None,
             };
             let span = envelope.span_continuing(recorded.as_deref());
             span.record("skein.kind", "submission");
-            match received {
+            match *received {
                 Received::Decoded(delivery) => {
                     self.handle_delivery(delivery, abort).instrument(span).await
                 }

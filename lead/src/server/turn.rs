@@ -111,7 +111,9 @@ impl Lead {
             Ok(epoch) => epoch,
             Err(e) => {
                 // Redis answered the start but not the epoch: take the start back, try again.
-                lease.take_back(&start).await;
+                // (Boxed, as the lease's other rare steps here: inline, each would grow this
+                // future, kept for the whole turn, by its size.)
+                Box::pin(lease.take_back(&start)).await;
                 return Settled::store_trouble(e);
             }
         };
@@ -123,11 +125,11 @@ impl Lead {
             oldest.map(|oldest| oldest.is_none_or(|oldest| !oldest.is_before(&delivery.place)));
         let mut start = start;
         if unstartable.is_some() || !matches!(in_line, Ok(true)) {
-            lease.take_back(&start).await;
+            Box::pin(lease.take_back(&start)).await;
         }
         if let Some(failure) = unstartable {
             // A turn that waited for approval asks no more.
-            if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
+            if let Err(e) = Box::pin(self.store.clear_approval(tenant, &submission.task_id)).await {
                 tracing::warn!(error = %e, "approval request not cleared");
             }
             let status = if failure.kind == FailureKind::Cancelled {
@@ -156,7 +158,7 @@ impl Lead {
                     .boxed()
                     .await
                 {
-                    Ok(true) => start = lease.begin().await,
+                    Ok(true) => start = Box::pin(lease.begin()).await,
                     Ok(false) if stop.is_cancelled() => {
                         return self.stopped_before_start(submission, abort).boxed().await
                     }
@@ -204,7 +206,7 @@ impl Lead {
                 _ = stop.cancelled() => return self.stopped_before_start(submission, abort).boxed().await,
                 () = waiter.changed() => {}
             }
-            start = lease.begin().await;
+            start = Box::pin(lease.begin()).await;
         };
         let started = StartedTurn {
             lease: &lease,
@@ -222,17 +224,17 @@ impl Lead {
             .await;
         // A completed turn released the lease as it ended; any other outcome releases it here.
         if !matches!(settled, Settled::Done | Settled::Unannounced(_)) {
-            lease.release().await;
+            Box::pin(lease.release()).await;
         }
         match settled {
             Settled::Suspended(_) => {
                 // Waiting for a person is not an attempt.
-                lease.uncount().await;
+                Box::pin(lease.uncount()).await;
                 settled
             }
             Settled::Retry(_) if abort.is_cancelled() => {
                 // Shutdown is not this task's fault: the attempt does not count.
-                lease.uncount().await;
+                Box::pin(lease.uncount()).await;
                 settled
             }
             Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
