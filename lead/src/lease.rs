@@ -23,7 +23,9 @@ where
         tokio::time::sleep(every).await;
         // A renewal that hangs counts as a failed one.
         let asked = Instant::now();
-        match tokio::time::timeout(every, renew()).await {
+        // Boxed: a renewal runs every third of the lease's time to live, and inline its future
+        // would be held by the turn for as long as the turn runs.
+        match tokio::time::timeout(every, Box::pin(renew())).await {
             Ok(Ok(true)) => held_until = asked + ttl,
             Ok(Ok(false)) => {
                 return Failure::new(

@@ -152,6 +152,71 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
     };
 }
 
+/// A checkpoint is staged and moved into place in one `MULTI`: the lease holder's lands whole, a
+/// stale writer's is dropped, nothing staged is left behind, and a script cache flushed under a
+/// running cluster (a Redis restart, a failover) loads the script again.
+#[tokio::test]
+async fn a_checkpoint_lands_whole_and_leaves_nothing_staged() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let client = redis::Client::open(redis.url.as_str()).expect("redis url");
+    let mut raw = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let (session, task) = (unique("s"), unique("t"));
+    let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "a")).await else {
+        panic!("lead a starts");
+    };
+    let progress = |step: u32| TurnCheckpoint {
+        new_messages: vec![skein_common::protocol::message::Message::user(format!(
+            "step {step} {}",
+            "x".repeat(10_000)
+        ))],
+        iterations: step,
+        ..TurnCheckpoint::default()
+    };
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .expect("flush scripts");
+    assert!(store
+        .save_checkpoint("acme", &session, &task, "a", &progress(1))
+        .await
+        .expect("a saves after the script cache was flushed"));
+    assert!(
+        !store
+            .save_checkpoint("acme", &session, &task, "intruder", &progress(9))
+            .await
+            .expect("answered"),
+        "a writer without the lease is refused"
+    );
+    let stored: String = redis::cmd("GET")
+        .arg(skein_common::store::keys::checkpoint(
+            "acme", &session, &task,
+        ))
+        .query_async(&mut raw)
+        .await
+        .expect("read the checkpoint");
+    let stored: TurnCheckpoint = serde_json::from_str(&stored).expect("a whole checkpoint");
+    assert_eq!(stored, progress(1), "the lease holder's checkpoint stands");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(skein_common::store::keys::checkpoint(
+            "acme", &session, &task,
+        ))
+        .query_async(&mut raw)
+        .await
+        .expect("ttl");
+    assert!(ttl > 3600, "the checkpoint keeps its expiry ({ttl} s)");
+    let staged: Vec<String> = redis::cmd("KEYS")
+        .arg("*staged*")
+        .query_async(&mut raw)
+        .await
+        .expect("keys");
+    assert!(staged.is_empty(), "nothing left staged: {staged:?}");
+}
+
 /// A session saved since it was loaded is not overwritten: a save or an end of turn with the
 /// version it was loaded at is a conflict.
 #[tokio::test]

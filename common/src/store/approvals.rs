@@ -14,7 +14,9 @@
 //! and never replaced (the first answer wins, so a person's `deny` cannot be overturned by a late
 //! `approve`, nor the reverse); the two tenant keys share the hash tag `{tenant}`.
 
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
+
+use super::scripts::Lua;
 
 use super::{decode, keys, SessionStore, StoreError};
 use crate::protocol::{ApprovalAnswer, ApprovalRequest};
@@ -26,7 +28,8 @@ const ANSWERS_TTL_SECS: i64 = 30 * 24 * 3600;
 /// KEYS: requests hash, answers hash. ARGV: request key, call id or '', answer JSON, ttl seconds.
 /// Returns -1 when no request is stored, -2 when the call is not one it waits on, else how many
 /// calls got this answer (0: all were answered already).
-const ANSWER_SCRIPT: &str = r#"
+static ANSWER_SCRIPT: Lua = Lua::new(
+    r#"
 local request = redis.call('HGET', KEYS[1], ARGV[1])
 if not request then return -1 end
 local calls = cjson.decode(request).calls
@@ -41,7 +44,8 @@ end
 if not known then return -2 end
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return recorded
-"#;
+"#,
+);
 
 /// How recording an answer came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +136,7 @@ impl SessionStore {
     ) -> Result<Answered, StoreError> {
         let json = serde_json::to_string(answer).map_err(StoreError::Corrupt)?;
         let mut conn = self.connection.clone();
-        let recorded: i64 = Script::new(ANSWER_SCRIPT)
+        let recorded: i64 = ANSWER_SCRIPT
             .key(keys::approvals(tenant))
             .key(keys::answers(tenant, key))
             .arg(key)

@@ -22,7 +22,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use redis::Script;
+use super::scripts::Lua;
 
 use super::{keys, SessionStore, StoreError};
 use crate::protocol::{BudgetScope, Spent};
@@ -57,7 +57,7 @@ end
 /// decision saw it: spent tokens, spent cost, held tokens, held cost.
 /// KEYS: ledger hash, reservations. ARGV: member (`id|tokens|cost`), tokens, cost, token limit,
 /// cost limit (0: none), lease ms, ttl s.
-const RESERVE_SCRIPT: &str = concat!(
+static RESERVE_SCRIPT: Lua = Lua::new(concat!(
     give_back!(),
     r"
 local t = redis.call('TIME')
@@ -88,12 +88,12 @@ if over == 0 then
 end
 return {over, spent_tokens, spent_cost, held_tokens, held_cost}
 "
-);
+));
 
 /// Ends a reservation: removes it if it has not lapsed (giving back what it held) and adds what
 /// the call used. Replies with the ledger's spent tokens and cost.
 /// KEYS: ledger hash, reservations. ARGV: member, used tokens, used cost, ttl s.
-const SETTLE_SCRIPT: &str = concat!(
+static SETTLE_SCRIPT: Lua = Lua::new(concat!(
     give_back!(),
     r"
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
@@ -104,7 +104,7 @@ local spent_cost = redis.call('HINCRBY', KEYS[1], 'cost', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return {spent_tokens, spent_cost}
 "
-);
+));
 
 /// Limits of one ledger; 0 means no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -257,7 +257,7 @@ impl SessionStore {
     ) -> Result<Reservation, StoreError> {
         let (spent, held) = ledger.keys();
         let mut conn = self.connection.clone();
-        let reply: Vec<i64> = Script::new(RESERVE_SCRIPT)
+        let reply: Vec<i64> = RESERVE_SCRIPT
             .key(spent)
             .key(held)
             .arg(hold.member())
@@ -301,7 +301,7 @@ impl SessionStore {
     ) -> Result<Spent, StoreError> {
         let (spent, held) = ledger.keys();
         let mut conn = self.connection.clone();
-        let reply: Vec<i64> = Script::new(SETTLE_SCRIPT)
+        let reply: Vec<i64> = SETTLE_SCRIPT
             .key(spent)
             .key(held)
             .arg(hold.member())

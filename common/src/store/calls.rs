@@ -3,7 +3,9 @@
 //! running one instead of running beside it), the checkpoints of a subagent call's child turn and
 //! its outcome saved with the child session, and forgetting a call's outcome for a replay.
 
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
+
+use super::scripts::Lua;
 
 use super::{
     keys, parse_number, CallAdmission, SessionStore, StoreError, TurnCheckpoint, ATTEMPTS_TTL_SECS,
@@ -27,7 +29,8 @@ pub enum ChildProgress {
 /// KEYS[1] results, KEYS[2] attempts, KEYS[3] running marker; ARGV call key, attempts ttl
 /// seconds, owner, marker ttl milliseconds. Returns {0, result}; {3, owner}; {1, n} (n counted,
 /// the first count of the call); {2, n} (counted before).
-const ADMIT_SCRIPT: &str = r#"
+static ADMIT_SCRIPT: Lua = Lua::new(
+    r#"
 local recorded = redis.call('HGET', KEYS[1], ARGV[1])
 if recorded then return {0, recorded} end
 local running = redis.call('GET', KEYS[3])
@@ -37,22 +40,27 @@ local existed = redis.call('HEXISTS', KEYS[2], ARGV[1])
 local n = redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return {1 + existed, tostring(n)}
-"#;
+"#,
+);
 
 /// Takes or renews a call's running marker for ARGV[1] (ttl ARGV[2] ms) unless another owner
 /// holds it. KEYS[1] the marker. Returns 1 if held by ARGV[1] now, 0 if held by another.
-const CLAIM_SCRIPT: &str = r#"
+static CLAIM_SCRIPT: Lua = Lua::new(
+    r#"
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
-"#;
+"#,
+);
 
 /// Drops a call's running marker if ARGV[1] holds it. KEYS[1] the marker.
-const RELEASE_SCRIPT: &str = r#"
+static RELEASE_SCRIPT: Lua = Lua::new(
+    r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"#;
+"#,
+);
 
 /// A call's run in progress, as the store knows it: who runs it and for how long the marker lives
 /// without renewal.
@@ -78,7 +86,7 @@ impl SessionStore {
         marker: RunMarker<'_>,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let held: i64 = Script::new(CLAIM_SCRIPT)
+        let held: i64 = CLAIM_SCRIPT
             .key(keys::running_call(tenant, session, call_key))
             .arg(marker.owner)
             .arg(marker.ttl.as_millis().max(1) as u64)
@@ -97,7 +105,7 @@ impl SessionStore {
         owner: &str,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
-        let _: i64 = Script::new(RELEASE_SCRIPT)
+        let _: i64 = RELEASE_SCRIPT
             .key(keys::running_call(tenant, session, call_key))
             .arg(owner)
             .invoke_async(&mut conn)
@@ -237,7 +245,7 @@ impl SessionStore {
         marker: RunMarker<'_>,
     ) -> Result<CallAdmission, StoreError> {
         let mut conn = self.connection.clone();
-        let (answer, value): (i64, String) = Script::new(ADMIT_SCRIPT)
+        let (answer, value): (i64, String) = ADMIT_SCRIPT
             .key(keys::results(tenant, session, call_key))
             .key(keys::attempts(tenant, session, call_key))
             .key(keys::running_call(tenant, session, call_key))

@@ -13,6 +13,7 @@
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
 //! | `skein:{t:s}:running:{call_key}` | string | the owner (`worker/run nonce`) of a call's run in progress, renewed while it runs and expiring soon after its worker stops renewing; deleted when the result is recorded |
 //! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
+//! | `skein:{t:s}:turn:{task}:staged:{token}:{n}` | string | one write of a checkpoint on its way to `turn:{task}`, moved there (or dropped, when the writer lost the lease) by the script pipelined right after it; expires within a minute if that script never ran |
 //! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
 //! | `skein:{t:s}:trace:{task}` | string | the W3C `traceparent` of the first delivery of a task submitted without trace context, which its later deliveries continue (written by the turn-start script, expiring as the attempts) |
 //! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
@@ -115,6 +116,21 @@ pub fn running_call(tenant: &str, session: &str, call_key: &str) -> String {
 
 pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
     format!("{}:turn:{task_id}", tag(tenant, session))
+}
+
+/// Where one write of a turn's checkpoint is staged while its writer's lease is checked: named by
+/// the writer's lease token and a number unique to the write, so no two writes share it.
+pub fn staged_checkpoint(
+    tenant: &str,
+    session: &str,
+    task_id: &str,
+    writer: &str,
+    write: u64,
+) -> String {
+    format!(
+        "{}:turn:{task_id}:staged:{writer}:{write}",
+        tag(tenant, session)
+    )
 }
 
 /// The checkpoint of a subagent call's child turn, in the child session, by the call's key.
@@ -320,7 +336,11 @@ mod tests {
             ),
             (
                 "checkpoint",
-                vec![super::lease(t, s), super::checkpoint(t, s, task)],
+                vec![
+                    super::lease(t, s),
+                    super::staged_checkpoint(t, s, task, "lead-1:task", 7),
+                    super::checkpoint(t, s, task),
+                ],
             ),
             (
                 "admit call",

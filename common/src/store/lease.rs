@@ -8,8 +8,6 @@
 
 use std::time::Duration;
 
-use redis::Script;
-
 use super::scripts::{LEASE_SCRIPT, TRY_LEASE_SCRIPT};
 use super::{keys, SessionStore, StoreError};
 
@@ -37,7 +35,7 @@ impl SessionStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let taken: i64 = Script::new(TRY_LEASE_SCRIPT)
+        let taken: i64 = TRY_LEASE_SCRIPT
             .key(keys::lease(tenant, session))
             .arg(token)
             .arg(ttl.as_millis().max(1) as u64)
@@ -79,7 +77,7 @@ impl SessionStore {
         ttl_ms: u64,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let done: i64 = Script::new(LEASE_SCRIPT)
+        let done: i64 = LEASE_SCRIPT
             .key(keys::lease(tenant, session))
             .arg(token)
             .arg(ttl_ms)

@@ -40,7 +40,9 @@ pub use calls::{ChildProgress, ForgetError, RunMarker};
 pub use sessions::{Removal, SessionHold, SessionSummary};
 pub use turn::{Ended, TurnClaim, TurnLease, TurnStart};
 
-use redis::{AsyncCommands, Script};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis::{AsyncCommands, ErrorKind, ServerErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::agent::runtime::{Compaction, Summary};
@@ -57,6 +59,10 @@ use scripts::{
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long the checkpoint of an unfinished turn is kept.
 const CHECKPOINT_TTL_SECS: u64 = 24 * 3600;
+/// How long a staged checkpoint write outlives a script that never ran (see `CHECKPOINT_SCRIPT`).
+const STAGED_CHECKPOINT_TTL_SECS: u64 = 60;
+/// Numbers the checkpoint writes of this process, so each stages under a key of its own.
+static STAGED_WRITES: AtomicU64 = AtomicU64::new(0);
 /// How long a session's recorded call results live after the last one recorded.
 const RESULTS_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long attempt counters live after their last change.
@@ -367,7 +373,7 @@ impl SessionStore {
     pub async fn load(&self, tenant: &str, session: &str) -> Result<LoadedSession, StoreError> {
         let mut conn = self.connection.clone();
         let (reply, listed) = split_history(
-            Script::new(LOAD_SCRIPT)
+            LOAD_SCRIPT
                 .key(keys::session(tenant, session))
                 .key(keys::history(tenant, session))
                 .invoke_async(&mut conn)
@@ -407,7 +413,7 @@ impl SessionStore {
         let mut conn = self.connection.clone();
         let write = HistoryWrite::of(state, self.session_max_messages)?;
         let next = next_version(expected_version)?;
-        let script = Script::new(SAVE_SCRIPT);
+        let script = &*SAVE_SCRIPT;
         let mut invocation = script.prepare_invoke();
         invocation
             .key(keys::session(tenant, session))
@@ -453,7 +459,7 @@ impl SessionStore {
         } = claim;
         let mut conn = self.connection.clone();
         let (reply, listed): (Vec<String>, Vec<String>) = split_history(
-            Script::new(BEGIN_SCRIPT)
+            BEGIN_SCRIPT
                 .key(keys::final_result(tenant, session, task_id))
                 .key(keys::lease(tenant, session))
                 .key(keys::attempts(
@@ -533,16 +539,49 @@ impl SessionStore {
         checkpoint: &TurnCheckpoint,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let json = serde_json::to_string(checkpoint).map_err(StoreError::Corrupt)?;
-        let saved: i64 = Script::new(CHECKPOINT_SCRIPT)
-            .key(keys::lease(tenant, session))
-            .key(keys::checkpoint(tenant, session, task_id))
-            .arg(lease_token)
-            .arg(json)
-            .arg(CHECKPOINT_TTL_SECS)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(saved == 1)
+        // Sized for the messages up front: grown from serde_json's 128 bytes, a 10 KB checkpoint
+        // took seven reallocations.
+        let size_hint = 256
+            + checkpoint
+                .new_messages
+                .iter()
+                .map(|message| message.content.len() + 96)
+                .sum::<usize>();
+        let mut json = Vec::with_capacity(size_hint);
+        serde_json::to_writer(&mut json, checkpoint).map_err(StoreError::Corrupt)?;
+        let staged = keys::staged_checkpoint(
+            tenant,
+            session,
+            task_id,
+            lease_token,
+            STAGED_WRITES.fetch_add(1, Ordering::Relaxed),
+        );
+        let mut write = redis::pipe();
+        write
+            .set_ex(&staged, json, STAGED_CHECKPOINT_TTL_SECS)
+            .ignore()
+            .invoke_script(
+                CHECKPOINT_SCRIPT
+                    .key(keys::lease(tenant, session))
+                    .key(&staged)
+                    .key(keys::checkpoint(tenant, session, task_id))
+                    .arg(lease_token)
+                    .arg(CHECKPOINT_TTL_SECS),
+            );
+        let (saved,): (i64,) = match write.query_async(&mut conn).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                CHECKPOINT_SCRIPT.load_async(&mut conn).await?;
+                write.query_async(&mut conn).await?
+            }
+            saved => saved?,
+        };
+        match saved {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(StoreError::UnexpectedReply(
+                "the checkpoint script: nothing staged",
+            )),
+        }
     }
 
     /// The next delivery number of a piece of work (from 1), which leads the sequence numbers of
@@ -587,7 +626,7 @@ impl SessionStore {
             .map(|state| HistoryWrite::of(state, self.session_max_messages))
             .transpose()?;
         let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let script = Script::new(COMPLETE_SCRIPT);
+        let script = &*COMPLETE_SCRIPT;
         let mut invocation = script.prepare_invoke();
         invocation
             .key(keys::session(tenant, session))
@@ -686,7 +725,7 @@ impl SessionStore {
     pub async fn store_final(&self, result: &FinalResult) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
         let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let earlier: Option<String> = Script::new(STORE_FINAL_SCRIPT)
+        let earlier: Option<String> = STORE_FINAL_SCRIPT
             .key(keys::final_result(
                 &result.tenant,
                 &result.session,

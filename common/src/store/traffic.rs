@@ -25,7 +25,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::Script;
+use super::scripts::Lua;
 
 use super::{keys, SessionStore, StoreError};
 
@@ -36,7 +36,8 @@ const TOKENS_TTL_SECS: i64 = 120;
 /// KEYS: slots, waiting, tokens of this minute, the tenant's tokens of this minute, when each
 /// waiting tenant started waiting. ARGV: tenant, member, limit, lease ms, waiting note ms, tokens
 /// per minute, the tenant's limit, the tenant's tokens per minute.
-const ACQUIRE_SCRIPT: &str = r"
+static ACQUIRE_SCRIPT: Lua = Lua::new(
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tenant, member = ARGV[1], ARGV[2]
@@ -105,10 +106,12 @@ redis.call('PEXPIRE', KEYS[2], note * 2)
 redis.call('HSETNX', KEYS[5], tenant, now)
 redis.call('PEXPIRE', KEYS[5], note * 2)
 return 0
-";
+",
+);
 
 /// Extends a live lease (1), or reports it gone (0). KEYS: slots. ARGV: member, lease ms.
-const RENEW_SCRIPT: &str = r"
+static RENEW_SCRIPT: Lua = Lua::new(
+    r"
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
   return 0
 end
@@ -118,12 +121,14 @@ local lease = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease * 2)
 return 1
-";
+",
+);
 
 /// Admits a run of a subagent type (1) or refuses it, every slot being taken (0); a holder that
 /// holds a slot already is admitted again (its lease extended). KEYS: slots. ARGV: member, limit,
 /// lease ms.
-const AGENT_ACQUIRE_SCRIPT: &str = r"
+static AGENT_ACQUIRE_SCRIPT: Lua = Lua::new(
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[3])
@@ -135,17 +140,20 @@ end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease * 2)
 return 1
-";
+",
+);
 
 /// Adds tokens to a minute's counts, the model's and the tenant's on it. KEYS: tokens of the
 /// minute, the tenant's tokens of the minute. ARGV: tokens, ttl seconds.
-const COUNT_TOKENS_SCRIPT: &str = r"
+static COUNT_TOKENS_SCRIPT: Lua = Lua::new(
+    r"
 local total = redis.call('INCRBY', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('INCRBY', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return total
-";
+",
+);
 
 /// One process's ask for a slot of a model.
 #[derive(Debug, Clone)]
@@ -204,7 +212,7 @@ impl SessionStore {
         request: &SlotRequest<'_>,
     ) -> Result<Admission, StoreError> {
         let mut conn = self.connection.clone();
-        let answer: i64 = Script::new(ACQUIRE_SCRIPT)
+        let answer: i64 = ACQUIRE_SCRIPT
             .key(keys::model_slots(request.model))
             .key(keys::model_waiting(request.model))
             .key(keys::model_tokens(request.model, current_minute()))
@@ -241,7 +249,7 @@ impl SessionStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let renewed: i64 = Script::new(RENEW_SCRIPT)
+        let renewed: i64 = RENEW_SCRIPT
             .key(keys::model_slots(model))
             .arg(member(tenant, holder))
             .arg(millis(lease))
@@ -277,7 +285,7 @@ impl SessionStore {
             return Ok(());
         }
         let mut conn = self.connection.clone();
-        let _: i64 = Script::new(COUNT_TOKENS_SCRIPT)
+        let _: i64 = COUNT_TOKENS_SCRIPT
             .key(keys::model_tokens(model, current_minute()))
             .key(keys::model_tenant_tokens(model, tenant, current_minute()))
             .arg(tokens)
@@ -297,7 +305,7 @@ impl SessionStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let admitted: i64 = Script::new(AGENT_ACQUIRE_SCRIPT)
+        let admitted: i64 = AGENT_ACQUIRE_SCRIPT
             .key(keys::agent_slots(agent))
             .arg(holder)
             .arg(limit)
@@ -315,7 +323,7 @@ impl SessionStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let renewed: i64 = Script::new(RENEW_SCRIPT)
+        let renewed: i64 = RENEW_SCRIPT
             .key(keys::agent_slots(agent))
             .arg(holder)
             .arg(millis(lease))

@@ -55,6 +55,7 @@ use skein_common::wiring::approvals::StoredApprovals;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+mod ending;
 mod finals;
 mod input;
 mod multitask;

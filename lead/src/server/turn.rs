@@ -11,18 +11,17 @@ use skein_common::agent::definition::with_output_schema;
 use skein_common::agent::replay::RecordedCalls;
 use skein_common::agent::runtime::{TurnInput, TurnOutput, TurnStop};
 use skein_common::bus::SubmissionPlace;
-use skein_common::protocol::{
-    EventKind, Failure, FailureKind, FinalResult, TaskSubmission, TurnStatus, PROTOCOL_VERSION,
-};
+use skein_common::protocol::{EventKind, Failure, FailureKind, TaskSubmission, TurnStatus};
 use skein_common::store::control::Controls;
-use skein_common::store::history::{calls_of, ForkError, TurnRecord};
-use skein_common::store::{Ended, LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
+use skein_common::store::history::ForkError;
+use skein_common::store::{LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
 use skein_common::telemetry::propagation;
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
 use tokio_util::sync::CancellationToken;
 
-use super::finals::{announced, failed_result};
+use super::ending::RanTurn;
+use super::finals::failed_result;
 use super::{Lead, Settled, ORDER_WAIT};
 
 /// A turn whose lease is held: its lease, the session as loaded, any checkpoint to resume
@@ -371,10 +370,12 @@ impl Lead {
         if controls.was_paused && !controls.paused {
             // The first turn to run after a pause says so (once: the mark goes with it).
             events.emit(EventKind::Resumed {}).await;
-            if let Err(e) = self
-                .store
-                .clear_was_paused(tenant, session, &submission.task_id)
-                .await
+            if let Err(e) = Box::pin(self.store.clear_was_paused(
+                tenant,
+                session,
+                &submission.task_id,
+            ))
+            .await
             {
                 tracing::warn!(error = %e, "resume not noted");
             }
@@ -392,17 +393,19 @@ impl Lead {
         // A replay answers the calls its recorded turn made from the record; a record that
         // cannot be read fails the turn rather than run them again.
         let recorded = match &submission.replay_of {
-            Some(of) => match self.store.turn_messages(tenant, &of.session, of.turn).await {
-                Ok(turn) => Some(RecordedCalls::from_messages(&turn.messages)),
-                Err(ForkError::Store(e)) => return Settled::store_trouble(e),
-                Err(unrecorded) => {
-                    let failure = Failure::new(
-                        FailureKind::InvalidInput,
-                        format!("nothing to replay: {unrecorded}"),
-                    );
-                    return Settled::Poisoned(failure);
+            Some(of) => {
+                match Box::pin(self.store.turn_messages(tenant, &of.session, of.turn)).await {
+                    Ok(turn) => Some(RecordedCalls::from_messages(&turn.messages)),
+                    Err(ForkError::Store(e)) => return Settled::store_trouble(e),
+                    Err(unrecorded) => {
+                        let failure = Failure::new(
+                            FailureKind::InvalidInput,
+                            format!("nothing to replay: {unrecorded}"),
+                        );
+                        return Settled::Poisoned(failure);
+                    }
                 }
-            },
+            }
             None => None,
         };
         let limits = self.cfg.model.image_limits();
@@ -515,105 +518,16 @@ impl Lead {
                 }
             }
         };
-        // A turn stopped by its budget keeps its work: the session saves it as a completed one's.
-        let keeps_messages = matches!(
-            output.status,
-            TurnStatus::Completed | TurnStatus::BudgetExhausted
-        );
-        let state = keeps_messages.then(|| {
-            let mut state = loaded.state;
-            if let Some(compaction) = &output.compaction {
-                state.compact(compaction);
-            }
-            state.history.extend(output.new_messages.iter().cloned());
-            state.turns += 1;
-            for skill in &output.loaded_skills {
-                if !state.skills.contains(skill) {
-                    state.skills.push(skill.clone());
-                }
-            }
-            if output.plan.is_some() {
-                state.plan.clone_from(&output.plan);
-            }
-            state
-        });
-        let spent = match &budget {
-            Some(scope) => match self.store.budget_spent(tenant, scope).await {
-                Ok(spent) => Some(spent),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the task's spending could not be read");
-                    None
-                }
-            },
-            None => None,
-        };
-        let result = FinalResult {
-            v: PROTOCOL_VERSION,
-            task_id: submission.task_id.clone(),
-            tenant: tenant.to_owned(),
-            session: session.to_owned(),
-            status: output.status,
-            answer: output.answer,
-            answer_ref: None,
-            output: output.output,
-            output_ref: false,
-            failure: output.failure,
-            iterations: output.iterations,
-            limit_reached: output.limit_reached,
-            usage: output.usage,
-            trace_id: skein_common::telemetry::current_trace_id(),
-            spent,
-        };
-        // A turn that keeps its messages is recorded: a point to fork or replay from.
-        let record = state.as_ref().map(|state| TurnRecord {
-            turn: state.turns,
-            task_id: submission.task_id.clone(),
-            agent: agent.name.clone(),
-            model: if agent.model.is_empty() {
-                self.cfg.model.model.clone()
-            } else {
-                agent.model.clone()
-            },
-            status: result.status,
-            ended_at_ms: skein_common::protocol::now_ms(),
-            duration_ms: started.elapsed().as_millis() as u64,
-            steps: result.iterations,
-            calls: calls_of(&output.new_messages).count() as u32,
-            tokens: result
-                .usage
-                .prompt_tokens
-                .saturating_add(result.usage.completion_tokens),
-            messages: output.new_messages.len() as u32,
-            plan: state.plan.clone(),
-            step_ends: output.step_ends.clone(),
-        });
-        match lease
-            .complete(loaded.version, state.as_ref(), &result, record.as_ref())
-            .await
-        {
-            Ok(Ended::Stored) => {}
-            Ok(Ended::Earlier(earlier)) => {
-                // Ended on another path meanwhile (a cancel before its start, on a redelivery):
-                // that result stands, and this turn's history is not saved.
-                tracing::warn!(status = ?earlier.status, "the task had ended already; its stored result stands");
-                return announced(events.announce(EventKind::Final { result: *earlier }).await);
-            }
-            Err(e) => return Settled::store_trouble(e),
-        }
-        let outcome = match result.status {
-            TurnStatus::Completed => "completed",
-            TurnStatus::Failed => "failed",
-            TurnStatus::Cancelled => "cancelled",
-            TurnStatus::BudgetExhausted => "budget_exhausted",
-            TurnStatus::Rejected => "rejected",
-            TurnStatus::InvalidOutput => "invalid_output",
-        };
-        self.metrics.turn_finished(outcome, started.elapsed());
-        if output.asked_approval {
-            if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
-                tracing::warn!(error = %e, "approval request not cleared");
-            }
-        }
-        announced(events.announce(EventKind::Final { result }).await)
+        self.end_turn(RanTurn {
+            submission,
+            agent,
+            lease,
+            loaded,
+            output,
+            budget,
+            events,
+            started,
+        })
+        .await
     }
 }

@@ -296,8 +296,9 @@ impl Runtime {
         ) else {
             return Ok(None);
         };
-        match self
-            .summarise_history(turn, window, &plan, request.model, context_tokens)
+        // Boxed, as the other summary below: a summary is a model call, rare, and inline its
+        // future would be held by every turn for the whole of each step.
+        match Box::pin(self.summarise_history(turn, window, &plan, request.model, context_tokens))
             .await
         {
             Ok((summary, usage)) => {
@@ -417,9 +418,7 @@ impl Runtime {
             return Ok(None);
         };
         let kept: u64 = counts[plan.cut..].iter().sum();
-        match self
-            .summarise_steps(turn, out, &plan, request.model, context_tokens)
-            .await
+        match Box::pin(self.summarise_steps(turn, out, &plan, request.model, context_tokens)).await
         {
             Ok((text, usage)) => {
                 out.usage.add(usage);

@@ -208,10 +208,17 @@ impl Runtime {
     /// The turn inside its turn hooks: `before_turn` may rewrite the input or end the turn
     /// without a model call; `after_turn` may change how it ended.
     async fn run_hooked_turn(&self, turn: &mut TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
-        let hooks = self.middleware.hooks();
-        if hooks.is_empty() {
+        if self.middleware.hooks().is_empty() {
             return self.run_turn_steps(turn).await;
         }
+        // Boxed: only a turn with hooks keeps their context, and inline it would grow the
+        // future of every turn.
+        Box::pin(self.run_turn_in_hooks(turn)).await
+    }
+
+    /// [`Runtime::run_hooked_turn`] for a runtime with turn hooks.
+    async fn run_turn_in_hooks(&self, turn: &mut TurnInput<'_>) -> Result<TurnOutput, TurnStop> {
+        let hooks = self.middleware.hooks();
         let ctx = turn_context(turn, 0);
         // A resumed turn already went through `before_turn` on its first run.
         if turn.resume.is_none() {
