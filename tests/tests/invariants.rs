@@ -152,9 +152,10 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
     };
 }
 
-/// A checkpoint is staged and moved into place in one `MULTI`: the lease holder's lands whole, a
-/// stale writer's is dropped, nothing staged is left behind, and a script cache flushed under a
-/// running cluster (a Redis restart, a failover) loads the script again.
+/// A large checkpoint is staged and moved into place, a small one written by its script: either
+/// way the lease holder's lands whole with its expiry, a writer without the lease is refused,
+/// nothing staged is left behind, and a script cache flushed under a running cluster (a Redis
+/// restart, a failover) loads the scripts again.
 #[tokio::test]
 async fn a_checkpoint_lands_whole_and_leaves_nothing_staged() {
     let redis = RedisServer::start();
@@ -168,47 +169,58 @@ async fn a_checkpoint_lands_whole_and_leaves_nothing_staged() {
     let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "a")).await else {
         panic!("lead a starts");
     };
-    let progress = |step: u32| TurnCheckpoint {
+    let progress = |step: u32, bytes: usize| TurnCheckpoint {
         new_messages: vec![skein_common::protocol::message::Message::user(format!(
             "step {step} {}",
-            "x".repeat(10_000)
+            "x".repeat(bytes)
         ))],
         iterations: step,
         ..TurnCheckpoint::default()
     };
+    let key = skein_common::store::keys::checkpoint("acme", &session, &task);
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut raw)
         .await
         .expect("flush scripts");
-    assert!(store
-        .save_checkpoint("acme", &session, &task, "a", &progress(1))
-        .await
-        .expect("a saves after the script cache was flushed"));
-    assert!(
-        !store
-            .save_checkpoint("acme", &session, &task, "intruder", &progress(9))
+    for (step, bytes) in [(1, 10_000), (2, 100)] {
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut raw)
             .await
-            .expect("answered"),
-        "a writer without the lease is refused"
-    );
-    let stored: String = redis::cmd("GET")
-        .arg(skein_common::store::keys::checkpoint(
-            "acme", &session, &task,
-        ))
-        .query_async(&mut raw)
-        .await
-        .expect("read the checkpoint");
-    let stored: TurnCheckpoint = serde_json::from_str(&stored).expect("a whole checkpoint");
-    assert_eq!(stored, progress(1), "the lease holder's checkpoint stands");
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(skein_common::store::keys::checkpoint(
-            "acme", &session, &task,
-        ))
-        .query_async(&mut raw)
-        .await
-        .expect("ttl");
-    assert!(ttl > 3600, "the checkpoint keeps its expiry ({ttl} s)");
+            .expect("flush scripts");
+        assert!(
+            store
+                .save_checkpoint("acme", &session, &task, "a", &progress(step, bytes))
+                .await
+                .expect("a saves after the script cache was flushed"),
+            "the lease holder's checkpoint of {bytes} bytes is written"
+        );
+        assert!(
+            !store
+                .save_checkpoint("acme", &session, &task, "intruder", &progress(9, bytes))
+                .await
+                .expect("answered"),
+            "a writer without the lease is refused ({bytes} bytes)"
+        );
+        let stored: String = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut raw)
+            .await
+            .expect("read the checkpoint");
+        let stored: TurnCheckpoint = serde_json::from_str(&stored).expect("a whole checkpoint");
+        assert_eq!(
+            stored,
+            progress(step, bytes),
+            "the lease holder's checkpoint stands"
+        );
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&key)
+            .query_async(&mut raw)
+            .await
+            .expect("ttl");
+        assert!(ttl > 3600, "the checkpoint keeps its expiry ({ttl} s)");
+    }
     let staged: Vec<String> = redis::cmd("KEYS")
         .arg("*staged*")
         .query_async(&mut raw)

@@ -52,14 +52,21 @@ use crate::protocol::message::Message;
 use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult};
 use connection::RedisConnection;
 use scripts::{
-    BEGIN_SCRIPT, CHECKPOINT_SCRIPT, COMPLETE_SCRIPT, LOAD_SCRIPT, SAVE_SCRIPT, STORE_FINAL_SCRIPT,
+    BEGIN_SCRIPT, CHECKPOINT_SCRIPT, COMPLETE_SCRIPT, LOAD_SCRIPT, PLACE_CHECKPOINT_SCRIPT,
+    SAVE_SCRIPT, STORE_FINAL_SCRIPT,
 };
 
 /// How long a final result stays retrievable.
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long the checkpoint of an unfinished turn is kept.
 const CHECKPOINT_TTL_SECS: u64 = 24 * 3600;
-/// How long a staged checkpoint write outlives a script that never ran (see `CHECKPOINT_SCRIPT`).
+/// Checkpoints larger than this (bytes of JSON) are staged by a plain `SET` and moved into place
+/// by `PLACE_CHECKPOINT_SCRIPT`; smaller ones go through `CHECKPOINT_SCRIPT` as an argument, one
+/// command instead of two. The two cost about the same near 4 KB: Lua's copies of an argument
+/// cost Redis about 1 µs per KB, staging about 4 µs more in all.
+const STAGE_CHECKPOINTS_ABOVE: usize = 4 * 1024;
+/// How long a staged checkpoint write outlives a script that never ran (see
+/// `PLACE_CHECKPOINT_SCRIPT`).
 const STAGED_CHECKPOINT_TTL_SECS: u64 = 60;
 /// Numbers the checkpoint writes of this process, so each stages under a key of its own.
 static STAGED_WRITES: AtomicU64 = AtomicU64::new(0);
@@ -549,6 +556,17 @@ impl SessionStore {
                 .sum::<usize>();
         let mut json = Vec::with_capacity(size_hint);
         serde_json::to_writer(&mut json, checkpoint).map_err(StoreError::Corrupt)?;
+        if json.len() <= STAGE_CHECKPOINTS_ABOVE {
+            let saved: i64 = CHECKPOINT_SCRIPT
+                .key(keys::lease(tenant, session))
+                .key(keys::checkpoint(tenant, session, task_id))
+                .arg(lease_token)
+                .arg(json)
+                .arg(CHECKPOINT_TTL_SECS)
+                .invoke_async(&mut conn)
+                .await?;
+            return Ok(saved == 1);
+        }
         let staged = keys::staged_checkpoint(
             tenant,
             session,
@@ -561,7 +579,7 @@ impl SessionStore {
             .set_ex(&staged, json, STAGED_CHECKPOINT_TTL_SECS)
             .ignore()
             .invoke_script(
-                CHECKPOINT_SCRIPT
+                PLACE_CHECKPOINT_SCRIPT
                     .key(keys::lease(tenant, session))
                     .key(&staged)
                     .key(keys::checkpoint(tenant, session, task_id))
@@ -570,7 +588,7 @@ impl SessionStore {
             );
         let (saved,): (i64,) = match write.query_async(&mut conn).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                CHECKPOINT_SCRIPT.load_async(&mut conn).await?;
+                PLACE_CHECKPOINT_SCRIPT.load_async(&mut conn).await?;
                 write.query_async(&mut conn).await?
             }
             saved => saved?,

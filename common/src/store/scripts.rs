@@ -55,14 +55,24 @@ return 1
 "#,
 );
 
-/// Moves a staged turn checkpoint into place, with its expiry, only while the writer holds the
-/// session lease; drops it otherwise. The checkpoint is staged by a plain `SET` pipelined just
-/// before: a payload passed to a script as an argument is copied into Lua and back, which cost
-/// Redis more than the rest of the write (15 µs against 4 for a 10 KB checkpoint). Each write
-/// stages under a key of its own, so writers never move each other's checkpoint, and a staged
-/// checkpoint whose script never ran (the connection dropped in between) expires soon.
-/// KEYS[1] lease, KEYS[2] staged checkpoint, KEYS[3] checkpoint; ARGV token, ttl seconds.
+/// Writes a small turn checkpoint only while the writer holds the session lease.
+/// KEYS[1] lease, KEYS[2] checkpoint; ARGV token, checkpoint, ttl seconds.
 pub(super) static CHECKPOINT_SCRIPT: Lua = Lua::new(
+    r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"#,
+);
+
+/// Moves a staged turn checkpoint into place, with its expiry, only while the writer holds the
+/// session lease; drops it otherwise. A large checkpoint is staged by a plain `SET` pipelined
+/// just before: a payload passed to a script as an argument is copied into Lua and back, which
+/// cost Redis more than the rest of the write (15 µs against 4 for a 10 KB checkpoint). Each
+/// write stages under a key of its own, so writers never move each other's checkpoint, and a
+/// staged checkpoint whose script never ran (the connection dropped in between) expires soon.
+/// KEYS[1] lease, KEYS[2] staged checkpoint, KEYS[3] checkpoint; ARGV token, ttl seconds.
+pub(super) static PLACE_CHECKPOINT_SCRIPT: Lua = Lua::new(
     r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   redis.call('DEL', KEYS[2])
