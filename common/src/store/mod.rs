@@ -2,7 +2,8 @@
 //! compare-and-set saves, the per-session lease, call results by call id, final results, and the
 //! worker registry. Key layout lives in [`keys`]; a lead turn's life under the lease is one type,
 //! [`TurnLease`] (`turn`); the lease taken, renewed and released on its own in `lease`; the
-//! session scripts live in `scripts`; call results, attempts and child-turn checkpoints live in
+//! session scripts live in `scripts`; a turn's checkpoint written under the lease in
+//! `checkpoints`; call results, attempts and child-turn checkpoints live in
 //! `calls`, the worker registry in `workers`, the cluster's model traffic (slots, fair share,
 //! tokens per minute) in [`traffic`], the spending ledgers of tasks and tenants in [`budget`],
 //! what was asked of a running task (pause, steer, interrupt) in [`control`].
@@ -20,6 +21,7 @@
 pub mod approvals;
 pub mod budget;
 mod calls;
+mod checkpoints;
 mod connection;
 pub mod control;
 pub mod history;
@@ -40,9 +42,7 @@ pub use calls::{ChildProgress, ForgetError, RunMarker};
 pub use sessions::{Removal, SessionHold, SessionSummary};
 pub use turn::{Ended, TurnClaim, TurnLease, TurnStart};
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use redis::{AsyncCommands, ErrorKind, ServerErrorKind};
+use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::runtime::{Compaction, Summary};
@@ -51,25 +51,12 @@ use crate::config::RedisConfig;
 use crate::protocol::message::Message;
 use crate::protocol::{Failure, FailureKind, FinalResult, ToolResult};
 use connection::RedisConnection;
-use scripts::{
-    BEGIN_SCRIPT, CHECKPOINT_SCRIPT, COMPLETE_SCRIPT, LOAD_SCRIPT, PLACE_CHECKPOINT_SCRIPT,
-    SAVE_SCRIPT, STORE_FINAL_SCRIPT,
-};
+use scripts::{BEGIN_SCRIPT, COMPLETE_SCRIPT, LOAD_SCRIPT, SAVE_SCRIPT, STORE_FINAL_SCRIPT};
 
 /// How long a final result stays retrievable.
 const FINAL_RESULT_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long the checkpoint of an unfinished turn is kept.
 const CHECKPOINT_TTL_SECS: u64 = 24 * 3600;
-/// Checkpoints larger than this (bytes of JSON) are staged by a plain `SET` and moved into place
-/// by `PLACE_CHECKPOINT_SCRIPT`; smaller ones go through `CHECKPOINT_SCRIPT` as an argument, one
-/// command instead of two. The two cost about the same near 4 KB: Lua's copies of an argument
-/// cost Redis about 1 µs per KB, staging about 4 µs more in all.
-const STAGE_CHECKPOINTS_ABOVE: usize = 4 * 1024;
-/// How long a staged checkpoint write outlives a script that never ran (see
-/// `PLACE_CHECKPOINT_SCRIPT`).
-const STAGED_CHECKPOINT_TTL_SECS: u64 = 60;
-/// Numbers the checkpoint writes of this process, so each stages under a key of its own.
-static STAGED_WRITES: AtomicU64 = AtomicU64::new(0);
 /// How long a session's recorded call results live after the last one recorded.
 const RESULTS_TTL_SECS: u64 = 7 * 24 * 3600;
 /// How long attempt counters live after their last change.
@@ -534,72 +521,6 @@ impl SessionStore {
     ) -> Result<Option<String>, StoreError> {
         let mut conn = self.connection.clone();
         Ok(conn.get(keys::task_trace(tenant, session, task_id)).await?)
-    }
-
-    /// Records a turn's progress if `lease_token` still holds the session lease; false if not.
-    pub async fn save_checkpoint(
-        &self,
-        tenant: &str,
-        session: &str,
-        task_id: &str,
-        lease_token: &str,
-        checkpoint: &TurnCheckpoint,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.connection.clone();
-        // Sized for the messages up front: grown from serde_json's 128 bytes, a 10 KB checkpoint
-        // took seven reallocations.
-        let size_hint = 256
-            + checkpoint
-                .new_messages
-                .iter()
-                .map(|message| message.content.len() + 96)
-                .sum::<usize>();
-        let mut json = Vec::with_capacity(size_hint);
-        serde_json::to_writer(&mut json, checkpoint).map_err(StoreError::Corrupt)?;
-        if json.len() <= STAGE_CHECKPOINTS_ABOVE {
-            let saved: i64 = CHECKPOINT_SCRIPT
-                .key(keys::lease(tenant, session))
-                .key(keys::checkpoint(tenant, session, task_id))
-                .arg(lease_token)
-                .arg(json)
-                .arg(CHECKPOINT_TTL_SECS)
-                .invoke_async(&mut conn)
-                .await?;
-            return Ok(saved == 1);
-        }
-        let staged = keys::staged_checkpoint(
-            tenant,
-            session,
-            task_id,
-            lease_token,
-            STAGED_WRITES.fetch_add(1, Ordering::Relaxed),
-        );
-        let mut write = redis::pipe();
-        write
-            .set_ex(&staged, json, STAGED_CHECKPOINT_TTL_SECS)
-            .ignore()
-            .invoke_script(
-                PLACE_CHECKPOINT_SCRIPT
-                    .key(keys::lease(tenant, session))
-                    .key(&staged)
-                    .key(keys::checkpoint(tenant, session, task_id))
-                    .arg(lease_token)
-                    .arg(CHECKPOINT_TTL_SECS),
-            );
-        let (saved,): (i64,) = match write.query_async(&mut conn).await {
-            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                PLACE_CHECKPOINT_SCRIPT.load_async(&mut conn).await?;
-                write.query_async(&mut conn).await?
-            }
-            saved => saved?,
-        };
-        match saved {
-            1 => Ok(true),
-            0 => Ok(false),
-            _ => Err(StoreError::UnexpectedReply(
-                "the checkpoint script: nothing staged",
-            )),
-        }
     }
 
     /// The next delivery number of a piece of work (from 1), which leads the sequence numbers of
