@@ -32,6 +32,15 @@ async fn store(redis: &RedisServer) -> SessionStore {
         .expect("redis reachable")
 }
 
+/// A plain connection to `redis`, to read and plant keys as they are stored.
+async fn raw_connection(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis.url.as_str())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
 fn claim<'a>(session: &'a str, task: &'a str, token: &'a str) -> TurnClaim<'a> {
     TurnClaim {
         tenant: "acme",
@@ -146,29 +155,31 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
         None,
         "a stale lead stored no final result"
     );
-    // B's checkpoint is still the one a resume would read.
     let Ok(TurnStart::Busy) = store.begin_turn(claim(&session, &task, "c")).await else {
         panic!("b still holds the lease");
     };
+    // B dies too: the lead that takes the turn over next resumes from B's progress, not A's.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Ok(TurnStart::Started { checkpoint, .. }) =
+        store.begin_turn(claim(&session, &task, "c")).await
+    else {
+        panic!("lead c takes over");
+    };
+    assert_eq!(
+        checkpoint.map(|c| c.iterations),
+        Some(2),
+        "a resume reads the checkpoint of the lead that held the lease"
+    );
 }
 
-/// A large checkpoint is staged and moved into place, a small one written by its script: either
-/// way the lease holder's lands whole with its expiry, a writer without the lease is refused,
-/// nothing staged is left behind, and a script cache flushed under a running cluster (a Redis
-/// restart, a failover) loads the scripts again.
+/// A checkpoint, small or large, lands whole with its expiry in its writer's own field; a writer
+/// without the lease is told so, and what it wrote is never resumed from: not while the holder
+/// runs, not by the lead that takes the turn over next, which resumes from the holder's.
 #[tokio::test]
-async fn a_checkpoint_lands_whole_and_leaves_nothing_staged() {
+async fn a_checkpoint_lands_whole_and_a_writer_without_the_lease_is_never_resumed_from() {
     let redis = RedisServer::start();
     let store = store(&redis).await;
-    let client = redis::Client::open(redis.url.as_str()).expect("redis url");
-    let mut raw = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let (session, task) = (unique("s"), unique("t"));
-    let Ok(TurnStart::Started { .. }) = store.begin_turn(claim(&session, &task, "a")).await else {
-        panic!("lead a starts");
-    };
+    let mut raw = raw_connection(&redis).await;
     let progress = |step: u32, bytes: usize| TurnCheckpoint {
         new_messages: vec![skein_common::protocol::message::Message::user(format!(
             "step {step} {}",
@@ -177,42 +188,43 @@ async fn a_checkpoint_lands_whole_and_leaves_nothing_staged() {
         iterations: step,
         ..TurnCheckpoint::default()
     };
-    let key = skein_common::store::keys::checkpoint("acme", &session, &task);
-    let () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut raw)
-        .await
-        .expect("flush scripts");
-    for (step, bytes) in [(1, 10_000), (2, 100)] {
-        let () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut raw)
-            .await
-            .expect("flush scripts");
-        assert!(
-            store
-                .save_checkpoint("acme", &session, &task, "a", &progress(step, bytes))
-                .await
-                .expect("a saves after the script cache was flushed"),
-            "the lease holder's checkpoint of {bytes} bytes is written"
-        );
-        assert!(
-            !store
-                .save_checkpoint("acme", &session, &task, "intruder", &progress(9, bytes))
-                .await
-                .expect("answered"),
-            "a writer without the lease is refused ({bytes} bytes)"
-        );
-        let stored: String = redis::cmd("GET")
+    for bytes in [10_000, 100] {
+        let (session, task) = (unique("s"), unique("t"));
+        let (holder, intruder) = (format!("lead-a:{task}"), format!("lead-x:{task}"));
+        let (holder, intruder) = (holder.as_str(), intruder.as_str());
+        // The holder writes as a lead does, through its turn (which leaves the expiry the
+        // turn's start set); the intruder as anyone could, setting the expiry too.
+        let turn = store.turn(claim(&session, &task, holder));
+        let Ok(TurnStart::Started { .. }) = turn.begin().await else {
+            panic!("lead a starts");
+        };
+        for step in [1, 2] {
+            assert!(
+                turn.checkpoint(&progress(step, bytes))
+                    .await
+                    .expect("a saves"),
+                "the lease holder's checkpoint of {bytes} bytes is written"
+            );
+            assert!(
+                !store
+                    .save_checkpoint("acme", &session, &task, intruder, &progress(9, bytes))
+                    .await
+                    .expect("answered"),
+                "a writer without the lease is told so ({bytes} bytes)"
+            );
+        }
+        let key = skein_common::store::keys::checkpoint("acme", &session, &task);
+        let stored: String = redis::cmd("HGET")
             .arg(&key)
+            .arg(holder)
             .query_async(&mut raw)
             .await
             .expect("read the checkpoint");
         let stored: TurnCheckpoint = serde_json::from_str(&stored).expect("a whole checkpoint");
         assert_eq!(
             stored,
-            progress(step, bytes),
-            "the lease holder's checkpoint stands"
+            progress(2, bytes),
+            "the holder's latest stands whole"
         );
         let ttl: i64 = redis::cmd("TTL")
             .arg(&key)
@@ -220,13 +232,71 @@ async fn a_checkpoint_lands_whole_and_leaves_nothing_staged() {
             .await
             .expect("ttl");
         assert!(ttl > 3600, "the checkpoint keeps its expiry ({ttl} s)");
+        let (_, running) = store
+            .running_turn("acme", &session)
+            .await
+            .expect("read")
+            .expect("a turn runs");
+        assert_eq!(
+            running,
+            Some(progress(2, bytes)),
+            "the running turn's progress"
+        );
+
+        // The holder dies; the next lead resumes from its progress, and the intruder's write
+        // is gone with every other field.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let Ok(TurnStart::Started { checkpoint, .. }) = store
+            .begin_turn(claim(&session, &task, &format!("lead-b:{task}")))
+            .await
+        else {
+            panic!("lead b takes over");
+        };
+        assert_eq!(checkpoint, Some(Box::new(progress(2, bytes))));
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(&key)
+            .query_async(&mut raw)
+            .await
+            .expect("fields");
+        assert_eq!(
+            fields.len(),
+            2,
+            "the new holder's name and its checkpoint, nothing else: {fields:?}"
+        );
     }
-    let staged: Vec<String> = redis::cmd("KEYS")
-        .arg("*staged*")
+}
+
+/// A checkpoint written by an earlier version (one string per turn) is resumed from, and goes.
+#[tokio::test]
+async fn a_checkpoint_in_the_earlier_layout_is_resumed_from() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let mut raw = raw_connection(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    let progress = TurnCheckpoint {
+        iterations: 3,
+        ..TurnCheckpoint::default()
+    };
+    let legacy = skein_common::store::keys::legacy_checkpoint("acme", &session, &task);
+    let () = redis::cmd("SET")
+        .arg(&legacy)
+        .arg(serde_json::to_string(&progress).expect("json"))
         .query_async(&mut raw)
         .await
-        .expect("keys");
-    assert!(staged.is_empty(), "nothing left staged: {staged:?}");
+        .expect("write the old layout");
+    let Ok(TurnStart::Started { checkpoint, .. }) = store
+        .begin_turn(claim(&session, &task, "lead-a:task"))
+        .await
+    else {
+        panic!("lead a starts");
+    };
+    assert_eq!(checkpoint, Some(Box::new(progress)));
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&legacy)
+        .query_async(&mut raw)
+        .await
+        .expect("exists");
+    assert!(!exists, "the old key is dropped once carried over");
 }
 
 /// A session saved since it was loaded is not overwritten: a save or an end of turn with the

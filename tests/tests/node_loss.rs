@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::json;
 use skein_common::bus::{Bus, ConsumerSettings, DEFAULT_MAX_PAYLOAD};
 use skein_common::config::{NatsConfig, ENV_NATS_URL, ENV_STARTUP_TIMEOUT, ENV_STREAM_REPLICAS};
@@ -75,41 +74,55 @@ async fn bus(url: &str, replicas: usize) -> Bus {
         .expect("connects to the test NATS")
 }
 
-/// The `Final` events of a task in the event stream.
+/// The `Final` events of a task in the event stream, read by direct gets (any replica answers
+/// them, so a lost node does not stand in the way, as it can for a new consumer until the
+/// servers see it gone).
 async fn final_events(bus: &Bus, tenant: &str, task_id: &str) -> Vec<FinalResult> {
     let subject = subjects::events_in(0, tenant, task_id);
+    let last_error = std::sync::Mutex::new(String::new());
+    let (subject, last_error) = (&subject, &last_error);
+    let waited_for = format!("the stored events of {task_id} (each error is logged)");
+    eventually(&waited_for, Duration::from_secs(60), || async move {
+        match stored_finals(bus, subject).await {
+            Ok(finals) => Some(finals),
+            Err(error) => {
+                let mut last = last_error.lock().expect("not poisoned");
+                if *last != error {
+                    eprintln!("reading the events of {task_id}: {error}");
+                    *last = error;
+                }
+                None
+            }
+        }
+    })
+    .await
+}
+
+/// Every `Final` event stored on `subject`, in order.
+async fn stored_finals(bus: &Bus, subject: &str) -> Result<Vec<FinalResult>, String> {
+    use async_nats::jetstream::stream::DirectGetErrorKind;
     let stream = bus
         .jetstream()
-        .get_stream(subjects::EVENTS_STREAM)
+        .get_stream_no_info(subjects::EVENTS_STREAM)
         .await
-        .expect("the events stream exists");
-    let counts: Vec<(String, usize)> = stream
-        .info_with_subjects(&subject)
-        .await
-        .expect("the events stream answers")
-        .map(|entry| entry.expect("a subject count"))
-        .collect()
-        .await;
-    let total: usize = counts.iter().map(|(_, n)| n).sum();
-    // Right after a node is lost, the servers may still place a new consumer on it (creating it
-    // then times out) until they see it gone.
-    let mut replay = eventually("an events replay", Duration::from_secs(60), || async move {
-        bus.replay(tenant, task_id).await.ok()
-    })
-    .await;
+        .map_err(|e| e.to_string())?;
     let mut finals = Vec::new();
-    for _ in 0..total {
-        let message = tokio::time::timeout(Duration::from_secs(10), replay.next())
+    let mut next = 1;
+    loop {
+        let message = match stream
+            .direct_get_next_for_subject(subject, Some(next))
             .await
-            .expect("a stored event arrives")
-            .expect("the replay goes on")
-            .expect("an event");
-        let event: TurnEvent = bus.decode(&message.payload).expect("an event");
+        {
+            Ok(message) => message,
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(finals),
+            Err(e) => return Err(e.to_string()),
+        };
+        next = message.sequence + 1;
+        let event: TurnEvent = bus.decode(&message.payload).map_err(|e| e.to_string())?;
         if let EventKind::Final { result } = event.event {
             finals.push(result);
         }
     }
-    finals
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

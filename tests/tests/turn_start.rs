@@ -282,9 +282,13 @@ async fn a_start_that_cannot_read_the_session_leaves_no_lease_behind() {
                 .await
                 .expect("corrupt session planted");
         } else {
+            // The checkpoint of the lead that held the turn before, as that lead wrote it.
             let key = skein_common::store::keys::checkpoint("acme", &session, &task);
-            let () = redis::cmd("SET")
+            let () = redis::cmd("HSET")
                 .arg(&key)
+                .arg("")
+                .arg("lead-z")
+                .arg("lead-z")
                 .arg("{not json")
                 .query_async(&mut conn)
                 .await

@@ -24,6 +24,9 @@ use super::{Bus, BusError};
 use crate::protocol::TurnEvent;
 use crate::subjects;
 
+/// How many times a task's events replay is created before a timed-out creation is an error.
+const REPLAY_CREATE_ATTEMPTS: u32 = 3;
+
 /// Which end of a task's events a direct get reads.
 #[derive(Debug, Clone, Copy)]
 enum EventEnd {
@@ -231,18 +234,32 @@ impl Bus {
             .events_stream(partition)
             .await
             .map_err(&consumer_error)?;
-        // Named, so the create request's API subject carries the filter (and a server can fence
-        // which events a user may watch).
-        let name = format!("watch_{}", uuid::Uuid::new_v4().simple());
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                name: Some(name),
-                filter_subject: subject.clone(),
-                deliver_policy: consumer::DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| consumer_error(e.to_string()))?;
+        let mut attempt = 1;
+        let consumer = loop {
+            // Named, so the create request's API subject carries the filter (and a server can
+            // fence which events a user may watch).
+            let name = format!("watch_{}", uuid::Uuid::new_v4().simple());
+            let created = stream
+                .create_consumer(consumer::pull::OrderedConfig {
+                    name: Some(name),
+                    filter_subject: subject.clone(),
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    ..Default::default()
+                })
+                .await;
+            match created {
+                // Until the servers see a lost node gone, they may place a new consumer on it,
+                // and its creation times out; the next one is placed afresh.
+                Err(e)
+                    if e.kind() == stream::ConsumerErrorKind::TimedOut
+                        && attempt < REPLAY_CREATE_ATTEMPTS =>
+                {
+                    tracing::warn!(%subject, attempt, "creating an events replay timed out; trying again");
+                    attempt += 1;
+                }
+                created => break created.map_err(|e| consumer_error(e.to_string()))?,
+            }
+        };
         consumer
             .messages()
             .await

@@ -12,8 +12,8 @@
 //! | `skein:{t:s}:results:{task}` | hash `task_id:step:call_id` → `ToolResult` | the task's call results, first write wins (expire 7 days after the task's last call, so an active session does not keep them forever) |
 //! | `skein:{t:s}:attempts:{task}` | hash work key → count | attempts at the task's turn (`turn:{task}`) or calls (their call keys), expiring as the results |
 //! | `skein:{t:s}:running:{call_key}` | string | the owner (`worker/run nonce`) of a call's run in progress, renewed while it runs and expiring soon after its worker stops renewing; deleted when the result is recorded |
-//! | `skein:{t:s}:turn:{task}` | string | checkpoint of an unfinished turn (`TurnCheckpoint`) |
-//! | `skein:{t:s}:turn:{task}:staged:{token}:{n}` | string | one write of a checkpoint on its way to `turn:{task}`, moved there (or dropped, when the writer lost the lease) by the script pipelined right after it; expires within a minute if that script never ran |
+//! | `skein:{t:s}:checkpoints:{task}` | hash lease token → `TurnCheckpoint`, `""` → the token whose checkpoint counts | checkpoints of an unfinished turn, one per lead that ran it: each lead writes only its own field, and the turn-start script names the new holder, carrying the checkpoint it resumes from over to that holder's field (expires 24 h after the last write) |
+//! | `skein:{t:s}:turn:{task}` | string | a turn's checkpoint as earlier versions wrote it; read (and dropped) by the turn-start script when the hash above names no holder |
 //! | `skein:{t:s}:call:{call_key}` | string | checkpoint of a subagent call's unfinished child turn, in the child session (`TurnCheckpoint`, expires) |
 //! | `skein:{t:s}:trace:{task}` | string | the W3C `traceparent` of the first delivery of a task submitted without trace context, which its later deliveries continue (written by the turn-start script, expiring as the attempts) |
 //! | `skein:{t:s}:epoch:{work}` | counter | deliveries of a task's turn (`work` = task id) or of a subagent call (its call key) that emitted events, so event sequence numbers grow across deliveries (expires) |
@@ -114,23 +114,14 @@ pub fn running_call(tenant: &str, session: &str, call_key: &str) -> String {
     format!("{}:running:{call_key}", tag(tenant, session))
 }
 
+/// A turn's checkpoints, one field per lead that ran it (see `SessionStore::save_checkpoint`).
 pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:turn:{task_id}", tag(tenant, session))
+    format!("{}:checkpoints:{task_id}", tag(tenant, session))
 }
 
-/// Where one write of a turn's checkpoint is staged while its writer's lease is checked: named by
-/// the writer's lease token and a number unique to the write, so no two writes share it.
-pub fn staged_checkpoint(
-    tenant: &str,
-    session: &str,
-    task_id: &str,
-    writer: &str,
-    write: u64,
-) -> String {
-    format!(
-        "{}:turn:{task_id}:staged:{writer}:{write}",
-        tag(tenant, session)
-    )
+/// A turn's checkpoint as a single string, as earlier versions wrote it.
+pub fn legacy_checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
+    format!("{}:turn:{task_id}", tag(tenant, session))
 }
 
 /// The checkpoint of a subagent call's child turn, in the child session, by the call's key.
@@ -309,6 +300,7 @@ mod tests {
                     super::history(t, s),
                     super::control(t, s, task),
                     super::task_trace(t, s, task),
+                    super::legacy_checkpoint(t, s, task),
                 ],
             ),
             (
@@ -336,11 +328,7 @@ mod tests {
             ),
             (
                 "checkpoint",
-                vec![
-                    super::lease(t, s),
-                    super::staged_checkpoint(t, s, task, "lead-1:task", 7),
-                    super::checkpoint(t, s, task),
-                ],
+                vec![super::checkpoint(t, s, task), super::lease(t, s)],
             ),
             (
                 "admit call",

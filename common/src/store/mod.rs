@@ -466,12 +466,14 @@ impl SessionStore {
                 .key(keys::history(tenant, session))
                 .key(keys::control(tenant, session, task_id))
                 .key(keys::task_trace(tenant, session, task_id))
+                .key(keys::legacy_checkpoint(tenant, session, task_id))
                 .arg(claim.lease_token)
                 .arg(claim.lease_ttl.as_millis().max(1) as u64)
                 .arg(keys::turn_attempts_field(task_id))
                 .arg(ATTEMPTS_TTL_SECS)
                 .arg(claim.max_attempts)
                 .arg(claim.trace.unwrap_or_default())
+                .arg(CHECKPOINT_TTL_SECS)
                 .invoke_async(&mut conn)
                 .await?,
         )?;

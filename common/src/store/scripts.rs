@@ -55,36 +55,6 @@ return 1
 "#,
 );
 
-/// Writes a small turn checkpoint only while the writer holds the session lease.
-/// KEYS[1] lease, KEYS[2] checkpoint; ARGV token, checkpoint, ttl seconds.
-pub(super) static CHECKPOINT_SCRIPT: Lua = Lua::new(
-    r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-return 1
-"#,
-);
-
-/// Moves a staged turn checkpoint into place, with its expiry, only while the writer holds the
-/// session lease; drops it otherwise. A large checkpoint is staged by a plain `SET` pipelined
-/// just before: a payload passed to a script as an argument is copied into Lua and back, which
-/// cost Redis more than the rest of the write (15 µs against 4 for a 10 KB checkpoint). Each
-/// write stages under a key of its own, so writers never move each other's checkpoint, and a
-/// staged checkpoint whose script never ran (the connection dropped in between) expires soon.
-/// KEYS[1] lease, KEYS[2] staged checkpoint, KEYS[3] checkpoint; ARGV token, ttl seconds.
-pub(super) static PLACE_CHECKPOINT_SCRIPT: Lua = Lua::new(
-    r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  redis.call('DEL', KEYS[2])
-  return 0
-end
-if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-redis.call('RENAME', KEYS[2], KEYS[3])
-redis.call('EXPIRE', KEYS[3], ARGV[2])
-return 1
-"#,
-);
-
 /// Ends a turn atomically while the writer holds the lease: saves the session (compare-and-set,
 /// unless ARGV[4] is empty), stores the final result, drops the checkpoint and releases the lease.
 /// A final result stored earlier (the task ended on another path meanwhile) stands: nothing is
@@ -141,11 +111,17 @@ return false
 );
 
 /// Starts a turn in one trip. KEYS[1] final result, KEYS[2] lease, KEYS[3] attempts, KEYS[4]
-/// session, KEYS[5] checkpoint, KEYS[6] history (both kept while the turn runs: an idle-session
-/// expiry must not strike mid-turn; the turn's end sets it again), KEYS[7] the task's controls,
-/// KEYS[8] the task's trace; ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most
+/// session, KEYS[5] the turn's checkpoints, KEYS[6] history (session and history kept while the
+/// turn runs: an idle-session expiry must not strike mid-turn; the turn's end sets it again),
+/// KEYS[7] the task's controls, KEYS[8] the task's trace, KEYS[9] the checkpoint as earlier
+/// versions wrote it; ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most
 /// attempts, the `traceparent` to keep as the task's trace ('' for none: the submission carried
-/// its sender's; kept only if none is yet, and then kept as long as the attempts). Returns
+/// its sender's; kept only if none is yet, and then kept as long as the attempts), checkpoint
+/// ttl seconds. Taking the lease names the caller the checkpoints' holder (field ''): the
+/// checkpoint the turn resumes from (the previous holder's field) moves to the caller's field and
+/// every other field goes, so what a lead that lost the lease writes later (into its own field)
+/// is never read; the hash's expiry is set, so the holder's writes need not set it again for a
+/// while. Returns
 /// {'finished', final}; {'busy'} (another holds the lease; nothing counted; also when the lease
 /// is this caller's own, held by an earlier run of the task); {'busy', 'unbounded'} (the lease
 /// had no expiry, which no lead writes: it is given the lease ttl now, so it lapses then, as
@@ -173,7 +149,20 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 local session = redis.call('HMGET', KEYS[4], 'version', 'state', 'offset')
 redis.call('PERSIST', KEYS[4])
 redis.call('PERSIST', KEYS[6])
-local checkpoint = redis.call('GET', KEYS[5])
+local holder = redis.call('HGET', KEYS[5], '')
+local checkpoint = false
+if holder then
+  checkpoint = redis.call('HGET', KEYS[5], holder)
+else
+  checkpoint = redis.call('GET', KEYS[9])
+  if checkpoint then redis.call('DEL', KEYS[9]) end
+end
+if holder ~= ARGV[1] then
+  redis.call('DEL', KEYS[5])
+  if checkpoint then redis.call('HSET', KEYS[5], ARGV[1], checkpoint) end
+  redis.call('HSET', KEYS[5], '', ARGV[1])
+end
+redis.call('EXPIRE', KEYS[5], ARGV[7])
 local offset = session[3] or '0'
 local history = redis.call('LRANGE', KEYS[6], tonumber(offset), -1)
 local c = redis.call('HMGET', KEYS[7], 'paused', 'was_paused', 'interrupt', 'steered')

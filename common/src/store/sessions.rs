@@ -7,7 +7,7 @@
 
 use redis::AsyncCommands;
 
-use super::{keys, SessionState, SessionStore, StoreError};
+use super::{decode, keys, SessionState, SessionStore, StoreError};
 
 /// Keys asked for per `SCAN` step.
 const SCAN_COUNT: usize = 1000;
@@ -45,13 +45,17 @@ impl SessionStore {
     ) -> Result<Option<(String, Option<crate::agent::seams::TurnCheckpoint>)>, StoreError> {
         let mut conn = self.connection.clone();
         let token: Option<String> = conn.get(keys::lease(tenant, session)).await?;
-        let Some(task_id) = token.and_then(|t| t.rsplit_once(':').map(|(_, task)| task.to_owned()))
-        else {
+        let Some((token, task_id)) = token.and_then(|token| {
+            let task_id = token.rsplit_once(':')?.1.to_owned();
+            Some((token, task_id))
+        }) else {
             return Ok(None);
         };
-        let checkpoint = self
-            .get_json(keys::checkpoint(tenant, session, &task_id))
+        // The holder's own field: the one its writes go to, and what it resumed from.
+        let checkpoint: Option<String> = conn
+            .hget(keys::checkpoint(tenant, session, &task_id), &token)
             .await?;
+        let checkpoint = checkpoint.as_deref().map(decode).transpose()?;
         Ok(Some((task_id, checkpoint)))
     }
 

@@ -7,11 +7,14 @@
 //! fault (shutdown, a suspension, a start that must not stand).
 //!
 //! Invariants: every write after the start is fenced by the lease token, so a lead that lost the
-//! lease writes nothing; a start whose reply could not be read (a corrupt session or checkpoint)
+//! lease writes nothing that counts (a checkpoint it writes lands in its own field of the turn's
+//! checkpoints, which nothing reads once another lead took the turn over); a start whose reply could not be read (a corrupt session or checkpoint)
 //! leaves no lease behind, so the session's next turn does not wait out the lease's time to live.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::checkpoints::{CheckpointWriter, Expiry};
 use super::{
     control, keys, FinalResult, LoadedSession, SessionState, SessionStore, StoreError,
     TurnCheckpoint,
@@ -59,8 +62,11 @@ pub struct TurnClaim<'a> {
     pub trace: Option<&'a str>,
 }
 
+/// How long a turn's checkpoints keep the expiry they were last given before a checkpoint write
+/// sets it again (it is 24 hours: a write refreshes it at most hourly, not at every step).
+const CHECKPOINT_EXPIRY_REFRESH_MS: u64 = 3_600_000;
+
 /// One turn of one task on one session, claimed by one lead (its lease token).
-#[derive(Clone)]
 pub struct TurnLease {
     store: SessionStore,
     tenant: String,
@@ -70,6 +76,9 @@ pub struct TurnLease {
     ttl: Duration,
     max_attempts: u64,
     trace: Option<String>,
+    /// When (ms since the Unix epoch) the turn's checkpoints were last given their expiry: by
+    /// the turn's start or a checkpoint write; 0 before either.
+    checkpoint_expiry_set_ms: AtomicU64,
 }
 
 impl SessionStore {
@@ -84,6 +93,7 @@ impl SessionStore {
             ttl: claim.lease_ttl,
             max_attempts: claim.max_attempts,
             trace: claim.trace.map(str::to_owned),
+            checkpoint_expiry_set_ms: AtomicU64::new(0),
         }
     }
 }
@@ -109,6 +119,10 @@ impl TurnLease {
         if start.as_ref().is_err_and(StoreError::is_persistent) {
             self.release().await;
         }
+        if let Ok(TurnStart::Started { .. }) = start {
+            self.checkpoint_expiry_set_ms
+                .store(crate::protocol::now_ms(), Ordering::Relaxed);
+        }
         start
     }
 
@@ -119,17 +133,30 @@ impl TurnLease {
             .await
     }
 
-    /// Records the turn's progress while the lease is held; false if it was lost.
+    /// Records the turn's progress while the lease is held; false if it was lost. The
+    /// checkpoints' expiry is set again only when it was last set an hour ago or more.
     pub async fn checkpoint(&self, checkpoint: &TurnCheckpoint) -> Result<bool, StoreError> {
-        self.store
-            .save_checkpoint(
-                &self.tenant,
-                &self.session,
-                &self.task_id,
-                &self.token,
-                checkpoint,
-            )
-            .await
+        let now = crate::protocol::now_ms();
+        let set_at = self.checkpoint_expiry_set_ms.load(Ordering::Relaxed);
+        let expiry = if now.saturating_sub(set_at) >= CHECKPOINT_EXPIRY_REFRESH_MS {
+            Expiry::Set
+        } else {
+            Expiry::Kept
+        };
+        let writer = CheckpointWriter {
+            tenant: &self.tenant,
+            session: &self.session,
+            task_id: &self.task_id,
+            lease_token: &self.token,
+        };
+        let written = self
+            .store
+            .write_checkpoint(writer, checkpoint, expiry)
+            .await?;
+        if expiry == Expiry::Set {
+            self.checkpoint_expiry_set_ms.store(now, Ordering::Relaxed);
+        }
+        Ok(written)
     }
 
     /// Ends the turn (see [`SessionStore::complete_turn`]): the lease is released with it.
