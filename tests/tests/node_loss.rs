@@ -98,25 +98,44 @@ async fn final_events(bus: &Bus, tenant: &str, task_id: &str) -> Vec<FinalResult
     .await
 }
 
-/// Every `Final` event stored on `subject`, in order.
+/// Every `Final` event stored on `subject`, in order. How many events the subject holds comes
+/// from the stream's leader; a replica that has not caught up yet (it reads fewer) is an error,
+/// so the caller reads again.
 async fn stored_finals(bus: &Bus, subject: &str) -> Result<Vec<FinalResult>, String> {
     use async_nats::jetstream::stream::DirectGetErrorKind;
+    use futures::TryStreamExt;
     let stream = bus
         .jetstream()
         .get_stream_no_info(subjects::EVENTS_STREAM)
         .await
         .map_err(|e| e.to_string())?;
+    let counts: Vec<(String, usize)> = stream
+        .info_with_subjects(subject)
+        .await
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let stored: usize = counts.iter().map(|(_, n)| n).sum();
     let mut finals = Vec::new();
-    let mut next = 1;
+    let (mut next, mut read) = (1, 0);
     loop {
         let message = match stream
             .direct_get_next_for_subject(subject, Some(next))
             .await
         {
             Ok(message) => message,
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(finals),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound && read >= stored => {
+                return Ok(finals)
+            }
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                return Err(format!(
+                    "a replica had {read} of the {stored} stored events"
+                ))
+            }
             Err(e) => return Err(e.to_string()),
         };
+        read += 1;
         next = message.sequence + 1;
         let event: TurnEvent = bus.decode(&message.payload).map_err(|e| e.to_string())?;
         if let EventKind::Final { result } = event.event {

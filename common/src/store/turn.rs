@@ -8,8 +8,9 @@
 //!
 //! Invariants: every write after the start is fenced by the lease token, so a lead that lost the
 //! lease writes nothing that counts (a checkpoint it writes lands in its own field of the turn's
-//! checkpoints, which nothing reads once another lead took the turn over); a start whose reply could not be read (a corrupt session or checkpoint)
-//! leaves no lease behind, so the session's next turn does not wait out the lease's time to live.
+//! checkpoints, which nothing reads once another lead took the turn over); a start whose reply
+//! could not be read (a corrupt session or checkpoint) leaves no lease behind, so the session's
+//! next turn does not wait out the lease's time to live.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
