@@ -16,9 +16,7 @@
 
 use redis::AsyncCommands;
 
-use super::scripts::Lua;
-
-use super::{decode, keys, SessionStore, StoreError};
+use super::{decode, keys, scripts::Lua, SessionStore, StoreError};
 use crate::protocol::{ApprovalAnswer, ApprovalRequest};
 
 /// How long answers are kept after the last one.

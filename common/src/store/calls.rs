@@ -5,11 +5,9 @@
 
 use redis::AsyncCommands;
 
-use super::scripts::Lua;
-
 use super::{
-    keys, parse_number, CallAdmission, SessionStore, StoreError, TurnCheckpoint, ATTEMPTS_TTL_SECS,
-    CHECKPOINT_TTL_SECS, RESULTS_TTL_SECS,
+    keys, parse_number, scripts::Lua, CallAdmission, SessionStore, StoreError, TurnCheckpoint,
+    ATTEMPTS_TTL_SECS, CHECKPOINT_TTL_SECS, RESULTS_TTL_SECS,
 };
 use crate::protocol::{CallOutcome, SubagentTask, TaskSubmission, ToolResult, ToolTask};
 
