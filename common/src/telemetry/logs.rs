@@ -81,8 +81,17 @@ where
         Targets::new().with_default(LevelFilter::INFO),
         |t, target| t.with_target(*target, LevelFilter::OFF),
     );
+    // A span carries the attributes Skein gives it, none of the layer's defaults: its code
+    // location and target (its name says what it is), the thread that opened it (a task moves
+    // between threads), busy and idle times (two more clock reads on every poll of every
+    // instrumented future). Each would be kept with every open span, that is with every turn in
+    // flight.
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
         .with_filter(not_transport);
     let (json, human) = match format {
         LogFormat::Json => (
@@ -293,6 +302,48 @@ mod tests {
             "{}",
             lines[0]
         );
+    }
+
+    /// Keeps the spans it is given.
+    #[derive(Clone, Debug, Default)]
+    struct Kept(Arc<Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+    impl opentelemetry_sdk::trace::SpanExporter for Kept {
+        async fn export(
+            &self,
+            batch: Vec<opentelemetry_sdk::trace::SpanData>,
+        ) -> opentelemetry_sdk::error::OTelSdkResult {
+            self.0.lock().expect("kept spans").extend(batch);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_span_carries_its_own_attributes_and_none_of_the_layers_defaults() {
+        let kept = Kept::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(kept.clone())
+            .build();
+        let subscriber = subscriber(
+            EnvFilter::new("info"),
+            provider.tracer("test"),
+            LogFormat::Json,
+            Buffer::default(),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("execute_tool", "gen_ai.tool.name" = "noop");
+            // Entered and left twice, as an instrumented future is polled.
+            drop(span.enter());
+            drop(span.enter());
+        });
+        let spans = kept.0.lock().expect("kept spans");
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        let keys: Vec<&str> = spans[0]
+            .attributes
+            .iter()
+            .map(|kv| kv.key.as_str())
+            .collect();
+        assert_eq!(keys, ["gen_ai.tool.name"]);
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! for the run's result (`admission`) instead of applying its effects a second time beside it.
 //!
 //! Invariants:
-//! - the owner is unique to one run (worker instance and a nonce), so a worker's own
-//!   redelivered copy waits too;
+//! - the owner is unique to one run (worker instance, a nonce drawn once per process and the
+//!   run's number in it), so a worker's own redelivered copy waits too;
 //! - the marker lives [`MARKER_TTL_PROGRESS_INTERVALS`] progress intervals without renewal:
 //!   less than the ack wait (three intervals), so the marker of a run whose worker died has
 //!   expired by the time the broker redelivers its task, and the copy runs at once;
@@ -15,6 +15,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use skein_common::store::RunMarker;
@@ -32,10 +34,17 @@ pub(super) struct RunOwner {
     pub(super) claimed: bool,
 }
 
+/// Drawn once per process: an instance id may be given again to a restarted process, whose runs
+/// must not pass for the earlier process's.
+static PROCESS_NONCE: LazyLock<String> =
+    LazyLock::new(|| uuid::Uuid::new_v4().simple().to_string());
+/// Numbers this process's runs (with the nonce, unique to one run without a random draw each).
+static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
+
 impl RunOwner {
     pub(super) fn new(ctx: &WorkerContext) -> Self {
         Self {
-            owner: format!("{}/{}", ctx.instance, uuid::Uuid::new_v4().simple()),
+            owner: run_owner(&ctx.instance),
             claimed: false,
         }
     }
@@ -109,4 +118,26 @@ impl RunOwner {
 
 fn marker_ttl(progress_every: Duration) -> Duration {
     progress_every * MARKER_TTL_PROGRESS_INTERVALS
+}
+
+/// A name for the next run of this process, unique to it.
+fn run_owner(instance: &str) -> String {
+    let run = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
+    format!("{instance}/{}-{run}", *PROCESS_NONCE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_run_of_a_process_has_its_own_owner_under_the_instance_and_process() {
+        let (first, second) = (run_owner("worker-a"), run_owner("worker-a"));
+        assert_ne!(first, second);
+        let process = format!("worker-a/{}-", *PROCESS_NONCE);
+        assert!(first.starts_with(&process), "{first}");
+        assert!(second.starts_with(&process), "{second}");
+        // The nonce is a random draw, so another process with the same instance id differs.
+        assert_eq!(PROCESS_NONCE.len(), 32);
+    }
 }

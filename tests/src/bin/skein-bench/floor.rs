@@ -1,6 +1,8 @@
 //! The floor: what NATS and Redis cost on their own, with nothing of Skein in the path. Core
 //! request-reply against a responder process (`skein-bench responder <nats url>`), JetStream
-//! publish and consume, and a Redis `SET` of a session-sized blob.
+//! publish and consume, a durable call's floor (a stored message pulled by a worker process,
+//! `skein-bench work-responder <nats url>`, that replies and acks), and a Redis `SET` of a
+//! session-sized blob.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -20,16 +22,20 @@ pub(crate) fn session_blob() -> String {
     json!({ "history": history, "turns": 20 }).to_string()
 }
 
-/// The process that answers core requests for the floor.
-pub(crate) fn responder(url: String) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// Runs a floor process's `work` on a single-threaded runtime, as a lean responder would be.
+fn on_one_thread(work: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime,
-        Err(_) => return ExitCode::FAILURE,
-    };
-    runtime.block_on(async move {
+        Ok(runtime) => runtime.block_on(work),
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+/// The process that answers core requests for the floor.
+pub(crate) fn responder(url: String) -> ExitCode {
+    on_one_thread(async move {
         let Ok(client) = async_nats::connect(url.as_str()).await else {
             return ExitCode::FAILURE;
         };
@@ -43,6 +49,122 @@ pub(crate) fn responder(url: String) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+/// The stream, subject and consumer of the durable-call floor.
+const WORK_STREAM: &str = "BENCH_WORK";
+const WORK_SUBJECT: &str = "bench.work";
+const WORK_CONSUMER: &str = "bench-work";
+/// The header naming where the durable-call floor's worker replies.
+const WORK_REPLY: &str = "Bench-Reply";
+
+/// The process that runs the durable-call floor's work: pulls each message from the work stream,
+/// replies with its payload where its header says, then acks it.
+pub(crate) fn work_responder(url: String) -> ExitCode {
+    use async_nats::jetstream::{self, consumer};
+    on_one_thread(async move {
+        let Ok(client) = async_nats::connect(url.as_str()).await else {
+            return ExitCode::FAILURE;
+        };
+        let js = jetstream::new(client.clone());
+        let Ok(stream) = js.get_stream(WORK_STREAM).await else {
+            return ExitCode::FAILURE;
+        };
+        let Ok(consumer) = stream
+            .get_consumer::<consumer::pull::Config>(WORK_CONSUMER)
+            .await
+        else {
+            return ExitCode::FAILURE;
+        };
+        let Ok(mut messages) = consumer.messages().await else {
+            return ExitCode::FAILURE;
+        };
+        while let Some(Ok(message)) = messages.next().await {
+            let reply = message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get(WORK_REPLY))
+                .map(|reply| reply.as_str().to_owned());
+            if let Some(reply) = reply {
+                let _ = client.publish(reply, message.payload.clone()).await;
+            }
+            let _ = message.ack().await;
+        }
+        ExitCode::SUCCESS
+    })
+}
+
+/// A durable call on NATS alone: a task published to a work stream (its ack awaited), pulled by
+/// a worker process that replies and acks; timed from the publish to the reply.
+pub(crate) async fn floor_durable_call(
+    url: &str,
+    samples: usize,
+    report: &mut Report,
+) -> Result<(), Failed> {
+    use async_nats::jetstream::{self, consumer, stream};
+    let client = async_nats::connect(url).await?;
+    let js = jetstream::new(client.clone());
+    let work = js
+        .get_or_create_stream(stream::Config {
+            name: WORK_STREAM.into(),
+            subjects: vec![WORK_SUBJECT.into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await?;
+    work.get_or_create_consumer(
+        WORK_CONSUMER,
+        consumer::pull::Config {
+            durable_name: Some(WORK_CONSUMER.into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["work-responder", url]);
+    let _worker = ChildProcess::spawn(cmd, std::env::temp_dir().join(unique("work-responder")));
+    let inbox = unique("bench.work-reply");
+    let mut replies = client.subscribe(inbox.clone()).await?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(WORK_REPLY, inbox.as_str());
+    let payload = bytes::Bytes::from(vec![b'x'; 1024]);
+    // The first call waits for the worker to start.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        durable_call(&js, &headers, &payload, &mut replies),
+    )
+    .await
+    .map_err(|_| "the durable-call floor's worker did not answer")??;
+    let mut taken = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        durable_call(&js, &headers, &payload, &mut replies).await?;
+        taken.push(started.elapsed());
+    }
+    latencies(
+        report,
+        "floor: durable call (JetStream work, pull, reply, ack)",
+        taken,
+    );
+    Ok(())
+}
+
+/// One call of the durable-call floor: the task published, its ack awaited, then its reply.
+async fn durable_call(
+    js: &async_nats::jetstream::Context,
+    headers: &async_nats::HeaderMap,
+    payload: &bytes::Bytes,
+    replies: &mut async_nats::Subscriber,
+) -> Result<(), Failed> {
+    js.publish_with_headers(WORK_SUBJECT, headers.clone(), payload.clone())
+        .await?
+        .await?;
+    replies
+        .next()
+        .await
+        .map(drop)
+        .ok_or_else(|| "the reply subscription ended".into())
 }
 
 pub(crate) async fn floor_request_reply(

@@ -6,7 +6,8 @@
 //! Run on demand (it is not a test): `cargo run --release -p skein-tests --bin skein-bench`.
 //!
 //! # Layout
-//! - `floor`: NATS and Redis on their own (and the `responder` process of the request-reply floor).
+//! - `floor`: NATS and Redis on their own (and its processes: the request-reply floor's
+//!   `responder`, the durable-call floor's `work-responder`).
 //! - `nodes`: the lead and worker processes, and what is read from them while they run.
 //! - `calls`: a step's checkpoint and no-op tool calls through the dispatcher.
 //! - `turns`: whole turns, then a burst of sessions.
@@ -47,7 +48,10 @@ use skein_tests::support::unique;
 use calls::{checkpoint_cost, noop_calls};
 use celery::celery_peer;
 use costs::{report_costs, Parts};
-use floor::{floor_jetstream, floor_redis_set, floor_request_reply, responder, session_blob};
+use floor::{
+    floor_durable_call, floor_jetstream, floor_redis_set, floor_request_reply, responder,
+    session_blob, work_responder,
+};
 use nodes::{rss_kib, start_to_ready, wait_workers, Nodes};
 use report::{print_table, ratios, Report};
 use turns::{burst, long_session, two_call_scenario, whole_turns};
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
             return skein_tests::support::node::main_from(rest.collect());
         }
         Some("responder") => return responder(args.get(2).cloned().unwrap_or_default()),
+        Some("work-responder") => return work_responder(args.get(2).cloned().unwrap_or_default()),
         Some("mcp-fixture") => {
             return skein_tests::support::mcp_fixture::main_from(args[2..].to_vec())
         }
@@ -184,6 +189,7 @@ async fn run(args: Args) -> Result<(), Failed> {
     eprintln!("floor");
     floor_request_reply(&nats.url, args.samples, args.calls, &mut report).await?;
     floor_jetstream(&nats.url, args.samples, args.calls, &mut report).await?;
+    floor_durable_call(&nats.url, args.samples, &mut report).await?;
     let blob = session_blob();
     floor_redis_set(&redis.url, &blob, args.samples, &mut report).await?;
 
