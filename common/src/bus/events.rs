@@ -234,32 +234,19 @@ impl Bus {
             .events_stream(partition)
             .await
             .map_err(&consumer_error)?;
-        let mut attempt = 1;
-        let consumer = loop {
+        let consumer = create_retrying_timeouts(REPLAY_CREATE_ATTEMPTS, &subject, || {
             // Named, so the create request's API subject carries the filter (and a server can
-            // fence which events a user may watch).
+            // fence which events a user may watch); each try under a new name.
             let name = format!("watch_{}", uuid::Uuid::new_v4().simple());
-            let created = stream
-                .create_consumer(consumer::pull::OrderedConfig {
-                    name: Some(name),
-                    filter_subject: subject.clone(),
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    ..Default::default()
-                })
-                .await;
-            match created {
-                // Until the servers see a lost node gone, they may place a new consumer on it,
-                // and its creation times out; the next one is placed afresh.
-                Err(e)
-                    if e.kind() == stream::ConsumerErrorKind::TimedOut
-                        && attempt < REPLAY_CREATE_ATTEMPTS =>
-                {
-                    tracing::warn!(%subject, attempt, "creating an events replay timed out; trying again");
-                    attempt += 1;
-                }
-                created => break created.map_err(|e| consumer_error(e.to_string()))?,
-            }
-        };
+            stream.create_consumer(consumer::pull::OrderedConfig {
+                name: Some(name),
+                filter_subject: subject.clone(),
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+        })
+        .await
+        .map_err(|e| consumer_error(e.to_string()))?;
         consumer
             .messages()
             .await
@@ -307,5 +294,74 @@ fn read_failed(read: String) -> impl Fn(String) -> BusError {
     move |message| BusError::Consumer {
         consumer: read.clone(),
         message,
+    }
+}
+
+/// Runs `create` until it gives anything but a timed-out creation, at most `attempts` times. Until the servers see a lost node gone, they may place a
+/// new consumer on it, and its creation times out; the next one is placed afresh.
+async fn create_retrying_timeouts<T, F, Fut>(
+    attempts: u32,
+    subject: &str,
+    mut create: F,
+) -> Result<T, stream::ConsumerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, stream::ConsumerError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match create().await {
+            Err(e) if e.kind() == stream::ConsumerErrorKind::TimedOut && attempt < attempts => {
+                tracing::warn!(%subject, attempt, "creating an events replay timed out; trying again");
+                attempt += 1;
+            }
+            created => return created,
+        }
+    }
+}
+
+#[cfg(test)]
+mod replay_creation_tests {
+    use std::cell::Cell;
+
+    use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+
+    use super::*;
+
+    /// Runs the retry over a creation that fails with `kinds` in turn, then succeeds (giving its
+    /// try's number); how it ended, and how many tries it made.
+    async fn tried(kinds: &[ConsumerErrorKind]) -> (Result<usize, ConsumerErrorKind>, usize) {
+        let tries = Cell::new(0);
+        let ended = create_retrying_timeouts(REPLAY_CREATE_ATTEMPTS, "skein.events.t.x", || {
+            tries.set(tries.get() + 1);
+            let outcome = match kinds.get(tries.get() - 1) {
+                Some(kind) => Err(ConsumerError::new(kind.clone())),
+                None => Ok(tries.get()),
+            };
+            async move { outcome }
+        })
+        .await;
+        (ended.map_err(|e| e.kind()), tries.get())
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_creation_is_tried_again_until_one_is_made() {
+        let timed_out = ConsumerErrorKind::TimedOut;
+        assert_eq!(tried(std::slice::from_ref(&timed_out)).await, (Ok(2), 2));
+        assert_eq!(tried(&[timed_out.clone(), timed_out]).await, (Ok(3), 3));
+    }
+
+    #[tokio::test]
+    async fn creation_times_out_at_most_three_times_and_other_errors_are_not_retried() {
+        let timed_out = ConsumerErrorKind::TimedOut;
+        let always = vec![timed_out.clone(); 5];
+        let attempts = REPLAY_CREATE_ATTEMPTS as usize;
+        assert_eq!(tried(&always).await, (Err(timed_out), attempts));
+        let refused = ConsumerErrorKind::Request;
+        assert_eq!(
+            tried(std::slice::from_ref(&refused)).await,
+            (Err(refused), 1)
+        );
+        assert_eq!(tried(&[]).await, (Ok(1), 1));
     }
 }
