@@ -85,7 +85,8 @@ where
     // location and target (its name says what it is), the thread that opened it (a task moves
     // between threads), busy and idle times (two more clock reads on every poll of every
     // instrumented future). Each would be kept with every open span, that is with every turn in
-    // flight.
+    // flight. (Entering a span still makes its context the current one: that starts the span,
+    // and a log line inside it reads the trace id from the started span.)
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_location(false)
@@ -332,18 +333,24 @@ mod tests {
         );
         tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!("execute_tool", "gen_ai.tool.name" = "noop");
-            // Entered and left twice, as an instrumented future is polled.
+            // Entered and left twice, as an instrumented future is polled, with a child opened
+            // inside.
             drop(span.enter());
-            drop(span.enter());
+            let _entered = span.enter();
+            let child = tracing::info_span!("publish");
+            drop(child.enter());
         });
         let spans = kept.0.lock().expect("kept spans");
-        assert_eq!(spans.len(), 1, "{spans:?}");
-        let keys: Vec<&str> = spans[0]
-            .attributes
-            .iter()
-            .map(|kv| kv.key.as_str())
-            .collect();
+        assert_eq!(spans.len(), 2, "{spans:?}");
+        let (child, parent) = (&spans[0], &spans[1]);
+        assert_eq!((&*child.name, &*parent.name), ("publish", "execute_tool"));
+        let keys: Vec<&str> = parent.attributes.iter().map(|kv| kv.key.as_str()).collect();
         assert_eq!(keys, ["gen_ai.tool.name"]);
+        assert!(child.attributes.is_empty(), "{:?}", child.attributes);
+        // The child is in its parent's trace, under it.
+        let parent_context = &parent.span_context;
+        assert_eq!(child.span_context.trace_id(), parent_context.trace_id());
+        assert_eq!(child.parent_span_id, parent_context.span_id());
     }
 
     #[test]
