@@ -72,7 +72,7 @@ struct Args {
     /// Calls per throughput figure.
     #[arg(long, default_value_t = 20_000)]
     calls: usize,
-    /// Concurrent sessions of the burst.
+    /// Concurrent sessions of the burst (0 skips it).
     #[arg(long, default_value_t = 10_000)]
     burst: usize,
     /// Also write the figures as JSON to this file.
@@ -256,19 +256,23 @@ async fn run(args: Args) -> Result<(), Failed> {
     if args.long_session > 0 {
         long_session(&nats.url, &redis.url, args.long_session, &mut report).await?;
     }
-    parts.lead = lead.id();
-    let before = parts.snapshot(&mut redis_counters).await?;
-    let turns = burst(
-        &nats.url,
-        &store,
-        args.burst,
-        lead.id(),
-        &lead_admin,
-        &mut report,
-    )
-    .await?;
-    let after = parts.snapshot(&mut redis_counters).await?;
-    report_costs(&mut report, "turn", turns, &before, &after);
+    // `--burst 0` skips it: its figures (and the memory per turn in flight) would read zero,
+    // as if measured.
+    if args.burst > 0 {
+        parts.lead = lead.id();
+        let before = parts.snapshot(&mut redis_counters).await?;
+        let turns = burst(
+            &nats.url,
+            &store,
+            args.burst,
+            lead.id(),
+            &lead_admin,
+            &mut report,
+        )
+        .await?;
+        let after = parts.snapshot(&mut redis_counters).await?;
+        report_costs(&mut report, "turn", turns, &before, &after);
+    }
     // After the burst, whose memory figures it would otherwise move.
     if args.gateway_runs > 0 {
         eprintln!("gateway");

@@ -41,6 +41,18 @@ pub(crate) fn latencies(report: &mut Report, name: &str, mut samples: Vec<Durati
     report.add(&format!("{name} p99"), percentile(&samples, 99), "µs");
 }
 
+/// What the sequential hops of a whole turn cost at their floors, from this run's figures: the
+/// submission and the final event each stored and delivered (a JetStream publish with ack), the
+/// turn's start and its end (a Redis `SET` of a session each), the checkpoint (a `SET` of the same
+/// bytes) and the two calls side by side (the durable-call floor). Model calls and every part of
+/// Skein's own work are left out.
+fn turn_hops_floor(report: &Report) -> f64 {
+    2.0 * report.get("floor: JetStream publish with ack p50")
+        + 2.0 * report.get("floor: Redis SET of a session p50")
+        + report.get("floor: Redis SET of the same bytes p50")
+        + report.get("floor: durable call (JetStream work, pull, reply, ack) p50")
+}
+
 /// The p50 of the plan bench's turn whose name holds `kind`.
 fn plan_turn(report: &Report, kind: &str) -> f64 {
     report
@@ -87,6 +99,18 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
             "whole turn p50 / request-reply p50",
             report.get("skein: whole turn (two tool calls) p50") / rr,
             "<= 6",
+        ),
+        // The third goal, split the same way: what a turn's hops cost at their floors, and what
+        // Skein adds to them.
+        ratio(
+            "whole turn's hops at their floors / request-reply p50",
+            turn_hops_floor(report) / rr,
+            "(NATS and Redis alone)",
+        ),
+        ratio(
+            "whole turn p50 / its hops at their floors",
+            report.get("skein: whole turn (two tool calls) p50") / turn_hops_floor(report),
+            "(Skein's share)",
         ),
         ratio(
             "turn streamed over HTTP p50 / same turn on NATS p50",
@@ -143,5 +167,72 @@ pub(crate) fn print_table(report: &Report) {
             ratio["value"].as_f64().unwrap_or(f64::NAN),
             ratio["target"].as_str().unwrap_or_default()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report_of(figures: &[(&str, f64)]) -> Report {
+        let mut report = Report::default();
+        for (name, value) in figures {
+            report
+                .rows
+                .push(((*name).to_owned(), *value, "µs".to_owned()));
+        }
+        report
+    }
+
+    fn ratio_named(ratios: &[Value], name: &str) -> Option<f64> {
+        ratios
+            .iter()
+            .find(|ratio| ratio["name"] == name)
+            .and_then(|ratio| ratio["value"].as_f64())
+    }
+
+    #[test]
+    fn a_whole_turn_is_split_into_its_hops_floors_and_skeins_share() {
+        let report = report_of(&[
+            ("floor: core NATS request-reply p50", 200.0),
+            ("floor: JetStream publish with ack p50", 150.0),
+            ("floor: Redis SET of a session p50", 100.0),
+            ("floor: Redis SET of the same bytes p50", 120.0),
+            (
+                "floor: durable call (JetStream work, pull, reply, ack) p50",
+                330.0,
+            ),
+            ("skein: whole turn (two tool calls) p50", 2500.0),
+        ]);
+        let ratios = ratios(&report);
+        // 2 × 150 + 2 × 100 + 120 + 330 = 950 µs.
+        let floors = ratio_named(
+            &ratios,
+            "whole turn's hops at their floors / request-reply p50",
+        );
+        let share = ratio_named(&ratios, "whole turn p50 / its hops at their floors");
+        assert_eq!(floors, Some(950.0 / 200.0));
+        assert_eq!(share, Some(2500.0 / 950.0));
+        assert_eq!(
+            ratio_named(&ratios, "whole turn p50 / request-reply p50"),
+            Some(2500.0 / 200.0)
+        );
+    }
+
+    #[test]
+    fn the_split_is_left_out_when_a_hop_was_not_measured() {
+        let report = report_of(&[
+            ("floor: core NATS request-reply p50", 200.0),
+            ("floor: JetStream publish with ack p50", 150.0),
+            ("floor: Redis SET of a session p50", 100.0),
+            ("floor: Redis SET of the same bytes p50", 120.0),
+            ("skein: whole turn (two tool calls) p50", 2500.0),
+        ]);
+        let ratios = ratios(&report);
+        assert_eq!(
+            ratio_named(&ratios, "whole turn p50 / its hops at their floors"),
+            None
+        );
+        assert!(ratio_named(&ratios, "whole turn p50 / request-reply p50").is_some());
     }
 }
