@@ -297,8 +297,9 @@ fn read_failed(read: String) -> impl Fn(String) -> BusError {
     }
 }
 
-/// Runs `create` until it gives anything but a timed-out creation, at most `attempts` times. Until the servers see a lost node gone, they may place a
-/// new consumer on it, and its creation times out; the next one is placed afresh.
+/// Runs `create` until it gives anything but a timed-out creation, at most `attempts` times.
+/// Until the servers see a lost node gone, they may place a new consumer on it, and its creation
+/// times out; the next one is placed afresh.
 async fn create_retrying_timeouts<T, F, Fut>(
     attempts: u32,
     subject: &str,
