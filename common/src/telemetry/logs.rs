@@ -8,7 +8,6 @@ use std::fmt;
 use std::io::IsTerminal;
 
 use opentelemetry::trace::{SpanId, TraceId};
-use opentelemetry_sdk::trace::SdkTracer;
 use tracing::{Event, Subscriber};
 use tracing_opentelemetry::OtelData;
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -66,13 +65,15 @@ pub(crate) fn env_filter() -> EnvFilter {
 
 /// The full subscriber: `filter` gates everything, spans (minus the exporter's transport) go to
 /// `tracer`, events are written to `writer` in `format`.
-pub(crate) fn subscriber<W>(
+pub(crate) fn subscriber<T, W>(
     filter: EnvFilter,
-    tracer: SdkTracer,
+    tracer: T,
     format: LogFormat,
     writer: W,
 ) -> impl Subscriber + Send + Sync + 'static
 where
+    T: opentelemetry::trace::Tracer + Send + Sync + 'static,
+    T::Span: Send + Sync,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let not_transport = TRANSPORT_TARGETS.iter().fold(
@@ -273,6 +274,48 @@ mod tests {
         assert!(is_hex(logged, 32), "{logged}");
         assert_eq!(Some(logged.to_owned()), trace_id);
         assert!(is_hex(line["span_id"].as_str().expect("span_id"), 16));
+    }
+
+    #[test]
+    fn without_export_spans_keep_their_ids_and_their_parents() {
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
+        let buffer = Buffer::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_limits(crate::telemetry::unexported::limits())
+            .build();
+        let tracer = crate::telemetry::unexported::Unexported(provider.tracer("test"));
+        let subscriber = subscriber(
+            EnvFilter::new("info"),
+            tracer,
+            LogFormat::Json,
+            buffer.clone(),
+        );
+        let (turn, call, remote) = tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("turn", session = "s1");
+            let _entered = span.enter();
+            tracing::info!("hello");
+            let child = tracing::info_span!("call");
+            let call = span_trace_id(&child);
+            // A remote parent (a message's `traceparent`) is continued as with export.
+            let received = tracing::info_span!("process");
+            let remote = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("traceparent", remote);
+            crate::telemetry::propagation::set_parent_or_recorded(&received, Some(&headers), None);
+            (span_trace_id(&span), call, span_trace_id(&received))
+        });
+        let turn = turn.expect("the turn span has a trace id");
+        assert_eq!(
+            call.as_deref(),
+            Some(turn.as_str()),
+            "the child is in its parent's trace"
+        );
+        assert_eq!(remote.as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
+        let lines = buffer.lines();
+        let line: serde_json::Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+        assert_eq!(line["trace_id"].as_str(), Some(turn.as_str()));
     }
 
     #[test]

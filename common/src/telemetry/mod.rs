@@ -4,7 +4,8 @@
 //! ([`propagation`]), and the guard that flushes traces on exit.
 //!
 //! Spans always get OpenTelemetry ids, export or not, so trace context crosses processes and log
-//! lines carry a `trace_id` even when nothing is sent to a collector.
+//! lines carry a `trace_id` even when nothing is sent to a collector. Without an exporter they keep
+//! nothing else ([`unexported`]).
 //!
 //! Export runs on the SDK's batch thread, off every caller's path. The OTLP clients (async
 //! reqwest, tonic) need a tokio reactor, which that thread lacks, so the exporter owns a small
@@ -13,6 +14,7 @@
 mod logs;
 mod metrics_export;
 pub mod propagation;
+mod unexported;
 
 pub use metrics_export::export_metrics;
 
@@ -198,17 +200,22 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
     };
     let resource = resource(service, instance);
     let metrics_export = metrics_export::MetricsExport::from_config(cfg, &resource);
+    let exporting = exporter.is_some();
     let provider = tracer_provider(resource, exporter);
     let scope = InstrumentationScope::builder("skein")
         .with_version(crate::VERSION)
         .build();
-    let subscriber = logs::subscriber(
-        logs::env_filter(),
-        provider.tracer_with_scope(scope),
-        logs::LogFormat::from_env(),
-        std::io::stderr,
-    );
-    if tracing::subscriber::set_global_default(subscriber).is_err() {
+    let tracer = provider.tracer_with_scope(scope);
+    let (filter, format) = (logs::env_filter(), logs::LogFormat::from_env());
+    let installed = if exporting {
+        let subscriber = logs::subscriber(filter, tracer, format, std::io::stderr);
+        tracing::subscriber::set_global_default(subscriber)
+    } else {
+        let tracer = unexported::Unexported(tracer);
+        let subscriber = logs::subscriber(filter, tracer, format, std::io::stderr);
+        tracing::subscriber::set_global_default(subscriber)
+    };
+    if installed.is_err() {
         // Someone else owns the global subscriber; nothing of ours would ever see a span.
         return TelemetryGuard { provider: None };
     }
@@ -312,7 +319,8 @@ fn tracer_provider(resource: Resource, exporter: Option<RuntimeExporter>) -> Sdk
         Some(exporter) => {
             builder.with_span_processor(BatchSpanProcessor::builder(exporter).build())
         }
-        None => builder,
+        // Nothing is exported: spans keep their ids and nothing more.
+        None => builder.with_span_limits(unexported::limits()),
     }
     .build()
 }
