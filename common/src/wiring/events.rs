@@ -70,6 +70,11 @@ impl BusEvents {
         }
     }
 
+    /// The task whose events this sink carries.
+    pub fn origin(&self) -> &TaskOrigin {
+        &self.origin
+    }
+
     /// Numbers this sink's events after those of every earlier delivery (see the module header).
     pub fn with_epoch(self, epoch: u64) -> Self {
         self.seq.store(epoch << 32, Ordering::Relaxed);

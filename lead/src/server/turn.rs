@@ -325,209 +325,219 @@ impl Lead {
         }
     }
 
-    async fn turn_under_lease(
-        &self,
-        submission: &TaskSubmission,
-        agent: &skein_common::protocol::AgentSpec,
-        turn: StartedTurn<'_>,
-        abort: &CancellationToken,
-        stop: &CancellationToken,
-    ) -> Settled {
-        let started = std::time::Instant::now();
-        let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
-        let StartedTurn {
-            lease,
-            epoch,
-            loaded,
-            resume,
-            first_run,
-            controls,
-        } = turn;
-        let mut origin = submission.origin();
-        // The task's budget, each limit held to its agent's; its subagents draw from it too.
-        origin.budget = submission.budget_scope(self.agents.budget(&submission.agent));
-        let budget = origin.budget.clone();
-        let events = Arc::new(
-            BusEvents::new(
-                self.bus.clone(),
-                &self.payloads,
-                self.listeners.clone(),
-                origin.clone(),
-                "lead",
-            )
-            .with_epoch(epoch),
-        );
-        events
-            .emit(EventKind::TurnStarted {
-                agent: agent.name.clone(),
-                session: session.to_owned(),
-                instance: self.instance.clone(),
-                resumed_at_step: resume.as_ref().map(|r| r.iterations),
-                trace_id: skein_common::telemetry::current_trace_id(),
-            })
-            .await;
-        let (paused_at_start, resumed) = (controls.paused, resume.is_some());
-        if controls.was_paused && !controls.paused {
-            // The first turn to run after a pause says so (once: the mark goes with it).
-            events.emit(EventKind::Resumed {}).await;
-            if let Err(e) = Box::pin(self.store.clear_was_paused(
-                tenant,
-                session,
-                &submission.task_id,
-            ))
-            .await
-            {
-                tracing::warn!(error = %e, "resume not noted");
-            }
-        }
-        // A wake for this task (a control recorded) raises the flag; the turn then reads its
-        // controls at its next step boundary.
-        let (raised, _running) = self.parked.running.register(tenant, &submission.task_id);
-        let controlled = crate::control::LeadControls::new(
-            &self.store,
-            (tenant, session, &submission.task_id),
-            raised,
-            controls,
-        );
-        let checkpoints = LeaseCheckpoints { turn: lease };
-        // A replay answers the calls its recorded turn made from the record; a record that
-        // cannot be read fails the turn rather than run them again.
-        let recorded = match &submission.replay_of {
-            Some(of) => {
-                match Box::pin(self.store.turn_messages(tenant, &of.session, of.turn)).await {
-                    Ok(turn) => Some(RecordedCalls::from_messages(&turn.messages)),
-                    Err(ForkError::Store(e)) => return Settled::store_trouble(e),
-                    Err(unrecorded) => {
-                        let failure = Failure::new(
-                            FailureKind::InvalidInput,
-                            format!("nothing to replay: {unrecorded}"),
-                        );
-                        return Settled::Poisoned(failure);
-                    }
-                }
-            }
-            None => None,
-        };
-        let limits = self.cfg.model.image_limits();
-        let input_images =
-            match super::input::session_images(&self.payloads, submission, &limits).await {
-                Ok(images) => images,
-                Err(failure) if failure.retryable => return Settled::Retry(failure),
-                Err(failure) => return Settled::Poisoned(failure),
+    /// The turn, run under its lease. A plain function: an `async fn` would keep `turn` twice in
+    /// its future (this future is kept for the whole turn, for every turn in flight), and `turn`
+    /// is used in place rather than taken apart into locals for the same reason.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would store the started turn twice in its future"
+    )]
+    fn turn_under_lease<'a>(
+        &'a self,
+        submission: &'a TaskSubmission,
+        agent: &'a skein_common::protocol::AgentSpec,
+        turn: StartedTurn<'a>,
+        abort: &'a CancellationToken,
+        stop: &'a CancellationToken,
+    ) -> impl std::future::Future<Output = Settled> + Send + 'a {
+        async move {
+            let started = std::time::Instant::now();
+            let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
+            let lease = turn.lease;
+            // The task's origin goes into its event sink, in a block: a local kept to the end
+            // would hold its bytes in this future while the turn runs. The turn takes a copy of
+            // the sink's.
+            let (events, budget) = {
+                let mut origin = submission.origin();
+                // The task's budget, each limit held to its agent's; its subagents draw from it
+                // too.
+                origin.budget = submission.budget_scope(self.agents.budget(&submission.agent));
+                let budget = origin.budget.clone();
+                let events = BusEvents::new(
+                    self.bus.clone(),
+                    &self.payloads,
+                    self.listeners.clone(),
+                    origin,
+                    "lead",
+                );
+                (Arc::new(events.with_epoch(turn.epoch)), budget)
             };
-        // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
-        let time_left = origin.time_left();
-        let renew = crate::lease::keep_renewed(self.cfg.lease_ttl, || lease.renew());
-        let turn = Box::pin(self.runtime.run_turn(TurnInput {
-            origin,
-            agent,
-            history: &loaded.state.history,
-            summary: loaded.state.summary.as_ref(),
-            loaded_skills: &loaded.state.skills,
-            plan: loaded.state.plan.as_ref(),
-            skills: None,
-            input: submission.input.text(),
-            input_images,
-            depth: 0,
-            events: events.clone(),
-            cancel: stop,
-            first_run,
-            resume,
-            checkpoints: Some(&checkpoints),
-            approvals: Some(&self.approvals),
-            controls: Some(&controlled),
-            recorded: recorded.as_ref(),
-        }));
-        let deadline = async {
-            match time_left {
-                Some(left) => tokio::time::sleep(left).await,
-                None => std::future::pending().await,
+            events
+                .emit(EventKind::TurnStarted {
+                    agent: agent.name.clone(),
+                    session: session.to_owned(),
+                    instance: self.instance.clone(),
+                    resumed_at_step: turn.resume.as_ref().map(|r| r.iterations),
+                    trace_id: skein_common::telemetry::current_trace_id(),
+                })
+                .await;
+            let controls = turn.controls;
+            let (paused_at_start, resumed) = (controls.paused, turn.resume.is_some());
+            if controls.was_paused && !controls.paused {
+                // The first turn to run after a pause says so (once: the mark goes with it).
+                events.emit(EventKind::Resumed {}).await;
+                if let Err(e) = Box::pin(self.store.clear_was_paused(
+                    tenant,
+                    session,
+                    &submission.task_id,
+                ))
+                .await
+                {
+                    tracing::warn!(error = %e, "resume not noted");
+                }
             }
-        };
-        let mut deadline_hit = false;
-        let output = tokio::select! {
-            lost = renew => {
-                self.metrics.lease_conflict("lost");
-                return Settled::Retry(lost);
-            }
-            output = async {
-                tokio::pin!(turn);
-                tokio::select! {
-                    output = &mut turn => output,
-                    () = deadline => {
-                        deadline_hit = true;
-                        stop.cancel();
-                        turn.await
+            // A wake for this task (a control recorded) raises the flag; the turn then reads its
+            // controls at its next step boundary.
+            let (raised, _running) = self.parked.running.register(tenant, &submission.task_id);
+            let controlled = crate::control::LeadControls::new(
+                &self.store,
+                (tenant, session, &submission.task_id),
+                raised,
+                controls,
+            );
+            let checkpoints = LeaseCheckpoints { turn: lease };
+            // A replay answers the calls its recorded turn made from the record; a record that
+            // cannot be read fails the turn rather than run them again.
+            let recorded = match &submission.replay_of {
+                Some(of) => {
+                    match Box::pin(self.store.turn_messages(tenant, &of.session, of.turn)).await {
+                        Ok(turn) => Some(RecordedCalls::from_messages(&turn.messages)),
+                        Err(ForkError::Store(e)) => return Settled::store_trouble(e),
+                        Err(unrecorded) => {
+                            let failure = Failure::new(
+                                FailureKind::InvalidInput,
+                                format!("nothing to replay: {unrecorded}"),
+                            );
+                            return Settled::Poisoned(failure);
+                        }
                     }
                 }
-            } => output,
-        };
-        let output = match output {
-            Ok(output) => output,
-            Err(TurnStop::AwaitingApproval(awaiting)) => {
-                events.flush().await;
-                return self.suspend(submission, awaiting).boxed().await;
-            }
-            Err(TurnStop::Paused) => {
-                tracing::info!("turn paused at a step boundary; parked until resumed");
-                // Said once: a turn resumed from its checkpoint while still paused parks again
-                // quietly.
-                if !(paused_at_start && resumed) {
-                    events.emit(EventKind::Paused { by: String::new() }).await;
-                }
-                events.flush().await;
-                return Settled::Suspended(Box::new(crate::approvals::Suspension {
-                    submission: submission.clone(),
-                    expires_at_ms: None,
-                    waits_for: crate::approvals::Waiting::Resume,
-                }));
-            }
-            Err(TurnStop::Interrupted(failure)) if abort.is_cancelled() || !stop.is_cancelled() => {
-                return Settled::Retry(failure)
-            }
-            Err(TurnStop::Interrupted(_)) => {
-                let (status, failure) = if deadline_hit {
-                    (
-                        TurnStatus::Failed,
-                        Failure::new(
-                            FailureKind::TimedOut,
-                            "the task's deadline passed while it ran",
-                        ),
-                    )
-                } else {
-                    (
-                        TurnStatus::Cancelled,
-                        Failure::new(FailureKind::Cancelled, "cancelled while running"),
-                    )
+                None => None,
+            };
+            let limits = self.cfg.model.image_limits();
+            let input_images =
+                match super::input::session_images(&self.payloads, submission, &limits).await {
+                    Ok(images) => images,
+                    Err(failure) if failure.retryable => return Settled::Retry(failure),
+                    Err(failure) => return Settled::Poisoned(failure),
                 };
-                TurnOutput {
-                    status,
-                    answer: None,
-                    output: None,
-                    failure: Some(failure),
-                    iterations: 0,
-                    limit_reached: false,
-                    usage: Default::default(),
-                    new_messages: Vec::new(),
-                    loaded_skills: Vec::new(),
-                    asked_approval: true,
-                    compaction: None,
-                    plan: None,
-                    steered: 0,
-                    step_ends: Vec::new(),
+            // The turn stops on shutdown (abort), on a cancel request, or at the task's deadline.
+            let time_left = events.origin().time_left();
+            let renew = crate::lease::keep_renewed(self.cfg.lease_ttl, || lease.renew());
+            let loaded = &turn.loaded;
+            let run = Box::pin(self.runtime.run_turn(TurnInput {
+                origin: events.origin().clone(),
+                agent,
+                history: &loaded.state.history,
+                summary: loaded.state.summary.as_ref(),
+                loaded_skills: &loaded.state.skills,
+                plan: loaded.state.plan.as_ref(),
+                skills: None,
+                input: submission.input.text(),
+                input_images,
+                depth: 0,
+                events: events.clone(),
+                cancel: stop,
+                first_run: turn.first_run,
+                resume: turn.resume,
+                checkpoints: Some(&checkpoints),
+                approvals: Some(&self.approvals),
+                controls: Some(&controlled),
+                recorded: recorded.as_ref(),
+            }));
+            let deadline = async {
+                match time_left {
+                    Some(left) => tokio::time::sleep(left).await,
+                    None => std::future::pending().await,
                 }
-            }
-        };
-        self.end_turn(RanTurn {
-            submission,
-            agent,
-            lease,
-            loaded,
-            output,
-            budget,
-            events,
-            started,
-        })
-        .await
+            };
+            let mut deadline_hit = false;
+            let output = tokio::select! {
+                lost = renew => {
+                    self.metrics.lease_conflict("lost");
+                    return Settled::Retry(lost);
+                }
+                output = async {
+                    tokio::pin!(run);
+                    tokio::select! {
+                        output = &mut run => output,
+                        () = deadline => {
+                            deadline_hit = true;
+                            stop.cancel();
+                            run.await
+                        }
+                    }
+                } => output,
+            };
+            let output = match output {
+                Ok(output) => output,
+                Err(TurnStop::AwaitingApproval(awaiting)) => {
+                    events.flush().await;
+                    return self.suspend(submission, awaiting).boxed().await;
+                }
+                Err(TurnStop::Paused) => {
+                    tracing::info!("turn paused at a step boundary; parked until resumed");
+                    // Said once: a turn resumed from its checkpoint while still paused parks again
+                    // quietly.
+                    if !(paused_at_start && resumed) {
+                        events.emit(EventKind::Paused { by: String::new() }).await;
+                    }
+                    events.flush().await;
+                    return Settled::Suspended(Box::new(crate::approvals::Suspension {
+                        submission: submission.clone(),
+                        expires_at_ms: None,
+                        waits_for: crate::approvals::Waiting::Resume,
+                    }));
+                }
+                Err(TurnStop::Interrupted(failure))
+                    if abort.is_cancelled() || !stop.is_cancelled() =>
+                {
+                    return Settled::Retry(failure)
+                }
+                Err(TurnStop::Interrupted(_)) => {
+                    let (status, failure) = if deadline_hit {
+                        (
+                            TurnStatus::Failed,
+                            Failure::new(
+                                FailureKind::TimedOut,
+                                "the task's deadline passed while it ran",
+                            ),
+                        )
+                    } else {
+                        (
+                            TurnStatus::Cancelled,
+                            Failure::new(FailureKind::Cancelled, "cancelled while running"),
+                        )
+                    };
+                    TurnOutput {
+                        status,
+                        answer: None,
+                        output: None,
+                        failure: Some(failure),
+                        iterations: 0,
+                        limit_reached: false,
+                        usage: Default::default(),
+                        new_messages: Vec::new(),
+                        loaded_skills: Vec::new(),
+                        asked_approval: true,
+                        compaction: None,
+                        plan: None,
+                        steered: 0,
+                        step_ends: Vec::new(),
+                    }
+                }
+            };
+            self.end_turn(RanTurn {
+                submission,
+                agent,
+                lease,
+                loaded: turn.loaded,
+                output,
+                budget,
+                events,
+                started,
+            })
+            .await
+        }
     }
 }
