@@ -175,10 +175,15 @@ mod tests {
             Ok::<_, BoxError>(text_response("private answer"))
         }));
 
+        // Again right before each call: a test on another thread that sets its own subscriber at
+        // the same moment can leave the global level hint at its `info`, and a `debug` line is
+        // then dropped before any subscriber sees it.
+        tracing::callsite::rebuild_interest_cache();
         tools
             .oneshot(tool_request("c7", "read"))
             .await
             .expect("tool result");
+        tracing::callsite::rebuild_interest_cache();
         model
             .oneshot(model_call(None))
             .await
