@@ -43,7 +43,7 @@ use crate::protocol::{
     call_key, AgentSpec, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
     ToolTask, PROTOCOL_VERSION,
 };
-use crate::store::SessionStore;
+use crate::store::{ResultSlot, SessionStore};
 use crate::subjects;
 
 pub use crate::agent::tools::ToolCatalog;
@@ -98,6 +98,18 @@ impl Drop for Waiter {
             pending.remove(&self.n);
         }
     }
+}
+
+/// A call published and waiting for its result. It keeps what the wait needs (the reply, where
+/// the result is recorded, the call's id and time left), not the task it sent: a call waits far
+/// longer than it takes to send.
+struct Awaiting {
+    reply: oneshot::Receiver<ToolResult>,
+    /// Keeps the call's route to its reply for as long as it waits.
+    waiter: Waiter,
+    slot: ResultSlot,
+    call_id: String,
+    limit: Duration,
 }
 
 /// One dispatch in flight: its number (reply subject), whose it is and its result key.
@@ -215,25 +227,33 @@ impl Dispatcher {
     }
 
     /// Runs one call of the runtime on a worker pool that provides its tool (or runs subagents).
-    /// The request is read where it is (what is sent on is taken out of it), so a waiting
-    /// call's future holds it once.
-    async fn run(&self, request: &mut ToolCallRequest) -> ToolResult {
+    /// Sending owns the request, boxed: once the task is out, the call's future keeps only what
+    /// its wait needs.
+    async fn run(&self, request: ToolCallRequest) -> ToolResult {
+        match Box::pin(self.send(request)).await {
+            Ok(awaiting) => self.wait(awaiting).await,
+            Err(done) => done,
+        }
+    }
+
+    /// Routes and publishes a call of the runtime; its result at once if it never needs a wait.
+    async fn send(&self, request: ToolCallRequest) -> Result<Awaiting, ToolResult> {
         let ToolCallRequest {
             origin,
             step,
-            call,
+            mut call,
             target,
             timeout,
             may_have_run,
         } = request;
         let catalog = match self.catalog.current().await {
             Ok(catalog) => catalog,
-            Err(e) => return failed(&call.id, e.to_failure()),
+            Err(e) => return Err(failed(&call.id, e.to_failure())),
         };
         let route = |pool| CallRoute {
             pool,
-            timeout: *timeout,
-            may_have_run: *may_have_run,
+            timeout,
+            may_have_run,
         };
         match target {
             CallTarget::Tool => {
@@ -242,10 +262,10 @@ impl Dispatcher {
                         FailureKind::Unavailable,
                         format!("no live worker provides {:?}", call.name),
                     );
-                    return failed(&call.id, failure);
+                    return Err(failed(&call.id, failure));
                 };
                 let arguments = std::mem::take(&mut call.arguments);
-                self.call_tool(origin, *step, &call.id, &call.name, arguments, route(pool))
+                self.send_tool(&origin, step, &call.id, &call.name, arguments, route(pool))
                     .await
             }
             CallTarget::Subagent {
@@ -259,19 +279,37 @@ impl Dispatcher {
                         FailureKind::Unavailable,
                         format!("no live worker runs subagent {:?}", agent.name),
                     );
-                    return failed(&call.id, failure);
+                    return Err(failed(&call.id, failure));
                 };
                 let child = Child {
                     agent: AgentSpec::clone(agent.as_ref()),
-                    input: std::mem::take(task),
-                    depth: *depth,
-                    skills: std::mem::take(skills),
+                    input: task,
+                    depth,
+                    skills,
                 };
-                // Boxed: a subagent's dispatch is larger than a tool's, and inline it would
-                // size every waiting call's future.
-                Box::pin(self.call_subagent(origin, *step, &call.id, child, route(pool))).await
+                // Boxed: a subagent's dispatch is larger than a tool's.
+                Box::pin(self.send_subagent(&origin, step, &call.id, child, route(pool))).await
             }
         }
+    }
+
+    /// Waits for a published call's result; a `timed_out` failure past its time.
+    async fn wait(&self, awaiting: Awaiting) -> ToolResult {
+        let Awaiting {
+            reply,
+            waiter,
+            slot,
+            call_id,
+            limit,
+        } = awaiting;
+        let result = self.wait_for_result(reply, &slot, limit).await;
+        drop(waiter);
+        result.unwrap_or_else(|| {
+            failed(
+                &call_id,
+                Failure::new(FailureKind::TimedOut, format!("no result within {limit:?}")),
+            )
+        })
     }
 
     /// Runs one tool call (of turn step `step`) on a worker of `route.pool`.
@@ -284,8 +322,26 @@ impl Dispatcher {
         arguments: serde_json::Value,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        // Boxed, as in `run`: the task is dropped once it is out.
+        let sending = Box::pin(self.send_tool(origin, step, call_id, tool, arguments, route));
+        match sending.await {
+            Ok(awaiting) => self.wait(awaiting).await,
+            Err(done) => done,
+        }
+    }
+
+    /// Publishes one tool call; see `call_tool`.
+    async fn send_tool(
+        &self,
+        origin: &TaskOrigin,
+        step: u32,
+        call_id: &str,
+        tool: &str,
+        arguments: serde_json::Value,
+        route: CallRoute<'_>,
+    ) -> Result<Awaiting, ToolResult> {
         let Some(timeout) = within_deadline(origin, route.timeout) else {
-            return failed(call_id, deadline_passed());
+            return Err(failed(call_id, deadline_passed()));
         };
         let limit = inline_limit(self.bus.max_payload());
         let (arguments, arguments_ref) = match self
@@ -294,7 +350,7 @@ impl Dispatcher {
             .await
         {
             Ok(carried) => carried,
-            Err(failure) => return failed(call_id, failure),
+            Err(failure) => return Err(failed(call_id, failure)),
         };
         let (n, reply_to) = self.reply_route();
         let task = ToolTask {
@@ -317,7 +373,7 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, timeout, route.may_have_run)
+        self.send_task(call, subject, &task, timeout, route.may_have_run)
             .await
     }
 
@@ -330,6 +386,23 @@ impl Dispatcher {
         child: Child,
         route: CallRoute<'_>,
     ) -> ToolResult {
+        // Boxed, as in `run`: the task is dropped once it is out.
+        let sending = Box::pin(self.send_subagent(origin, step, call_id, child, route));
+        match sending.await {
+            Ok(awaiting) => self.wait(awaiting).await,
+            Err(done) => done,
+        }
+    }
+
+    /// Publishes one subagent call; see `call_subagent`.
+    async fn send_subagent(
+        &self,
+        origin: &TaskOrigin,
+        step: u32,
+        call_id: &str,
+        child: Child,
+        route: CallRoute<'_>,
+    ) -> Result<Awaiting, ToolResult> {
         let Child {
             agent,
             input,
@@ -337,12 +410,12 @@ impl Dispatcher {
             skills,
         } = child;
         let Some(timeout) = within_deadline(origin, route.timeout) else {
-            return failed(call_id, deadline_passed());
+            return Err(failed(call_id, deadline_passed()));
         };
         let limit = inline_limit(self.bus.max_payload());
         let (input, input_ref) = match self.payloads.text_for_task(origin, input, limit).await {
             Ok(carried) => carried,
-            Err(failure) => return failed(call_id, failure),
+            Err(failure) => return Err(failed(call_id, failure)),
         };
         let (n, reply_to) = self.reply_route();
         let task = SubagentTask {
@@ -368,7 +441,7 @@ impl Dispatcher {
             call_key: &task.call_key,
             call_id,
         };
-        self.dispatch(call, subject, &task, timeout, route.may_have_run)
+        self.send_task(call, subject, &task, timeout, route.may_have_run)
             .await
     }
 
@@ -405,62 +478,55 @@ impl Dispatcher {
         }
     }
 
-    async fn dispatch<T: serde::Serialize>(
+    /// Publishes a task and registers its call for the reply; the recorded result instead, when
+    /// an earlier run may have finished the call.
+    async fn send_task<T: serde::Serialize>(
         &self,
         call: Dispatch<'_>,
         subject: String,
         task: &T,
         timeout: Duration,
         may_have_run: bool,
-    ) -> ToolResult {
+    ) -> Result<Awaiting, ToolResult> {
         let Dispatch {
             n,
             origin,
             call_key,
             call_id,
         } = call;
+        let slot = ResultSlot::new(&origin.tenant, &origin.session, call_key);
         if may_have_run {
-            match self
-                .store
-                .recorded_result(&origin.tenant, &origin.session, call_key)
-                .await
-            {
-                Ok(Some(result)) => return result,
+            match self.store.recorded_result_in(&slot).await {
+                Ok(Some(result)) => return Err(result),
                 Ok(None) => {}
-                Err(e) => return failed(call_id, e.to_failure()),
+                Err(e) => return Err(failed(call_id, e.to_failure())),
             }
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, reply) = oneshot::channel();
         if let Ok(mut pending) = self.pending.lock() {
             pending.insert(n, (call_id.to_owned(), tx));
         }
         // The waiter goes away however this call ends, also when the turn drops it (cancelled).
-        let _waiter = Waiter {
+        let waiter = Waiter {
             pending: self.pending.clone(),
             n,
         };
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
         let publishing = tokio::time::Instant::now();
-        // Boxed: publishing takes one round trip, and inline its future would be most of what a
-        // call keeps while it waits for its result.
-        if let Err(failure) =
-            Box::pin(self.publish_patiently(subject, task, &dedup_id, timeout)).await
+        if let Err(failure) = self
+            .publish_patiently(subject, task, &dedup_id, timeout)
+            .await
         {
-            return failed(call_id, failure);
+            return Err(failed(call_id, failure));
         }
         // Time spent publishing comes out of the call's time.
-        let timeout = timeout.saturating_sub(publishing.elapsed());
-        let result = self
-            .wait_for_result(rx, origin, call_key, timeout + DISPATCH_SLACK)
-            .await;
-        result.unwrap_or_else(|| {
-            failed(
-                call_id,
-                Failure::new(
-                    FailureKind::TimedOut,
-                    format!("no result within {:?}", timeout + DISPATCH_SLACK),
-                ),
-            )
+        let limit = timeout.saturating_sub(publishing.elapsed()) + DISPATCH_SLACK;
+        Ok(Awaiting {
+            reply,
+            waiter,
+            slot,
+            call_id: call_id.to_owned(),
+            limit,
         })
     }
 
@@ -470,29 +536,30 @@ impl Dispatcher {
     async fn wait_for_result(
         &self,
         mut reply: oneshot::Receiver<ToolResult>,
-        origin: &TaskOrigin,
-        call_key: &str,
+        slot: &ResultSlot,
         limit: Duration,
     ) -> Option<ToolResult> {
+        // One timer serves the looks and the deadline (a call keeps it for as long as it waits).
         let deadline = tokio::time::Instant::now() + limit;
-        let mut looks =
-            tokio::time::interval_at(tokio::time::Instant::now() + RECORD_POLL, RECORD_POLL);
+        let mut next_look = tokio::time::Instant::now() + RECORD_POLL;
+        let timer = tokio::time::sleep_until(next_look.min(deadline));
+        tokio::pin!(timer);
         loop {
             tokio::select! {
                 result = &mut reply => return result.ok(),
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = looks.tick() => {
-                    if let Ok(Some(result)) = self.store.recorded_result(&origin.tenant, &origin.session, call_key).await {
+                () = &mut timer => {
+                    if tokio::time::Instant::now() >= deadline {
+                        break;
+                    }
+                    if let Ok(Some(result)) = self.store.recorded_result_in(slot).await {
                         return Some(result);
                     }
+                    next_look = tokio::time::Instant::now() + RECORD_POLL;
+                    timer.as_mut().reset(next_look.min(deadline));
                 }
             }
         }
-        self.store
-            .recorded_result(&origin.tenant, &origin.session, call_key)
-            .await
-            .ok()
-            .flatten()
+        self.store.recorded_result_in(slot).await.ok().flatten()
     }
 }
 
@@ -523,9 +590,9 @@ impl tower::Service<ToolCallRequest> for Dispatcher {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut request: ToolCallRequest) -> Self::Future {
+    fn call(&mut self, request: ToolCallRequest) -> Self::Future {
         let dispatcher = self.clone();
-        Box::pin(async move { Ok(dispatcher.run(&mut request).await) })
+        Box::pin(async move { Ok(dispatcher.run(request).await) })
     }
 }
 

@@ -60,6 +60,23 @@ return 0
 "#,
 );
 
+/// Where a call's result is recorded: its task's results hash and the call's field in it. A call
+/// waiting for its result keeps this, not its task's origin.
+#[derive(Debug, Clone)]
+pub struct ResultSlot {
+    hash: String,
+    call_key: String,
+}
+
+impl ResultSlot {
+    pub fn new(tenant: &str, session: &str, call_key: &str) -> Self {
+        Self {
+            hash: keys::results(tenant, session, call_key),
+            call_key: call_key.to_owned(),
+        }
+    }
+}
+
 /// A call's run in progress, as the store knows it: who runs it and for how long the marker lives
 /// without renewal.
 #[derive(Debug, Clone, Copy)]
@@ -222,10 +239,17 @@ impl SessionStore {
         session: &str,
         call_key: &str,
     ) -> Result<Option<ToolResult>, StoreError> {
+        self.recorded_result_in(&ResultSlot::new(tenant, session, call_key))
+            .await
+    }
+
+    /// The result recorded in `slot`, if any.
+    pub async fn recorded_result_in(
+        &self,
+        slot: &ResultSlot,
+    ) -> Result<Option<ToolResult>, StoreError> {
         let mut conn = self.connection.clone();
-        let json: Option<String> = conn
-            .hget(keys::results(tenant, session, call_key), call_key)
-            .await?;
+        let json: Option<String> = conn.hget(&slot.hash, &slot.call_key).await?;
         json.map(|j| serde_json::from_str(&j).map_err(StoreError::Corrupt))
             .transpose()
     }

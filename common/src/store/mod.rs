@@ -38,7 +38,7 @@ pub mod traffic;
 mod turn;
 mod workers;
 
-pub use calls::{ChildProgress, ForgetError, RunMarker};
+pub use calls::{ChildProgress, ForgetError, ResultSlot, RunMarker};
 pub use sessions::{Removal, SessionHold, SessionSummary};
 pub use turn::{Ended, TurnClaim, TurnLease, TurnStart};
 

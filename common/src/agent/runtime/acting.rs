@@ -14,7 +14,7 @@
 //! call's tool message.
 
 use serde_json::{json, Value};
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
 use super::{record_failure, turn_context, Awaiting, Runtime, TurnInput, TurnStop};
@@ -350,14 +350,16 @@ impl Acting<'_, '_> {
     /// tool's place; `after_acting` may change its outcome.
     async fn act(&self, step: u32, call: &ToolCall) -> (CallOutcome, Ran, Option<String>) {
         let hooks = self.runtime.middleware.hooks();
-        let ctx = (!hooks.is_empty()).then(|| turn_context(self.turn, step));
+        // Boxed: kept for the whole call, and most turns have no hooks.
+        let ctx = (!hooks.is_empty()).then(|| Box::new(turn_context(self.turn, step)));
+        // A copy only for hooks, which may change the call.
         let call = match &ctx {
             Some(ctx) => match hooks.enter_acting(ctx, call.clone()).await {
-                Ok(call) => call,
+                Ok(call) => std::borrow::Cow::Owned(call),
                 // A hook answered in the tool's place (its outer hooks' `after_acting` ran).
                 Err(outcome) => return (outcome, Ran::default(), None),
             },
-            None => call.clone(),
+            None => std::borrow::Cow::Borrowed(call),
         };
         let (outcome, ran, skill) = self.route(step, &call).await;
         let outcome = match &ctx {
@@ -425,15 +427,25 @@ impl Acting<'_, '_> {
         } else {
             (CallTarget::Tool, settings.tool_timeout)
         };
-        let request = ToolCallRequest {
-            origin: self.turn.origin.clone(),
-            step,
-            call: call.clone(),
-            target,
-            timeout,
-            may_have_run: !self.turn.first_run,
+        // The request is made once the service is ready, and moved into its call: the call's
+        // future does not keep a second copy of it.
+        let mut tools = self.runtime.tools.clone();
+        let response = match tools.ready().await {
+            Ok(ready) => {
+                ready
+                    .call(ToolCallRequest {
+                        origin: self.turn.origin.clone(),
+                        step,
+                        call: call.clone(),
+                        target,
+                        timeout,
+                        may_have_run: !self.turn.first_run,
+                    })
+                    .await
+            }
+            Err(error) => Err(error),
         };
-        match self.runtime.tools.clone().oneshot(request).await {
+        match response {
             Ok(result) => (
                 result.outcome,
                 Ran {
