@@ -444,3 +444,57 @@ async fn a_dead_collector_does_not_stop_a_turn() {
     assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
     assert_eq!(result.answer.as_deref(), Some("listed"));
 }
+
+/// A lead that exports nothing still carries the task's trace to its workers (it opens no span of
+/// its own for a call it publishes; the call carries the ids of the span it was made in): the
+/// exporting worker's spans join the trace the turn started, under a parent the lead did not
+/// export, and the lead exports nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_that_exports_nothing_keeps_its_calls_in_the_turns_trace() {
+    let cluster = TestCluster::start();
+    let receiver = OtlpReceiver::start().await;
+    let model = FakeOpenAi::start(vec![
+        FakeReply::ToolCalls(vec![("list_files".into(), json!({}))]),
+        FakeReply::Answer("listed".into()),
+    ])
+    .await;
+    let _worker = Exporting::new(NODE, &cluster, &receiver.endpoint).process(
+        "worker",
+        &model.base_url,
+        None,
+        &[],
+        "worker.log",
+    );
+    // An empty endpoint exports nothing.
+    let _lead =
+        Exporting::new(NODE, &cluster, "").process("lead", &model.base_url, None, &[], "lead.log");
+    cluster.wait_for_workers(1).await;
+    let (result, _) = cluster.run(&submission("acme", &unique("s"), "list")).await;
+    assert_eq!(result.status, TurnStatus::Completed, "{result:?}");
+    let trace_id = result
+        .trace_id
+        .clone()
+        .expect("the final result names its trace");
+
+    let tool = eventually(
+        "the worker's span of the call",
+        Duration::from_secs(30),
+        || {
+            let spans = receiver.spans();
+            async move {
+                spans
+                    .into_iter()
+                    .find(|s| s.service == "skein-worker" && s.name.ends_with(".list_files"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(tool.trace_id, trace_id, "{tool:?}");
+    assert!(!tool.parent_span_id.is_empty(), "{tool:?}");
+    let spans = receiver.spans();
+    assert!(
+        spans.iter().all(|s| s.service != "skein-lead"),
+        "the lead exported: {:?}",
+        names(&spans)
+    );
+}

@@ -4,7 +4,8 @@
 //!
 //! Invariants: nothing but the delivery touches its message; settling consumes the delivery, so
 //! a message is settled at most once; a message set aside that the dead-letter stream refused is
-//! handed back instead of being dropped, so nothing disappears without its letter.
+//! handed back instead of being dropped, so nothing disappears without its letter. A delivery
+//! holds its payload in an allocation of its own, not in the connection's read buffer.
 
 use std::future::Future;
 use std::time::Duration;
@@ -65,7 +66,8 @@ pub enum Disposition {
 pub const SET_ASIDE_RETRY: Duration = Duration::from_secs(1);
 
 impl Envelope {
-    pub(super) fn new(message: jetstream::Message, bus: Bus) -> Self {
+    pub(super) fn new(mut message: jetstream::Message, bus: Bus) -> Self {
+        own_payload(&mut message.message);
         Self { message, bus }
     }
 
@@ -300,5 +302,42 @@ impl<T> Delivery<T> {
 pub(super) async fn settle(message: &jetstream::Message, kind: jetstream::AckKind) {
     if let Err(e) = message.ack_with(kind).await {
         tracing::warn!(error = %e, ?kind, "acknowledgement not delivered; the broker will redeliver");
+    }
+}
+
+/// Gives a message's payload an allocation of its own. As read, it is a slice of the connection's
+/// read buffer, and would keep that buffer (shared with every message read with it) for as long
+/// as the work runs: a burst of long turns held many such buffers at once, each for the sake of
+/// a few hundred bytes.
+fn own_payload(message: &mut async_nats::Message) {
+    message.payload = bytes::Bytes::copy_from_slice(&message.payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    #[test]
+    fn a_kept_payload_is_a_copy_not_a_slice_of_what_it_was_read_with() {
+        let read = Bytes::from(vec![7u8; 64 * 1024]);
+        let mut message = async_nats::Message {
+            subject: "skein.submit.acme.s1".into(),
+            reply: None,
+            payload: read.slice(100..400),
+            headers: None,
+            status: None,
+            description: None,
+            length: 300,
+        };
+        own_payload(&mut message);
+        assert_eq!(message.payload, read.slice(100..400));
+        let kept = message.payload.as_ptr() as usize;
+        let buffer = read.as_ptr() as usize..read.as_ptr() as usize + read.len();
+        assert!(
+            !buffer.contains(&kept),
+            "the payload still points into the read buffer"
+        );
     }
 }

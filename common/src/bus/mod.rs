@@ -526,9 +526,19 @@ impl Bus {
         task: &T,
         dedup_id: &str,
     ) -> Result<(), BusError> {
+        let payload = self.encode(task)?;
+        self.publish_encoded_work(subject, payload, dedup_id).await
+    }
+
+    /// [`Bus::publish_work`] of a task already encoded (see [`Bus::encode`]).
+    pub async fn publish_encoded_work(
+        &self,
+        subject: String,
+        payload: Bytes,
+        dedup_id: &str,
+    ) -> Result<(), BusError> {
         let mut headers = outgoing_headers();
         headers.insert(NATS_MESSAGE_ID, dedup_id);
-        let payload = self.encode(task)?;
         self.publish_traced(subject, headers, payload, dedup_id)
             .await
             .map(|_| ())
@@ -563,9 +573,30 @@ impl Bus {
             })
     }
 
-    /// Publishes work (a submission, a tool or subagent task) under its own producer span; the
-    /// receiver's `process` span becomes its child.
+    /// Publishes work (a submission, a tool or subagent task) under its own producer span, when
+    /// spans are exported; the receiver's `process` span becomes its child.
     async fn publish_traced(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+        message_id: &str,
+    ) -> Result<Stored, BusError> {
+        if crate::telemetry::exporting() {
+            // Boxed: inline, the span's path would size the future of every publish.
+            return Box::pin(self.publish_under_span(subject, headers, payload, message_id)).await;
+        }
+        // Nothing would see this hop's span: the current span's ids, which the headers carry
+        // from `outgoing_headers`, travel in its place. The message stays in its trace without
+        // a span made and dropped per message.
+        // Handing the message to the connection is brief and its future large (about 1 KiB);
+        // the wait for the stream's ack is long and small. Only the wait stays inline.
+        let pending = Box::pin(self.send_durable(subject, headers, payload)).await?;
+        pending.confirmed().await
+    }
+
+    /// [`Bus::publish_traced`] under a producer span of its own, for a process that exports.
+    async fn publish_under_span(
         &self,
         subject: String,
         mut headers: HeaderMap,

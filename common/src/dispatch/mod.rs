@@ -22,6 +22,7 @@ pub mod catalog;
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::agent::seams::{CallTarget, ToolCallRequest};
@@ -105,8 +106,8 @@ impl Drop for Waiter {
 /// longer than it takes to send.
 struct Awaiting {
     reply: oneshot::Receiver<ToolResult>,
-    /// Keeps the call's route to its reply for as long as it waits.
-    waiter: Waiter,
+    /// Keeps the call's route to its reply for as long as it waits (dropped with it).
+    _waiter: Waiter,
     slot: ResultSlot,
     call_id: String,
     limit: Duration,
@@ -226,18 +227,11 @@ impl Dispatcher {
         &self.payloads
     }
 
-    /// Runs one call of the runtime on a worker pool that provides its tool (or runs subagents).
-    /// Sending owns the request, boxed: once the task is out, the call's future keeps only what
-    /// its wait needs.
-    async fn run(&self, request: ToolCallRequest) -> ToolResult {
-        match Box::pin(self.send(request)).await {
-            Ok(awaiting) => self.wait(awaiting).await,
-            Err(done) => done,
-        }
-    }
-
     /// Routes and publishes a call of the runtime; its result at once if it never needs a wait.
-    async fn send(&self, request: ToolCallRequest) -> Result<Awaiting, ToolResult> {
+    /// Boxed, owning the request: once the task is out, the call's future keeps only what its
+    /// wait needs. A plain function taking the request apart before its future starts: an
+    /// `async fn` would keep the request's room in its future beside the parts.
+    fn send(self, request: ToolCallRequest) -> BoxFuture<'static, Result<Awaiting, ToolResult>> {
         let ToolCallRequest {
             origin,
             step,
@@ -246,70 +240,70 @@ impl Dispatcher {
             timeout,
             may_have_run,
         } = request;
-        let catalog = match self.catalog.current().await {
-            Ok(catalog) => catalog,
-            Err(e) => return Err(failed(&call.id, e.to_failure())),
-        };
-        let route = |pool| CallRoute {
-            pool,
-            timeout,
-            may_have_run,
-        };
-        match target {
-            CallTarget::Tool => {
-                let Some(pool) = catalog.pool_for_tool(&call.name) else {
-                    let failure = Failure::new(
-                        FailureKind::Unavailable,
-                        format!("no live worker provides {:?}", call.name),
-                    );
-                    return Err(failed(&call.id, failure));
-                };
-                let arguments = std::mem::take(&mut call.arguments);
-                self.send_tool(&origin, step, &call.id, &call.name, arguments, route(pool))
-                    .await
-            }
-            CallTarget::Subagent {
-                agent,
-                task,
-                depth,
-                skills,
-            } => {
-                let Some(pool) = catalog.pool_for_subagent(&agent.name) else {
-                    let failure = Failure::new(
-                        FailureKind::Unavailable,
-                        format!("no live worker runs subagent {:?}", agent.name),
-                    );
-                    return Err(failed(&call.id, failure));
-                };
-                let child = Child {
-                    agent: AgentSpec::clone(agent.as_ref()),
-                    input: task,
+        Box::pin(async move {
+            let catalog = match self.catalog.current().await {
+                Ok(catalog) => catalog,
+                Err(e) => return Err(failed(&call.id, e.to_failure())),
+            };
+            let route = |pool| CallRoute {
+                pool,
+                timeout,
+                may_have_run,
+            };
+            match target {
+                CallTarget::Tool => {
+                    let Some(pool) = catalog.pool_for_tool(&call.name) else {
+                        let failure = Failure::new(
+                            FailureKind::Unavailable,
+                            format!("no live worker provides {:?}", call.name),
+                        );
+                        return Err(failed(&call.id, failure));
+                    };
+                    let arguments = std::mem::take(&mut call.arguments);
+                    self.send_tool(&origin, step, &call.id, &call.name, arguments, route(pool))
+                        .await
+                }
+                CallTarget::Subagent {
+                    agent,
+                    task,
                     depth,
                     skills,
-                };
-                // Boxed: a subagent's dispatch is larger than a tool's.
-                Box::pin(self.send_subagent(&origin, step, &call.id, child, route(pool))).await
+                } => {
+                    let Some(pool) = catalog.pool_for_subagent(&agent.name) else {
+                        let failure = Failure::new(
+                            FailureKind::Unavailable,
+                            format!("no live worker runs subagent {:?}", agent.name),
+                        );
+                        return Err(failed(&call.id, failure));
+                    };
+                    let child = Child {
+                        agent: AgentSpec::clone(agent.as_ref()),
+                        input: task,
+                        depth,
+                        skills,
+                    };
+                    // Boxed: a subagent's dispatch is larger than a tool's.
+                    Box::pin(self.send_subagent(&origin, step, &call.id, child, route(pool))).await
+                }
             }
-        }
+        })
     }
 
     /// Waits for a published call's result; a `timed_out` failure past its time.
     async fn wait(&self, awaiting: Awaiting) -> ToolResult {
-        let Awaiting {
-            reply,
-            waiter,
-            slot,
-            call_id,
-            limit,
-        } = awaiting;
-        let result = self.wait_for_result(reply, &slot, limit).await;
-        drop(waiter);
-        result.unwrap_or_else(|| {
-            failed(
-                &call_id,
+        // Read in place (its waiter stays until the end): taken apart, its parts would be kept
+        // beside it in this future.
+        let limit = awaiting.limit;
+        match self
+            .wait_for_result(awaiting.reply, &awaiting.slot, limit)
+            .await
+        {
+            Some(result) => result,
+            None => failed(
+                &awaiting.call_id,
                 Failure::new(FailureKind::TimedOut, format!("no result within {limit:?}")),
-            )
-        })
+            ),
+        }
     }
 
     /// Runs one tool call (of turn step `step`) on a worker of `route.pool`.
@@ -353,27 +347,35 @@ impl Dispatcher {
             Err(failure) => return Err(failed(call_id, failure)),
         };
         let (n, reply_to) = self.reply_route();
-        let task = ToolTask {
-            v: PROTOCOL_VERSION,
-            origin: origin.clone(),
-            call_id: call_id.to_owned(),
-            call_key: call_key(&origin.task_id, step, call_id),
-            tool: tool.to_owned(),
-            arguments,
-            arguments_ref,
-            reply_to,
-            timeout_ms: timeout.as_millis() as u64,
-            first_dispatch: !route.may_have_run,
+        // Encoded at once, and the task dropped: its publish waits for the stream, and needs only
+        // the encoded bytes (another try sends them again).
+        let (payload, call_key) = {
+            let task = ToolTask {
+                v: PROTOCOL_VERSION,
+                origin: origin.clone(),
+                call_id: call_id.to_owned(),
+                call_key: call_key(&origin.task_id, step, call_id),
+                tool: tool.to_owned(),
+                arguments,
+                arguments_ref,
+                reply_to,
+                timeout_ms: timeout.as_millis() as u64,
+                first_dispatch: !route.may_have_run,
+            };
+            match self.bus.encode(&task) {
+                Ok(payload) => (payload, task.call_key),
+                Err(e) => return Err(failed(call_id, e.to_failure())),
+            }
         };
         let partition = self.bus.session_partition(&origin.tenant, &origin.session);
         let subject = subjects::tool_task(partition, route.pool, tool);
         let call = Dispatch {
             n,
             origin,
-            call_key: &task.call_key,
+            call_key: &call_key,
             call_id,
         };
-        self.send_task(call, subject, &task, timeout, route.may_have_run)
+        self.send_task(call, subject, payload, timeout, route.may_have_run)
             .await
     }
 
@@ -418,30 +420,37 @@ impl Dispatcher {
             Err(failure) => return Err(failed(call_id, failure)),
         };
         let (n, reply_to) = self.reply_route();
-        let task = SubagentTask {
-            v: PROTOCOL_VERSION,
-            origin: origin.clone(),
-            call_id: call_id.to_owned(),
-            call_key: call_key(&origin.task_id, step, call_id),
-            child_session: crate::protocol::child_session_id(&origin.session, call_id),
-            agent,
-            input,
-            input_ref,
-            reply_to,
-            timeout_ms: timeout.as_millis() as u64,
-            depth,
-            first_dispatch: !route.may_have_run,
-            skills,
-        };
         let partition = self.bus.session_partition(&origin.tenant, &origin.session);
-        let subject = subjects::agent_task(partition, route.pool, &task.agent.name);
+        // Encoded at once, and the task dropped, as in `send_tool`.
+        let (payload, call_key, subject) = {
+            let task = SubagentTask {
+                v: PROTOCOL_VERSION,
+                origin: origin.clone(),
+                call_id: call_id.to_owned(),
+                call_key: call_key(&origin.task_id, step, call_id),
+                child_session: crate::protocol::child_session_id(&origin.session, call_id),
+                agent,
+                input,
+                input_ref,
+                reply_to,
+                timeout_ms: timeout.as_millis() as u64,
+                depth,
+                first_dispatch: !route.may_have_run,
+                skills,
+            };
+            let subject = subjects::agent_task(partition, route.pool, &task.agent.name);
+            match self.bus.encode(&task) {
+                Ok(payload) => (payload, task.call_key, subject),
+                Err(e) => return Err(failed(call_id, e.to_failure())),
+            }
+        };
         let call = Dispatch {
             n,
             origin,
-            call_key: &task.call_key,
+            call_key: &call_key,
             call_id,
         };
-        self.send_task(call, subject, &task, timeout, route.may_have_run)
+        self.send_task(call, subject, payload, timeout, route.may_have_run)
             .await
     }
 
@@ -455,17 +464,20 @@ impl Dispatcher {
     /// for as long as the call may take: the task's `Nats-Msg-Id` makes a publish that was stored
     /// but not acknowledged count once. A failure that another try cannot cure (too large, not
     /// encodable) is returned at once.
-    async fn publish_patiently<T: serde::Serialize>(
+    async fn publish_patiently(
         &self,
         subject: String,
-        task: &T,
+        payload: Bytes,
         dedup_id: &str,
         timeout: Duration,
     ) -> Result<(), Failure> {
         let started = tokio::time::Instant::now();
         let mut pause = FIRST_PUBLISH_RETRY;
         loop {
-            let failure = match self.bus.publish_work(subject.clone(), task, dedup_id).await {
+            let publish = self
+                .bus
+                .publish_encoded_work(subject.clone(), payload.clone(), dedup_id);
+            let failure = match publish.await {
                 Ok(()) => return Ok(()),
                 Err(e) => e.to_failure(),
             };
@@ -480,11 +492,11 @@ impl Dispatcher {
 
     /// Publishes a task and registers its call for the reply; the recorded result instead, when
     /// an earlier run may have finished the call.
-    async fn send_task<T: serde::Serialize>(
+    async fn send_task(
         &self,
         call: Dispatch<'_>,
         subject: String,
-        task: &T,
+        payload: Bytes,
         timeout: Duration,
         may_have_run: bool,
     ) -> Result<Awaiting, ToolResult> {
@@ -514,7 +526,7 @@ impl Dispatcher {
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
         let publishing = tokio::time::Instant::now();
         if let Err(failure) = self
-            .publish_patiently(subject, task, &dedup_id, timeout)
+            .publish_patiently(subject, payload, &dedup_id, timeout)
             .await
         {
             return Err(failed(call_id, failure));
@@ -523,7 +535,7 @@ impl Dispatcher {
         let limit = timeout.saturating_sub(publishing.elapsed()) + DISPATCH_SLACK;
         Ok(Awaiting {
             reply,
-            waiter,
+            _waiter: waiter,
             slot,
             call_id: call_id.to_owned(),
             limit,
@@ -591,8 +603,14 @@ impl tower::Service<ToolCallRequest> for Dispatcher {
     }
 
     fn call(&mut self, request: ToolCallRequest) -> Self::Future {
+        let sending = self.clone().send(request);
         let dispatcher = self.clone();
-        Box::pin(async move { Ok(dispatcher.run(request).await) })
+        Box::pin(async move {
+            Ok(match sending.await {
+                Ok(awaiting) => dispatcher.wait(awaiting).await,
+                Err(done) => done,
+            })
+        })
     }
 }
 

@@ -45,6 +45,7 @@ const SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 static RECORD_CONTENT: AtomicBool = AtomicBool::new(false);
+static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// Where traces go, and what spans may record.
 #[derive(Debug, Clone, clap::Args)]
@@ -219,6 +220,7 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
         // Someone else owns the global subscriber; nothing of ours would ever see a span.
         return TelemetryGuard { provider: None };
     }
+    EXPORTING.store(exporting, Ordering::Relaxed);
     tracing::debug!(
         service,
         instance,
@@ -275,6 +277,13 @@ impl Drop for TelemetryGuard {
 /// Whether spans may record prompt and tool contents (set by [`init`]; off until then).
 pub fn record_content() -> bool {
     RECORD_CONTENT.load(Ordering::Relaxed)
+}
+
+/// Whether this process sends its spans to a collector (set by [`init`]; off until then). Without
+/// export, a span that would only stand between its parent and the next hop is not made: the
+/// parent's ids travel in its place (see `Bus::publish_traced`).
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
 }
 
 /// The 32-hex trace id of the current span, if it has a valid one.
