@@ -127,22 +127,31 @@ impl BusEvents {
     /// inline this future (fitting a final result, its publish and confirmation) would grow by
     /// several KiB every turn's future, held for the whole turn.
     pub fn announce(&self, event: EventKind) -> BoxFuture<'_, Result<(), BusError>> {
-        Box::pin(self.announce_now(event))
+        Box::pin(async move {
+            // Fitting and publishing are brief and their future large (several KiB); the wait
+            // for the stream's ack is long and small. Only the wait stays in this box.
+            let ack = Box::pin(self.announce_unconfirmed(event)).await?;
+            match ack {
+                Some(ack) => ack.confirmed().await.map(|_| ()),
+                None => Ok(()),
+            }
+        })
     }
 
-    async fn announce_now(&self, event: EventKind) -> Result<(), BusError> {
+    /// Publishes an event as [`BusEvents::announce`] does, but for the stream's ack; `None` when
+    /// there was nothing to publish.
+    async fn announce_unconfirmed(&self, event: EventKind) -> Result<Option<PendingAck>, BusError> {
         self.listeners.notify(&self.origin, &self.source, &event);
         // A final result always fits its event (its answer by reference, or cut if it cannot be
         // stored), or the client would wait for ever for an answer that is never announced.
         let mut pieces = self.fit(event).await;
         let Some(last) = pieces.pop() else {
-            return Ok(());
+            return Ok(None);
         };
         for piece in pieces {
             self.send(piece).await;
         }
-        let ack = self.publish(self.number(last)).await?;
-        ack.confirmed().await.map(|_| ())
+        self.publish(self.number(last)).await.map(Some)
     }
 
     /// The events that carry `event` within a broker message (see the module header).
