@@ -587,8 +587,9 @@ impl Bus {
             return Box::pin(self.publish_under_span(subject, headers, payload, message_id)).await;
         }
         // Nothing would see this hop's span: the current span's ids, which the headers carry
-        // from `outgoing_headers`, travel in its place. The message stays in its trace without
-        // a span made and dropped per message.
+        // from `outgoing_headers`, travel in its place, and the message stays in its trace
+        // without a span made and dropped per message.
+        //
         // Handing the message to the connection is brief and its future large (about 1 KiB);
         // the wait for the stream's ack is long and small. Only the wait stays inline.
         let pending = Box::pin(self.send_durable(subject, headers, payload)).await?;
