@@ -316,7 +316,7 @@ impl Dispatcher {
         arguments: serde_json::Value,
         route: CallRoute<'_>,
     ) -> ToolResult {
-        // Boxed, as in `run`: the task is dropped once it is out.
+        // Boxed, as in `send`: the task is dropped once it is out.
         let sending = Box::pin(self.send_tool(origin, step, call_id, tool, arguments, route));
         match sending.await {
             Ok(awaiting) => self.wait(awaiting).await,
@@ -388,7 +388,7 @@ impl Dispatcher {
         child: Child,
         route: CallRoute<'_>,
     ) -> ToolResult {
-        // Boxed, as in `run`: the task is dropped once it is out.
+        // Boxed, as in `send`: the task is dropped once it is out.
         let sending = Box::pin(self.send_subagent(origin, step, call_id, child, route));
         match sending.await {
             Ok(awaiting) => self.wait(awaiting).await,
