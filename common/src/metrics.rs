@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::{SpanId, TraceContextExt, TraceId};
+use opentelemetry::trace::{SpanId, TraceId};
 use prometheus_client::encoding::{
     EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
 };
@@ -23,7 +23,6 @@ use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry, Unit};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 pub mod otlp;
 
@@ -80,9 +79,7 @@ struct TraceExemplar {
 impl TraceExemplar {
     /// The current span's ids, if it has valid OpenTelemetry ones.
     fn current() -> Option<Self> {
-        let cx = tracing::Span::current().context();
-        let span = cx.span();
-        let ids = span.span_context();
+        let ids = crate::telemetry::span_context(&tracing::Span::current());
         ids.is_valid().then(|| Self {
             trace_id: ids.trace_id(),
             span_id: ids.span_id(),
@@ -463,6 +460,9 @@ impl Drop for InFlight {
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
     use super::*;
 
     #[test]

@@ -63,17 +63,37 @@ pub(crate) fn env_filter() -> EnvFilter {
     EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new("info"))
 }
 
+/// The OpenTelemetry layer of a process that exports its spans, sending them to `tracer`.
+pub(crate) fn exported_spans<T>(tracer: T) -> impl Layer<Registry> + Send + Sync + 'static
+where
+    T: opentelemetry::trace::Tracer + Send + Sync + 'static,
+    T::Span: Send + Sync,
+{
+    // A span carries the attributes Skein gives it, none of the layer's defaults: its code
+    // location and target (its name says what it is), the thread that opened it (a task moves
+    // between threads), busy and idle times (two more clock reads on every poll of every
+    // instrumented future). Each would be kept with every open span, that is with every turn in
+    // flight. (Entering a span still makes its context the current one: that starts the span,
+    // and a log line inside it reads the trace id from the started span.)
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+}
+
 /// The full subscriber: `filter` gates everything, spans (minus the exporter's transport) go to
-/// `tracer`, events are written to `writer` in `format`.
-pub(crate) fn subscriber<T, W>(
+/// `spans` (the OpenTelemetry layer, or `SpanIdsLayer` without export), events are written to
+/// `writer` in `format`.
+pub(crate) fn subscriber<L, W>(
     filter: EnvFilter,
-    tracer: T,
+    spans: L,
     format: LogFormat,
     writer: W,
 ) -> impl Subscriber + Send + Sync + 'static
 where
-    T: opentelemetry::trace::Tracer + Send + Sync + 'static,
-    T::Span: Send + Sync,
+    L: Layer<Registry> + Send + Sync + 'static,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let not_transport = TRANSPORT_TARGETS.iter().fold(
@@ -82,19 +102,7 @@ where
         Targets::new().with_default(LevelFilter::INFO),
         |t, target| t.with_target(*target, LevelFilter::OFF),
     );
-    // A span carries the attributes Skein gives it, none of the layer's defaults: its code
-    // location and target (its name says what it is), the thread that opened it (a task moves
-    // between threads), busy and idle times (two more clock reads on every poll of every
-    // instrumented future). Each would be kept with every open span, that is with every turn in
-    // flight. (Entering a span still makes its context the current one: that starts the span,
-    // and a log line inside it reads the trace id from the started span.)
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_location(false)
-        .with_threads(false)
-        .with_target(false)
-        .with_tracked_inactivity(false)
-        .with_filter(not_transport);
+    let spans = spans.with_filter(not_transport);
     let (json, human) = match format {
         LogFormat::Json => (
             Some(
@@ -124,7 +132,7 @@ where
             ),
         ),
     };
-    Registry::default().with(otel).with(json).with(human)
+    Registry::default().with(spans).with(json).with(human)
 }
 
 /// Where the ids go in a line.
@@ -174,8 +182,8 @@ where
     }
 }
 
-/// The ids of the nearest enclosing span the OpenTelemetry layer knows, once that span has
-/// started (entering it starts it), and when its trace id is valid.
+/// The ids of the nearest enclosing span the trace layer knows, when its trace id is valid: kept
+/// from its opening without export, once it has started (entering it starts it) with export.
 fn otel_ids<S, N>(ctx: &FmtContext<'_, S, N>) -> Option<(TraceId, SpanId)>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -184,6 +192,9 @@ where
     let scope = ctx.event_scope()?;
     for span in scope {
         let extensions = span.extensions();
+        if let Some(kept) = super::unexported::kept_context(&extensions) {
+            return kept.is_valid().then(|| (kept.trace_id(), kept.span_id()));
+        }
         let Some(data) = extensions.get::<OtelData>() else {
             continue;
         };
@@ -245,7 +256,7 @@ mod tests {
         let provider = SdkTracerProvider::builder().build();
         let subscriber = subscriber(
             EnvFilter::new("info"),
-            provider.tracer("test"),
+            exported_spans(provider.tracer("test")),
             format,
             buffer.clone(),
         );
@@ -288,7 +299,7 @@ mod tests {
         let tracer = crate::telemetry::unexported::Unexported(provider.tracer("test"));
         let subscriber = subscriber(
             EnvFilter::new("info"),
-            tracer,
+            crate::telemetry::unexported::SpanIdsLayer::new(tracer),
             LogFormat::Json,
             buffer.clone(),
         );
@@ -370,7 +381,7 @@ mod tests {
             .build();
         let subscriber = subscriber(
             EnvFilter::new("info"),
-            provider.tracer("test"),
+            exported_spans(provider.tracer("test")),
             LogFormat::Json,
             Buffer::default(),
         );

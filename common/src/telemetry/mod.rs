@@ -21,8 +21,8 @@ pub use metrics_export::export_metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -209,11 +209,12 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
     let tracer = provider.tracer_with_scope(scope);
     let (filter, format) = (logs::env_filter(), logs::LogFormat::from_env());
     let installed = if exporting {
-        let subscriber = logs::subscriber(filter, tracer, format, std::io::stderr);
+        let spans = logs::exported_spans(tracer);
+        let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
         tracing::subscriber::set_global_default(subscriber)
     } else {
-        let tracer = unexported::Unexported(tracer);
-        let subscriber = logs::subscriber(filter, tracer, format, std::io::stderr);
+        let spans = unexported::SpanIdsLayer::new(unexported::Unexported(tracer));
+        let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
         tracing::subscriber::set_global_default(subscriber)
     };
     if installed.is_err() {
@@ -294,11 +295,27 @@ pub fn current_trace_id() -> Option<String> {
 /// The 32-hex trace id of `span`, if it has a valid one. This starts the span's OpenTelemetry
 /// side, fixing its parent: set a remote parent first.
 pub fn span_trace_id(span: &tracing::Span) -> Option<String> {
-    let cx = span.context();
-    let span_context = cx.span().span_context().clone();
+    let span_context = span_context(span);
     span_context
         .is_valid()
         .then(|| span_context.trace_id().to_string())
+}
+
+/// The OpenTelemetry context of `span` (ids, flags, trace state), whichever layer keeps it;
+/// empty when it has none. With export this starts the span's OpenTelemetry side, fixing its
+/// parent: set a remote parent first.
+pub(crate) fn span_context(span: &tracing::Span) -> SpanContext {
+    unexported::span_context(span).unwrap_or_else(|| span.context().span().span_context().clone())
+}
+
+/// Makes `parent` (a remote context) the parent of `span`, whichever layer keeps its context.
+/// Does nothing to a span already started with export, or disabled, or without telemetry.
+pub(crate) fn set_span_parent(span: &tracing::Span, parent: Context) {
+    if unexported::set_parent(span, &parent).is_none() {
+        // The only failures are "already started", "span disabled" and "no OpenTelemetry layer";
+        // in each the span simply keeps its local parent.
+        let _ = span.set_parent(parent);
+    }
 }
 
 /// Who is reporting: service, version, instance, pod; plus `OTEL_RESOURCE_ATTRIBUTES`.

@@ -14,7 +14,6 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{SpanContext, TraceContextExt, TraceFlags};
 use opentelemetry::Context;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The W3C field that names a span: version, trace id, span id, flags.
 const TRACEPARENT: &str = "traceparent";
@@ -28,15 +27,13 @@ const TRACEPARENT_LEN: usize = 55;
 /// the global propagator, whose text-map round trip costs several allocations on every publish;
 /// the fields are those of the W3C propagator [`super::init`] installs, which reads them back.
 pub fn inject_current(headers: &mut HeaderMap) {
-    let cx = tracing::Span::current().context();
-    let span = cx.span();
-    let span_context = span.span_context();
+    let span_context = super::span_context(&tracing::Span::current());
     if !span_context.is_valid() {
         return;
     }
     headers.insert(
         HeaderName::from_static(TRACEPARENT),
-        HeaderValue::from(w3c_traceparent(span_context)),
+        HeaderValue::from(w3c_traceparent(&span_context)),
     );
     let state = span_context.trace_state().header();
     if !state.is_empty() {
@@ -79,9 +76,7 @@ pub fn extract(headers: Option<&HeaderMap>) -> Context {
 pub fn set_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
     let remote = extract(headers);
     if remote.span().span_context().is_valid() {
-        // The only failures are "already started", "span disabled" and "no OpenTelemetry layer";
-        // in each the span simply keeps its local parent.
-        let _ = span.set_parent(remote);
+        super::set_span_parent(span, remote);
     }
 }
 
@@ -107,19 +102,16 @@ pub fn set_parent_or_recorded(
             _ => return,
         }
     };
-    // As in `set_parent`: a failure leaves the span with its local parent.
-    let _ = span.set_parent(parent);
+    super::set_span_parent(span, parent);
 }
 
 /// The W3C `traceparent` of `span`, if it has a valid context (this starts the span's
 /// OpenTelemetry side: set its parent first).
 pub fn traceparent(span: &tracing::Span) -> Option<String> {
-    let cx = span.context();
-    let span = cx.span();
-    let span_context = span.span_context();
+    let span_context = super::span_context(span);
     span_context
         .is_valid()
-        .then(|| w3c_traceparent(span_context))
+        .then(|| w3c_traceparent(&span_context))
 }
 
 /// The remote context a `traceparent` names; an empty context when it does not parse.
@@ -150,6 +142,7 @@ mod tests {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::propagation::TraceContextPropagator;
     use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;

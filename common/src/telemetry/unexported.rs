@@ -1,15 +1,26 @@
-//! The tracer of a process that exports no spans: each span still gets its ids and its sampling
-//! decision, as with an exporter, so trace context crosses every hop and log lines carry trace
-//! ids; nothing else about it is kept. With no exporter, a span's name, attributes, events and
-//! links would be held until the span ends, only to be dropped: for a turn in flight, several
-//! KiB in its long-lived spans.
+//! Spans of a process that exports none: each still gets its ids and its sampling decision, as
+//! with an exporter, so trace context crosses every hop and log lines carry trace ids; nothing
+//! else about it is kept.
+//!
+//! [`SpanIdsLayer`] stands in for the OpenTelemetry layer there. That layer keeps a span's
+//! builder (336 bytes, with every field recorded as an attribute) and then a started span behind
+//! an OpenTelemetry context for as long as the span is open, and makes that context the current
+//! one on every enter, that is on every poll of an instrumented future: for a turn in flight,
+//! several KiB in its long-lived spans and work on every poll, only to be dropped. Here a span
+//! keeps its [`SpanContext`] (64 bytes), chosen when it opens. [`span_context`] and
+//! [`set_parent`] read and re-parent it where the OpenTelemetry layer's span extension would.
 
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{Span, SpanBuilder, SpanContext, Status, Tracer};
+use opentelemetry::trace::{Span, SpanBuilder, SpanContext, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, SpanLimits};
+use tracing::span::{Attributes, Id};
+use tracing::Subscriber;
+use tracing_subscriber::layer::Context as LayerContext;
+use tracing_subscriber::registry::{Extensions, LookupSpan, SpanRef};
+use tracing_subscriber::{Layer, Registry};
 
 /// What an SDK span of an unexported process may gain after it starts (attributes recorded
 /// later, log lines as events, links): nothing. Its spans are [`IdsOnly`], which have nowhere to
@@ -82,6 +93,107 @@ impl Span for IdsOnly {
     fn end_with_timestamp(&mut self, _: SystemTime) {}
 }
 
+/// What a span keeps of OpenTelemetry under [`SpanIdsLayer`]: its context.
+#[derive(Debug)]
+struct SpanIds(SpanContext);
+
+/// The layer of a process that exports no spans: every span it sees gets its context when it
+/// opens, from the span's parent (the parent given, else the current span, else OpenTelemetry's
+/// current context) through the tracer, and keeps only that.
+#[derive(Debug)]
+pub(super) struct SpanIdsLayer {
+    tracer: Unexported,
+}
+
+impl SpanIdsLayer {
+    pub(super) fn new(tracer: Unexported) -> Self {
+        Self { tracer }
+    }
+
+    /// The context of a span named `name` under `parent`: ids, sampling, trace state.
+    fn context_under(&self, name: &'static str, parent: &Context) -> SpanContext {
+        self.tracer
+            .build_with_context(SpanBuilder::from_name(name), parent)
+            .0
+    }
+}
+
+impl<S> Layer<S> for SpanIdsLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerContext<'_, S>) {
+        let Some(span) = ctx.span(id) else {
+            return;
+        };
+        let parent = if let Some(parent) = attrs.parent() {
+            ctx.span(parent).and_then(nearest_ids)
+        } else if attrs.is_contextual() {
+            ctx.lookup_current().and_then(nearest_ids)
+        } else {
+            None
+        };
+        let parent = match parent {
+            Some(parent) => Context::new().with_remote_span_context(parent),
+            None if attrs.is_contextual() => Context::current(),
+            None => Context::new(),
+        };
+        let ids = SpanIds(self.context_under(attrs.metadata().name(), &parent));
+        span.extensions_mut().insert(ids);
+    }
+}
+
+/// The context of `span` or, when it has none of its own (a span the layer's filter left out),
+/// of its nearest ancestor that has one.
+fn nearest_ids<R>(span: SpanRef<'_, R>) -> Option<SpanContext>
+where
+    R: for<'a> LookupSpan<'a>,
+{
+    span.scope()
+        .find_map(|span| kept_context(&span.extensions()))
+}
+
+/// Runs `f` on `span`'s entry in the registry when [`SpanIdsLayer`] is the subscriber's; `None`
+/// when it is not (an exporting process, or another subscriber), or `span` is disabled.
+fn with_layer<T>(
+    span: &tracing::Span,
+    f: impl FnOnce(&SpanIdsLayer, SpanRef<'_, Registry>) -> T,
+) -> Option<T> {
+    span.with_subscriber(|(id, dispatch)| {
+        let layer = dispatch.downcast_ref::<SpanIdsLayer>()?;
+        let registry = dispatch.downcast_ref::<Registry>()?;
+        Some(f(layer, registry.span(id)?))
+    })
+    .flatten()
+}
+
+/// `span`'s context under [`SpanIdsLayer`] (an empty one when the span and its ancestors have
+/// none); `None` when that layer is not the subscriber's.
+pub(super) fn span_context(span: &tracing::Span) -> Option<SpanContext> {
+    with_layer(span, |_, entry| {
+        nearest_ids(entry).unwrap_or_else(SpanContext::empty_context)
+    })
+}
+
+/// Gives `span` a context under `parent` (new ids in the parent's trace) under [`SpanIdsLayer`];
+/// `None` when that layer is not the subscriber's. Spans opened under `span` before keep the
+/// context they were given: set a parent before opening children, as with the OpenTelemetry
+/// layer.
+pub(super) fn set_parent(span: &tracing::Span, parent: &Context) -> Option<()> {
+    with_layer(span, |layer, entry| {
+        // Chosen before the span's extensions are locked: nothing the tracer does can wait on them.
+        let context = layer.context_under(entry.name(), parent);
+        if let Some(ids) = entry.extensions_mut().get_mut::<SpanIds>() {
+            ids.0 = context;
+        }
+    })
+}
+
+/// The context a span's extensions keep under [`SpanIdsLayer`], if any (for log lines).
+pub(super) fn kept_context(extensions: &Extensions<'_>) -> Option<SpanContext> {
+    extensions.get::<SpanIds>().map(|ids| ids.0.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use opentelemetry::trace::{
@@ -89,6 +201,8 @@ mod tests {
         TracerProvider as _,
     };
     use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
 
@@ -156,5 +270,107 @@ mod tests {
         let span = follows.build_with_context(SpanBuilder::from_name("turn"), &sampled_parent);
         assert!(span.span_context().is_sampled());
         assert_eq!(span.span_context().trace_id(), TraceId::from(1));
+    }
+
+    /// Runs `body` under a registry with a [`SpanIdsLayer`] of `sampler`'s tracer.
+    fn under_layer<T>(sampler: Sampler, body: impl FnOnce() -> T) -> T {
+        let subscriber = tracing_subscriber::registry().with(SpanIdsLayer::new(tracer(sampler)));
+        tracing::subscriber::with_default(subscriber, body)
+    }
+
+    fn ids(span: &tracing::Span) -> SpanContext {
+        span_context(span).expect("the layer is the subscriber's")
+    }
+
+    #[test]
+    fn under_the_layer_a_span_is_in_its_parents_trace_with_ids_of_its_own() {
+        under_layer(Sampler::AlwaysOn, || {
+            let turn = tracing::info_span!("turn");
+            let (contextual, explicit) = {
+                let _entered = turn.enter();
+                let root = tracing::info_span!(parent: None, "root");
+                (
+                    tracing::info_span!("call"),
+                    (tracing::info_span!(parent: &turn, "publish"), root),
+                )
+            };
+            let (explicit, root) = explicit;
+            let turn = ids(&turn);
+            assert!(turn.is_valid() && turn.is_sampled());
+            for child in [ids(&contextual), ids(&explicit)] {
+                assert!(child.is_valid());
+                assert_eq!(child.trace_id(), turn.trace_id());
+                assert_ne!(child.span_id(), turn.span_id());
+            }
+            assert_ne!(ids(&contextual).span_id(), ids(&explicit).span_id());
+            // A span opened with no parent starts a trace of its own.
+            assert!(ids(&root).is_valid());
+            assert_ne!(ids(&root).trace_id(), turn.trace_id());
+            // What a span keeps is its context and nothing more.
+            assert_eq!(
+                std::mem::size_of::<SpanIds>(),
+                std::mem::size_of::<SpanContext>()
+            );
+        });
+    }
+
+    #[test]
+    fn under_the_layer_a_remote_parent_brings_its_trace_and_its_sampling() {
+        // A root is not sampled; a span under a sampled remote parent is.
+        under_layer(Sampler::ParentBased(Box::new(Sampler::AlwaysOff)), || {
+            let received = tracing::info_span!("process");
+            assert!(!ids(&received).is_sampled());
+            let remote = SpanContext::new(
+                TraceId::from(0xabc),
+                SpanId::from(0xdef),
+                TraceFlags::SAMPLED,
+                true,
+                Default::default(),
+            );
+            let parent = Context::new().with_remote_span_context(remote);
+            assert_eq!(set_parent(&received, &parent), Some(()));
+            let moved = ids(&received);
+            assert_eq!(moved.trace_id(), TraceId::from(0xabc));
+            assert_ne!(moved.span_id(), SpanId::from(0xdef));
+            assert!(moved.is_sampled() && !moved.is_remote());
+            // Its children follow it there.
+            let _entered = received.enter();
+            let child = tracing::info_span!("execute_tool");
+            assert_eq!(ids(&child).trace_id(), TraceId::from(0xabc));
+            assert!(ids(&child).is_sampled());
+        });
+    }
+
+    #[test]
+    fn a_span_the_layers_filter_leaves_out_reads_its_nearest_traced_ancestor() {
+        let layer = SpanIdsLayer::new(tracer(Sampler::AlwaysOn)).with_filter(
+            Targets::new()
+                .with_default(LevelFilter::INFO)
+                .with_target("hyper", LevelFilter::OFF),
+        );
+        // Another layer (as the log layer) keeps the left-out span open in the registry.
+        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+        let subscriber = tracing_subscriber::registry().with(layer).with(logs);
+        tracing::subscriber::with_default(subscriber, || {
+            let turn = tracing::info_span!("turn");
+            let _entered = turn.enter();
+            let transport = tracing::info_span!(target: "hyper::client", "connect");
+            assert_eq!(ids(&transport), ids(&turn));
+            // A span under it is still in the turn's trace, under the turn.
+            let _inside = transport.enter();
+            let call = tracing::info_span!("call");
+            assert_eq!(ids(&call).trace_id(), ids(&turn).trace_id());
+            assert_ne!(ids(&call).span_id(), ids(&turn).span_id());
+        });
+    }
+
+    #[test]
+    fn without_the_layer_nothing_is_read_or_set_through_it() {
+        let subscriber = tracing_subscriber::registry();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("turn");
+            assert_eq!(span_context(&span), None);
+            assert_eq!(set_parent(&span, &Context::new()), None);
+        });
     }
 }
