@@ -120,7 +120,9 @@ fn request() -> ModelRequest {
         model: "m".into(),
         agent: "a".into(),
         messages: vec![Message::user("hi")],
-        tools: Arc::new([]),
+        tools: Default::default(),
+        max_output_tokens: None,
+        output_schema: None,
     }
 }
 

@@ -8,8 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+use crate::agent::model::ToolList;
 use crate::protocol::{validate_token, ToolSpec, WorkerAnnouncement};
 
 /// Tools and subagent capacity, as announced by workers.
@@ -18,7 +19,7 @@ pub struct ToolCatalog {
     tools: BTreeMap<String, (ToolSpec, Vec<String>)>,
     subagent_pools: Vec<SubagentPool>,
     /// Tool lists already handed out, by what they were asked for (see [`Self::tools_for`]).
-    handed_out: Mutex<HashMap<String, Arc<[ToolSpec]>>>,
+    handed_out: Mutex<HashMap<String, ToolList>>,
 }
 
 /// A pool whose workers run subagents, and which types.
@@ -126,7 +127,7 @@ impl ToolCatalog {
         allowlist: &[String],
         extras_key: &str,
         extras: &[ToolSpec],
-    ) -> Arc<[ToolSpec]> {
+    ) -> ToolList {
         let key = format!("{allowlist:?}|{extras_key}");
         if let Some(list) = self
             .handed_out
@@ -138,7 +139,7 @@ impl ToolCatalog {
         }
         let mut specs = self.specs_allowed(allowlist);
         specs.extend_from_slice(extras);
-        let list: Arc<[ToolSpec]> = specs.into();
+        let list = ToolList::from(specs);
         if let Ok(mut handed_out) = self.handed_out.lock() {
             if handed_out.len() < MAX_SHARED_TOOL_LISTS {
                 handed_out.insert(key, list.clone());
@@ -282,7 +283,11 @@ mod tests {
         let all = ["*".to_owned()];
         let first = catalog.tools_for(&all, "", &[]);
         let second = catalog.tools_for(&all, "", &[]);
-        assert!(Arc::ptr_eq(&first, &second));
+        assert!(first.shares_specs_with(&second));
+        assert_eq!(
+            first.upper_bound(),
+            crate::agent::tokens::tools_upper_bound(&first)
+        );
         let names = |list: &[ToolSpec]| list.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
         assert_eq!(names(&first), ["a", "b"]);
 
@@ -296,10 +301,11 @@ mod tests {
         let with_extra =
             catalog.tools_for(&["b".to_owned()], "spawn", std::slice::from_ref(&extra));
         assert_eq!(names(&with_extra), ["b", "spawn"]);
-        assert!(Arc::ptr_eq(
-            &with_extra,
-            &catalog.tools_for(&["b".to_owned()], "spawn", &[extra])
-        ));
-        assert!(!Arc::ptr_eq(&first, &with_extra));
+        assert!(with_extra.shares_specs_with(&catalog.tools_for(
+            &["b".to_owned()],
+            "spawn",
+            &[extra]
+        )));
+        assert!(!first.shares_specs_with(&with_extra));
     }
 }

@@ -92,7 +92,7 @@ pub(super) fn model_call(deltas: Option<Arc<dyn DeltaSink>>) -> ModelCall {
             model: "test-model".into(),
             agent: "coder".into(),
             messages: vec![Message::user("hello")],
-            tools: Arc::from(Vec::new()),
+            tools: Default::default(),
             max_output_tokens: None,
             output_schema: None,
         },

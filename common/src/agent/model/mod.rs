@@ -13,8 +13,10 @@ pub mod openai;
 pub mod providers;
 pub mod scripted;
 mod sse;
+mod tool_list;
 
 pub use providers::Providers;
+pub use tool_list::ToolList;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 
 use crate::protocol::message::{Message, Usage};
-use crate::protocol::{Failure, FailureKind, OutputSchema, ToolSpec};
+use crate::protocol::{Failure, FailureKind, OutputSchema};
 
 /// What a provider is asked.
 #[derive(Debug, Clone)]
@@ -35,8 +37,8 @@ pub struct ModelRequest {
     /// The whole conversation, system prompt first.
     pub messages: Vec<Message>,
     /// Tools the model may call; empty means none. Shared: every turn of an agent offers the same
-    /// snapshot, so no call holds a copy of its own.
-    pub tools: Arc<[ToolSpec]>,
+    /// snapshot, so no call holds a copy of its own, and its size is measured once.
+    pub tools: ToolList,
     /// The most output tokens the answer may take, sent to the server (`max_tokens`, or
     /// `max_completion_tokens` where that is what the server reads); `None`
     /// leaves it to the provider's default (which Anthropic's API requires: the configured

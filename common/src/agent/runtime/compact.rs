@@ -23,7 +23,7 @@ use tracing::Instrument;
 use super::{Runtime, TurnInput, TurnOutput};
 use crate::agent::compaction::{self, Floor, Plan, RequestSize, StepsPlan, Trigger};
 use crate::agent::context;
-use crate::agent::model::ModelRequest;
+use crate::agent::model::{ModelRequest, ToolList};
 use crate::agent::seams::{failure_from_error, ModelCall};
 use crate::agent::tokens::{self, TokenCounter};
 use crate::protocol::message::{Message, Usage};
@@ -548,7 +548,7 @@ impl Runtime {
                 model: model.to_owned(),
                 agent: turn.agent.name.clone(),
                 messages,
-                tools: Arc::from([]),
+                tools: ToolList::default(),
                 max_output_tokens: None,
                 output_schema: None,
             },

@@ -43,6 +43,7 @@ use tracing::Instrument;
 use crate::agent::context::ContextLimits;
 use crate::agent::middleware::hooks::{TurnContext, TurnSummary};
 use crate::agent::middleware::{Middleware, ModelService, ToolService};
+use crate::agent::model::ToolList;
 use crate::agent::permissions::CompiledPolicy;
 use crate::agent::prompt::{priority, SystemPrompt};
 use crate::agent::seams::{
@@ -325,22 +326,25 @@ impl Runtime {
             catalog.tools_for(&turn.agent.tools, &key, &extras)
         };
         let model = self.model_name(turn);
-        // What a request is sized by: its tools and, as one more, the output schema.
-        let sized_tools: Arc<[ToolSpec]> = match &structured {
-            Some(s) => tools
-                .iter()
-                .cloned()
-                .chain(std::iter::once(ToolSpec {
-                    name: s.schema.name.clone(),
-                    description: s.schema.description.clone(),
-                    parameters: s.schema.schema.clone(),
-                    concurrency_safe: true,
-                    effects: Default::default(),
-                }))
-                .collect(),
+        // What a request is sized by: its tools and, as one more, the output schema (measured
+        // once: a shared list comes measured).
+        let sized_tools = match &structured {
+            Some(s) => ToolList::from(
+                tools
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(ToolSpec {
+                        name: s.schema.name.clone(),
+                        description: s.schema.description.clone(),
+                        parameters: s.schema.schema.clone(),
+                        concurrency_safe: true,
+                        effects: Default::default(),
+                    }))
+                    .collect::<Vec<_>>(),
+            ),
             None => tools.clone(),
         };
-        let tools_bytes = crate::agent::tokens::tools_upper_bound(&sized_tools);
+        let tools_bytes = sized_tools.upper_bound();
         let mut window = compact::Window::new(turn, &out, self);
         let max_messages = self.settings.context.max_history_messages;
         let board = planning::PlanBoard::new(out.plan.clone());
@@ -510,7 +514,7 @@ impl Runtime {
                     turn,
                     out.iterations,
                     messages,
-                    Arc::from([]),
+                    ToolList::default(),
                     output_schema.clone(),
                 )
                 .await

@@ -15,10 +15,10 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use super::{record_failure, turn_context, Runtime, TurnInput};
-use crate::agent::model::{ModelRequest, ModelResponse};
+use crate::agent::model::{ModelRequest, ModelResponse, ToolList};
 use crate::agent::seams::{failure_from_error, DeltaSink, EventSink, ModelCall};
 use crate::protocol::message::Message;
-use crate::protocol::{EventKind, Failure, FailureKind, OutputSchema, ToolSpec};
+use crate::protocol::{EventKind, Failure, FailureKind, OutputSchema};
 
 impl Runtime {
     /// The model an agent's turn asks first.
@@ -37,7 +37,7 @@ impl Runtime {
         turn: &TurnInput<'_>,
         step: u32,
         messages: Vec<Message>,
-        tools: Arc<[ToolSpec]>,
+        tools: ToolList,
         output_schema: Option<Arc<OutputSchema>>,
     ) -> Result<ModelResponse, Failure> {
         let primary = self.model_name(turn);
@@ -211,7 +211,7 @@ impl Runtime {
 /// What a model call offers besides the conversation: its tools and the output schema.
 #[derive(Clone)]
 struct Asked {
-    tools: Arc<[ToolSpec]>,
+    tools: ToolList,
     output_schema: Option<Arc<OutputSchema>>,
 }
 
@@ -303,7 +303,7 @@ mod tests {
                 })
             }
         });
-        let tools = InMemoryTools::new(Vec::<(ToolSpec, ToolFn)>::new());
+        let tools = InMemoryTools::new(Vec::<(crate::protocol::ToolSpec, ToolFn)>::new());
         let runtime = Runtime::new(
             BoxCloneSyncService::new(model),
             BoxCloneSyncService::new(tools.clone().map_err(Into::into)),

@@ -263,9 +263,9 @@ fn json_setting(value: &str, what: &str) -> Result<String, String> {
 /// little framing each), tool specs and output schema, rounded up.
 pub fn estimate_prompt_tokens(request: &ModelRequest) -> u64 {
     // Byte bounds (no JSON is built: this runs for every model call).
-    use crate::agent::tokens::{schema_upper_bound, tools_upper_bound, upper_bound};
+    use crate::agent::tokens::{schema_upper_bound, upper_bound};
     (upper_bound(&request.messages)
-        + tools_upper_bound(&request.tools)
+        + request.tools.upper_bound()
         + schema_upper_bound(request.output_schema.as_deref()))
     .div_ceil(4)
 }
@@ -277,8 +277,6 @@ pub fn estimate_text_tokens(text: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::protocol::message::Message;
 
@@ -457,7 +455,7 @@ mod tests {
             model: "m".into(),
             agent: "a".into(),
             messages: vec![Message::system("be brief"), Message::user(text)],
-            tools: Arc::from([]),
+            tools: Default::default(),
             max_output_tokens: None,
             output_schema: None,
         };

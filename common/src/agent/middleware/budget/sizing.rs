@@ -21,9 +21,9 @@ pub const MIN_OUTPUT_TOKENS: u64 = 256;
 /// The most prompt tokens `request` can cost, whatever the server's tokenizer: the bytes of its
 /// messages (with the framing each costs), of its tool specs and of its output schema.
 pub fn prompt_bound(request: &ModelRequest) -> u64 {
-    use crate::agent::tokens::{schema_upper_bound, tools_upper_bound, upper_bound};
+    use crate::agent::tokens::{schema_upper_bound, upper_bound};
     upper_bound(&request.messages)
-        .saturating_add(tools_upper_bound(&request.tools))
+        .saturating_add(request.tools.upper_bound())
         .saturating_add(schema_upper_bound(request.output_schema.as_deref()))
 }
 
@@ -306,7 +306,7 @@ mod tests {
             model: "m".into(),
             agent: "a".into(),
             messages: vec![Message::user("x".repeat(4000))],
-            tools: std::sync::Arc::from([]),
+            tools: Default::default(),
             max_output_tokens: None,
             output_schema: None,
         };

@@ -196,7 +196,7 @@ async fn a_provider_set_to_take_no_images_refuses_them_before_sending_and_the_ot
         messages: vec![Message::user("look").with_images(vec![ImagePart::Url {
             url: "https://example.com/a.png".to_owned(),
         }])],
-        tools: Arc::from(Vec::new()),
+        tools: Default::default(),
         max_output_tokens: None,
         output_schema: None,
     };
