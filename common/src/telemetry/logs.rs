@@ -1,5 +1,6 @@
 //! The log side of telemetry: the `tracing` subscriber stack (registry + env filter + one fmt
-//! layer + the OpenTelemetry layer) and the event formats. `SKEIN_LOG` filters (default `info`);
+//! layer + the trace layer: OpenTelemetry's with export, `SpanIdsLayer` without) and the event
+//! formats. `SKEIN_LOG` filters (default `info`);
 //! `SKEIN_LOG_FORMAT=json` (the default when stderr is not a terminal) writes JSON lines, anything
 //! else a compact human format. Every line written inside a span carries the OTel trace id (JSON
 //! lines also the span id) so logs and traces join up.
