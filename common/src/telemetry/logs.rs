@@ -297,10 +297,9 @@ mod tests {
         let provider = SdkTracerProvider::builder()
             .with_span_limits(crate::telemetry::unexported::limits())
             .build();
-        let tracer = crate::telemetry::unexported::Unexported(provider.tracer("test"));
         let subscriber = subscriber(
             EnvFilter::new("info"),
-            crate::telemetry::unexported::SpanIdsLayer::new(tracer),
+            crate::telemetry::unexported::SpanIdsLayer::new(provider.tracer("test")),
             LogFormat::Json,
             buffer.clone(),
         );

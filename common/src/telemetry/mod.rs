@@ -213,7 +213,7 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
         let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
         tracing::subscriber::set_global_default(subscriber)
     } else {
-        let spans = unexported::SpanIdsLayer::new(unexported::Unexported(tracer));
+        let spans = unexported::SpanIdsLayer::new(tracer);
         let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
         tracing::subscriber::set_global_default(subscriber)
     };

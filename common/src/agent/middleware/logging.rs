@@ -151,6 +151,30 @@ mod tests {
         }
     }
 
+    /// Makes `call` until it writes a line, and checks it wrote exactly one. A test on another
+    /// thread that sets or rebuilds its own subscriber at the same moment can leave the global
+    /// level hint at its `info` (tracing's callsite registry is process-wide), and a `debug` line
+    /// is then dropped before any subscriber sees it: the call is made again, the callsites'
+    /// interest asked anew, while its line was dropped that way. A call that logs two lines, or
+    /// never one, still fails.
+    async fn logged_once<F, C>(lines: &Lines, what: &str, mut call: C)
+    where
+        C: FnMut() -> F,
+        F: std::future::Future<Output = ()>,
+    {
+        let before = lines.text().lines().count();
+        let mut logged = 0;
+        for _ in 0..50 {
+            tracing::callsite::rebuild_interest_cache();
+            call().await;
+            logged = lines.text().lines().count() - before;
+            if logged > 0 {
+                break;
+            }
+        }
+        assert_eq!(logged, 1, "{what}: {}", lines.text());
+    }
+
     #[tokio::test]
     async fn one_line_per_call_with_its_outcome_and_nothing_it_carried() {
         let lines = Lines::default();
@@ -161,9 +185,6 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         let _default = tracing::subscriber::set_default(subscriber);
-        // Another test's thread may have cached these callsites as of no interest (no subscriber
-        // there); ask again now that this thread has one.
-        tracing::callsite::rebuild_interest_cache();
         let tools = LogLayer.layer(tower::service_fn(|request: ToolCallRequest| async move {
             Ok::<_, BoxError>(failed_result(
                 &request.call.id,
@@ -175,36 +196,26 @@ mod tests {
             Ok::<_, BoxError>(text_response("private answer"))
         }));
 
-        // A test on another thread that sets or rebuilds its own subscriber at the same moment
-        // can leave the global level hint at its `info` (tracing's callsite registry is
-        // process-wide), and a `debug` line is then dropped before any subscriber sees it. So
-        // each call is made again, its interest asked anew, while its line was dropped that way;
-        // a call that logs two lines, or never one, still fails the test.
-        for (what, call) in [("tool call", 0), ("model call", 1)] {
-            let before = lines.text().lines().count();
-            let mut logged = 0;
-            for _ in 0..50 {
-                tracing::callsite::rebuild_interest_cache();
-                if call == 0 {
-                    tools
-                        .clone()
-                        .oneshot(tool_request("c7", "read"))
-                        .await
-                        .expect("tool result");
-                } else {
-                    model
-                        .clone()
-                        .oneshot(model_call(None))
-                        .await
-                        .expect("model response");
-                }
-                logged = lines.text().lines().count() - before;
-                if logged > 0 {
-                    break;
-                }
+        logged_once(&lines, "tool call", || {
+            let tools = tools.clone();
+            async move {
+                tools
+                    .oneshot(tool_request("c7", "read"))
+                    .await
+                    .expect("tool result");
             }
-            assert_eq!(logged, 1, "{what}: {}", lines.text());
-        }
+        })
+        .await;
+        logged_once(&lines, "model call", || {
+            let model = model.clone();
+            async move {
+                model
+                    .oneshot(model_call(None))
+                    .await
+                    .expect("model response");
+            }
+        })
+        .await;
         let text = lines.text();
         let logged: Vec<&str> = text.lines().collect();
         assert_eq!(logged.len(), 2, "{text}");
