@@ -171,7 +171,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
     let output = fx
         .runtime
         .run_turn(TurnInput {
-            origin: origin(run.task),
+            origin: origin(run.task).into(),
             agent: run.agent,
             history: &[],
             summary: None,
@@ -552,7 +552,7 @@ async fn a_loaded_skill_stays_in_the_prompt_of_later_turns() {
         async move {
             runtime
                 .run_turn(TurnInput {
-                    origin: origin("t7"),
+                    origin: origin("t7").into(),
                     agent: &learner,
                     history: &history,
                     summary: None,

@@ -148,7 +148,8 @@ async fn run_turn(runtime: &Runtime, agent: &AgentSpec) -> (TurnOutput, Vec<Even
                 deadline_ms: None,
                 budget: None,
                 run_budget: None,
-            },
+            }
+            .into(),
             agent,
             history: &[],
             summary: None,

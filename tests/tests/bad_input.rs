@@ -350,7 +350,8 @@ async fn forged_subagent_tasks_are_checked_by_the_worker() {
                 deadline_ms: None,
                 budget: None,
                 run_budget: None,
-            },
+            }
+            .into(),
             call_id: format!("c{n}"),
             call_key: format!("forged:{n}"),
             child_session: format!("{session}-child"),

@@ -374,7 +374,14 @@ async fn the_dispatcher_answers_a_recorded_call_without_dispatching_it() {
     };
     let result = tokio::time::timeout(
         Duration::from_secs(10),
-        dispatcher.call_tool(&origin(&session, &task), 2, "c1", "noop", json!({}), route),
+        dispatcher.call_tool(
+            &origin(&session, &task).into(),
+            2,
+            "c1",
+            "noop",
+            json!({}),
+            route,
+        ),
     )
     .await
     .expect("answered at once, not after a dispatch timeout");
@@ -406,7 +413,7 @@ async fn the_worker_answers_a_recorded_call_without_running_it() {
         .expect("subscribe");
     let tool_task = ToolTask {
         v: PROTOCOL_VERSION,
-        origin: origin(&session, &task),
+        origin: origin(&session, &task).into(),
         call_id: "c1".into(),
         call_key: key,
         tool: "slow_effect".into(),

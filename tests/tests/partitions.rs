@@ -74,7 +74,7 @@ async fn call_every_session(dispatcher: Arc<Dispatcher>) -> usize {
             let dispatcher = dispatcher.clone();
             async move {
                 let result = dispatcher
-                    .call_tool(&origin(session), 1, "c", "noop", json!({}), route())
+                    .call_tool(&origin(session).into(), 1, "c", "noop", json!({}), route())
                     .await;
                 matches!(result.outcome, CallOutcome::Ok { .. })
             }

@@ -145,10 +145,10 @@ impl InMemoryTools {
                 "no runtime runs subagents here",
             ));
         };
-        let child = TaskOrigin {
+        let child = Arc::new(TaskOrigin {
             session: child_session_id(&origin.session, call_id),
             ..origin.clone()
-        };
+        });
         let cancel = CancellationToken::new();
         let output = Box::pin(runtime.run_turn(TurnInput {
             origin: child,

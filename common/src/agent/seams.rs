@@ -37,8 +37,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A tool call as the tool service receives it.
 #[derive(Debug, Clone)]
 pub struct ToolCallRequest {
-    /// The task and session the call belongs to.
-    pub origin: TaskOrigin,
+    /// The task and session the call belongs to (shared by every call of the turn).
+    pub origin: Arc<TaskOrigin>,
     /// The turn's step (model call) that asked for it; with the call id it keys the result.
     pub step: u32,
     pub call: ToolCall,

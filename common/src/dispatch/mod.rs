@@ -295,33 +295,45 @@ impl Dispatcher {
         &self,
         sending: BoxFuture<'_, Result<Awaiting, ToolResult>>,
     ) -> ToolResult {
-        match sending.await {
-            Ok(awaiting) => self.wait(awaiting).await,
-            Err(done) => done,
-        }
+        let awaiting = match sending.await {
+            Ok(awaiting) => awaiting,
+            Err(done) => return done,
+        };
+        self.wait(awaiting).await
     }
 
-    /// Waits for a published call's result; a `timed_out` failure past its time.
-    async fn wait(&self, awaiting: Awaiting) -> ToolResult {
-        // Read in place (its waiter stays until the end): taken apart, its parts would be kept
-        // beside it in this future.
-        let limit = awaiting.limit;
-        match self
-            .wait_for_result(awaiting.reply, &awaiting.slot, limit)
-            .await
-        {
-            Some(result) => result,
-            None => failed(
-                &awaiting.call_id,
-                Failure::new(FailureKind::TimedOut, format!("no result within {limit:?}")),
-            ),
+    /// Waits for a published call's result; a `timed_out` failure past its time. A plain
+    /// function: an `async fn` would keep `awaiting` twice in its future, which every waiting
+    /// call keeps.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would store the awaited call twice in its future"
+    )]
+    fn wait(
+        &self,
+        awaiting: Awaiting,
+    ) -> impl std::future::Future<Output = ToolResult> + Send + '_ {
+        async move {
+            // Read in place (its waiter stays until the end): taken apart, its parts would be
+            // kept beside it in this future.
+            let limit = awaiting.limit;
+            match self
+                .wait_for_result(awaiting.reply, &awaiting.slot, limit)
+                .await
+            {
+                Some(result) => result,
+                None => failed(
+                    &awaiting.call_id,
+                    Failure::new(FailureKind::TimedOut, format!("no result within {limit:?}")),
+                ),
+            }
         }
     }
 
     /// Runs one tool call (of turn step `step`) on a worker of `route.pool`.
     pub async fn call_tool(
         &self,
-        origin: &TaskOrigin,
+        origin: &Arc<TaskOrigin>,
         step: u32,
         call_id: &str,
         tool: &str,
@@ -338,7 +350,7 @@ impl Dispatcher {
     /// Publishes one tool call; see `call_tool`.
     async fn send_tool(
         &self,
-        origin: &TaskOrigin,
+        origin: &Arc<TaskOrigin>,
         step: u32,
         call_id: &str,
         tool: &str,
@@ -393,7 +405,7 @@ impl Dispatcher {
     /// Runs a child agent on a worker of `route.pool`; its answer is the call's output.
     pub async fn call_subagent(
         &self,
-        origin: &TaskOrigin,
+        origin: &Arc<TaskOrigin>,
         step: u32,
         call_id: &str,
         child: Child,
@@ -409,7 +421,7 @@ impl Dispatcher {
     /// Publishes one subagent call; see `call_subagent`.
     async fn send_subagent(
         &self,
-        origin: &TaskOrigin,
+        origin: &Arc<TaskOrigin>,
         step: u32,
         call_id: &str,
         child: Child,
@@ -567,19 +579,20 @@ impl Dispatcher {
         let timer = tokio::time::sleep_until(next_look.min(deadline));
         tokio::pin!(timer);
         loop {
+            // The look at the records is out of the `select!`: inside it, the select's own state
+            // would be kept beside the look's in every waiting call's future.
             tokio::select! {
                 result = &mut reply => return result.ok(),
-                () = &mut timer => {
-                    if tokio::time::Instant::now() >= deadline {
-                        break;
-                    }
-                    if let Ok(Some(result)) = self.store.recorded_result_in(slot).await {
-                        return Some(result);
-                    }
-                    next_look = tokio::time::Instant::now() + RECORD_POLL;
-                    timer.as_mut().reset(next_look.min(deadline));
-                }
+                () = &mut timer => {}
             }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            if let Ok(Some(result)) = self.store.recorded_result_in(slot).await {
+                return Some(result);
+            }
+            next_look = tokio::time::Instant::now() + RECORD_POLL;
+            timer.as_mut().reset(next_look.min(deadline));
         }
         self.store.recorded_result_in(slot).await.ok().flatten()
     }
@@ -616,12 +629,14 @@ impl tower::Service<ToolCallRequest> for Dispatcher {
         let sending = self.clone().send(request);
         let dispatcher = self.clone();
         // Inline rather than through `sent_then_waited`, whose extra layer would add 40 bytes to
-        // every waiting call's future.
+        // every waiting call's future; the sent call is taken out of its `Result` before the
+        // wait, which a `match` would keep beside it.
         Box::pin(async move {
-            Ok(match sending.await {
-                Ok(awaiting) => dispatcher.wait(awaiting).await,
-                Err(done) => done,
-            })
+            let awaiting = match sending.await {
+                Ok(awaiting) => awaiting,
+                Err(done) => return Ok(done),
+            };
+            Ok(dispatcher.wait(awaiting).await)
         })
     }
 }

@@ -9,6 +9,8 @@
 //! - a failure that crosses the wire is data ([`Failure`]: kind, message, retryable), never a Rust
 //!   error.
 
+use std::sync::Arc;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -232,7 +234,8 @@ impl TaskOrigin {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ToolTask {
     pub v: u32,
-    pub origin: TaskOrigin,
+    /// The task and session of the call (shared, when dispatched, with the turn's other calls).
+    pub origin: Arc<TaskOrigin>,
     /// The model's id of the call.
     pub call_id: String,
     /// The key the result is recorded under (see [`call_key`]); recorded once per key.
@@ -259,7 +262,7 @@ pub struct ToolTask {
 pub struct SubagentTask {
     pub v: u32,
     /// Origin of the parent turn; `origin.session` is the parent session.
-    pub origin: TaskOrigin,
+    pub origin: Arc<TaskOrigin>,
     pub call_id: String,
     /// The key the result is recorded under (see [`call_key`]).
     pub call_key: String,

@@ -10,7 +10,7 @@
 //! keeps its [`SpanContext`] (64 bytes), chosen when it opens. [`span_context`] and
 //! [`set_parent`] read and re-parent it where the OpenTelemetry layer's span extension would.
 
-use opentelemetry::trace::{Span, SpanBuilder, SpanContext, TraceContextExt, Tracer};
+use opentelemetry::trace::{SamplingDecision, SpanContext, SpanKind, TraceContextExt, TraceFlags};
 use opentelemetry::Context;
 use opentelemetry_sdk::trace::{SdkTracer, SpanLimits};
 use tracing::span::{Attributes, Id};
@@ -50,13 +50,35 @@ impl SpanIdsLayer {
         Self { tracer }
     }
 
-    /// The context of a span named `name` under `parent`: ids, sampling, trace state. The SDK's
-    /// span is dropped at once.
+    /// The context of a span named `name` under `parent`: its ids from the tracer's id
+    /// generator, in the parent's trace when there is one, and the sampler's decision and trace
+    /// state, as the SDK's tracer would give a span it starts, without making that span (it
+    /// would be dropped at once). The tracer's `id_generator` and `should_sample` are public for
+    /// layers that sample before a span starts.
     fn context_under(&self, name: &'static str, parent: &Context) -> SpanContext {
-        self.tracer
-            .build_with_context(SpanBuilder::from_name(name), parent)
-            .span_context()
-            .clone()
+        let ids = self.tracer.id_generator();
+        let parent_span = parent.span();
+        let parent_ids = parent_span.span_context();
+        let trace_id = if parent_ids.is_valid() {
+            parent_ids.trace_id()
+        } else {
+            ids.new_trace_id()
+        };
+        let span_id = ids.new_span_id();
+        let sampling = self.tracer.should_sample().should_sample(
+            Some(parent),
+            trace_id,
+            name,
+            &SpanKind::Internal,
+            &[],
+            &[],
+        );
+        let flags = match sampling.decision {
+            SamplingDecision::RecordAndSample => parent_ids.trace_flags().with_sampled(true),
+            SamplingDecision::RecordOnly => parent_ids.trace_flags().with_sampled(false),
+            SamplingDecision::Drop => TraceFlags::default(),
+        };
+        SpanContext::new(trace_id, span_id, flags, false, sampling.trace_state)
     }
 }
 
@@ -151,6 +173,45 @@ mod tests {
             .with_sampler(sampler)
             .build();
         provider.tracer("test")
+    }
+
+    /// Ids counted up from one, so a test can tell where they came from.
+    #[derive(Debug, Default)]
+    struct Counting(std::sync::atomic::AtomicU64);
+
+    impl opentelemetry_sdk::trace::IdGenerator for Counting {
+        fn new_trace_id(&self) -> TraceId {
+            TraceId::from(u128::from(self.next()) << 64)
+        }
+        fn new_span_id(&self) -> SpanId {
+            SpanId::from(self.next())
+        }
+    }
+
+    impl Counting {
+        fn next(&self) -> u64 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+        }
+    }
+
+    #[test]
+    fn under_the_layer_ids_come_from_the_providers_generator() {
+        let provider = SdkTracerProvider::builder()
+            .with_span_limits(limits())
+            .with_id_generator(Counting::default())
+            .build();
+        let layer = SpanIdsLayer::new(provider.tracer("test"));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            // A root takes a trace id (1), then a span id (2); its child a span id only (3).
+            let turn = tracing::info_span!("turn");
+            let child = tracing::info_span!(parent: &turn, "call");
+            assert_eq!(ids(&turn).trace_id(), TraceId::from(1u128 << 64));
+            assert_eq!(ids(&turn).span_id(), SpanId::from(2));
+            assert_eq!(ids(&child).span_id(), SpanId::from(3));
+            assert_eq!(ids(&child).trace_id(), ids(&turn).trace_id());
+            assert!(ids(&turn).is_sampled() && ids(&child).is_sampled());
+        });
     }
 
     #[test]

@@ -39,8 +39,9 @@ use crate::protocol::{
 pub struct BusEvents {
     bus: Bus,
     listeners: Listeners,
-    /// The task the events belong to (the user's task, also for subagents).
-    origin: TaskOrigin,
+    /// The task the events belong to (the user's task, also for subagents), shared with the
+    /// turn and its calls.
+    origin: Arc<TaskOrigin>,
     source: Arc<str>,
     seq: Arc<AtomicU64>,
     /// The confirmation of the latest event, until it is awaited.
@@ -56,22 +57,22 @@ impl BusEvents {
         bus: Bus,
         payloads: &PayloadStore,
         listeners: Listeners,
-        origin: TaskOrigin,
+        origin: impl Into<Arc<TaskOrigin>>,
         source: impl Into<Arc<str>>,
     ) -> Self {
         Self {
             payloads: payloads.clone(),
             bus,
             listeners,
-            origin,
+            origin: origin.into(),
             source: source.into(),
             seq: Arc::new(AtomicU64::new(0)),
             latest: Arc::default(),
         }
     }
 
-    /// The task whose events this sink carries.
-    pub fn origin(&self) -> &TaskOrigin {
+    /// The task whose events this sink carries, shared (a turn's calls take it from here).
+    pub fn origin(&self) -> &Arc<TaskOrigin> {
         &self.origin
     }
 

@@ -238,7 +238,7 @@ impl Replayer {
         let output = self
             .runtime
             .run_turn(TurnInput {
-                origin,
+                origin: origin.into(),
                 agent: &agent,
                 history: &forked.history,
                 summary: forked.summary.as_ref(),

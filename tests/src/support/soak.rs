@@ -214,7 +214,7 @@ async fn one_task(bus: &Bus, dispatcher: &Dispatcher, batch: &str, i: usize, kin
         timeout,
         may_have_run: false,
     };
-    let call = dispatcher.call_tool(&origin, 1, "c", tool, arguments, route);
+    let call = dispatcher.call_tool(&origin.into(), 1, "c", tool, arguments, route);
     let result = if kind == Kind::Cancel {
         let cancel = async {
             tokio::time::sleep(Duration::from_millis(200)).await;

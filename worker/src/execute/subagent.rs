@@ -103,7 +103,7 @@ pub(super) async fn subagent_task(
             }
         },
     };
-    let child_origin = TaskOrigin {
+    let child_origin = Arc::new(TaskOrigin {
         session: task.child_session.clone(),
         // A subagent with a budget of its own spends from a ledger of its run (in its child
         // session) as well as its root task's: the lower of the two holds it. Without one, it
@@ -117,8 +117,8 @@ pub(super) async fn subagent_task(
                 limits,
             })
             .or_else(|| task.origin.run_budget.clone()),
-        ..task.origin.clone()
-    };
+        ..TaskOrigin::clone(&task.origin)
+    });
     // While it waits for its own subagents, the child turn lends its slot of this consumer.
     let _lender = ctx.lending.lender(&child_origin, intake.slots);
     // The child's events are numbered after those of every earlier delivery of this call; the

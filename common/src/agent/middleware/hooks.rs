@@ -26,7 +26,8 @@ use crate::protocol::{CallOutcome, Failure, TaskOrigin};
 /// What a hook knows of the turn it runs in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnContext {
-    pub origin: TaskOrigin,
+    /// The task and session of the turn (the turn's own, shared).
+    pub origin: Arc<TaskOrigin>,
     /// Name of the agent running the turn.
     pub agent: String,
     /// Nesting depth: 0 for the user's agent, 1 for its subagents...
@@ -407,7 +408,7 @@ mod tests {
 
     fn ctx() -> TurnContext {
         TurnContext {
-            origin: origin(),
+            origin: origin().into(),
             agent: "coder".into(),
             depth: 0,
             step: 1,

@@ -49,7 +49,7 @@ pub(super) fn agent_spec() -> AgentSpec {
 
 pub(super) fn tool_request(call_id: &str, tool: &str) -> ToolCallRequest {
     ToolCallRequest {
-        origin: origin(),
+        origin: origin().into(),
         step: 1,
         call: ToolCall {
             id: call_id.into(),

@@ -354,7 +354,8 @@ impl Acting<'_, '_> {
         let ctx = (!hooks.is_empty()).then(|| Box::new(turn_context(self.turn, step)));
         // A copy only for hooks, which may change the call.
         let call = match &ctx {
-            Some(ctx) => match hooks.enter_acting(ctx, call.clone()).await {
+            // Boxed, as the exit below: inline, hooks' futures would grow every call's.
+            Some(ctx) => match Box::pin(hooks.enter_acting(ctx, call.clone())).await {
                 Ok(call) => std::borrow::Cow::Owned(call),
                 // A hook answered in the tool's place (its outer hooks' `after_acting` ran).
                 Err(outcome) => return (outcome, Ran::default(), None),
@@ -363,7 +364,7 @@ impl Acting<'_, '_> {
         };
         let (outcome, ran, skill) = self.route(step, &call).await;
         let outcome = match &ctx {
-            Some(ctx) => hooks.exit_acting(ctx, &call, outcome).await,
+            Some(ctx) => Box::pin(hooks.exit_acting(ctx, &call, outcome)).await,
             None => outcome,
         };
         (outcome, ran, skill)
@@ -413,7 +414,8 @@ impl Acting<'_, '_> {
             );
         }
         if call.name == LOAD_SKILL_TOOL {
-            return match self.load_skill(step, call).await {
+            // Boxed: rare, and inline it would grow every call's future.
+            return match Box::pin(self.load_skill(step, call)).await {
                 Ok((name, body)) => (CallOutcome::ok(body), Ran::default(), Some(name)),
                 Err(failure) => (CallOutcome::Failed { failure }, Ran::default(), None),
             };

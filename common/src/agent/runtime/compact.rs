@@ -14,8 +14,6 @@
 //! turn (its messages are stored whole, [`TurnOutput::new_messages`]). Every summary call goes
 //! through the model service and its middleware, so budgets and limits see it.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -553,7 +551,7 @@ impl Runtime {
                 output_schema: None,
             },
             deltas: None,
-            origin: Some(Arc::new(turn.origin.clone())),
+            origin: Some(turn.origin.clone()),
         };
         let answered = self.model.clone().oneshot(call);
         let result = async {
@@ -741,7 +739,8 @@ mod tests {
                     deadline_ms: None,
                     budget: None,
                     run_budget: None,
-                },
+                }
+                .into(),
                 agent,
                 history,
                 summary,

@@ -194,7 +194,7 @@ impl Runtime {
         let call = ModelCall {
             request,
             deltas: Some(deltas),
-            origin: Some(Arc::new(turn.origin.clone())),
+            origin: Some(turn.origin.clone()),
         };
         let answered = self.model.clone().oneshot(call);
         let response = tokio::select! {
@@ -354,7 +354,8 @@ mod tests {
                     deadline_ms: None,
                     budget: None,
                     run_budget: None,
-                },
+                }
+                .into(),
                 agent,
                 history: &[],
                 summary: None,

@@ -7,8 +7,8 @@ use super::*;
 
 /// What a turn needs to run.
 pub struct TurnInput<'a> {
-    /// The task and the session this loop runs in.
-    pub origin: TaskOrigin,
+    /// The task and the session this loop runs in (shared with its calls and its event sink).
+    pub origin: Arc<TaskOrigin>,
     pub agent: &'a AgentSpec,
     /// The session's history before this turn (after its last compaction).
     pub history: &'a [Message],

@@ -127,7 +127,7 @@ pub(crate) async fn noop_calls(
     };
     let call = |dispatcher: Arc<Dispatcher>, i: usize| async move {
         let result = dispatcher
-            .call_tool(&origin(i), 1, "c", "noop", json!({}), route())
+            .call_tool(&origin(i).into(), 1, "c", "noop", json!({}), route())
             .await;
         matches!(result.outcome, CallOutcome::Ok { .. })
     };
