@@ -234,7 +234,8 @@ impl TaskOrigin {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ToolTask {
     pub v: u32,
-    /// The task and session of the call (shared, when dispatched, with the turn's other calls).
+    /// The task and session the call belongs to.
+    // Shared: a dispatching lead's calls of one turn point at the turn's own.
     pub origin: Arc<TaskOrigin>,
     /// The model's id of the call.
     pub call_id: String,
