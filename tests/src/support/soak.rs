@@ -198,7 +198,7 @@ pub async fn run(
 }
 
 async fn one_task(bus: &Bus, dispatcher: &Dispatcher, batch: &str, i: usize, kind: Kind) -> String {
-    let origin = TaskOrigin {
+    let origin = std::sync::Arc::new(TaskOrigin {
         task_id: format!("{batch}-{i}"),
         tenant: "soak".into(),
         user: "soak".into(),
@@ -207,14 +207,14 @@ async fn one_task(bus: &Bus, dispatcher: &Dispatcher, batch: &str, i: usize, kin
         deadline_ms: None,
         budget: None,
         run_budget: None,
-    };
+    });
     let (tool, arguments, timeout) = kind.call();
     let route = CallRoute {
         pool: "default",
         timeout,
         may_have_run: false,
     };
-    let call = dispatcher.call_tool(&origin.into(), 1, "c", tool, arguments, route);
+    let call = dispatcher.call_tool(&origin, 1, "c", tool, arguments, route);
     let result = if kind == Kind::Cancel {
         let cancel = async {
             tokio::time::sleep(Duration::from_millis(200)).await;
