@@ -314,8 +314,9 @@ impl Dispatcher {
         awaiting: Awaiting,
     ) -> impl std::future::Future<Output = ToolResult> + Send + '_ {
         async move {
-            // Read in place (its waiter stays until the end): taken apart, its parts would be
-            // kept beside it in this future.
+            // A block keeps only the fields it uses: the waiter is named so that it is kept, and
+            // the call stays registered for its reply until the wait ends.
+            let _registered = &awaiting._waiter;
             let limit = awaiting.limit;
             match self
                 .wait_for_result(awaiting.reply, &awaiting.slot, limit)
