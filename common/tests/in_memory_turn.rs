@@ -242,7 +242,7 @@ async fn a_multi_step_turn_with_parallel_calls_and_a_subagent_runs_in_memory_and
         Run {
             agent: &lead,
             task: "t1",
-            resume: Some(checkpoint),
+            resume: Some(Box::new(checkpoint)),
             checkpoints: &checkpoints,
             approvals: None,
         },

@@ -20,8 +20,8 @@ use tracing_subscriber::registry::{Extensions, LookupSpan, SpanRef};
 use tracing_subscriber::{Layer, Registry};
 
 /// What an SDK span of an unexported process may gain after it starts (attributes recorded
-/// later, log lines as events, links): nothing. [`SpanIdsLayer`] makes its spans only to take
-/// their context; the limits hold for any SDK span made another way.
+/// later, log lines as events, links): nothing. [`SpanIdsLayer`] makes no SDK spans; the limits
+/// hold for any made another way (a tracer taken from the provider directly).
 pub(super) fn limits() -> SpanLimits {
     SpanLimits {
         max_events_per_span: 0,
@@ -41,7 +41,8 @@ struct SpanIds(SpanContext);
 /// current context) through the tracer, and keeps only that.
 #[derive(Debug)]
 pub(super) struct SpanIdsLayer {
-    /// The SDK's tracer (its provider has no processor): it chooses ids and asks the sampler.
+    /// The SDK's tracer (its provider has no processor): its id generator and its sampler
+    /// choose each span's context.
     tracer: SdkTracer,
 }
 

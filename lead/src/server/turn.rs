@@ -31,7 +31,7 @@ pub(super) struct StartedTurn<'a> {
     /// This delivery's event epoch (`BusEvents::with_epoch`).
     epoch: u64,
     loaded: LoadedSession,
-    resume: Option<TurnCheckpoint>,
+    resume: Option<Box<TurnCheckpoint>>,
     first_run: bool,
     /// What was asked of the task before this start (pause, steer, interrupt).
     controls: Controls,
@@ -214,7 +214,7 @@ impl Lead {
             // Only the first delivery's first attempt can be sure that no earlier run dispatched
             // the turn's calls.
             first_run: delivery.first && attempt == 1 && resume.is_none(),
-            resume: resume.map(|checkpoint| *checkpoint),
+            resume,
             controls,
         };
         let settled = self

@@ -252,7 +252,7 @@ pub(super) async fn subagent_task(
                 depth: task.depth,
                 events: events.clone(),
                 cancel: &stop,
-                resume: resume.take(),
+                resume: resume.take().map(Box::new),
                 // The child turn's calls can have run before only if this task ran before.
                 first_run,
                 checkpoints: Some(&checkpoints),

@@ -752,7 +752,7 @@ mod tests {
                 depth: 0,
                 events: events.clone(),
                 cancel: &cancel,
-                resume,
+                resume: resume.map(Box::new),
                 first_run,
                 checkpoints,
                 approvals: None,

@@ -30,8 +30,9 @@ pub struct TurnInput<'a> {
     /// Where the turn's events go (shared with the model service, which streams deltas to it).
     pub events: Arc<dyn EventSink>,
     pub cancel: &'a CancellationToken,
-    /// Progress of an earlier run of this turn to continue from.
-    pub resume: Option<TurnCheckpoint>,
+    /// Progress of an earlier run of this turn to continue from (boxed: most turns have none,
+    /// and the input is kept for the whole turn).
+    pub resume: Option<Box<TurnCheckpoint>>,
     /// True when no earlier run of this turn can have dispatched its calls (its first delivery
     /// and first attempt, nothing to resume). Otherwise each call is looked for among the
     /// recorded results before it is dispatched, and workers look again before running it.
