@@ -183,7 +183,7 @@ async fn run(fx: &Fixture, run: Run<'_>) -> (Result<TurnOutput, TurnStop>, Vec<E
             depth: 0,
             events: events.clone(),
             cancel: &cancel,
-            resume: run.resume,
+            resume: run.resume.map(Box::new),
             first_run,
             checkpoints: Some(run.checkpoints),
             approvals: run.approvals.map(|a| a as _),
@@ -242,7 +242,7 @@ async fn a_multi_step_turn_with_parallel_calls_and_a_subagent_runs_in_memory_and
         Run {
             agent: &lead,
             task: "t1",
-            resume: Some(Box::new(checkpoint)),
+            resume: Some(checkpoint),
             checkpoints: &checkpoints,
             approvals: None,
         },
