@@ -521,3 +521,60 @@ async fn the_turn_start_keeps_the_first_trace_it_is_given() {
         None
     );
 }
+
+/// A server that lost its script cache (restarted, failed over to a replica, flushed) is given
+/// each script again on its next call: the start and the end of a turn go through as before.
+#[tokio::test]
+async fn scripts_a_server_forgot_are_given_to_it_again() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+    let flush = || async {
+        let client = redis::Client::open(redis.url.as_str()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis reachable");
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .expect("script flush");
+    };
+
+    flush().await;
+    let start = store
+        .begin_turn(claim(&session, &task, "lead-a", 3))
+        .await
+        .expect("the start after a flush");
+    assert!(
+        matches!(start, TurnStart::Started { attempt: 1, .. }),
+        "{start:?}"
+    );
+
+    flush().await;
+    let state = SessionState {
+        turns: 1,
+        history: vec![skein_common::protocol::message::Message::user("kept")],
+        ..Default::default()
+    };
+    store
+        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task), None)
+        .await
+        .expect("the end after a flush");
+
+    flush().await;
+    match store
+        .begin_turn(claim(&session, &unique("t"), "lead-b", 3))
+        .await
+        .expect("the next start after a flush")
+    {
+        TurnStart::Started {
+            session: loaded, ..
+        } => {
+            assert_eq!(loaded.version, 1, "the end was saved");
+            assert_eq!(loaded.state.history, state.history);
+        }
+        other => panic!("expected a start, got {other:?}"),
+    }
+}

@@ -18,6 +18,7 @@
 //! - every message carries the W3C trace context of the span that sent it; work (submissions,
 //!   tool and subagent tasks) is published under a `publish {subject}` producer span.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_MESSAGE_ID};
@@ -552,13 +553,24 @@ impl Bus {
         tenant: &str,
         event: &TurnEvent,
     ) -> Result<PendingAck, BusError> {
-        let payload = self.encode(event)?;
-        self.send_durable(
-            self.events_subject(tenant, &event.task_id),
-            outgoing_headers(),
-            payload,
-        )
-        .await
+        self.send_event(self.event_message(tenant, event)?).await
+    }
+
+    /// A turn event encoded for its subject (too large for a message: `BusError::TooLarge`).
+    pub fn event_message(&self, tenant: &str, event: &TurnEvent) -> Result<EventMessage, BusError> {
+        Ok(EventMessage {
+            payload: self.encode(event)?,
+            subject: self.events_subject(tenant, &event.task_id),
+        })
+    }
+
+    /// Sends an encoded turn event as [`Bus::publish_event`] does. Encoding first keeps the
+    /// event itself out of the future that waits for the connection to take it.
+    pub fn send_event(
+        &self,
+        message: EventMessage,
+    ) -> impl Future<Output = Result<PendingAck, BusError>> + Send + '_ {
+        self.send_durable(message.subject, outgoing_headers(), message.payload)
     }
 
     /// Publishes a call's result to the dispatcher waiting for it (core NATS, no ack).
@@ -680,6 +692,13 @@ pub enum Stored {
     New,
     /// Dropped as a duplicate of one stored earlier with the same `Nats-Msg-Id`.
     Duplicate,
+}
+
+/// A turn event encoded for its subject ([`Bus::event_message`]), ready to send.
+#[derive(Debug)]
+pub struct EventMessage {
+    subject: String,
+    payload: Bytes,
 }
 
 /// A message sent to a stream whose storage the stream has not confirmed yet. Dropping it leaves

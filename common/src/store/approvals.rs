@@ -16,7 +16,7 @@
 
 use redis::AsyncCommands;
 
-use super::{decode, keys, scripts::Lua, SessionStore, StoreError};
+use super::{decode, keys, lua::Lua, SessionStore, StoreError};
 use crate::protocol::{ApprovalAnswer, ApprovalRequest};
 
 /// How long answers are kept after the last one.

@@ -22,7 +22,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{keys, scripts::Lua, SessionStore, StoreError};
+use super::{keys, lua::Lua, SessionStore, StoreError};
 use crate::protocol::{BudgetScope, Spent};
 
 /// How long a task's ledger lives after its last change: as long as its results.

@@ -6,7 +6,7 @@
 use redis::AsyncCommands;
 
 use super::{
-    keys, parse_number, scripts::Lua, CallAdmission, SessionStore, StoreError, TurnCheckpoint,
+    keys, lua::Lua, parse_number, CallAdmission, SessionStore, StoreError, TurnCheckpoint,
     ATTEMPTS_TTL_SECS, CHECKPOINT_TTL_SECS, RESULTS_TTL_SECS,
 };
 use crate::protocol::{CallOutcome, SubagentTask, TaskSubmission, ToolResult, ToolTask};

@@ -27,6 +27,7 @@ pub mod control;
 pub mod history;
 pub mod keys;
 mod lease;
+mod lua;
 mod nonces;
 pub mod rate;
 pub mod responses;
@@ -407,8 +408,7 @@ impl SessionStore {
         let mut conn = self.connection.clone();
         let write = HistoryWrite::of(state, self.session_max_messages)?;
         let next = next_version(expected_version)?;
-        let script = &*SAVE_SCRIPT;
-        let mut invocation = script.prepare_invoke();
+        let mut invocation = SAVE_SCRIPT.call();
         invocation
             .key(keys::session(tenant, session))
             .key(keys::history(tenant, session));
@@ -567,8 +567,7 @@ impl SessionStore {
             .map(|state| HistoryWrite::of(state, self.session_max_messages))
             .transpose()?;
         let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
-        let script = &*COMPLETE_SCRIPT;
-        let mut invocation = script.prepare_invoke();
+        let mut invocation = COMPLETE_SCRIPT.call();
         invocation
             .key(keys::session(tenant, session))
             .key(keys::lease(tenant, session))
@@ -594,8 +593,9 @@ impl SessionStore {
                 None => String::new(),
             })
             .arg(self.session_checkpoints);
-        if let Some(write) = &write {
-            invocation.arg(&write.messages);
+        // Moved into the command, so that the messages are not held twice while Redis answers.
+        if let Some(write) = write {
+            invocation.arg(write.messages);
         }
         let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn).await?;
         let code: Option<i64> = reply

@@ -1,34 +1,7 @@
 //! The Lua scripts of the session store: each runs in one trip and touches only keys of one
 //! session (one hash slot), so a lease, a version check and the writes they guard are one step.
 
-use std::ops::Deref;
-use std::sync::OnceLock;
-
-use redis::Script;
-
-/// A Lua script compiled into the binary. Its SHA1 (what `EVALSHA` names it by) is computed once,
-/// on first use, rather than on every call.
-pub(super) struct Lua {
-    code: &'static str,
-    script: OnceLock<Script>,
-}
-
-impl Lua {
-    pub(super) const fn new(code: &'static str) -> Self {
-        Self {
-            code,
-            script: OnceLock::new(),
-        }
-    }
-}
-
-impl Deref for Lua {
-    type Target = Script;
-
-    fn deref(&self) -> &Script {
-        self.script.get_or_init(|| Script::new(self.code))
-    }
-}
+use super::lua::Lua;
 
 /// Compare-and-set save: KEYS[1] session hash, KEYS[2] history list; ARGV expected version, new
 /// version, state (without history), 'replace' or 'append', idle ttl seconds (0: none), offset

@@ -25,7 +25,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{keys, scripts::Lua, SessionStore, StoreError};
+use super::{keys, lua::Lua, SessionStore, StoreError};
 
 /// How long a minute's token count is kept: long enough to be read through the minute.
 const TOKENS_TTL_SECS: i64 = 120;

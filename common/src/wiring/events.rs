@@ -21,6 +21,7 @@
 //! message is replaced by a `warning` saying so, so the stream never misses a position.
 //! Listeners (in-process) get each event whole, once, before it is fitted.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -28,7 +29,7 @@ use futures::future::BoxFuture;
 
 use crate::agent::hooks::Listeners;
 use crate::agent::seams::EventSink;
-use crate::bus::{Bus, BusError, PendingAck};
+use crate::bus::{Bus, BusError, EventMessage, PendingAck};
 use crate::payloads::{inline_limit, PayloadStore};
 use crate::protocol::{
     now_ms, EventKind, Failure, FailureKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION,
@@ -94,31 +95,38 @@ impl BusEvents {
     }
 
     /// Sends `event` (see the module header). Boxed, as through [`EventSink`]: fitting and
-    /// publishing an event is a future of several KiB, and inline it would grow the future of
-    /// every loop that emits one by that much for the loop's whole life.
+    /// publishing an event is a future of a KiB or more, and inline it would grow the future of
+    /// every loop that emits one by that much for the loop's whole life. The box keeps the event
+    /// once (an `async fn` would keep it as argument and again as local), and each piece only
+    /// as the message it is encoded into.
     pub fn emit(&self, event: EventKind) -> BoxFuture<'_, ()> {
-        Box::pin(self.emit_now(event))
-    }
-
-    async fn emit_now(&self, event: EventKind) {
-        self.listeners.notify(&self.origin, &self.source, &event);
-        for event in self.fit(event).await {
-            self.send(event).await;
-        }
+        Box::pin(async move {
+            self.listeners.notify(&self.origin, &self.source, &event);
+            for event in self.fit(event).await {
+                self.send(event).await;
+            }
+        })
     }
 
     /// Publishes one fitted event without waiting for its confirmation (a failure is logged).
-    async fn send(&self, event: EventKind) {
-        let event = self.number(event);
-        match self.publish(event).await {
-            Ok(ack) => {
-                if let Ok(mut latest) = self.latest.lock() {
-                    // The previous confirmation, if still held, goes to the background acker.
-                    *latest = Some(ack);
+    /// Numbered and encoded before the future is made: the future keeps only the message.
+    fn send(&self, event: EventKind) -> impl Future<Output = ()> + Send + '_ {
+        let message = self.message(self.number(event));
+        async move {
+            let sent = match message {
+                Ok(message) => self.bus.send_event(message).await,
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(ack) => {
+                    if let Ok(mut latest) = self.latest.lock() {
+                        // The previous confirmation, if still held, goes to the background acker.
+                        *latest = Some(ack);
+                    }
                 }
-            }
-            Err(e) => {
-                tracing::warn!(task_id = %self.origin.task_id, error = %e, "turn event not published")
+                Err(e) => {
+                    tracing::warn!(task_id = %self.origin.task_id, error = %e, "turn event not published")
+                }
             }
         }
     }
@@ -152,77 +160,81 @@ impl BusEvents {
         for piece in pieces {
             self.send(piece).await;
         }
-        self.publish(self.number(last)).await.map(Some)
+        let message = self.message(self.number(last))?;
+        self.bus.send_event(message).await.map(Some)
     }
 
     /// The events that carry `event` within a broker message (see the module header).
-    async fn fit(&self, event: EventKind) -> Vec<EventKind> {
+    /// (A plain function returning its future: an `async fn` would keep the event twice.)
+    fn fit(&self, event: EventKind) -> impl Future<Output = Vec<EventKind>> + Send + '_ {
         let limit = inline_limit(self.bus.max_payload());
-        match event {
-            EventKind::ModelDelta { text } if text.len() > limit => split(&text, limit)
-                .map(|text| EventKind::ModelDelta { text })
-                .collect(),
-            EventKind::ReasoningDelta { text } if text.len() > limit => split(&text, limit)
-                .map(|text| EventKind::ReasoningDelta { text })
-                .collect(),
-            EventKind::ToolStarted {
-                call_id,
-                tool,
-                arguments,
-                arguments_ref: None,
-                permission,
-                rule,
-            } => {
-                let (arguments, arguments_ref) = self
-                    .payloads
-                    .arguments_for_event(&self.origin, arguments, limit)
-                    .await;
-                vec![EventKind::ToolStarted {
+        async move {
+            match event {
+                EventKind::ModelDelta { text } if text.len() > limit => split(&text, limit)
+                    .map(|text| EventKind::ModelDelta { text })
+                    .collect(),
+                EventKind::ReasoningDelta { text } if text.len() > limit => split(&text, limit)
+                    .map(|text| EventKind::ReasoningDelta { text })
+                    .collect(),
+                EventKind::ToolStarted {
                     call_id,
                     tool,
                     arguments,
-                    arguments_ref,
+                    arguments_ref: None,
                     permission,
                     rule,
-                }]
-            }
-            EventKind::ApprovalRequested {
-                call_id,
-                tool,
-                arguments,
-                arguments_ref: None,
-                rule,
-                expires_at_ms,
-            } => {
-                let (arguments, arguments_ref) = self
-                    .payloads
-                    .arguments_for_event(&self.origin, arguments, limit)
-                    .await;
-                vec![EventKind::ApprovalRequested {
+                } => {
+                    let (arguments, arguments_ref) = self
+                        .payloads
+                        .arguments_for_event(&self.origin, arguments, limit)
+                        .await;
+                    vec![EventKind::ToolStarted {
+                        call_id,
+                        tool,
+                        arguments,
+                        arguments_ref,
+                        permission,
+                        rule,
+                    }]
+                }
+                EventKind::ApprovalRequested {
                     call_id,
                     tool,
                     arguments,
-                    arguments_ref,
+                    arguments_ref: None,
                     rule,
                     expires_at_ms,
-                }]
+                } => {
+                    let (arguments, arguments_ref) = self
+                        .payloads
+                        .arguments_for_event(&self.origin, arguments, limit)
+                        .await;
+                    vec![EventKind::ApprovalRequested {
+                        call_id,
+                        tool,
+                        arguments,
+                        arguments_ref,
+                        rule,
+                        expires_at_ms,
+                    }]
+                }
+                EventKind::Final { result } => {
+                    let message_limit = self.bus.max_payload().saturating_sub(EVENT_ROOM);
+                    let result = self
+                        .payloads
+                        .final_for_message(result, limit, message_limit)
+                        .await;
+                    vec![EventKind::Final { result }]
+                }
+                other => vec![other],
             }
-            EventKind::Final { result } => {
-                let message_limit = self.bus.max_payload().saturating_sub(EVENT_ROOM);
-                let result = self
-                    .payloads
-                    .final_for_message(result, limit, message_limit)
-                    .await;
-                vec![EventKind::Final { result }]
-            }
-            other => vec![other],
         }
     }
 
-    /// Publishes a numbered event; one still too large for a message goes out as a `warning`
-    /// saying so, in its place.
-    async fn publish(&self, event: TurnEvent) -> Result<PendingAck, BusError> {
-        match self.bus.publish_event(&self.origin.tenant, &event).await {
+    /// A numbered event encoded for its subject; one still too large for a message becomes a
+    /// `warning` saying so, in its place.
+    fn message(&self, event: TurnEvent) -> Result<EventMessage, BusError> {
+        match self.bus.event_message(&self.origin.tenant, &event) {
             Err(BusError::TooLarge { size, limit }) => {
                 let kind = serde_json::to_value(&event.event)
                     .ok()
@@ -240,7 +252,7 @@ impl BusEvents {
                     event: EventKind::Warning { failure },
                     ..event
                 };
-                self.bus.publish_event(&self.origin.tenant, &warning).await
+                self.bus.event_message(&self.origin.tenant, &warning)
             }
             other => other,
         }

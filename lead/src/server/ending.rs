@@ -34,18 +34,20 @@ pub(super) struct RanTurn<'a> {
 
 impl Lead {
     /// Ends a turn that ran (see the module docs).
+    /// (Taken apart before the future is made: taken apart inside it, the turn's parts would
+    /// be kept twice, as captured and as locals.)
     pub(super) fn end_turn<'a>(&'a self, ran: RanTurn<'a>) -> BoxFuture<'a, Settled> {
+        let RanTurn {
+            submission,
+            agent,
+            lease,
+            loaded,
+            output,
+            budget,
+            events,
+            started,
+        } = ran;
         Box::pin(async move {
-            let RanTurn {
-                submission,
-                agent,
-                lease,
-                loaded,
-                output,
-                budget,
-                events,
-                started,
-            } = ran;
             let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
             // A turn stopped by its budget keeps its work: the session saves it as a completed one's.
             let keeps_messages = matches!(

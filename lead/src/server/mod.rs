@@ -400,21 +400,32 @@ impl Lead {
             };
             let span = envelope.span_continuing(recorded.as_deref());
             span.record("skein.kind", "submission");
-            match *received {
-                Received::Decoded(delivery) => {
-                    self.handle_delivery(delivery, abort).instrument(span).await
-                }
-                Received::Undecodable(undecodable) => {
-                    let (task_id, failure) = (
-                        undecodable.envelope().message_id(),
-                        undecodable.body().to_failure(),
-                    );
-                    let (envelope, _) = undecodable.into_parts();
-                    self.reject(envelope, task_id, failure)
-                        .boxed()
-                        .instrument(span)
-                        .await
-                }
+            self.received_work(received, abort).instrument(span).await
+        }
+    }
+
+    /// What a delivery asks, taken out of its box: the box is freed here, before the turn. (A box
+    /// whose contents are moved out in an `async` block is freed only when the block ends: the
+    /// delivery's room would stay allocated for the whole turn.)
+    fn received_work(
+        self: &Arc<Self>,
+        received: Box<Received<TaskSubmission>>,
+        abort: CancellationToken,
+    ) -> futures::future::Either<
+        impl Future<Output = ()> + Send + '_,
+        futures::future::BoxFuture<'_, ()>,
+    > {
+        match *received {
+            Received::Decoded(delivery) => {
+                futures::future::Either::Left(self.handle_delivery(delivery, abort))
+            }
+            Received::Undecodable(undecodable) => {
+                let (task_id, failure) = (
+                    undecodable.envelope().message_id(),
+                    undecodable.body().to_failure(),
+                );
+                let (envelope, _) = undecodable.into_parts();
+                futures::future::Either::Right(self.reject(envelope, task_id, failure).boxed())
             }
         }
     }
