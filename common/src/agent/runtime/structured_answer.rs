@@ -17,30 +17,34 @@ pub(super) enum Settled {
 
 /// Settles the answer `text` that would end the turn: as it is without an output schema;
 /// otherwise checked, and asked to be repaired (once a turn) when it fails.
-pub(super) async fn settle_answer(
-    turn: &TurnInput<'_>,
+///
+/// Settled before the future is made, which only sends the repair's `output_discarded` event:
+/// every turn's steps keep this future inline, and an `async fn` would hold its arguments
+/// twice and its whole check across that rare await.
+pub(super) fn settle_answer<'t>(
+    turn: &'t TurnInput<'_>,
     out: &mut TurnOutput,
     structured: Option<&Structured>,
     text: String,
-) -> Settled {
-    let Some(structured) = structured else {
-        out.answer = Some(text);
-        return Settled::Ended;
-    };
-    match structured.check(&text) {
-        Ok(checked) => {
-            out.answer = Some(checked.text);
-            out.output = Some(checked.value);
-            Settled::Ended
+) -> impl std::future::Future<Output = Settled> + Send + 't {
+    let (settled, discarded) = match structured {
+        None => {
+            out.answer = Some(text);
+            (Settled::Ended, None)
         }
-        Err(problems) if out.new_messages.iter().any(is_repair_request) => {
-            Settled::Failed(problems, text)
-        }
-        Err(problems) => {
-            tracing::info!(%problems, "the answer does not match the output schema; asking for a repair");
-            // What the answer streamed is not the turn's answer.
-            turn.events
-                .emit(EventKind::OutputDiscarded {
+        Some(structured) => match structured.check(&text) {
+            Ok(checked) => {
+                out.answer = Some(checked.text);
+                out.output = Some(checked.value);
+                (Settled::Ended, None)
+            }
+            Err(problems) if out.new_messages.iter().any(is_repair_request) => {
+                (Settled::Failed(problems, text), None)
+            }
+            Err(problems) => {
+                tracing::info!(%problems, "the answer does not match the output schema; asking for a repair");
+                // What the answer streamed is not the turn's answer.
+                let discarded = turn.events.emit(EventKind::OutputDiscarded {
                     failure: Failure::new(
                         FailureKind::InvalidOutput,
                         format!(
@@ -48,11 +52,17 @@ pub(super) async fn settle_answer(
                             structured.schema.name
                         ),
                     ),
-                })
-                .await;
-            out.new_messages.push(structured.repair_request(&problems));
-            Settled::Repair
+                });
+                out.new_messages.push(structured.repair_request(&problems));
+                (Settled::Repair, Some(discarded))
+            }
+        },
+    };
+    async move {
+        if let Some(discarded) = discarded {
+            discarded.await;
         }
+        settled
     }
 }
 
