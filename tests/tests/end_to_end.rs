@@ -294,10 +294,10 @@ async fn the_iteration_limit_ends_in_a_summary_not_an_error() {
     cluster.start_nodes(1, &model_flags(&model.base_url)).await;
 
     let mut task = submission("acme", &unique("s"), "keep looking");
-    task.overrides = Some(skein_common::protocol::AgentOverrides {
+    task.overrides = Some(Box::new(skein_common::protocol::AgentOverrides {
         max_iterations: Some(2),
         ..Default::default()
-    });
+    }));
     let (result, _) = cluster.run(&task).await;
     assert_eq!(result.status, TurnStatus::Completed);
     assert!(result.limit_reached);

@@ -35,10 +35,10 @@ fn trip_schema() -> Value {
 
 fn structured(tenant: &str, input: &str) -> TaskSubmission {
     TaskSubmission {
-        output_schema: Some(OutputSchema {
+        output_schema: Some(Box::new(OutputSchema {
             name: "trip".into(),
             ..OutputSchema::new(trip_schema())
-        }),
+        })),
         ..submission(tenant, &unique("s"), input)
     }
 }
@@ -352,7 +352,7 @@ async fn an_agents_own_schema_holds_its_answers_on_the_lead_and_on_the_worker() 
 
     // A submission's own schema replaces the agent's: this answer does not match it.
     let own = TaskSubmission {
-        output_schema: Some(OutputSchema::new(trip_schema())),
+        output_schema: Some(Box::new(OutputSchema::new(trip_schema()))),
         ..submission("acme", &unique("s"), "the team")
     };
     let (result, _) = cluster.run(&own).await;
@@ -425,7 +425,7 @@ async fn a_schema_the_validator_cannot_check_is_refused_with_the_reason() {
         .client()
         .await
         .submit(&TaskSubmission {
-            output_schema: Some(OutputSchema::new(bad.clone())),
+            output_schema: Some(Box::new(OutputSchema::new(bad.clone()))),
             ..submission("acme", &unique("s"), "hi")
         })
         .await

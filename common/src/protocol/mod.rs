@@ -66,7 +66,7 @@ pub struct TaskSubmission {
     pub input: SubmissionInput,
     /// Per-task overrides of the agent definition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overrides: Option<AgentOverrides>,
+    pub overrides: Option<Box<AgentOverrides>>,
     /// Milliseconds since the Unix epoch after which the task must not start, and is stopped if
     /// running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,7 +89,7 @@ pub struct TaskSubmission {
     /// (`output_schema` of its definition). A schema the validator cannot check refuses the
     /// submission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_schema: Option<OutputSchema>,
+    pub output_schema: Option<Box<OutputSchema>>,
 }
 
 /// The recorded turn a replaying task takes its calls' answers from.
@@ -964,9 +964,9 @@ mod tests {
             Err(FailureKind::InvalidInput)
         );
         s.budget = None;
-        s.output_schema = Some(OutputSchema::new(
+        s.output_schema = Some(Box::new(OutputSchema::new(
             serde_json::json!({"type": "object", "properties": {"n": {"type": "int"}}}),
-        ));
+        )));
         let refused = s.validate(10).expect_err("a schema that does not compile");
         assert_eq!(refused.kind, FailureKind::InvalidInput);
         assert!(
@@ -975,7 +975,9 @@ mod tests {
                 .starts_with("output_schema: at #/properties/n/type"),
             "{refused}"
         );
-        s.output_schema = Some(OutputSchema::new(serde_json::json!({"type": "object"})));
+        s.output_schema = Some(Box::new(OutputSchema::new(
+            serde_json::json!({"type": "object"}),
+        )));
         assert!(s.validate(10).is_ok());
     }
 }

@@ -176,7 +176,7 @@ pub async fn submit(args: SubmitArgs) -> ExitCode {
         })
         .filter(|budget| !budget.is_empty()),
         multitask: args.multitask,
-        output_schema,
+        output_schema: output_schema.map(Box::new),
     };
     // Every id is checked before anything connects or builds a subject from it; the input's
     // size is checked against the broker's payload cap once connected.

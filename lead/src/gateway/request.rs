@@ -442,7 +442,7 @@ pub(crate) fn submission(
         deadline_ms: None,
         budget: None,
         multitask: MultitaskPolicy::Enqueue,
-        output_schema: spec.output_schema,
+        output_schema: spec.output_schema.map(Box::new),
     };
     let checked = submission
         .validate(gateway.client.bus().max_payload())

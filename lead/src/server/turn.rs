@@ -56,10 +56,10 @@ impl Lead {
         let (tenant, session) = (submission.tenant.as_str(), submission.session.as_str());
         let agent = match self
             .agents
-            .resolve(&submission.agent, submission.overrides.as_ref())
+            .resolve(&submission.agent, submission.overrides.as_deref())
         {
             // A submission's own output schema replaces the agent's.
-            Ok(agent) => with_output_schema(agent, submission.output_schema.as_ref()),
+            Ok(agent) => with_output_schema(agent, submission.output_schema.as_deref()),
             Err(failure) => {
                 return self
                     .publish_final(failed_result(submission, failure, 0))
