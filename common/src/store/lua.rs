@@ -11,6 +11,10 @@ use std::sync::OnceLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
+/// Room in a call's command for its name, hash, key count and arguments (its keys come on
+/// top): more than any script of the store takes, but for the messages of a save or an end.
+const COMMON_ARGS: usize = 24;
+
 /// A Lua script compiled into the binary. Its SHA1 (what `EVALSHA` names it by) is computed once,
 /// on first use, rather than on every call.
 pub(super) struct Lua {
@@ -81,8 +85,12 @@ impl LuaCall<'_> {
             command,
         } = self;
         command.get_or_insert_with(|| {
-            let mut command = redis::cmd("EVALSHA");
+            // Sized for a usual call up front, so that a small one is two allocations rather
+            // than a buffer grown from empty; a call with large arguments grows it once or twice.
+            let key_bytes: usize = keys.iter().map(Vec::len).sum();
+            let mut command = Cmd::with_capacity(COMMON_ARGS + keys.len(), 256 + key_bytes);
             command
+                .arg("EVALSHA")
                 .arg(script.get_hash())
                 .arg(keys.len())
                 .arg(&keys[..]);
