@@ -390,6 +390,91 @@ async fn the_dispatcher_answers_a_recorded_call_without_dispatching_it() {
     stop.cancel();
 }
 
+/// A call is handed to the connection without waiting for the stream's ack; one the stream did
+/// not store (here its stream did not exist yet, so the broker answered "no responders") is sent
+/// again with the same id until it is stored, and its result still reaches the waiting call.
+#[tokio::test]
+async fn a_call_the_stream_did_not_store_is_sent_again_and_answered() {
+    let (nats, redis) = (NatsServer::start(), RedisServer::start());
+    let bus = Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect");
+    let (session, task) = (unique("s"), unique("t"));
+    let tracker = TaskTracker::new();
+    let stop = CancellationToken::new();
+    let dispatcher = Dispatcher::start(
+        bus.clone(),
+        store(&redis).await,
+        "lead-x",
+        &tracker,
+        stop.clone(),
+    )
+    .await
+    .expect("dispatcher");
+    let origin = std::sync::Arc::new(origin(&session, &task));
+    let calling = tokio::spawn({
+        let origin = origin.clone();
+        async move {
+            let route = CallRoute {
+                pool: "default",
+                timeout: Duration::from_secs(20),
+                may_have_run: false,
+            };
+            dispatcher
+                .call_tool(&origin, 0, "c1", "noop", json!({ "n": 1 }), route)
+                .await
+        }
+    });
+    // The first hand-over is refused by the broker; the stream appears a moment later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!calling.is_finished(), "the call waits for its result");
+    bus.ensure_streams().await.expect("streams");
+    // Acting as the worker: the task, once stored, is answered on its reply subject.
+    let jetstream = async_nats::jetstream::new(bus.client().clone());
+    let mut stream = jetstream
+        .get_stream(subjects::work_stream(0))
+        .await
+        .expect("work stream");
+    let stored = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if stream.info().await.expect("info").state.messages > 0 {
+                break stream.get_raw_message(1).await.expect("the stored task");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the task was sent again and stored");
+    let sent: ToolTask = serde_json::from_slice(&stored.payload).expect("a tool task");
+    assert_eq!((sent.call_id.as_str(), sent.tool.as_str()), ("c1", "noop"));
+    let answer = ToolResult {
+        worker_id: "the-test".into(),
+        ..recorded("c1", "answered after the second send")
+    };
+    bus.publish_reply(&sent.reply_to, &answer)
+        .await
+        .expect("reply");
+    let result = tokio::time::timeout(Duration::from_secs(10), calling)
+        .await
+        .expect("answered once the reply came")
+        .expect("the call ran");
+    assert_eq!(result.worker_id, "the-test");
+    assert_eq!(
+        result.outcome.observation(),
+        "answered after the second send"
+    );
+    assert_eq!(
+        stream.info().await.expect("info").state.messages,
+        1,
+        "stored once"
+    );
+    stop.cancel();
+}
+
 /// A tool task whose result an earlier delivery recorded is answered by the worker from the
 /// record: the tool does not run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -545,6 +545,20 @@ impl Bus {
             .map(|_| ())
     }
 
+    /// Hands a task already encoded to the connection, as [`Bus::publish_encoded_work`] does
+    /// without a span of its own, and returns at once: whether the stream stored it is the
+    /// returned ack's to say.
+    pub fn send_encoded_work(
+        &self,
+        subject: String,
+        payload: Bytes,
+        dedup_id: &str,
+    ) -> impl Future<Output = Result<PendingAck, BusError>> + Send + '_ {
+        let mut headers = outgoing_headers();
+        headers.insert(NATS_MESSAGE_ID, dedup_id);
+        self.send_durable(subject, headers, payload)
+    }
+
     /// Publishes a turn event to the task's replayable event subject without waiting for the
     /// stream to confirm it: events leave in order, and the confirmation is awaited later
     /// ([`PendingAck::confirmed`]), off the turn's path.
@@ -709,17 +723,19 @@ pub struct PendingAck {
 }
 
 impl PendingAck {
-    /// Waits (bounded) until the stream confirms it stored the message.
-    pub async fn confirmed(self) -> Result<Stored, BusError> {
-        let publish_error = |message: String| BusError::Publish {
-            subject: self.subject.clone(),
-            message,
-        };
-        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
-            Ok(Ok(ack)) if ack.duplicate => Ok(Stored::Duplicate),
-            Ok(Ok(_)) => Ok(Stored::New),
-            Ok(Err(e)) => Err(publish_error(e.to_string())),
-            Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
+    /// Waits (bounded) until the stream confirms it stored the message. (A plain function: an
+    /// `async fn` would keep the pending ack twice in its future, which waits as long as the
+    /// broker takes to answer.)
+    pub fn confirmed(self) -> impl Future<Output = Result<Stored, BusError>> + Send {
+        let PendingAck { subject, ack } = self;
+        async move {
+            let publish_error = |message: String| BusError::Publish { subject, message };
+            match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
+                Ok(Ok(ack)) if ack.duplicate => Ok(Stored::Duplicate),
+                Ok(Ok(_)) => Ok(Stored::New),
+                Ok(Err(e)) => Err(publish_error(e.to_string())),
+                Err(_) => Err(publish_error("no acknowledgement from JetStream".into())),
+            }
         }
     }
 }

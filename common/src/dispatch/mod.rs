@@ -12,6 +12,10 @@
 //! - every wait is bounded: a call that returns nothing within its timeout (plus slack) ends as a
 //!   `timed_out` failure; meanwhile the recorded results are looked at every second, so a result
 //!   whose reply went elsewhere (the call was first dispatched by a lead that died) still arrives;
+//! - a call is stored before it can time out quietly: its task is handed to the connection and
+//!   the stream's ack is awaited beside the reply (a worker may answer first); a task the stream
+//!   did not confirm is sent again, with the same `Nats-Msg-Id`, until it is stored or the call's
+//!   time runs out, and then the call fails with why;
 //! - no task outgrows a broker message for its arguments or its input: over the inline limit
 //!   (`payloads::inline_limit`, 256 KiB on a 1 MiB bus) they are stored in the tenant's payload
 //!   bucket and the task carries a reference (`arguments_ref`, `input_ref`) the worker reads
@@ -38,7 +42,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bus::{Bus, BusError};
+use crate::bus::{Bus, BusError, PendingAck};
 use crate::payloads::{inline_limit, PayloadStore};
 use crate::protocol::{
     call_key, AgentSpec, CallOutcome, Failure, FailureKind, SubagentTask, TaskOrigin, ToolResult,
@@ -109,8 +113,31 @@ struct Awaiting {
     /// Keeps the call's route to its reply for as long as it waits (dropped with it).
     _waiter: Waiter,
     slot: ResultSlot,
-    call_id: String,
+    /// Boxed as a `str`: 8 bytes less in every waiting call's future.
+    call_id: Box<str>,
     limit: Duration,
+    /// The task as handed to the connection, until the stream confirms it stored it (see
+    /// [`Dispatcher::publish_first`]); `None` once it did.
+    unconfirmed: Option<Box<Unconfirmed>>,
+}
+
+/// A task handed to the connection whose storage the stream has not confirmed yet, and what
+/// sending it again takes.
+struct Unconfirmed {
+    ack: PendingAck,
+    subject: String,
+    payload: Bytes,
+    dedup_id: String,
+}
+
+/// What a call that was handed over unconfirmed heard first.
+enum FirstHeard {
+    /// Its reply (`None`: the route to it is gone, as when the process stops).
+    Reply(Option<ToolResult>),
+    /// The stream stored the task: the call waits for its result.
+    Stored,
+    /// The task could not be stored within the call's time.
+    NotStored(Failure),
 }
 
 /// One dispatch in flight: its number (reply subject), whose it is and its result key.
@@ -311,12 +338,24 @@ impl Dispatcher {
     )]
     fn wait(
         &self,
-        awaiting: Awaiting,
+        mut awaiting: Awaiting,
     ) -> impl std::future::Future<Output = ToolResult> + Send + '_ {
         async move {
             // A block keeps only the fields it uses: the waiter is named so that it is kept, and
             // the call stays registered for its reply until the wait ends.
             let _registered = &awaiting._waiter;
+            if let Some(unconfirmed) = awaiting.unconfirmed {
+                // Boxed: the wait for the stream's ack ends long before the wait for the
+                // result, and inline it would grow every waiting call's future by its size.
+                let first =
+                    self.stored_or_replied(&mut awaiting.reply, unconfirmed, &mut awaiting.limit);
+                match Box::pin(first).await {
+                    FirstHeard::Reply(Some(result)) => return result,
+                    // A closed route ends the wait below as it would have there.
+                    FirstHeard::Reply(None) | FirstHeard::Stored => {}
+                    FirstHeard::NotStored(failure) => return failed(&awaiting.call_id, failure),
+                }
+            }
             let limit = awaiting.limit;
             match self
                 .wait_for_result(awaiting.reply, &awaiting.slot, limit)
@@ -328,6 +367,49 @@ impl Dispatcher {
                     Failure::new(FailureKind::TimedOut, format!("no result within {limit:?}")),
                 ),
             }
+        }
+    }
+
+    /// Waits for the stream to confirm a task handed over unconfirmed, or for the call's reply,
+    /// whichever comes first (a worker may answer before the broker's ack arrives). A task the
+    /// stream did not confirm is sent again with the same `Nats-Msg-Id`, patiently, within the
+    /// call's own time: a stored copy counts once. The time it took comes out of `limit`.
+    async fn stored_or_replied(
+        &self,
+        reply: &mut oneshot::Receiver<ToolResult>,
+        unconfirmed: Box<Unconfirmed>,
+        limit: &mut Duration,
+    ) -> FirstHeard {
+        let Unconfirmed {
+            ack,
+            subject,
+            payload,
+            dedup_id,
+        } = *unconfirmed;
+        let started = tokio::time::Instant::now();
+        tokio::select! {
+            biased;
+            result = reply => {
+                *limit = limit.saturating_sub(started.elapsed());
+                return FirstHeard::Reply(result.ok());
+            }
+            stored = ack.confirmed() => match stored {
+                Ok(_) => {
+                    *limit = limit.saturating_sub(started.elapsed());
+                    return FirstHeard::Stored;
+                }
+                Err(e) => tracing::warn!(error = %e, "task not confirmed by the stream; sending it again"),
+            },
+        }
+        // Boxed: a rare path, which inline would grow every waiting call's future.
+        let timeout = limit
+            .saturating_sub(DISPATCH_SLACK)
+            .saturating_sub(started.elapsed());
+        let sent = Box::pin(self.publish_patiently(subject, payload, &dedup_id, timeout)).await;
+        *limit = limit.saturating_sub(started.elapsed());
+        match sent {
+            Ok(()) => FirstHeard::Stored,
+            Err(failure) => FirstHeard::NotStored(failure),
         }
     }
 
@@ -548,21 +630,62 @@ impl Dispatcher {
         };
         let dedup_id = format!("{}:{}:{call_key}", origin.tenant, origin.session);
         let publishing = tokio::time::Instant::now();
-        if let Err(failure) = self
-            .publish_patiently(subject, payload, &dedup_id, timeout)
+        let unconfirmed = match self
+            .publish_first(subject, payload, dedup_id, timeout)
             .await
         {
-            return Err(failed(call_id, failure));
-        }
+            Ok(unconfirmed) => unconfirmed,
+            Err(failure) => return Err(failed(call_id, failure)),
+        };
         // Time spent publishing comes out of the call's time.
         let limit = timeout.saturating_sub(publishing.elapsed()) + DISPATCH_SLACK;
         Ok(Awaiting {
             reply,
             _waiter: waiter,
             slot,
-            call_id: call_id.to_owned(),
+            call_id: call_id.into(),
             limit,
+            unconfirmed,
         })
+    }
+
+    /// A task's first publish. Without exported spans it is only handed to the connection, and
+    /// the stream's confirmation is left to the call's wait ([`Dispatcher::stored_or_replied`]):
+    /// the sending future is large, and under a burst about half the calls in flight wait for
+    /// the broker's ack. With them, the publish's own span covers its confirmation, as every
+    /// publish's does. A connection that does not take the task is tried again patiently.
+    async fn publish_first(
+        &self,
+        subject: String,
+        payload: Bytes,
+        dedup_id: String,
+        timeout: Duration,
+    ) -> Result<Option<Box<Unconfirmed>>, Failure> {
+        if !crate::telemetry::exporting() {
+            // Boxed, as every publish's hand-over: brief, and its future about 1 KiB.
+            let handed = Box::pin(self.bus.send_encoded_work(
+                subject.clone(),
+                payload.clone(),
+                &dedup_id,
+            ))
+            .await;
+            match handed {
+                Ok(ack) => {
+                    return Ok(Some(Box::new(Unconfirmed {
+                        ack,
+                        subject,
+                        payload,
+                        dedup_id,
+                    })))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "task not handed to the connection; trying again")
+                }
+            }
+        }
+        self.publish_patiently(subject, payload, &dedup_id, timeout)
+            .await
+            .map(|()| None)
     }
 
     /// Waits for the reply, and looks at the recorded results now and then: the reply may go to
