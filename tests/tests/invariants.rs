@@ -32,6 +32,17 @@ async fn store(redis: &RedisServer) -> SessionStore {
         .expect("redis reachable")
 }
 
+/// A bus on `nats`, without its streams.
+async fn bus(nats: &NatsServer) -> Bus {
+    Bus::connect(
+        &NatsConfig::local(nats.url.clone()),
+        "test",
+        DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connect")
+}
+
 /// A plain connection to `redis`, to read and plant keys as they are stored.
 async fn raw_connection(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(redis.url.as_str())
@@ -343,13 +354,7 @@ async fn a_stale_version_is_refused_by_save_and_by_completion() {
 #[tokio::test]
 async fn the_dispatcher_answers_a_recorded_call_without_dispatching_it() {
     let (nats, redis) = (NatsServer::start(), RedisServer::start());
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = bus(&nats).await;
     bus.ensure_streams().await.expect("streams");
     let store = store(&redis).await;
     let (session, task) = (unique("s"), unique("t"));
@@ -396,13 +401,7 @@ async fn the_dispatcher_answers_a_recorded_call_without_dispatching_it() {
 #[tokio::test]
 async fn a_call_the_stream_did_not_store_is_sent_again_and_answered() {
     let (nats, redis) = (NatsServer::start(), RedisServer::start());
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = bus(&nats).await;
     let (session, task) = (unique("s"), unique("t"));
     let tracker = TaskTracker::new();
     let stop = CancellationToken::new();
@@ -533,13 +532,7 @@ async fn the_worker_answers_a_recorded_call_without_running_it() {
 #[tokio::test]
 async fn a_resubmitted_task_is_dropped_by_the_broker() {
     let nats = NatsServer::start();
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = bus(&nats).await;
     bus.ensure_streams().await.expect("streams");
     let task = submission("acme", &unique("s"), "once");
     assert_eq!(bus.submit(&task).await.expect("first"), Stored::New);
