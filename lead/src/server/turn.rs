@@ -445,12 +445,9 @@ impl Lead {
                 controls: Some(&controlled),
                 recorded: recorded.as_ref(),
             }));
-            let deadline = async {
-                match time_left {
-                    Some(left) => tokio::time::sleep(left).await,
-                    None => std::future::pending().await,
-                }
-            };
+            // Boxed, and only for a task with a deadline: a timer inline would be kept (twice,
+            // by the `select!` below) in this future, which every turn in flight keeps.
+            let deadline = time_left.map(|left| Box::pin(tokio::time::sleep(left)));
             let mut deadline_hit = false;
             let output = tokio::select! {
                 lost = renew => {
@@ -458,7 +455,10 @@ impl Lead {
                     return Settled::Retry(lost);
                 }
                 output = async {
-                    tokio::pin!(run);
+                    let Some(deadline) = deadline else {
+                        return run.await;
+                    };
+                    let mut run = run;
                     tokio::select! {
                         output = &mut run => output,
                         () = deadline => {
