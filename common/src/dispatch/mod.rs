@@ -387,30 +387,33 @@ impl Dispatcher {
             dedup_id,
         } = *unconfirmed;
         let started = tokio::time::Instant::now();
-        tokio::select! {
+        let first = tokio::select! {
             biased;
-            result = reply => {
-                *limit = limit.saturating_sub(started.elapsed());
-                return FirstHeard::Reply(result.ok());
-            }
+            result = reply => Some(FirstHeard::Reply(result.ok())),
             stored = ack.confirmed() => match stored {
-                Ok(_) => {
-                    *limit = limit.saturating_sub(started.elapsed());
-                    return FirstHeard::Stored;
+                Ok(_) => Some(FirstHeard::Stored),
+                Err(e) => {
+                    tracing::warn!(error = %e, "task not confirmed by the stream; sending it again");
+                    None
                 }
-                Err(e) => tracing::warn!(error = %e, "task not confirmed by the stream; sending it again"),
             },
-        }
-        // Boxed: a rare path, which inline would grow every waiting call's future.
-        let timeout = limit
-            .saturating_sub(DISPATCH_SLACK)
-            .saturating_sub(started.elapsed());
-        let sent = Box::pin(self.publish_patiently(subject, payload, &dedup_id, timeout)).await;
+        };
+        let heard = match first {
+            Some(heard) => heard,
+            None => {
+                let timeout = limit
+                    .saturating_sub(DISPATCH_SLACK)
+                    .saturating_sub(started.elapsed());
+                // Boxed: a rare path, which inline would grow this box, held by every call
+                // until its ack comes.
+                match Box::pin(self.publish_patiently(subject, payload, &dedup_id, timeout)).await {
+                    Ok(()) => FirstHeard::Stored,
+                    Err(failure) => FirstHeard::NotStored(failure),
+                }
+            }
+        };
         *limit = limit.saturating_sub(started.elapsed());
-        match sent {
-            Ok(()) => FirstHeard::Stored,
-            Err(failure) => FirstHeard::NotStored(failure),
-        }
+        heard
     }
 
     /// Runs one tool call (of turn step `step`) on a worker of `route.pool`.
