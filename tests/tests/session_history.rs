@@ -5,7 +5,8 @@
 
 use skein_common::config::RedisConfig;
 use skein_common::protocol::message::Message;
-use skein_common::store::{keys, SessionStore};
+use skein_common::protocol::{FinalResult, PROTOCOL_VERSION};
+use skein_common::store::{keys, SessionStore, TurnClaim, TurnStart};
 use skein_tests::support::servers::{NatsServer, RedisServer};
 use skein_tests::support::unique;
 
@@ -66,6 +67,68 @@ async fn a_save_sends_only_the_new_messages_however_long_the_session() {
         last < second + 200,
         "a save grows with the session: {second} bytes at turn 2, {last} at turn 300"
     );
+}
+
+/// Messages are appended to the history list 512 to a command: a save and a turn's end that add
+/// more than one command takes keep every message, in order.
+#[tokio::test]
+async fn more_messages_than_one_command_appends_are_all_kept_in_order() {
+    let server = RedisServer::start();
+    let store = SessionStore::connect(&RedisConfig::local(server.url.clone()))
+        .await
+        .expect("redis reachable");
+    let session = unique("s");
+    let mut state = store.load("acme", &session).await.expect("load").state;
+    state
+        .history
+        .extend((0..1_300).map(|i| Message::user(format!("m{i}"))));
+    let version = store
+        .save("acme", &session, 0, &state)
+        .await
+        .expect("saved");
+
+    // A turn's end appends through the end script: 1,100 more under the turn's lease.
+    let task = unique("t");
+    let claim = TurnClaim {
+        tenant: "acme",
+        session: &session,
+        task_id: &task,
+        lease_token: "lead-a",
+        lease_ttl: std::time::Duration::from_secs(30),
+        max_attempts: 3,
+        trace: None,
+    };
+    let TurnStart::Started {
+        session: loaded, ..
+    } = store.begin_turn(claim).await.expect("begin")
+    else {
+        panic!("the session starts");
+    };
+    assert_eq!(loaded.version, version);
+    assert_eq!(loaded.state.history.len(), 1_300);
+    let mut state = loaded.state;
+    state
+        .history
+        .extend((1_300..2_400).map(|i| Message::user(format!("m{i}"))));
+    let result: FinalResult = serde_json::from_value(serde_json::json!({
+        "v": PROTOCOL_VERSION, "task_id": task, "tenant": "acme", "session": session,
+        "status": "completed", "answer": "done", "iterations": 1, "limit_reached": false,
+    }))
+    .expect("a final result");
+    store
+        .complete_turn("lead-a", version, Some(&state), &result, None)
+        .await
+        .expect("completed");
+
+    let history = store
+        .load("acme", &session)
+        .await
+        .expect("load")
+        .state
+        .history;
+    let contents: Vec<&str> = history.iter().map(|m| m.content.as_str()).collect();
+    let expected: Vec<String> = (0..2_400).map(|i| format!("m{i}")).collect();
+    assert_eq!(contents, expected, "every message, in order");
 }
 
 #[tokio::test]

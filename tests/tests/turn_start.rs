@@ -2,7 +2,7 @@
 //! the lease is exclusive and waiting for it counts nothing, attempts are bounded, a checkpoint
 //! and the session come back with the lease, a completed turn releases the lease and answers
 //! later starts with its final result; the start reads what was asked of the task (pause,
-//! steer, interrupt).
+//! steer, interrupt) and takes the delivery's event epoch.
 
 use std::time::Duration;
 
@@ -307,6 +307,51 @@ async fn a_start_that_cannot_read_the_session_leaves_no_lease_behind() {
             .expect("lease read");
         assert_eq!(lease, None, "{key_of}: the lease was released");
     }
+}
+
+/// A delivery's event epoch is taken by its turn's first start, in the same trip, whatever the
+/// start finds; a later start of the same delivery keeps it, and the next delivery's is higher
+/// (also when that one only finds the task finished), counted with the epochs other paths take.
+#[tokio::test]
+async fn each_delivery_takes_the_next_event_epoch_with_its_first_start() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let (session, task) = (unique("s"), unique("t"));
+
+    let first = store.turn(claim(&session, &task, "lead-a", 3));
+    assert_eq!(first.event_epoch(), None, "nothing is taken before a start");
+    let start = first.begin().await.expect("begin");
+    assert!(matches!(start, TurnStart::Started { .. }), "{start:?}");
+    assert_eq!(first.event_epoch(), Some(1));
+    // A second start of the same delivery (the lease is held: busy) keeps its epoch and takes
+    // none: the counter is still at 1, so the next one taken is 2.
+    assert_eq!(first.begin().await.expect("begin"), TurnStart::Busy);
+    assert_eq!(first.event_epoch(), Some(1));
+    assert_eq!(
+        store
+            .next_event_epoch("acme", &session, &task)
+            .await
+            .expect("epoch"),
+        2
+    );
+
+    // Another delivery that finds the session busy takes the next one all the same.
+    let waiting = store.turn(claim(&session, &task, "lead-b", 3));
+    assert_eq!(waiting.begin().await.expect("begin"), TurnStart::Busy);
+    assert_eq!(waiting.event_epoch(), Some(3));
+
+    first
+        .complete(0, None, &answer(&session, &task), None)
+        .await
+        .expect("complete");
+    // A delivery after the end finds the final result, and still takes an epoch above every
+    // earlier one, so the final it publishes again orders after theirs.
+    let after = store.turn(claim(&session, &task, "lead-c", 3));
+    match after.begin().await.expect("begin") {
+        TurnStart::Finished(result) => assert_eq!(result.answer.as_deref(), Some("done")),
+        other => panic!("expected the final result, got {other:?}"),
+    }
+    assert_eq!(after.event_epoch(), Some(4));
 }
 
 /// A task's final result is written once: a later store (a resubmit refused for another agent,

@@ -445,6 +445,17 @@ impl SessionStore {
     /// otherwise, unless another lead holds the session's lease, counts the attempt and (within
     /// `max_attempts`) takes the lease and loads the session and the turn's checkpoint.
     pub async fn begin_turn(&self, claim: TurnClaim<'_>) -> Result<TurnStart, StoreError> {
+        Ok(self.start_turn(claim, false).await?.0)
+    }
+
+    /// [`Self::begin_turn`], taking the next event epoch of the task in the same trip when
+    /// `take_epoch` (see [`Self::next_event_epoch`]): the epoch is taken whatever the start's
+    /// outcome, and returned with it.
+    pub(super) async fn start_turn(
+        &self,
+        claim: TurnClaim<'_>,
+        take_epoch: bool,
+    ) -> Result<(TurnStart, Option<u64>), StoreError> {
         let TurnClaim {
             tenant,
             session,
@@ -467,6 +478,7 @@ impl SessionStore {
                 .key(keys::control(tenant, session, task_id))
                 .key(keys::task_trace(tenant, session, task_id))
                 .key(keys::legacy_checkpoint(tenant, session, task_id))
+                .key(keys::event_epoch(tenant, session, task_id))
                 .arg(claim.lease_token)
                 .arg(claim.lease_ttl.as_millis().max(1) as u64)
                 .arg(keys::turn_attempts_field(task_id))
@@ -474,12 +486,20 @@ impl SessionStore {
                 .arg(claim.max_attempts)
                 .arg(claim.trace.unwrap_or_default())
                 .arg(CHECKPOINT_TTL_SECS)
+                .arg(if take_epoch { "1" } else { "" })
                 .invoke_async(&mut conn)
                 .await?,
         )?;
         let number =
             |what, text: Option<&String>| parse_number(what, text.map_or("", String::as_str));
-        match reply.first().map(String::as_str) {
+        let Some((epoch, reply)) = reply.split_first() else {
+            return Err(StoreError::UnexpectedReply("the turn-start script"));
+        };
+        let epoch = match epoch.as_str() {
+            "" => None,
+            taken => Some(parse_number("event epoch", taken)?),
+        };
+        let start = match reply.first().map(String::as_str) {
             Some("finished") => Ok(TurnStart::Finished(decode(
                 reply.get(1).map_or("", String::as_str),
             )?)),
@@ -510,7 +530,8 @@ impl SessionStore {
                 })
             }
             _ => Err(StoreError::UnexpectedReply("the turn-start script")),
-        }
+        }?;
+        Ok((start, epoch))
     }
 
     /// The `traceparent` kept for a task submitted without trace context (by its first

@@ -1,5 +1,7 @@
 //! The Lua scripts of the session store: each runs in one trip and touches only keys of one
 //! session (one hash slot), so a lease, a version check and the writes they guard are one step.
+//! Messages are appended to a history 512 to a command (Lua's `unpack` takes a few thousand
+//! values at most).
 
 use super::lua::Lua;
 
@@ -14,7 +16,7 @@ local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '0') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'offset', ARGV[6])
 if ARGV[4] == 'replace' then redis.call('DEL', KEYS[2]) end
-for i = 10, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+for i = 10, #ARGV, 512 do redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 511, #ARGV))) end
 if ARGV[7] ~= '0' then redis.call('LTRIM', KEYS[2], ARGV[7], -1) end
 if ARGV[5] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[5])
@@ -53,7 +55,7 @@ if ARGV[4] ~= '' then
   if (current or '0') ~= ARGV[2] then return {0} end
   redis.call('HSET', KEYS[1], 'version', ARGV[3], 'state', ARGV[4], 'offset', ARGV[9])
   if ARGV[7] == 'replace' then redis.call('DEL', KEYS[5]) end
-  for i = 13, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+  for i = 13, #ARGV, 512 do redis.call('RPUSH', KEYS[5], unpack(ARGV, i, math.min(i + 511, #ARGV))) end
   if ARGV[10] ~= '0' then redis.call('LTRIM', KEYS[5], ARGV[10], -1) end
   if ARGV[11] ~= '' then
     redis.call('RPUSH', KEYS[6], ARGV[11])
@@ -87,14 +89,16 @@ return false
 /// session, KEYS[5] the turn's checkpoints, KEYS[6] history (session and history kept while the
 /// turn runs: an idle-session expiry must not strike mid-turn; the turn's end sets it again),
 /// KEYS[7] the task's controls, KEYS[8] the task's trace, KEYS[9] the checkpoint as earlier
-/// versions wrote it; ARGV token, lease ttl ms, attempts field, attempts ttl seconds, most
-/// attempts, the `traceparent` to keep as the task's trace ('' for none: the submission carried
-/// its sender's; kept only if none is yet, and then kept as long as the attempts), checkpoint
-/// ttl seconds. Taking the lease names the caller the checkpoints' holder (field ''): the
+/// versions wrote it, KEYS[10] the delivery's event epoch counter; ARGV token, lease ttl ms,
+/// attempts field, attempts ttl seconds, most attempts, the `traceparent` to keep as the task's
+/// trace ('' for none: the submission carried its sender's; kept only if none is yet, and then
+/// kept as long as the attempts), checkpoint ttl seconds, '1' to take the next event epoch (a
+/// delivery's first start: the counter is raised whatever the start's outcome, and kept as long
+/// as the attempts) or '' (a later start of the same delivery keeps the epoch it took). Taking the lease names the caller the checkpoints' holder (field ''): the
 /// checkpoint the turn resumes from (the previous holder's field) moves to the caller's field and
 /// every other field goes, so what a lead that lost the lease writes later (into its own field)
 /// is never read; the hash's expiry is set, so the holder's writes need not set it again for a
-/// while. Returns
+/// while. Every reply leads with the epoch taken ('' when none was asked for), then:
 /// {'finished', final}; {'busy'} (another holds the lease; nothing counted; also when the lease
 /// is this caller's own, held by an earlier run of the task); {'busy', 'unbounded'} (the lease
 /// had no expiry, which no lead writes: it is given the lease ttl now, so it lapses then, as
@@ -104,20 +108,25 @@ return false
 /// summary stands for is not loaded; absent controls as '').
 pub(super) static BEGIN_SCRIPT: Lua = Lua::new(
     r#"
+local epoch = ''
+if ARGV[8] == '1' then
+  epoch = tostring(redis.call('INCR', KEYS[10]))
+  redis.call('EXPIRE', KEYS[10], ARGV[4])
+end
 local done = redis.call('GET', KEYS[1])
-if done then return {'finished', done} end
+if done then return {epoch, 'finished', done} end
 if ARGV[6] ~= '' and not redis.call('SET', KEYS[8], ARGV[6], 'NX', 'EX', ARGV[4]) then
   redis.call('EXPIRE', KEYS[8], ARGV[4])
 end
 local held = redis.call('PTTL', KEYS[2])
 if held == -1 then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return {'busy', 'unbounded'}
+  return {epoch, 'busy', 'unbounded'}
 end
-if held ~= -2 then return {'busy'} end
+if held ~= -2 then return {epoch, 'busy'} end
 local n = redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
 redis.call('EXPIRE', KEYS[3], ARGV[4])
-if n > tonumber(ARGV[5]) then return {'exhausted', tostring(n)} end
+if n > tonumber(ARGV[5]) then return {epoch, 'exhausted', tostring(n)} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 local session = redis.call('HMGET', KEYS[4], 'version', 'state', 'offset')
 redis.call('PERSIST', KEYS[4])
@@ -139,7 +148,7 @@ redis.call('EXPIRE', KEYS[5], ARGV[7])
 local offset = session[3] or '0'
 local history = redis.call('LRANGE', KEYS[6], tonumber(offset), -1)
 local c = redis.call('HMGET', KEYS[7], 'paused', 'was_paused', 'interrupt', 'steered')
-return {'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', offset,
+return {epoch, 'started', tostring(n), session[1] or '0', session[2] or '', checkpoint or '', offset,
   c[1] or '', c[2] or '', c[3] or '', c[4] or '', history}
 "#,
 );

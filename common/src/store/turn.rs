@@ -1,10 +1,11 @@
-//! `TurnLease`: the life of one lead turn under its session's lease, as one type, with who claims
-//! it (`TurnClaim`), how its start came out (`TurnStart`) and how its end was stored (`Ended`). A turn is
-//! begun (its attempt counted, the lease taken, the session and any checkpoint loaded, and the
-//! trace of a task submitted without one kept, in one trip), renewed and checkpointed while it
-//! runs, and ended one way: completed (session, final result and lease release in one atomic
-//! step), or given up — the lease released, and the attempt taken back when it was not the task's
-//! fault (shutdown, a suspension, a start that must not stand).
+//! `TurnLease`: the life of one lead turn under its session's lease, as one type, with who
+//! claims it (`TurnClaim`), how its start came out (`TurnStart`) and how its end was stored
+//! (`Ended`). A turn is begun (its attempt counted, the lease taken, the session and any
+//! checkpoint loaded, the trace of a task submitted without one kept, and the delivery's event
+//! epoch taken, in one trip), renewed and checkpointed while it runs, and ended one way:
+//! completed (session, final result and lease release in one atomic step), or given up — the
+//! lease released, and the attempt taken back when it was not the task's fault (shutdown, a
+//! suspension, a start that must not stand).
 //!
 //! Invariants: every write after the start is fenced by the lease token, so a lead that lost the
 //! lease writes nothing that counts (a checkpoint it writes lands in its own field of the turn's
@@ -80,6 +81,8 @@ pub struct TurnLease {
     /// When (ms since the Unix epoch) the turn's checkpoints were last given their expiry: by
     /// the turn's start or a checkpoint write; 0 before either.
     checkpoint_expiry_set_ms: AtomicU64,
+    /// This delivery's event epoch, taken by its first start that Redis answered; 0 before.
+    event_epoch: AtomicU64,
 }
 
 impl SessionStore {
@@ -95,6 +98,7 @@ impl SessionStore {
             max_attempts: claim.max_attempts,
             trace: claim.trace.map(str::to_owned),
             checkpoint_expiry_set_ms: AtomicU64::new(0),
+            event_epoch: AtomicU64::new(0),
         }
     }
 }
@@ -112,11 +116,21 @@ impl TurnLease {
         }
     }
 
-    /// Starts the turn (see [`SessionStore::begin_turn`]). A start whose reply could not be read
-    /// (or that met a key of the wrong type) may have taken the lease: it is released before the
-    /// error is returned.
+    /// Starts the turn (see [`SessionStore::begin_turn`]); the first start Redis answers also
+    /// takes this delivery's event epoch ([`Self::event_epoch`]) in the same trip. A start whose
+    /// reply could not be read (or that met a key of the wrong type) may have taken the lease: it
+    /// is released before the error is returned.
     pub async fn begin(&self) -> Result<TurnStart, StoreError> {
-        let start = self.store.begin_turn(self.claim()).await;
+        let take_epoch = self.event_epoch().is_none();
+        let start = match self.store.start_turn(self.claim(), take_epoch).await {
+            Ok((start, epoch)) => {
+                if let Some(epoch) = epoch {
+                    self.event_epoch.store(epoch, Ordering::Relaxed);
+                }
+                Ok(start)
+            }
+            Err(e) => Err(e),
+        };
         if start.as_ref().is_err_and(StoreError::is_persistent) {
             self.release().await;
         }
@@ -125,6 +139,12 @@ impl TurnLease {
                 .store(crate::protocol::now_ms(), Ordering::Relaxed);
         }
         start
+    }
+
+    /// This delivery's event epoch (`BusEvents::with_epoch`): the number, from 1, of the
+    /// task's deliveries that began a start; `None` until a start was answered.
+    pub fn event_epoch(&self) -> Option<u64> {
+        Some(self.event_epoch.load(Ordering::Relaxed)).filter(|&epoch| epoch > 0)
     }
 
     /// Extends the lease; false if another lead holds it now.

@@ -14,7 +14,9 @@ use skein_common::bus::SubmissionPlace;
 use skein_common::protocol::{EventKind, Failure, FailureKind, TaskSubmission, TurnStatus};
 use skein_common::store::control::Controls;
 use skein_common::store::history::ForkError;
-use skein_common::store::{LoadedSession, TurnCheckpoint, TurnClaim, TurnLease, TurnStart};
+use skein_common::store::{
+    LoadedSession, StoreError, TurnCheckpoint, TurnClaim, TurnLease, TurnStart,
+};
 use skein_common::telemetry::propagation;
 use skein_common::wiring::checkpoints::LeaseCheckpoints;
 use skein_common::wiring::events::BusEvents;
@@ -89,36 +91,24 @@ impl Lead {
             trace: trace.as_deref(),
         });
         // Independent looks in one round trip: a cancel request (or a passed deadline), the
-        // session's oldest unfinished submission, the start of the turn itself — which answers
-        // a task that already ended (a resubmit), or counts the attempt, takes the session's lease
-        // and loads the session — and this delivery's event epoch. A start that must not stand is
-        // taken back below.
+        // session's oldest unfinished submission, and the start of the turn itself — which takes
+        // this delivery's event epoch and answers a task that already ended (a resubmit), or
+        // counts the attempt, takes the session's lease and loads the session. A start that must
+        // not stand is taken back below.
         // Registered before the first look, so an announcement right after it is not missed.
         let waiter = self.turns.wait_for(tenant, session);
-        let (unstartable, oldest, start, epoch) = async {
+        let (unstartable, oldest, start) = async {
             tokio::join!(
                 self.not_startable(submission),
                 self.bus.oldest_submission(tenant, session),
                 lease.begin(),
-                self.store
-                    .next_event_epoch(tenant, session, &submission.task_id),
             )
         }
         .boxed()
         .await;
-        let epoch = match epoch {
-            Ok(epoch) => epoch,
-            Err(e) => {
-                // Redis answered the start but not the epoch: take the start back, try again.
-                // (Boxed, as the lease's other rare steps here: inline, each would grow this
-                // future, kept for the whole turn, by its size.)
-                Box::pin(lease.take_back(&start)).await;
-                return Settled::store_trouble(e);
-            }
-        };
         if let Ok(TurnStart::Finished(done)) = start {
             tracing::info!("task already finished; re-publishing its result");
-            return self.emit_final(submission, done, epoch).boxed().await;
+            return self.emit_final_of_lease(submission, done, &lease).await;
         }
         let in_line =
             oldest.map(|oldest| oldest.is_none_or(|oldest| !oldest.is_before(&delivery.place)));
@@ -170,17 +160,25 @@ impl Lead {
         // Turns of one session run one at a time: while another lead holds the lease, look again
         // when a lead announces the session free (or after a fallback look), for a bounded time.
         let lease_wait = tokio::time::Instant::now() + self.cfg.lease_ttl * 2;
-        let (attempt, loaded, resume, controls) = loop {
+        let (attempt, loaded, resume, controls, epoch) = loop {
             match start {
                 Ok(TurnStart::Started {
                     attempt,
                     session,
                     checkpoint,
                     controls,
-                }) => break (attempt, session, checkpoint, controls),
+                }) => match lease.event_epoch() {
+                    Some(epoch) => break (attempt, session, checkpoint, controls, epoch),
+                    None => {
+                        Box::pin(lease.release()).await;
+                        return Settled::store_trouble(StoreError::UnexpectedReply(
+                            "the turn-start script (no event epoch)",
+                        ));
+                    }
+                },
                 Ok(TurnStart::Finished(done)) => {
                     tracing::info!("task already finished; re-publishing its result");
-                    return self.emit_final(submission, done, epoch).boxed().await;
+                    return self.emit_final_of_lease(submission, done, &lease).await;
                 }
                 Ok(TurnStart::Exhausted(attempt)) => {
                     let failure = Failure::new(
@@ -238,6 +236,22 @@ impl Lead {
             }
             Settled::Retry(failure) if attempt >= max_attempts => Settled::GiveUp(failure, attempt),
             other => other,
+        }
+    }
+
+    /// Publishes the final result of a task that had ended already (its start found it), with
+    /// the event epoch its start took.
+    async fn emit_final_of_lease(
+        &self,
+        submission: &TaskSubmission,
+        done: skein_common::protocol::FinalResult,
+        lease: &TurnLease,
+    ) -> Settled {
+        match lease.event_epoch() {
+            Some(epoch) => self.emit_final(submission, done, epoch).boxed().await,
+            None => Settled::store_trouble(StoreError::UnexpectedReply(
+                "the turn-start script (no event epoch)",
+            )),
         }
     }
 
