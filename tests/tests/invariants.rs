@@ -2,13 +2,14 @@
 //! way against real servers: a stale lead's writes are refused (lease token), a stale version is
 //! refused (compare-and-set), a recorded result is answered instead of run again (the
 //! dispatcher's and the worker's look-ups), a resubmitted task is dropped by the broker
-//! (`Nats-Msg-Id`), and a step's results come back in the model's order, not in completion order.
+//! (`Nats-Msg-Id`), a turn starts only when no older task of its session is unfinished, and a
+//! step's results come back in the model's order, not in completion order.
 
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
-use skein_common::bus::{Bus, Stored, DEFAULT_MAX_PAYLOAD};
+use skein_common::bus::{Bus, Stored, SubmissionPlace, DEFAULT_MAX_PAYLOAD};
 use skein_common::config::{NatsConfig, RedisConfig};
 use skein_common::dispatch::{CallRoute, Dispatcher};
 use skein_common::protocol::{
@@ -542,6 +543,133 @@ async fn a_resubmitted_task_is_dropped_by_the_broker() {
         .await
         .expect("stream");
     assert_eq!(stream.info().await.expect("info").state.messages, 1);
+}
+
+/// The order look of a turn's start (`Bus::first_in_line`): a submission is in line only when no
+/// older one of its session is unfinished. An in-line answer comes from a direct get alone; any
+/// other is asked again of the stream's leader. On a submit stream without direct gets (as an
+/// earlier build made it: the server leaves the request unanswered) the leader answers the same,
+/// and the looks stop trying direct gets for a while.
+#[tokio::test]
+async fn a_turn_is_in_line_only_when_no_older_task_of_its_session_is_unfinished() {
+    let nats = NatsServer::start();
+    let bus = bus(&nats).await;
+    bus.ensure_streams().await.expect("streams");
+    let jetstream = async_nats::jetstream::new(bus.client().clone());
+    // Copies of the requests the looks send: direct gets and gets through the stream API.
+    let spy = async_nats::connect(nats.url.as_str()).await.expect("spy");
+    let mut direct_gets = spy
+        .subscribe(format!("$JS.API.DIRECT.GET.{}", subjects::SUBMIT_STREAM))
+        .await
+        .expect("subscribed");
+    let mut api_gets = spy
+        .subscribe(format!(
+            "$JS.API.STREAM.MSG.GET.{}",
+            subjects::SUBMIT_STREAM
+        ))
+        .await
+        .expect("subscribed");
+    spy.flush().await.expect("flushed");
+    async fn count(requests: &mut async_nats::Subscriber) -> usize {
+        let mut seen = 0;
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(200), requests.next()).await
+        {
+            seen += 1;
+        }
+        seen
+    }
+
+    let session = unique("s");
+    let subject = subjects::submit_in(0, "acme", &session);
+    let place = |sequence| SubmissionPlace {
+        partition: 0,
+        sequence,
+        stored_ns: 0,
+    };
+    let mut stored = Vec::new();
+    for body in ["first", "second"] {
+        let ack = jetstream
+            .publish(subject.clone(), body.into())
+            .await
+            .expect("published")
+            .await
+            .expect("stored");
+        stored.push(ack.sequence);
+    }
+    let (first, second) = (place(stored[0]), place(stored[1]));
+    // Another session's submission in between changes nothing.
+    jetstream
+        .publish(subjects::submit_in(0, "acme", &unique("s")), "other".into())
+        .await
+        .expect("published")
+        .await
+        .expect("stored");
+
+    assert!(bus
+        .first_in_line("acme", &session, first)
+        .await
+        .expect("look"));
+    assert_eq!(
+        (count(&mut direct_gets).await, count(&mut api_gets).await),
+        (1, 0),
+        "in line: one direct get, nothing asked of the leader"
+    );
+    assert!(!bus
+        .first_in_line("acme", &session, second)
+        .await
+        .expect("look"));
+    assert_eq!(
+        (count(&mut direct_gets).await, count(&mut api_gets).await),
+        (1, 1),
+        "an older task is confirmed by the leader"
+    );
+
+    // Direct gets off, as on a submit stream an earlier build made.
+    let mut config = jetstream
+        .get_stream(subjects::SUBMIT_STREAM)
+        .await
+        .expect("stream")
+        .cached_info()
+        .config
+        .clone();
+    config.allow_direct = false;
+    jetstream.update_stream(config).await.expect("updated");
+    assert!(bus
+        .first_in_line("acme", &session, first)
+        .await
+        .expect("look"));
+    assert_eq!(
+        (count(&mut direct_gets).await, count(&mut api_gets).await),
+        (1, 1),
+        "an unanswered direct get: the leader answers"
+    );
+    assert!(!bus
+        .first_in_line("acme", &session, second)
+        .await
+        .expect("look"));
+    assert!(bus
+        .first_in_line("acme", &session, first)
+        .await
+        .expect("look"));
+    assert_eq!(
+        (count(&mut direct_gets).await, count(&mut api_gets).await),
+        (0, 2),
+        "after it, only the leader is asked for a while"
+    );
+
+    // The first task ends (its message leaves the work queue): the second is in line.
+    jetstream
+        .get_stream(subjects::SUBMIT_STREAM)
+        .await
+        .expect("stream")
+        .delete_message(stored[0])
+        .await
+        .expect("removed");
+    assert!(bus
+        .first_in_line("acme", &session, second)
+        .await
+        .expect("look"));
 }
 
 /// Two calls of one step, the first slow and the second fast: the model observes them in its

@@ -194,6 +194,8 @@ pub struct BusParts {
     /// The submit partitions known to exist, shared by the clones: where a session's unfinished
     /// submissions are looked for.
     known_submit_partitions: std::sync::Arc<std::sync::RwLock<Vec<u32>>>,
+    /// Whether the submit streams answer direct gets now (see [`Bus::first_in_line`]).
+    direct_looks: submissions::DirectLooks,
     /// The events partitions listed last, and when (looked up when a task's events are not
     /// where this process would put them).
     seen_event_partitions: events::SeenEventPartitions,
@@ -279,6 +281,7 @@ impl Bus {
             known_submit_partitions: std::sync::Arc::new(std::sync::RwLock::new(
                 (0..partitions).collect(),
             )),
+            direct_looks: submissions::DirectLooks::default(),
             seen_event_partitions: events::SeenEventPartitions::default(),
             audit_retention: cfg.audit_retention,
             gate: std::sync::Arc::new(gate),

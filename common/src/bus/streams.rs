@@ -96,14 +96,19 @@ impl Bus {
             num_replicas: replicas,
             ..Default::default()
         });
+        // Direct gets answer a turn's order look (`Bus::first_in_line`).
+        let submit_queue = |name: &str, subjects: Vec<String>| stream::Config {
+            allow_direct: true,
+            ..queue(name, subjects)
+        };
         let submit = (1..self.partitions).map(|k| {
-            queue(
+            submit_queue(
                 &subjects::submit_stream(k),
                 vec![subjects::submit_subjects(k)],
             )
         });
         let others = [
-            queue(subjects::SUBMIT_STREAM, vec![subjects::SUBMIT_ALL.into()]),
+            submit_queue(subjects::SUBMIT_STREAM, vec![subjects::SUBMIT_ALL.into()]),
             stream::Config {
                 name: subjects::CANCEL_STREAM.into(),
                 subjects: vec![subjects::CANCEL_ALL.into()],

@@ -9,16 +9,20 @@
 //! those found since by [`Bus::submit_partitions`]. Places in one partition are ordered by
 //! sequence, places in two by when their streams stored them ([`SubmissionPlace`]).
 //!
-//! Only reads (gets by subject from the stream leaders); each message is named by its task id as
-//! the submitter gave it — its `Nats-Msg-Id` (`<tenant>:<task_id>`), or else the body's `task_id`
-//! — and only when that is a valid token.
+//! Only reads: gets by subject from the stream leaders, and a direct get answered by any replica
+//! where a stale answer cannot mislead ([`Bus::first_in_line`]). Each message is named by its
+//! task id as the submitter gave it — its `Nats-Msg-Id` (`<tenant>:<task_id>`), or else the
+//! body's `task_id` — and only when that is a valid token.
 
 use std::cmp::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_nats::header::NATS_MESSAGE_ID;
 use async_nats::jetstream::message::StreamMessage;
-use async_nats::jetstream::stream::RawMessageErrorKind;
+use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use futures::future::try_join_all;
+use tokio::time::Instant;
 
 use super::{Bus, BusError};
 use crate::protocol::{validate_token, TaskSubmission};
@@ -59,6 +63,36 @@ impl SubmissionPlace {
     /// Whether this place comes before `other`.
     pub fn is_before(&self, other: &SubmissionPlace) -> bool {
         self.order(other) == Ordering::Less
+    }
+}
+
+/// How long a direct get of a turn's order look may take before the leader is asked instead.
+const DIRECT_LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the order looks ask only the leaders after a submit stream did not answer a direct
+/// get (a stream made without direct gets by an earlier build: its server does not refuse the
+/// request, it leaves it unanswered).
+const DIRECT_LOOKS_OFF_FOR: Duration = Duration::from_secs(60);
+
+/// Until when the order looks skip direct gets, shared by a bus's clones.
+#[derive(Debug, Clone, Default)]
+pub(super) struct DirectLooks(Arc<Mutex<Option<Instant>>>);
+
+impl DirectLooks {
+    fn on(&self) -> bool {
+        let mut off_until = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match *off_until {
+            Some(until) if Instant::now() < until => false,
+            Some(_) => {
+                *off_until = None;
+                true
+            }
+            None => true,
+        }
+    }
+
+    fn turn_off(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Instant::now() + DIRECT_LOOKS_OFF_FOR);
     }
 }
 
@@ -113,6 +147,68 @@ impl Bus {
             .flatten()
             .map(|(place, _)| place)
             .min_by(SubmissionPlace::order))
+    }
+
+    /// Whether no unfinished submission of the session comes before `own`, a submission still in
+    /// its stream: the order look of a turn's start. `own`'s partition is asked first with a
+    /// direct get, which any replica answers and which costs the server a quarter of a get
+    /// through the stream API. An answer that `own` is its partition's first stands: a replica
+    /// that holds `own` holds every older submission of the session, or their removal. Any other
+    /// answer (an older submission, which a replica behind the leader may still show; none; a
+    /// stream without direct gets) is asked again of the leaders, as [`Bus::oldest_submission`]
+    /// asks, and so is every other known partition.
+    pub async fn first_in_line(
+        &self,
+        tenant: &str,
+        session: &str,
+        own: SubmissionPlace,
+    ) -> Result<bool, BusError> {
+        let in_line = |oldest: Option<SubmissionPlace>| oldest.is_none_or(|o| !o.is_before(&own));
+        if !self.first_in_partition(tenant, session, own).await {
+            return Ok(in_line(self.oldest_submission(tenant, session).await?));
+        }
+        let partitions = self.known_submit_partitions();
+        let others = try_join_all(
+            partitions
+                .iter()
+                .filter(|&&k| k != own.partition)
+                .map(|&k| self.first_submission(k, tenant, session, 1)),
+        )
+        .await?;
+        Ok(others
+            .into_iter()
+            .flatten()
+            .all(|(place, _)| in_line(Some(place))))
+    }
+
+    /// Whether a replica of `own`'s partition answers a direct get with `own` as the session's
+    /// first submission there (false for any other answer, and when it cannot be asked).
+    async fn first_in_partition(&self, tenant: &str, session: &str, own: SubmissionPlace) -> bool {
+        if !self.direct_looks.on() {
+            return false;
+        }
+        let Ok(stream) = self
+            .stream_no_info(&subjects::submit_stream(own.partition))
+            .await
+        else {
+            return false;
+        };
+        let subject = subjects::submit_in(own.partition, tenant, session);
+        let first = stream.direct_get_first_for_subject(subject);
+        match tokio::time::timeout(DIRECT_LOOK_TIMEOUT, first).await {
+            Ok(Ok(first)) => first.sequence == own.sequence,
+            Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => false,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "direct get refused; order looks ask the leader for a while");
+                self.direct_looks.turn_off();
+                false
+            }
+            Err(_) => {
+                tracing::debug!("direct get unanswered; order looks ask the leader for a while");
+                self.direct_looks.turn_off();
+                false
+            }
+        }
     }
 
     /// The session's unfinished submissions placed before `before`, oldest first, at most `limit`

@@ -90,17 +90,17 @@ impl Lead {
             max_attempts,
             trace: trace.as_deref(),
         });
-        // Independent looks in one round trip: a cancel request (or a passed deadline), the
-        // session's oldest unfinished submission, and the start of the turn itself — which takes
+        // Independent looks in one round trip: a cancel request (or a passed deadline), whether
+        // an older submission of the session is unfinished, and the start of the turn itself — which takes
         // this delivery's event epoch and answers a task that already ended (a resubmit), or
         // counts the attempt, takes the session's lease and loads the session. A start that must
         // not stand is taken back below.
         // Registered before the first look, so an announcement right after it is not missed.
         let waiter = self.turns.wait_for(tenant, session);
-        let (unstartable, oldest, start) = async {
+        let (unstartable, in_line, start) = async {
             tokio::join!(
                 self.not_startable(submission),
-                self.bus.oldest_submission(tenant, session),
+                self.bus.first_in_line(tenant, session, delivery.place),
                 lease.begin(),
             )
         }
@@ -110,8 +110,6 @@ impl Lead {
             tracing::info!("task already finished; re-publishing its result");
             return self.emit_final_of_lease(submission, done, &lease).await;
         }
-        let in_line =
-            oldest.map(|oldest| oldest.is_none_or(|oldest| !oldest.is_before(&delivery.place)));
         let mut start = start;
         if unstartable.is_some() || !matches!(in_line, Ok(true)) {
             Box::pin(lease.take_back(&start)).await;
@@ -315,14 +313,13 @@ impl Lead {
     ) -> Result<bool, Failure> {
         let deadline = tokio::time::Instant::now() + ORDER_WAIT;
         loop {
-            let oldest = self
+            let in_line = self
                 .bus
-                .oldest_submission(&submission.tenant, &submission.session)
+                .first_in_line(&submission.tenant, &submission.session, place)
                 .await
                 .map_err(|e| e.to_failure())?;
-            match oldest {
-                Some(oldest) if oldest.is_before(&place) => {}
-                _ => return Ok(true),
+            if in_line {
+                return Ok(true);
             }
             if tokio::time::Instant::now() >= deadline {
                 tracing::info!(
