@@ -78,7 +78,9 @@ where
             if messages.iter().any(|m| !m.images.is_empty()) {
                 keep_newest_images(messages, layer.limits.max_images);
                 if let Some(tenant) = call.origin.as_ref().map(|o| o.tenant.clone()) {
-                    read_stored(&layer.payloads, &tenant, messages).await?;
+                    // Boxed: inline, it would size the future every model call keeps while it
+                    // waits for its answer, images or not.
+                    Box::pin(read_stored(&layer.payloads, &tenant, messages)).await?;
                 }
             }
             ready.call(call).await.map_err(Into::into)

@@ -147,7 +147,9 @@ where
                 lease: SLOT_LEASE,
                 waiting_note: WAITING_NOTE,
             };
-            wait_for_slot(&store, &slot, deadline_ms).await?;
+            // The slot's steps are boxed: inline, they would size the future every model call
+            // keeps while it waits for its answer.
+            Box::pin(wait_for_slot(&store, &slot, deadline_ms)).await?;
             let slots = limits.model.max_concurrency > 0 || limits.tenant.max_concurrency > 0;
             let held = slots.then(|| HeldSlot {
                 store: store.clone(),
@@ -158,11 +160,11 @@ where
             });
             let attempt = ready.call(call).map_err(Into::<BoxError>::into);
             let result = match &held {
-                Some(slot) => slot.renew_while(attempt).await,
+                Some(slot) => Box::pin(slot.renew_while(attempt)).await,
                 None => attempt.await,
             };
             if let Some(slot) = held {
-                slot.release().await;
+                Box::pin(slot.release()).await;
             }
             let response = result?;
             if limits.model.tokens_per_minute > 0 || limits.tenant.tokens_per_minute > 0 {
@@ -170,7 +172,8 @@ where
                     .usage
                     .prompt_tokens
                     .saturating_add(response.usage.completion_tokens);
-                if let Err(error) = store.count_model_tokens(&model, &tenant, used).await {
+                if let Err(error) = Box::pin(store.count_model_tokens(&model, &tenant, used)).await
+                {
                     tracing::warn!(%model, %error, "model tokens could not be counted");
                 }
             }

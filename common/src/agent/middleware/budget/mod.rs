@@ -169,13 +169,15 @@ where
                     .map_or(shared.settings.max_output_tokens, |asked| {
                         asked.min(shared.settings.max_output_tokens)
                     });
-                let (holds, output) = reserve(
+                // Boxed, as the settling below: inline, they would size the future every model
+                // call keeps while it waits for its answer, budget or not.
+                let (holds, output) = Box::pin(reserve(
                     &shared.store,
                     ledgers,
                     sizing,
                     ceiling,
                     shared.settings.hold,
-                )
+                ))
                 .await?;
                 // The server stops the answer where the reservation ends.
                 call.request.max_output_tokens = Some(output);
@@ -186,7 +188,7 @@ where
                 Ok(response) => response,
                 Err(error) => {
                     if let Some(holds) = holds {
-                        holds.settle(0, 0).await;
+                        Box::pin(holds.settle(0, 0)).await;
                     }
                     return Err(error);
                 }
@@ -203,7 +205,7 @@ where
             };
             let tokens = input.saturating_add(output);
             if let Some(holds) = holds {
-                holds.settle(tokens, cost_nanos).await;
+                Box::pin(holds.settle(tokens, cost_nanos)).await;
             }
             shared.record(&tenant, &model, tokens, cost_nanos);
             Ok(response)
