@@ -94,18 +94,19 @@ return false
 /// trace ('' for none: the submission carried its sender's; kept only if none is yet, and then
 /// kept as long as the attempts), checkpoint ttl seconds, '1' to take the next event epoch (a
 /// delivery's first start: the counter is raised whatever the start's outcome, and kept as long
-/// as the attempts) or '' (a later start of the same delivery keeps the epoch it took). Taking the lease names the caller the checkpoints' holder (field ''): the
-/// checkpoint the turn resumes from (the previous holder's field) moves to the caller's field and
-/// every other field goes, so what a lead that lost the lease writes later (into its own field)
-/// is never read; the hash's expiry is set, so the holder's writes need not set it again for a
-/// while. Every reply leads with the epoch taken ('' when none was asked for), then:
-/// {'finished', final}; {'busy'} (another holds the lease; nothing counted; also when the lease
-/// is this caller's own, held by an earlier run of the task); {'busy', 'unbounded'} (the lease
-/// had no expiry, which no lead writes: it is given the lease ttl now, so it lapses then, as
-/// the lease of a lead that stopped does); {'exhausted', n} (attempt n counted, over the limit,
-/// lease not taken); or {'started', n, version, state, checkpoint, offset, paused, was_paused,
-/// interrupt, steered, history} with the lease taken (the history from the offset on: what a
-/// summary stands for is not loaded; absent controls as '').
+/// as the attempts) or '' (a later start of the same delivery keeps the epoch it took). Taking
+/// the lease names the caller the checkpoints' holder (field ''): the checkpoint the turn resumes
+/// from (the previous holder's field) moves to the caller's field and every other field goes, so
+/// what a lead that lost the lease writes later (into its own field) is never read; the hash's
+/// expiry is set, so the holder's writes need not set it again for a while. Every reply leads
+/// with the epoch taken ('' when none was asked for), then: {'finished', final}; {'busy'}
+/// (another holds the lease; nothing counted; also when the lease is this caller's own, held by
+/// an earlier run of the task); {'busy', 'unbounded'} (the lease had no expiry, which no lead
+/// writes: it is given the lease ttl now, so it lapses then, as the lease of a lead that stopped
+/// does); {'exhausted', n} (attempt n counted, over the limit, lease not taken); or {'started',
+/// n, version, state, checkpoint, offset, paused, was_paused, interrupt, steered, history} with
+/// the lease taken (the history from the offset on: what a summary stands for is not loaded;
+/// absent controls as '').
 pub(super) static BEGIN_SCRIPT: Lua = Lua::new(
     r#"
 local epoch = ''

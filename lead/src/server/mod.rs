@@ -5,11 +5,11 @@
 //! looks: a cancel request, whether an older submission of the session is unfinished, and the
 //! turn's start in Redis (one script: take the delivery's event epoch, answer from the stored
 //! final result if the task already ran — idempotent resubmits — else count the attempt, take the
-//! session lease, load the session and any checkpoint) → if the task may not start (cancelled, past its deadline) or an older task of the
-//! session is unfinished (submission order), take the start back (release, uncount) and end or
-//! wait → run (or resume) the turn, checkpointing the calls of every step before they are
-//! dispatched → end it atomically (session, final result, lease released) → publish the final
-//! result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
+//! session lease, load the session and any checkpoint) → if the task may not start (cancelled,
+//! past its deadline) or an older task of the session is unfinished (submission order), take the
+//! start back (release, uncount) and end or wait → run (or resume) the turn, checkpointing the
+//! calls of every step before they are dispatched → end it atomically (session, final result,
+//! lease released) → publish the final result → ack. While a turn runs, progress acks keep the broker from redelivering it and the
 //! lease is renewed.
 //!
 //! A submission its client sent without trace context stays in one trace across its deliveries:

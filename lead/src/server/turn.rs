@@ -91,10 +91,10 @@ impl Lead {
             trace: trace.as_deref(),
         });
         // Independent looks in one round trip: a cancel request (or a passed deadline), whether
-        // an older submission of the session is unfinished, and the start of the turn itself — which takes
-        // this delivery's event epoch and answers a task that already ended (a resubmit), or
-        // counts the attempt, takes the session's lease and loads the session. A start that must
-        // not stand is taken back below.
+        // an older submission of the session is unfinished, and the start of the turn itself,
+        // which takes this delivery's event epoch and answers a task that already ended (a
+        // resubmit), or counts the attempt, takes the session's lease and loads the session. A
+        // start that must not stand is taken back below.
         // Registered before the first look, so an announcement right after it is not missed.
         let waiter = self.turns.wait_for(tenant, session);
         let (unstartable, in_line, start) = async {
