@@ -605,25 +605,21 @@ async fn a_turn_is_in_line_only_when_no_older_task_of_its_session_is_unfinished(
         .expect("published")
         .await
         .expect("stored");
+    let in_line = |own| {
+        let (bus, session) = (&bus, &session);
+        async move { bus.first_in_line("acme", session, own).await.expect("look") }
+    };
 
-    assert!(bus
-        .first_in_line("acme", &session, first)
-        .await
-        .expect("look"));
+    assert!(in_line(first).await);
+    let seen = (count(&mut direct_gets).await, count(&mut api_gets).await);
     assert_eq!(
-        (count(&mut direct_gets).await, count(&mut api_gets).await),
+        seen,
         (1, 0),
         "in line: one direct get, nothing asked of the leader"
     );
-    assert!(!bus
-        .first_in_line("acme", &session, second)
-        .await
-        .expect("look"));
-    assert_eq!(
-        (count(&mut direct_gets).await, count(&mut api_gets).await),
-        (1, 1),
-        "an older task is confirmed by the leader"
-    );
+    assert!(!in_line(second).await);
+    let seen = (count(&mut direct_gets).await, count(&mut api_gets).await);
+    assert_eq!(seen, (1, 1), "an older task is confirmed by the leader");
 
     // Direct gets off, as on a submit stream an earlier build made.
     let mut config = jetstream
@@ -635,25 +631,14 @@ async fn a_turn_is_in_line_only_when_no_older_task_of_its_session_is_unfinished(
         .clone();
     config.allow_direct = false;
     jetstream.update_stream(config).await.expect("updated");
-    assert!(bus
-        .first_in_line("acme", &session, first)
-        .await
-        .expect("look"));
+    assert!(in_line(first).await);
+    let seen = (count(&mut direct_gets).await, count(&mut api_gets).await);
+    assert_eq!(seen, (1, 1), "an unanswered direct get: the leader answers");
+    assert!(!in_line(second).await);
+    assert!(in_line(first).await);
+    let seen = (count(&mut direct_gets).await, count(&mut api_gets).await);
     assert_eq!(
-        (count(&mut direct_gets).await, count(&mut api_gets).await),
-        (1, 1),
-        "an unanswered direct get: the leader answers"
-    );
-    assert!(!bus
-        .first_in_line("acme", &session, second)
-        .await
-        .expect("look"));
-    assert!(bus
-        .first_in_line("acme", &session, first)
-        .await
-        .expect("look"));
-    assert_eq!(
-        (count(&mut direct_gets).await, count(&mut api_gets).await),
+        seen,
         (0, 2),
         "after it, only the leader is asked for a while"
     );
@@ -666,10 +651,7 @@ async fn a_turn_is_in_line_only_when_no_older_task_of_its_session_is_unfinished(
         .delete_message(stored[0])
         .await
         .expect("removed");
-    assert!(bus
-        .first_in_line("acme", &session, second)
-        .await
-        .expect("look"));
+    assert!(in_line(second).await);
 }
 
 /// Two calls of one step, the first slow and the second fast: the model observes them in its
