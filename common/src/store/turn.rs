@@ -122,15 +122,16 @@ impl TurnLease {
     /// is released before the error is returned.
     pub async fn begin(&self) -> Result<TurnStart, StoreError> {
         let take_epoch = self.event_epoch().is_none();
-        let start = match self.store.start_turn(self.claim(), take_epoch).await {
-            Ok((start, epoch)) => {
+        let start = self
+            .store
+            .start_turn(self.claim(), take_epoch)
+            .await
+            .map(|(start, epoch)| {
                 if let Some(epoch) = epoch {
                     self.event_epoch.store(epoch, Ordering::Relaxed);
                 }
-                Ok(start)
-            }
-            Err(e) => Err(e),
-        };
+                start
+            });
         if start.as_ref().is_err_and(StoreError::is_persistent) {
             self.release().await;
         }

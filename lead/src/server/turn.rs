@@ -165,13 +165,11 @@ impl Lead {
                     session,
                     checkpoint,
                     controls,
-                }) => match lease.event_epoch() {
-                    Some(epoch) => break (attempt, session, checkpoint, controls, epoch),
-                    None => {
+                }) => match epoch_of(&lease) {
+                    Ok(epoch) => break (attempt, session, checkpoint, controls, epoch),
+                    Err(e) => {
                         Box::pin(lease.release()).await;
-                        return Settled::store_trouble(StoreError::UnexpectedReply(
-                            "the turn-start script (no event epoch)",
-                        ));
+                        return Settled::store_trouble(e);
                     }
                 },
                 Ok(TurnStart::Finished(done)) => {
@@ -245,11 +243,9 @@ impl Lead {
         done: skein_common::protocol::FinalResult,
         lease: &TurnLease,
     ) -> Settled {
-        match lease.event_epoch() {
-            Some(epoch) => self.emit_final(submission, done, epoch).boxed().await,
-            None => Settled::store_trouble(StoreError::UnexpectedReply(
-                "the turn-start script (no event epoch)",
-            )),
+        match epoch_of(lease) {
+            Ok(epoch) => self.emit_final(submission, done, epoch).boxed().await,
+            Err(e) => Settled::store_trouble(e),
         }
     }
 
@@ -551,4 +547,12 @@ impl Lead {
             .await
         }
     }
+}
+
+/// The event epoch a start that Redis answered took (`TurnLease::begin` takes it with the first
+/// one); an answered start without it is a reply the store cannot read.
+fn epoch_of(lease: &TurnLease) -> Result<u64, StoreError> {
+    lease.event_epoch().ok_or(StoreError::UnexpectedReply(
+        "the turn-start script (no event epoch)",
+    ))
 }
