@@ -4,9 +4,16 @@
 //!
 //! Invariant: a registration lives exactly as long as its guard, so the registry only holds work
 //! that is running.
+//!
+//! A lead also keeps what it heard *complete* since a known point ([`CancelRegistry::cover_submissions`]):
+//! the submit streams' last sequences, read while its subscription was in place and nothing had
+//! been missed. A submission stored after that point can have no cancel request this lead did not
+//! hear, so its turn's start asks the registry instead of `SKEIN_CANCEL`
+//! ([`CancelRegistry::heard_since`]). A gap (the connection dropped, the subscription fell behind,
+//! a request forgotten for room) ends the coverage until it is read again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,7 +21,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bus::{Bus, BusError};
+use crate::bus::{Bus, BusError, SubmissionPlace};
 use crate::principals::{Acting, Operation, Refusal};
 use crate::subjects;
 
@@ -31,12 +38,23 @@ const REMEMBERED: Duration = Duration::from_secs(600);
 /// it starts (`Bus::cancel_requested`).
 pub const MAX_REMEMBERED: usize = 100_000;
 
+/// How long after its subscription is (again) in place the registry waits before it counts
+/// what it hears as complete: the servers of a cluster learn of a new subscription a moment
+/// after the one it was made on.
+const COVERAGE_SETTLE: Duration = Duration::from_secs(1);
+/// How often a coverage is read again when nothing ended it; well inside [`REMEMBERED`], since a
+/// request heard after the coverage's start is only sure to be remembered that long.
+const COVERAGE_RENEW_EVERY: Duration = Duration::from_secs(60);
+
 /// Running work of this process, by (tenant, task id), and the cancel requests it heard lately.
 #[derive(Clone, Default)]
 pub struct CancelRegistry {
     inner: Arc<Mutex<Registered>>,
     next: Arc<AtomicU64>,
     heard: Arc<Mutex<Heard>>,
+    /// Whether the listener runs (a coverage is read only while it does).
+    listening: Arc<AtomicBool>,
+    coverage: Arc<Mutex<Option<Coverage>>>,
 }
 
 /// Cancel requests heard lately, oldest first: remembering one and forgetting the expired ones
@@ -45,6 +63,20 @@ pub struct CancelRegistry {
 struct Heard {
     at: HashMap<(String, String), Instant>,
     order: VecDeque<(Instant, (String, String))>,
+    /// How many were forgotten before they expired, for room.
+    crowded_out: u64,
+}
+
+/// Since when every cancel request published was heard: the submit partitions' last sequences
+/// then, read while the subscription was in place. Stands while the bus's gap count and the
+/// requests crowded out are as they were, for [`REMEMBERED`] from its start.
+struct Coverage {
+    started: Instant,
+    gaps: u64,
+    crowded_out: u64,
+    gaps_now: tokio::sync::watch::Receiver<u64>,
+    /// Each covered submit partition's last sequence at the start.
+    stream_ends: Vec<(u32, u64)>,
 }
 
 impl Heard {
@@ -53,6 +85,9 @@ impl Heard {
             let expired = now.duration_since(*at) >= REMEMBERED;
             if !expired && self.order.len() < capacity {
                 break;
+            }
+            if !expired {
+                self.crowded_out += 1;
             }
             if let Some((at, old)) = self.order.pop_front() {
                 // A key heard again later has a newer entry; only its latest one forgets it.
@@ -140,6 +175,111 @@ impl CancelRegistry {
             .unwrap_or(false)
     }
 
+    /// Whether a cancel request for the task was heard, when every request published since its
+    /// submission was stored at `place` is known to have been heard (a coverage holds the place);
+    /// `None` when that is not known and `SKEIN_CANCEL` must be asked.
+    pub fn heard_since(&self, tenant: &str, task_id: &str, place: SubmissionPlace) -> Option<bool> {
+        let coverage = self.coverage.lock().ok()?;
+        let coverage = coverage.as_ref()?;
+        let holds = coverage.started.elapsed() < REMEMBERED
+            && *coverage.gaps_now.borrow() == coverage.gaps
+            && coverage
+                .stream_ends
+                .iter()
+                .any(|&(partition, end)| partition == place.partition && place.sequence > end);
+        if !holds {
+            return None;
+        }
+        let heard = self.heard.lock().ok()?;
+        (heard.crowded_out == coverage.crowded_out)
+            .then(|| heard.contains(&(tenant.to_owned(), task_id.to_owned()), Instant::now()))
+    }
+
+    /// Keeps a coverage of what this registry hears (see the module's header) until `stop`: read
+    /// at the start and after every gap, and renewed every [`COVERAGE_RENEW_EVERY`]. Call after
+    /// [`CancelRegistry::listen`].
+    pub fn cover_submissions(&self, bus: &Bus, tracker: &TaskTracker, stop: CancellationToken) {
+        let (registry, bus) = (self.clone(), bus.clone());
+        tracker.spawn(async move {
+            let mut gaps = bus.core_gaps();
+            let mut next_read = Duration::ZERO;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    changed = gaps.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        registry.set_coverage(None);
+                        next_read = Duration::ZERO;
+                        continue;
+                    }
+                    () = tokio::time::sleep(next_read) => {}
+                }
+                let read = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    read = registry.read_coverage(&bus, &mut gaps) => read,
+                };
+                next_read = match read {
+                    Ok(()) => COVERAGE_RENEW_EVERY,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cancel coverage not read; turns ask the stream");
+                        COVERAGE_SETTLE
+                    }
+                };
+            }
+            registry.set_coverage(None);
+        });
+    }
+
+    /// Reads a coverage: the gap counts first; then the subscription confirmed by a round trip,
+    /// [`COVERAGE_SETTLE`] for the rest of a cluster to learn of it, and the submit streams' ends.
+    /// A gap meanwhile leaves it standing for nothing.
+    async fn read_coverage(
+        &self,
+        bus: &Bus,
+        gaps: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> Result<(), BusError> {
+        if !self.listening.load(Ordering::SeqCst) {
+            return Err(BusError::Consumer {
+                consumer: subjects::CANCEL_ALL.to_owned(),
+                message: "the cancel listener is not running".to_owned(),
+            });
+        }
+        let seen_gaps = *gaps.borrow_and_update();
+        let crowded_out = self
+            .heard
+            .lock()
+            .map(|heard| heard.crowded_out)
+            .unwrap_or(0);
+        bus.client().flush().await.map_err(|e| BusError::Consumer {
+            consumer: subjects::CANCEL_ALL.to_owned(),
+            message: e.to_string(),
+        })?;
+        tokio::time::sleep(COVERAGE_SETTLE).await;
+        let started = Instant::now();
+        let stream_ends = bus.submit_stream_ends().await?;
+        if let Ok(mut slot) = self.coverage.lock() {
+            // Under the lock: a listener that stopped meanwhile clears it after this.
+            if self.listening.load(Ordering::SeqCst) {
+                *slot = Some(Coverage {
+                    started,
+                    gaps: seen_gaps,
+                    crowded_out,
+                    gaps_now: gaps.clone(),
+                    stream_ends,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn set_coverage(&self, coverage: Option<Coverage>) {
+        if let Ok(mut slot) = self.coverage.lock() {
+            *slot = coverage;
+        }
+    }
+
     fn remember(&self, tenant: &str, task_id: &str) {
         if let Ok(mut heard) = self.heard.lock() {
             let key = (tenant.to_owned(), task_id.to_owned());
@@ -159,6 +299,7 @@ impl CancelRegistry {
         let mut requests = bus.subscribe(subjects::CANCEL_ALL).await?;
         let registry = self.clone();
         let bus = bus.clone();
+        self.listening.store(true, Ordering::SeqCst);
         tracker.spawn(async move {
             loop {
                 let request = tokio::select! {
@@ -200,6 +341,9 @@ impl CancelRegistry {
                     tracing::info!(tenant, task_id, call, stopped, "cancel request for one run");
                 }
             }
+            // Nothing is heard from here on: no coverage stands.
+            registry.listening.store(false, Ordering::SeqCst);
+            registry.set_coverage(None);
         });
         Ok(())
     }
@@ -223,11 +367,76 @@ mod tests {
         assert_eq!(heard.len(), 4);
         assert!(!heard.contains(&key(5), now));
         assert!((6..10).all(|n| heard.contains(&key(n), now)));
-        // Expired ones go at the next insert, whatever the room.
+        assert_eq!(
+            heard.crowded_out, 6,
+            "forgotten for room, before they expired"
+        );
+        // Expired ones go at the next insert, whatever the room; they were not crowded out.
         let later = now + REMEMBERED;
         heard.insert(key(99), later, 4);
         assert_eq!(heard.len(), 1);
         assert!(heard.contains(&key(99), later));
+        assert_eq!(heard.crowded_out, 6);
+    }
+
+    #[test]
+    fn a_coverage_answers_only_for_later_places_and_only_until_a_gap_or_a_request_crowded_out() {
+        let registry = CancelRegistry::default();
+        let (gap, gaps_now) = tokio::sync::watch::channel(3u64);
+        let cover = |started: Instant| {
+            registry.set_coverage(Some(Coverage {
+                started,
+                gaps: 3,
+                crowded_out: 0,
+                gaps_now: gaps_now.clone(),
+                stream_ends: vec![(0, 10), (2, 5)],
+            }));
+        };
+        let at = |partition, sequence| SubmissionPlace {
+            partition,
+            sequence,
+            stored_ns: 0,
+        };
+        assert_eq!(
+            registry.heard_since("t", "a", at(0, 11)),
+            None,
+            "no coverage yet"
+        );
+        cover(Instant::now());
+        assert_eq!(registry.heard_since("t", "a", at(0, 11)), Some(false));
+        assert_eq!(registry.heard_since("t", "a", at(2, 6)), Some(false));
+        assert_eq!(
+            registry.heard_since("t", "a", at(0, 10)),
+            None,
+            "stored before it"
+        );
+        assert_eq!(
+            registry.heard_since("t", "a", at(1, 99)),
+            None,
+            "a partition not read"
+        );
+        registry.remember("t", "a");
+        assert_eq!(registry.heard_since("t", "a", at(0, 11)), Some(true));
+
+        registry.heard.lock().expect("heard").crowded_out += 1;
+        assert_eq!(
+            registry.heard_since("t", "a", at(0, 11)),
+            None,
+            "one forgotten for room"
+        );
+        registry.heard.lock().expect("heard").crowded_out = 0;
+        assert_eq!(registry.heard_since("t", "a", at(0, 11)), Some(true));
+        gap.send_replace(4);
+        assert_eq!(registry.heard_since("t", "a", at(0, 11)), None, "a gap");
+        gap.send_replace(3);
+        if let Some(long_ago) = Instant::now().checked_sub(REMEMBERED) {
+            cover(long_ago);
+            assert_eq!(
+                registry.heard_since("t", "a", at(0, 11)),
+                None,
+                "older than what is remembered"
+            );
+        }
     }
 
     #[test]

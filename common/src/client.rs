@@ -308,8 +308,8 @@ impl SkeinClient {
             .validate(self.bus.max_payload())
             .map_err(ClientError::Rejected)?;
         let subject = self.bus.events_subject(tenant, task_id);
-        let mut disconnects = self.bus.disconnects();
-        disconnects.mark_unchanged();
+        let mut gaps = self.bus.core_gaps();
+        gaps.mark_unchanged();
         let mut live = self.bus.subscribe(&subject).await?;
         let stored = self.submit_stored(submission).await?;
         let mut passed_on = 0usize;
@@ -325,7 +325,7 @@ impl SkeinClient {
                     let message = tokio::select! {
                         biased;
                         // A gap: what was published meanwhile is only in the stream.
-                        _ = disconnects.changed() => break,
+                        _ = gaps.changed() => break,
                         message = live.next() => message,
                         _ = look_up.tick() => {
                             if let Ok(Some(result)) =

@@ -144,7 +144,7 @@ async fn a_client_cut_off_while_the_final_event_is_published_still_gets_it() {
         (model.arrived() >= 1).then_some(())
     })
     .await;
-    let mut disconnects = client.bus().disconnects();
+    let mut disconnects = client.bus().core_gaps();
     proxy.cut();
     tokio::time::timeout(Duration::from_secs(10), disconnects.changed())
         .await

@@ -184,8 +184,9 @@ pub struct BusParts {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     max_payload: usize,
-    /// How often the connection has dropped (core subscriptions miss what is published then).
-    disconnects: tokio::sync::watch::Receiver<u64>,
+    /// How often core subscriptions may have missed messages: the connection dropped, or a
+    /// subscription fell so far behind that the client dropped what it received.
+    core_gaps: tokio::sync::watch::Receiver<u64>,
     /// Replicas of the streams this process creates (and raises existing ones to).
     stream_replicas: usize,
     /// Partitions this process creates and publishes submissions, calls and events to
@@ -223,14 +224,17 @@ impl Bus {
         max_payload: usize,
     ) -> Result<Self, BusError> {
         let servers = server_addrs(&cfg.url)?;
-        let (disconnected, disconnects) = tokio::sync::watch::channel(0u64);
+        let (gap, core_gaps) = tokio::sync::watch::channel(0u64);
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(cfg.connect_timeout)
             .max_reconnects(None)
             .event_callback(move |event| {
-                if matches!(event, async_nats::Event::Disconnected) {
-                    disconnected.send_modify(|n| *n += 1);
+                if matches!(
+                    event,
+                    async_nats::Event::Disconnected | async_nats::Event::SlowConsumer(_)
+                ) {
+                    gap.send_modify(|n| *n += 1);
                 }
                 futures::future::ready(())
             });
@@ -275,7 +279,7 @@ impl Bus {
             client,
             jetstream,
             max_payload: max_payload.min(server_cap.max(1)),
-            disconnects,
+            core_gaps,
             stream_replicas: cfg.stream_replicas.max(1),
             partitions,
             known_submit_partitions: std::sync::Arc::new(std::sync::RwLock::new(
@@ -354,14 +358,15 @@ impl Bus {
         self.stream_replicas
     }
 
-    /// Changes each time the connection drops; what core subscriptions missed meanwhile must be
-    /// read from a stream.
-    pub fn disconnects(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.disconnects.clone()
+    /// Changes each time core subscriptions may have missed messages (the connection dropped, or
+    /// a subscription fell behind and the client dropped some); what they missed must be read
+    /// from a stream.
+    pub fn core_gaps(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.core_gaps.clone()
     }
 
     /// A core subscription (replies, cancel requests, wakes): messages published while it is
-    /// disconnected are missed (see [`Bus::disconnects`]); payloads are still capped where they
+    /// disconnected are missed (see [`Bus::core_gaps`]); payloads are still capped where they
     /// are decoded ([`Bus::decode`]).
     pub async fn subscribe(&self, subject: &str) -> Result<async_nats::Subscriber, BusError> {
         self.client

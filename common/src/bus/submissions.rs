@@ -9,8 +9,9 @@
 //! those found since by [`Bus::submit_partitions`]. Places in one partition are ordered by
 //! sequence, places in two by when their streams stored them ([`SubmissionPlace`]).
 //!
-//! Only reads: gets by subject from the stream leaders, and a direct get answered by any replica
-//! where a stale answer cannot mislead ([`Bus::first_in_line`]). Each message is named by its
+//! Only reads: gets by subject from the stream leaders, a direct get answered by any replica
+//! where a stale answer cannot mislead ([`Bus::first_in_line`]), and the streams' last sequences
+//! ([`Bus::submit_stream_ends`]). Each message is named by its
 //! task id as the submitter gave it — its `Nats-Msg-Id` (`<tenant>:<task_id>`), or else the
 //! body's `task_id` — and only when that is a valid token.
 
@@ -209,6 +210,25 @@ impl Bus {
                 false
             }
         }
+    }
+
+    /// The last sequence each known submit partition's stream has stored: a submission stored
+    /// after this call answers has a higher one. One request per partition, to its leader.
+    pub async fn submit_stream_ends(&self) -> Result<Vec<(u32, u64)>, BusError> {
+        try_join_all(
+            self.known_submit_partitions()
+                .into_iter()
+                .map(|k| async move {
+                    let name = subjects::submit_stream(k);
+                    let stream = self
+                        .jetstream
+                        .get_stream(&name)
+                        .await
+                        .map_err(|e| super::stream_error(&name, e.to_string()))?;
+                    Ok((k, stream.cached_info().state.last_sequence))
+                }),
+        )
+        .await
     }
 
     /// The session's unfinished submissions placed before `before`, oldest first, at most `limit`

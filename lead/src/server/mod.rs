@@ -287,6 +287,7 @@ async fn serve(builder: LeadBuilder, shutdown: CancellationToken) -> Result<(), 
             Some(cancel_audit),
         )
         .await?;
+    cancels.cover_submissions(&bus, &work.background, work.background_stop.clone());
     let lead = Arc::new(Lead {
         payloads: skein_common::payloads::PayloadStore::new(&bus),
         bus,

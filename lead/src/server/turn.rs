@@ -99,7 +99,7 @@ impl Lead {
         let waiter = self.turns.wait_for(tenant, session);
         let (unstartable, in_line, start) = async {
             tokio::join!(
-                self.not_startable(submission),
+                self.not_startable(submission, delivery.place),
                 self.bus.first_in_line(tenant, session, delivery.place),
                 lease.begin(),
             )
@@ -268,8 +268,15 @@ impl Lead {
         self.publish_final(result).await
     }
 
-    /// Why the task must not start, if it must not: it was cancelled, or its deadline passed.
-    async fn not_startable(&self, submission: &TaskSubmission) -> Option<Failure> {
+    /// Why the task must not start, if it must not: it was cancelled, or its deadline passed. A
+    /// cancel request is looked for in what this lead heard when that holds every request since
+    /// the submission was stored at `place` (`CancelRegistry::heard_since`), else in
+    /// `SKEIN_CANCEL`.
+    async fn not_startable(
+        &self,
+        submission: &TaskSubmission,
+        place: SubmissionPlace,
+    ) -> Option<Failure> {
         if submission
             .origin()
             .time_left()
@@ -280,11 +287,12 @@ impl Lead {
                 "the task's deadline passed before it started",
             ));
         }
-        match self
-            .bus
-            .cancel_requested(&submission.tenant, &submission.task_id)
-            .await
-        {
+        let (tenant, task_id) = (&submission.tenant, &submission.task_id);
+        let requested = match self.cancels.heard_since(tenant, task_id, place) {
+            Some(heard) => Ok(heard),
+            None => self.bus.cancel_requested(tenant, task_id).await,
+        };
+        match requested {
             Ok(true) => Some(Failure::new(
                 FailureKind::Cancelled,
                 "cancelled before it started",
