@@ -81,10 +81,8 @@ pub fn submit(tenant: &str, session: &str) -> String {
 /// `skein.submit.{tenant}.{session}` in partition 0, `skein.submit~{k}.{tenant}.{session}` in
 /// partition `k` ≥ 1 (stream [`submit_stream`]).
 pub fn submit_in(partition: u32, tenant: &str, session: &str) -> String {
-    format!(
-        "skein.{}.{tenant}.{session}",
-        partition_kind("submit", partition)
-    )
+    let kind = partition_kind("submit", partition);
+    crate::text::joined(&["skein.", &kind, ".", tenant, ".", session])
 }
 
 /// The tenant and session named by a submit subject of any partition, if it is one.
@@ -192,7 +190,8 @@ pub fn kind(subject: &str) -> &str {
 
 /// Where a call of `tool` is sent for workers of `pool`, in work partition `partition`.
 pub fn tool_task(partition: u32, pool: &str, tool: &str) -> String {
-    format!("skein.{}.{pool}.{tool}", partition_kind("tool", partition))
+    let kind = partition_kind("tool", partition);
+    crate::text::joined(&["skein.", &kind, ".", pool, ".", tool])
 }
 
 /// Filter of the consumer shared by the workers of `pool` for tool tasks, on partition
@@ -256,7 +255,7 @@ pub const REPLY_PREFIX: &str = "skein.reply.";
 
 /// Where the result of dispatch number `n` of process `instance` arrives.
 pub fn reply(instance: &str, n: u64) -> String {
-    format!("{REPLY_PREFIX}{instance}.{n}")
+    crate::text::joined_with_number(&[REPLY_PREFIX, instance, "."], 3, n)
 }
 
 /// All reply subjects of process `instance`.
@@ -282,7 +281,7 @@ pub fn dead_letter(original_subject: &str) -> String {
 /// Where a request to cancel a task is published (kept in `SKEIN_CANCEL`, so work that starts
 /// later still sees it).
 pub fn cancel(tenant: &str, task_id: &str) -> String {
-    format!("skein.cancel.{tenant}.{task_id}")
+    crate::text::joined(&["skein.cancel.", tenant, ".", task_id])
 }
 
 /// Where a cancel request for one subagent run of a task (and the runs under it) is published.
@@ -361,7 +360,7 @@ pub fn parse_result(subject: &str) -> Option<(&str, &str, &str)> {
 
 /// Where a lead announces that a session may be free for its next turn.
 pub fn turned(tenant: &str, session: &str) -> String {
-    format!("skein.turned.{tenant}.{session}")
+    crate::text::joined(&["skein.turned.", tenant, ".", session])
 }
 
 pub fn parse_turned(subject: &str) -> Option<(&str, &str)> {
@@ -375,8 +374,12 @@ pub fn parse_turned(subject: &str) -> Option<(&str, &str)> {
 /// `skein.events.{tenant}.{task_id}` in partition 0, with a last token `~{k}` in partition `k`.
 pub fn events_in(partition: u32, tenant: &str, task_id: &str) -> String {
     match partition {
-        0 => format!("skein.events.{tenant}.{task_id}"),
-        k => format!("skein.events.{tenant}.{task_id}.~{k}"),
+        0 => crate::text::joined(&["skein.events.", tenant, ".", task_id]),
+        k => crate::text::joined_with_number(
+            &["skein.events.", tenant, ".", task_id, ".~"],
+            5,
+            u64::from(k),
+        ),
     }
 }
 

@@ -1,6 +1,35 @@
 //! Cutting text to a byte budget on a character boundary: every text that can echo outside
 //! input (failure messages, dead-letter reasons, error bodies) is bounded with these. Also the
-//! size of a JSON value, measured without building it.
+//! size of a JSON value, measured without building it, and names joined at their exact length
+//! (the Redis keys, subjects and call keys built on every step of a turn, where `format!` would
+//! grow each string several times).
+
+/// `parts` joined into one string, allocated once at its exact length.
+pub fn joined(parts: &[&str]) -> String {
+    let mut text = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        text.push_str(part);
+    }
+    text
+}
+
+/// [`joined`] with a number in decimal among the parts, at `at`.
+pub fn joined_with_number(parts: &[&str], at: usize, number: u64) -> String {
+    let mut digits = itoa::Buffer::new();
+    let number = digits.format(number);
+    let len = parts.iter().map(|part| part.len()).sum::<usize>() + number.len();
+    let mut text = String::with_capacity(len);
+    for (i, part) in parts.iter().enumerate() {
+        if i == at {
+            text.push_str(number);
+        }
+        text.push_str(part);
+    }
+    if at >= parts.len() {
+        text.push_str(number);
+    }
+    text
+}
 
 /// The largest char boundary of `text` at or below `index`.
 pub fn floor_char_boundary(text: &str, index: usize) -> usize {
@@ -54,6 +83,31 @@ pub fn json_len(value: &serde_json::Value) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joins_at_the_exact_length_with_a_number_where_asked() {
+        let key = joined(&["skein:{", "acme", ":", "s1", "}:lease"]);
+        assert_eq!(key, "skein:{acme:s1}:lease");
+        assert_eq!(key.capacity(), key.len());
+        assert_eq!(joined(&[]), "");
+        for (at, expected) in [(0, "7a:b"), (1, "a7:b"), (3, "a:b7"), (9, "a:b7")] {
+            let text = joined_with_number(&["a", ":", "b"], at, 7);
+            assert_eq!(text, expected);
+            assert_eq!(text.capacity(), text.len());
+        }
+        assert_eq!(
+            joined_with_number(&["t", ":", ":", "c"], 2, u64::MAX),
+            format!("t:{}:c", u64::MAX)
+        );
+        assert_eq!(
+            crate::protocol::call_key("t1", 12, "call_3"),
+            "t1:12:call_3"
+        );
+        assert_eq!(
+            crate::subjects::reply("lead-1", 42),
+            format!("{}lead-1.42", crate::subjects::REPLY_PREFIX)
+        );
+    }
 
     #[test]
     fn cuts_on_a_char_boundary_within_the_budget() {

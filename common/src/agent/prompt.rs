@@ -42,12 +42,21 @@ impl SystemPrompt {
 
     /// The sections joined in priority order (stable for equal priorities).
     pub fn render(mut self) -> String {
+        const BETWEEN: &str = "\n\n";
         self.sections.sort_by_key(|s| s.priority);
-        self.sections
+        let len = self
+            .sections
             .iter()
-            .map(|s| s.text.trim())
-            .collect::<Vec<_>>()
-            .join("\n\n")
+            .map(|s| s.text.trim().len() + BETWEEN.len())
+            .sum();
+        let mut text = String::with_capacity(len);
+        for (i, section) in self.sections.iter().enumerate() {
+            if i > 0 {
+                text.push_str(BETWEEN);
+            }
+            text.push_str(section.text.trim());
+        }
+        text
     }
 }
 

@@ -150,7 +150,9 @@ impl SkillCatalog {
         let mut text =
             String::from("Skills available (load one with the load_skill tool when it applies):\n");
         for skill in visible {
-            text.push_str(&format!("- {}: {}\n", skill.name, skill.description));
+            for part in ["- ", &skill.name, ": ", &skill.description, "\n"] {
+                text.push_str(part);
+            }
         }
         Some(text)
     }
@@ -161,10 +163,9 @@ impl SkillCatalog {
         for skill in &self.skills {
             let allowed = listed.is_none_or(|l| l.contains(&skill.name));
             if allowed && loaded.contains(&skill.name.as_str()) {
-                text.push_str(&format!(
-                    "Skill {} (loaded):\n{}\n\n",
-                    skill.name, skill.body
-                ));
+                for part in ["Skill ", &skill.name, " (loaded):\n", &skill.body, "\n\n"] {
+                    text.push_str(part);
+                }
             }
         }
         (!text.is_empty()).then_some(text)

@@ -726,7 +726,7 @@ pub fn ancestor_calls<'a>(workspace: &str, session: &'a str) -> Vec<&'a str> {
 /// and the steps of a turn (models may reuse call ids from step to step), and the same when a
 /// step is run again.
 pub fn call_key(task_id: &str, step: u32, call_id: &str) -> String {
-    format!("{task_id}:{step}:{call_id}")
+    crate::text::joined_with_number(&[task_id, ":", ":", call_id], 2, u64::from(step))
 }
 
 /// Longest `call_key` a worker accepts.

@@ -43,17 +43,29 @@
 //! | `skein:budget:{t}:{day}` | hash, as a task's | what tenant `t` spent on models on a UTC day (`YYYY-MM-DD`) and holds for calls in flight (expires after 2 days) |
 //! | `skein:budget:{t}:{day}:held` | sorted set, as a task's | the tenant's reservations of that day |
 
-fn tag(tenant: &str, session: &str) -> String {
-    format!("skein:{{{tenant}:{session}}}")
+/// `skein:{tenant:session}` followed by `rest`, built at its exact length.
+fn in_session(tenant: &str, session: &str, rest: &[&str]) -> String {
+    let len = "skein:{:}".len()
+        + tenant.len()
+        + session.len()
+        + rest.iter().map(|part| part.len()).sum::<usize>();
+    let mut key = String::with_capacity(len);
+    for part in ["skein:{", tenant, ":", session, "}"] {
+        key.push_str(part);
+    }
+    for part in rest {
+        key.push_str(part);
+    }
+    key
 }
 
 pub fn session(tenant: &str, session: &str) -> String {
-    format!("{}:session", tag(tenant, session))
+    in_session(tenant, session, &[":session"])
 }
 
 /// The session's history, one message per element.
 pub fn history(tenant: &str, session: &str) -> String {
-    format!("{}:history", tag(tenant, session))
+    in_session(tenant, session, &[":history"])
 }
 
 /// A signature nonce seen from principal key `key` (see `store::nonces`).
@@ -73,12 +85,12 @@ pub fn response(tenant: &str, id: &str) -> String {
 
 /// A session's thread record (the gateway's Agent Protocol).
 pub fn thread(tenant: &str, session: &str) -> String {
-    format!("{}:thread", tag(tenant, session))
+    in_session(tenant, session, &[":thread"])
 }
 
 /// A thread's runs.
 pub fn thread_runs(tenant: &str, session: &str) -> String {
-    format!("{}:runs", tag(tenant, session))
+    in_session(tenant, session, &[":runs"])
 }
 
 /// The tenant's threads by creation time.
@@ -87,7 +99,7 @@ pub fn threads(tenant: &str) -> String {
 }
 
 pub fn lease(tenant: &str, session: &str) -> String {
-    format!("{}:lease", tag(tenant, session))
+    in_session(tenant, session, &[":lease"])
 }
 
 /// The task a work key belongs to: a turn's attempts field `turn:{task}`, or a call key
@@ -101,72 +113,72 @@ fn task_of(work: &str) -> &str {
 
 /// The call results of the task that `work` (a call key) belongs to.
 pub fn results(tenant: &str, session: &str, work: &str) -> String {
-    format!("{}:results:{}", tag(tenant, session), task_of(work))
+    in_session(tenant, session, &[":results:", task_of(work)])
 }
 
 /// The attempt counts of the task that `work` (a call key or a turn's field) belongs to.
 pub fn attempts(tenant: &str, session: &str, work: &str) -> String {
-    format!("{}:attempts:{}", tag(tenant, session), task_of(work))
+    in_session(tenant, session, &[":attempts:", task_of(work)])
 }
 
 /// The marker of a call's run in progress (see `SessionStore::claim_call`).
 pub fn running_call(tenant: &str, session: &str, call_key: &str) -> String {
-    format!("{}:running:{call_key}", tag(tenant, session))
+    in_session(tenant, session, &[":running:", call_key])
 }
 
 /// A turn's checkpoints, one field per lead that ran it (see `SessionStore::save_checkpoint`).
 pub fn checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:checkpoints:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":checkpoints:", task_id])
 }
 
 /// A turn's checkpoint as a single string, as earlier versions wrote it.
 pub fn legacy_checkpoint(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:turn:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":turn:", task_id])
 }
 
 /// The checkpoint of a subagent call's child turn, in the child session, by the call's key.
 pub fn call_checkpoint(tenant: &str, child_session: &str, call_key: &str) -> String {
-    format!("{}:call:{call_key}", tag(tenant, child_session))
+    in_session(tenant, child_session, &[":call:", call_key])
 }
 
 /// The outcome of a subagent call's child turn, in the child session, written with the child
 /// session's save: a redelivered task finds it and records it instead of running the turn again.
 pub fn call_outcome(tenant: &str, child_session: &str, call_key: &str) -> String {
-    format!("{}:outcome:{call_key}", tag(tenant, child_session))
+    in_session(tenant, child_session, &[":outcome:", call_key])
 }
 
 /// The `traceparent` a task's later deliveries continue (a task submitted without one).
 pub fn task_trace(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:trace:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":trace:", task_id])
 }
 
 /// The delivery counter of a piece of work (a task's turn, or a subagent call by its key): each
 /// delivery that emits events takes the next number, which leads its events' sequence numbers.
 pub fn event_epoch(tenant: &str, session: &str, work: &str) -> String {
-    format!("{}:epoch:{work}", tag(tenant, session))
+    in_session(tenant, session, &[":epoch:", work])
 }
 
 pub fn final_result(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:final:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":final:", task_id])
 }
 
 /// What was asked of a task: pause, interrupt, steer count (see `store::control`).
 pub fn control(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:control:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":control:", task_id])
 }
 
 /// Records of the session's ended turns, oldest first (`store::history`).
 pub fn turn_records(tenant: &str, session: &str) -> String {
-    format!("{}:turns", tag(tenant, session))
+    in_session(tenant, session, &[":turns"])
 }
 
 /// The messages a task was steered with, in order.
 pub fn steer(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:steer:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":steer:", task_id])
 }
 
 pub fn approved_rules(tenant: &str, session: &str) -> String {
-    format!("{}:approved", tag(tenant, session))
+    in_session(tenant, session, &[":approved"])
 }
 
 /// The tenant's approval requests; shares the hash tag `{tenant}` with [`answers`].
@@ -226,12 +238,12 @@ pub fn agent_slots(agent: &str) -> String {
 
 /// The spending ledger of user task `task_id` (its subagents draw from it too), with its session.
 pub fn budget(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:budget:{task_id}", tag(tenant, session))
+    in_session(tenant, session, &[":budget:", task_id])
 }
 
 /// The reservations of calls in flight on [`budget`]'s ledger.
 pub fn budget_held(tenant: &str, session: &str, task_id: &str) -> String {
-    format!("{}:held", budget(tenant, session, task_id))
+    in_session(tenant, session, &[":budget:", task_id, ":held"])
 }
 
 /// The spending ledger of `tenant` for one UTC `day` (`YYYY-MM-DD`); tagged `{tenant}`.
@@ -246,7 +258,7 @@ pub fn tenant_budget_held(tenant: &str, day: &str) -> String {
 
 /// The field of the attempts hash that counts attempts at task `task_id`'s turn.
 pub fn turn_attempts_field(task_id: &str) -> String {
-    format!("turn:{task_id}")
+    crate::text::joined(&["turn:", task_id])
 }
 
 #[cfg(test)]

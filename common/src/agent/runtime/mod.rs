@@ -610,7 +610,9 @@ impl Runtime {
             let mut roster =
                 format!("You can hand subtasks to these agents with the {SPAWN_TOOL} tool:\n");
             for sub in &turn.agent.subagents {
-                roster.push_str(&format!("- {}: {}\n", sub.name, sub.description));
+                for part in ["- ", &sub.name, ": ", &sub.description, "\n"] {
+                    roster.push_str(part);
+                }
             }
             prompt.add("subagents", priority::SUBAGENTS, roster);
         }
@@ -641,10 +643,15 @@ impl Runtime {
         prompt.add(
             "context",
             priority::CONTEXT,
-            format!(
-                "Session {} of tenant {}. Files you write persist in the workspace of session {}.",
-                turn.origin.session, turn.origin.tenant, turn.origin.workspace
-            ),
+            crate::text::joined(&[
+                "Session ",
+                &turn.origin.session,
+                " of tenant ",
+                &turn.origin.tenant,
+                ". Files you write persist in the workspace of session ",
+                &turn.origin.workspace,
+                ".",
+            ]),
         );
         self.middleware.prompt().apply(turn.agent, prompt.render())
     }
