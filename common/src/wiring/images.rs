@@ -74,8 +74,9 @@ where
         let mut ready = crate::agent::middleware::take_ready(&mut self.inner);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let messages = &mut call.request.messages;
-            if messages.iter().any(|m| !m.images.is_empty()) {
+            if call.request.messages.iter().any(|m| !m.images.is_empty()) {
+                // A copy of its own only where images are (the retry layer may share it).
+                let messages = std::sync::Arc::make_mut(&mut call.request.messages);
                 keep_newest_images(messages, layer.limits.max_images);
                 if let Some(tenant) = call.origin.as_ref().map(|o| o.tenant.clone()) {
                     // Boxed: inline, it would size the future every model call keeps while it

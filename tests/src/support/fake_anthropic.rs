@@ -521,7 +521,7 @@ mod tests {
         ModelRequest {
             model: "claude-fake".to_owned(),
             agent: "tester".to_owned(),
-            messages,
+            messages: std::sync::Arc::new(messages),
             tools: Vec::new().into(),
             max_output_tokens: None,
             output_schema: None,

@@ -979,7 +979,7 @@ mod tests {
         let request = ModelRequest {
             model: "m".to_owned(),
             agent: "tester".to_owned(),
-            messages: vec![Message::user("hello")],
+            messages: std::sync::Arc::new(vec![Message::user("hello")]),
             tools: Vec::new().into(),
             max_output_tokens: None,
             output_schema: None,
@@ -1231,7 +1231,7 @@ mod tests {
         let request = ModelRequest {
             model: "m".to_owned(),
             agent: "tester".to_owned(),
-            messages: vec![Message::user("hello")],
+            messages: std::sync::Arc::new(vec![Message::user("hello")]),
             tools: Vec::new().into(),
             max_output_tokens: Some(12),
             output_schema: None,

@@ -431,6 +431,34 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn every_attempt_of_a_model_call_shares_its_conversation_rather_than_copying_it() {
+        let call = model_call(None);
+        let conversation = Arc::as_ptr(&call.request.messages) as usize;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let failures = Arc::new(Mutex::new(vec![unavailable(), rate_limited()]));
+        let inner = tower::service_fn({
+            let seen = seen.clone();
+            move |call: ModelCall| {
+                let messages = Arc::as_ptr(&call.request.messages) as usize;
+                seen.lock().expect("seen").push(messages);
+                let failure = failures.lock().expect("failures").pop();
+                Box::pin(async move {
+                    match failure {
+                        Some(failure) => Err(Box::new(failure) as BoxError),
+                        None => Ok(text_response("answer")),
+                    }
+                }) as BoxFuture<'static, Result<ModelResponse, BoxError>>
+            }
+        });
+        model_layer(3)
+            .layer(inner)
+            .oneshot(call)
+            .await
+            .expect("the third attempt answers");
+        assert_eq!(*seen.lock().expect("seen"), [conversation; 3]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_model_failure_that_is_not_retryable_is_returned_at_once() {
         let calls = Arc::new(AtomicUsize::new(0));
         let refused = Failure::new(FailureKind::ModelFailed, "model server answered 400");

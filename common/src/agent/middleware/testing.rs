@@ -91,7 +91,7 @@ pub(super) fn model_call(deltas: Option<Arc<dyn DeltaSink>>) -> ModelCall {
         request: ModelRequest {
             model: "test-model".into(),
             agent: "coder".into(),
-            messages: vec![Message::user("hello")],
+            messages: std::sync::Arc::new(vec![Message::user("hello")]),
             tools: Default::default(),
             max_output_tokens: None,
             output_schema: None,

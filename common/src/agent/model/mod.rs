@@ -34,8 +34,10 @@ pub struct ModelRequest {
     pub model: String,
     /// Name of the agent asking; the scripted provider picks its script by it.
     pub agent: String,
-    /// The whole conversation, system prompt first.
-    pub messages: Vec<Message>,
+    /// The whole conversation, system prompt first. Shared: the retry layer keeps a copy of the
+    /// request for another try, which costs a count, not a copy of the conversation (a layer
+    /// that changes messages takes them with `Arc::make_mut`).
+    pub messages: Arc<Vec<Message>>,
     /// Tools the model may call; empty means none. Shared: every turn of an agent offers the same
     /// snapshot, so no call holds a copy of its own, and its size is measured once.
     pub tools: ToolList,

@@ -794,7 +794,7 @@ mod tests {
         ModelRequest {
             model: "m1".to_owned(),
             agent: "assistant".to_owned(),
-            messages,
+            messages: std::sync::Arc::new(messages),
             tools: tools.into(),
             max_output_tokens: None,
             output_schema: None,

@@ -527,7 +527,7 @@ mod tests {
         ModelRequest {
             model: "scripted".to_owned(),
             agent: agent.to_owned(),
-            messages,
+            messages: std::sync::Arc::new(messages),
             tools: if with_tools { vec![tool()] } else { Vec::new() }.into(),
             max_output_tokens: None,
             output_schema: None,

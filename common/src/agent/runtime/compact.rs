@@ -545,7 +545,7 @@ impl Runtime {
             request: ModelRequest {
                 model: model.to_owned(),
                 agent: turn.agent.name.clone(),
-                messages,
+                messages: std::sync::Arc::new(messages),
                 tools: ToolList::default(),
                 max_output_tokens: None,
                 output_schema: None,

@@ -126,7 +126,7 @@ impl Runtime {
         let request = ModelRequest {
             model,
             agent: turn.agent.name.clone(),
-            messages,
+            messages: Arc::new(messages),
             tools: asked.tools,
             max_output_tokens: None,
             output_schema: asked.output_schema,

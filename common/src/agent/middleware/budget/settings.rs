@@ -454,7 +454,7 @@ mod tests {
         let request = |text: &str| ModelRequest {
             model: "m".into(),
             agent: "a".into(),
-            messages: vec![Message::system("be brief"), Message::user(text)],
+            messages: std::sync::Arc::new(vec![Message::system("be brief"), Message::user(text)]),
             tools: Default::default(),
             max_output_tokens: None,
             output_schema: None,

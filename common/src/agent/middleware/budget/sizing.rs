@@ -305,7 +305,7 @@ mod tests {
         let request = ModelRequest {
             model: "m".into(),
             agent: "a".into(),
-            messages: vec![Message::user("x".repeat(4000))],
+            messages: std::sync::Arc::new(vec![Message::user("x".repeat(4000))]),
             tools: Default::default(),
             max_output_tokens: None,
             output_schema: None,

@@ -88,7 +88,7 @@ mod tests {
         ModelRequest {
             model: "m1".into(),
             agent: "assistant".into(),
-            messages,
+            messages: std::sync::Arc::new(messages),
             tools: Vec::new().into(),
             max_output_tokens: None,
             output_schema: None,

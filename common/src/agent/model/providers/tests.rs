@@ -193,9 +193,11 @@ async fn a_provider_set_to_take_no_images_refuses_them_before_sending_and_the_ot
     let request = |model: &str| ModelRequest {
         model: model.to_owned(),
         agent: "a".to_owned(),
-        messages: vec![Message::user("look").with_images(vec![ImagePart::Url {
-            url: "https://example.com/a.png".to_owned(),
-        }])],
+        messages: std::sync::Arc::new(vec![Message::user("look").with_images(vec![
+            ImagePart::Url {
+                url: "https://example.com/a.png".to_owned(),
+            },
+        ])]),
         tools: Default::default(),
         max_output_tokens: None,
         output_schema: None,

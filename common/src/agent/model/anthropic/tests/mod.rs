@@ -72,7 +72,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolSpec>) -> ModelRequest {
     ModelRequest {
         model: "claude-test".to_owned(),
         agent: "assistant".to_owned(),
-        messages,
+        messages: std::sync::Arc::new(messages),
         tools: tools.into(),
         max_output_tokens: None,
         output_schema: None,
