@@ -5,12 +5,13 @@
 //! Invariant: a registration lives exactly as long as its guard, so the registry only holds work
 //! that is running.
 //!
-//! A lead also keeps what it heard *complete* since a known point ([`CancelRegistry::cover_submissions`]):
-//! the submit streams' last sequences, read while its subscription was in place and nothing had
-//! been missed. A submission stored after that point can have no cancel request this lead did not
-//! hear, so its turn's start asks the registry instead of `SKEIN_CANCEL`
-//! ([`CancelRegistry::heard_since`]). A gap (the connection dropped, the subscription fell behind,
-//! a request forgotten for room) ends the coverage until it is read again.
+//! A lead also keeps what it heard *complete* since a known point
+//! ([`CancelRegistry::cover_submissions`]): the submit streams' last sequences, read while its
+//! subscription was in place and nothing had been missed. A submission stored after that point
+//! can have no cancel request this lead did not hear, so its turn's start asks the registry
+//! instead of `SKEIN_CANCEL` ([`CancelRegistry::heard_since`]). A gap (the connection dropped,
+//! the subscription fell behind, a request forgotten for room) ends the coverage until it is
+//! read again.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

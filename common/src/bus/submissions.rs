@@ -11,9 +11,9 @@
 //!
 //! Only reads: gets by subject from the stream leaders, a direct get answered by any replica
 //! where a stale answer cannot mislead ([`Bus::first_in_line`]), and the streams' last sequences
-//! ([`Bus::submit_stream_ends`]). Each message is named by its
-//! task id as the submitter gave it — its `Nats-Msg-Id` (`<tenant>:<task_id>`), or else the
-//! body's `task_id` — and only when that is a valid token.
+//! ([`Bus::submit_stream_ends`]). Each message is named by its task id as the submitter gave it
+//! — its `Nats-Msg-Id` (`<tenant>:<task_id>`), or else the body's `task_id` — and only when that
+//! is a valid token.
 
 use std::cmp::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
