@@ -79,7 +79,7 @@ struct TraceExemplar {
 impl TraceExemplar {
     /// The current span's ids, if it has valid OpenTelemetry ones.
     fn current() -> Option<Self> {
-        let ids = crate::telemetry::span_context(&tracing::Span::current());
+        let ids = crate::telemetry::current_span_context();
         ids.is_valid().then(|| Self {
             trace_id: ids.trace_id(),
             span_id: ids.span_id(),

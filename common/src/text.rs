@@ -2,7 +2,8 @@
 //! input (failure messages, dead-letter reasons, error bodies) is bounded with these. Also the
 //! size of a JSON value, measured without building it, and names joined at their exact length
 //! (the Redis keys, subjects and call keys built on every step of a turn, where `format!` would
-//! grow each string several times).
+//! grow each string several times), and bytes written as lowercase hex (the trace ids every
+//! published message carries, where `format!` goes through the formatting machinery per byte).
 
 /// `parts` joined into one string, allocated once at its exact length.
 pub fn joined(parts: &[&str]) -> String {
@@ -11,6 +12,16 @@ pub fn joined(parts: &[&str]) -> String {
         text.push_str(part);
     }
     text
+}
+
+/// Appends `bytes` to `text` as lowercase hex, two digits a byte.
+pub fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    text.reserve(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
 }
 
 /// [`joined`] with a number in decimal among the parts, at `at`.
@@ -107,6 +118,16 @@ mod tests {
             crate::subjects::reply("lead-1", 42),
             format!("{}lead-1.42", crate::subjects::REPLY_PREFIX)
         );
+    }
+
+    #[test]
+    fn hex_is_two_lowercase_digits_a_byte_as_formatting_writes_it() {
+        let bytes = [0x00, 0x0f, 0xa5, 0xff, 0x10];
+        let mut text = String::from("id=");
+        push_hex(&mut text, &bytes);
+        let formatted: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+        assert_eq!(text, format!("id={formatted}"));
+        assert_eq!(text, "id=000fa5ff10");
     }
 
     #[test]

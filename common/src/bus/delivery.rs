@@ -18,7 +18,34 @@ use super::{message_id, process_span, Bus, BusError, HEADER_REPLAYED};
 /// work done on its behalf while it is held (progress acks, setting it aside).
 pub struct Envelope {
     message: jetstream::Message,
+    /// What the broker's reply subject says of this delivery, read once when it arrived.
+    facts: DeliveryFacts,
     bus: Bus,
+}
+
+/// What a delivery's reply subject (`$JS.ACK.…`) tells, parsed once: every handler asks for its
+/// delivery count several times (its span, admission, metrics, the result), and each parse
+/// splits the subject and converts a timestamp. Zero means unknown (a count and a sequence are
+/// at least 1, a storing time after 1970).
+#[derive(Debug, Clone, Copy, Default)]
+struct DeliveryFacts {
+    delivered: i64,
+    stream_sequence: u64,
+    stored_ms: u64,
+}
+
+impl DeliveryFacts {
+    fn of(message: &jetstream::Message) -> Self {
+        message.info().map_or_else(
+            |_| Self::default(),
+            |info| Self {
+                delivered: info.delivered,
+                stream_sequence: info.stream_sequence,
+                stored_ms: u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000)
+                    .unwrap_or(0),
+            },
+        )
+    }
 }
 
 /// A delivered message whose body decoded as `T`.
@@ -68,7 +95,12 @@ pub const SET_ASIDE_RETRY: Duration = Duration::from_secs(1);
 impl Envelope {
     pub(super) fn new(mut message: jetstream::Message, bus: Bus) -> Self {
         own_payload(&mut message.message);
-        Self { message, bus }
+        let facts = DeliveryFacts::of(&message);
+        Self {
+            message,
+            facts,
+            bus,
+        }
     }
 
     /// Decodes the body (checked against the payload cap); a message that does not decode keeps
@@ -97,12 +129,15 @@ impl Envelope {
 
     /// How often the broker has delivered it (1 for the first delivery; 1 when unknown).
     pub fn delivered(&self) -> i64 {
-        self.message.info().map(|i| i.delivered).unwrap_or(1)
+        match self.facts.delivered {
+            0 => 1,
+            delivered => delivered,
+        }
     }
 
     /// Its position in its stream (0 when unknown).
     pub fn stream_sequence(&self) -> u64 {
-        self.message.info().map(|i| i.stream_sequence).unwrap_or(0)
+        self.facts.stream_sequence
     }
 
     /// Where it waits among its session's submissions, when it is one (see
@@ -127,23 +162,16 @@ impl Envelope {
     /// True for the first delivery of a message that is not a replayed dead letter: no earlier
     /// delivery of this work can have run. (A message whose delivery count is unknown is not.)
     pub fn is_first(&self) -> bool {
-        let delivered_once = self
-            .message
-            .info()
-            .map(|i| i.delivered == 1)
-            .unwrap_or(false);
-        delivered_once && !self.is_replayed()
+        self.facts.delivered == 1 && !self.is_replayed()
     }
 
     /// The message as the principals gate checks it: subject, headers, payload, and when the
     /// broker stored it.
     pub fn presented(&self) -> crate::principals::Presented<'_> {
-        let stored_at_ms = self
-            .message
-            .info()
-            .ok()
-            .and_then(|i| u64::try_from(i.published.unix_timestamp_nanos() / 1_000_000).ok())
-            .unwrap_or_else(crate::protocol::now_ms);
+        let stored_at_ms = match self.facts.stored_ms {
+            0 => crate::protocol::now_ms(),
+            stored_ms => stored_ms,
+        };
         crate::principals::Presented {
             subject: &self.message.subject,
             headers: self.message.headers.as_ref(),
@@ -189,13 +217,13 @@ impl Envelope {
 
     /// The consumer span of its handling, a child of the span that published it.
     pub fn span(&self) -> tracing::Span {
-        process_span(&self.message, None)
+        process_span(&self.message, self.delivered(), None)
     }
 
     /// [`Envelope::span`], continuing `recorded` (the `traceparent` an earlier delivery of the
     /// same work kept) when the sender sent no trace context.
     pub fn span_continuing(&self, recorded: Option<&str>) -> tracing::Span {
-        process_span(&self.message, recorded)
+        process_span(&self.message, self.delivered(), recorded)
     }
 
     /// Whether its sender sent a valid trace context with it.

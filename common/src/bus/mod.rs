@@ -688,8 +688,11 @@ pub fn outgoing_headers() -> HeaderMap {
 /// published it (trace context from the message headers), so one trace crosses the broker; a
 /// message published without one continues `recorded` (the `traceparent` an earlier delivery of
 /// the same task kept), or else starts a trace.
-pub(super) fn process_span(message: &jetstream::Message, recorded: Option<&str>) -> tracing::Span {
-    let delivered = message.info().map(|info| info.delivered).unwrap_or(1);
+pub(super) fn process_span(
+    message: &jetstream::Message,
+    delivered: i64,
+    recorded: Option<&str>,
+) -> tracing::Span {
     let span = tracing::info_span!(
         "process",
         "otel.name" = format!("process {}", message.subject),

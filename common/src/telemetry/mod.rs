@@ -289,16 +289,22 @@ pub fn exporting() -> bool {
 
 /// The 32-hex trace id of the current span, if it has a valid one.
 pub fn current_trace_id() -> Option<String> {
-    span_trace_id(&tracing::Span::current())
+    trace_id_hex(&current_span_context())
 }
 
 /// The 32-hex trace id of `span`, if it has a valid one. This starts the span's OpenTelemetry
 /// side, fixing its parent: set a remote parent first.
 pub fn span_trace_id(span: &tracing::Span) -> Option<String> {
-    let span_context = span_context(span);
-    span_context
-        .is_valid()
-        .then(|| span_context.trace_id().to_string())
+    trace_id_hex(&span_context(span))
+}
+
+/// The 32-hex trace id of `span_context`, if it is valid.
+fn trace_id_hex(span_context: &SpanContext) -> Option<String> {
+    span_context.is_valid().then(|| {
+        let mut hex = String::with_capacity(32);
+        crate::text::push_hex(&mut hex, &span_context.trace_id().to_bytes());
+        hex
+    })
 }
 
 /// The OpenTelemetry context of `span` (ids, flags, trace state), whichever layer keeps it;
@@ -306,6 +312,11 @@ pub fn span_trace_id(span: &tracing::Span) -> Option<String> {
 /// parent: set a remote parent first.
 pub(crate) fn span_context(span: &tracing::Span) -> SpanContext {
     unexported::span_context(span).unwrap_or_else(|| span.context().span().span_context().clone())
+}
+
+/// [`span_context`] of the current span; without export, read without taking a handle on it.
+pub(crate) fn current_span_context() -> SpanContext {
+    unexported::current_span_context().unwrap_or_else(|| span_context(&tracing::Span::current()))
 }
 
 /// Makes `parent` (a remote context) the parent of `span`, whichever layer keeps its context.

@@ -27,7 +27,7 @@ const TRACEPARENT_LEN: usize = 55;
 /// the global propagator, whose text-map round trip costs several allocations on every publish;
 /// the fields are those of the W3C propagator [`super::init`] installs, which reads them back.
 pub fn inject_current(headers: &mut HeaderMap) {
-    let span_context = super::span_context(&tracing::Span::current());
+    let span_context = super::current_span_context();
     if !span_context.is_valid() {
         return;
     }
@@ -43,19 +43,17 @@ pub fn inject_current(headers: &mut HeaderMap) {
     }
 }
 
-/// `00-{trace id}-{span id}-{flags}`: version 00 of the W3C format, sampled flag only.
+/// `00-{trace id}-{span id}-{flags}`: version 00 of the W3C format, sampled flag only. Written
+/// as hex digits directly: every published message carries one.
 fn w3c_traceparent(span_context: &SpanContext) -> String {
-    use std::fmt::Write as _;
     let mut value = String::with_capacity(TRACEPARENT_LEN);
     let flags = span_context.trace_flags() & TraceFlags::SAMPLED;
-    // Writing to a String cannot fail.
-    let _ = write!(
-        value,
-        "00-{}-{}-{:02x}",
-        span_context.trace_id(),
-        span_context.span_id(),
-        flags.to_u8()
-    );
+    value.push_str("00-");
+    crate::text::push_hex(&mut value, &span_context.trace_id().to_bytes());
+    value.push('-');
+    crate::text::push_hex(&mut value, &span_context.span_id().to_bytes());
+    value.push('-');
+    crate::text::push_hex(&mut value, &[flags.to_u8()]);
     value
 }
 

@@ -140,6 +140,20 @@ pub(super) fn span_context(span: &tracing::Span) -> Option<SpanContext> {
     })
 }
 
+/// The current span's context under [`SpanIdsLayer`], as [`span_context`] gives it for
+/// `Span::current()`, read without taking a handle on the span (a handle is a reference count
+/// taken and dropped in the registry, on every message published); `None` when that layer is not
+/// the subscriber's or no span is current.
+pub(super) fn current_span_context() -> Option<SpanContext> {
+    tracing::dispatcher::get_default(|dispatch| {
+        dispatch.downcast_ref::<SpanIdsLayer>()?;
+        let registry = dispatch.downcast_ref::<Registry>()?;
+        let current = dispatch.current_span();
+        let entry = registry.span(current.id()?)?;
+        Some(nearest_ids(entry).unwrap_or_else(SpanContext::empty_context))
+    })
+}
+
 /// Gives `span` a context under `parent` (new ids in the parent's trace) under [`SpanIdsLayer`];
 /// `None` when that layer is not the subscriber's. Spans opened under `span` before keep the
 /// context they were given: set a parent before opening children, as with the OpenTelemetry
@@ -317,12 +331,34 @@ mod tests {
     }
 
     #[test]
+    fn the_current_spans_context_is_that_of_the_span_entered_last() {
+        under_layer(Sampler::AlwaysOn, || {
+            assert_eq!(current_span_context(), None, "no span is current");
+            let turn = tracing::info_span!("turn");
+            let call = tracing::info_span!(parent: &turn, "call");
+            {
+                let _turn = turn.enter();
+                assert_eq!(current_span_context(), Some(ids(&turn)));
+                let _call = call.enter();
+                assert_eq!(current_span_context(), Some(ids(&call)));
+                assert_eq!(
+                    current_span_context(),
+                    span_context(&tracing::Span::current())
+                );
+            }
+            assert_eq!(current_span_context(), None);
+        });
+    }
+
+    #[test]
     fn without_the_layer_nothing_is_read_or_set_through_it() {
         let subscriber = tracing_subscriber::registry();
         tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!("turn");
             assert_eq!(span_context(&span), None);
             assert_eq!(set_parent(&span, &Context::new()), None);
+            let _entered = span.enter();
+            assert_eq!(current_span_context(), None);
         });
     }
 }
