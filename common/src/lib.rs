@@ -54,10 +54,10 @@ pub use mimalloc;
 /// Makes mimalloc the binary's global allocator; every Skein binary calls it once at its root,
 /// the bench and test processes too, so that they measure what ships. A turn makes about 850
 /// allocations (1,300 when glibc's allocator took about 30 % of the lead's CPU, its per-thread
-/// arenas keeping what a burst had freed). Built without transparent huge pages (`no_thp`), with which a
-/// process's resident memory grows in 2 MiB steps, and from mimalloc's v2 line (`v2`): the v3
-/// line keeps freed pages for a second before it returns them, and under a burst that is what
-/// a lead holds for its turns in flight beyond what they use (about 4 KiB a turn).
+/// arenas keeping what a burst had freed). Built without transparent huge pages (`no_thp`), with
+/// which a process's resident memory grows in 2 MiB steps, and from mimalloc's v2 line (`v2`):
+/// the v3 line keeps freed pages for a second before it returns them, and under a burst that is
+/// what a lead holds for its turns in flight beyond what they use (about 4 KiB a turn).
 #[macro_export]
 macro_rules! global_allocator {
     () => {
