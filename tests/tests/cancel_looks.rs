@@ -7,15 +7,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
-use skein_common::bus::{Bus, SubmissionPlace, DEFAULT_MAX_PAYLOAD};
+use skein_common::bus::SubmissionPlace;
 use skein_common::cancel::CancelRegistry;
-use skein_common::config::NatsConfig;
 use skein_common::protocol::{CancelRequest, FailureKind, TurnStatus, PROTOCOL_VERSION};
 use skein_common::subjects;
 use skein_tests::support::chaos::wait_for_effect;
 use skein_tests::support::cluster::{model_flags, submission, TestCluster};
 use skein_tests::support::servers::NatsServer;
-use skein_tests::support::{eventually, unique, FakeOpenAi, FakeReply};
+use skein_tests::support::{eventually, test_bus, unique, FakeOpenAi, FakeReply};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -26,13 +25,7 @@ use tokio_util::task::TaskTracker;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_look_is_answered_from_what_was_heard_only_while_nothing_can_have_been_missed() {
     let mut nats = NatsServer::start();
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = test_bus(&nats.url).await;
     bus.ensure_streams().await.expect("streams");
     let jetstream = async_nats::jetstream::new(bus.client().clone());
     let subject = subjects::submit_in(0, "acme", &unique("s"));

@@ -5,13 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use skein_common::bus::{
-    Bus, ConsumerSettings, Disposition, Intake, Received, Slots, DEFAULT_MAX_PAYLOAD,
-};
-use skein_common::config::NatsConfig;
+use skein_common::bus::{Bus, ConsumerSettings, Disposition, Intake, Received, Slots};
 use skein_common::subjects;
 use skein_tests::support::servers::NatsServer;
-use skein_tests::support::{eventually, unique};
+use skein_tests::support::{eventually, test_bus, unique};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -19,13 +16,7 @@ use tokio_util::task::TaskTracker;
 /// A bus on `nats` with Skein's streams, a new pool's tool consumer bound (its durable name and
 /// intake), and `queued` tool tasks (`{"n": i}`) waiting for it.
 async fn queued_tool_intake(nats: &NatsServer, queued: usize) -> (Bus, String, Intake) {
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = test_bus(&nats.url).await;
     bus.ensure_streams().await.expect("streams");
     let pool = unique("pool");
     let durable = subjects::tool_consumer(&pool);
@@ -158,13 +149,7 @@ async fn intake_holds_no_more_messages_than_free_slots_and_refills_as_they_free(
 #[tokio::test]
 async fn a_consumer_created_with_other_settings_is_reconciled() {
     let nats = NatsServer::start();
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = test_bus(&nats.url).await;
     bus.ensure_streams().await.expect("streams");
     let pool = unique("pool");
     let settings = |ack_wait: u64, max_ack_pending: Option<i64>| ConsumerSettings {
@@ -217,13 +202,7 @@ async fn streams_are_bounded_and_old_streams_get_their_limits() {
     use async_nats::jetstream::stream;
     use skein_common::bus::STREAM_LIMITS;
     let nats = NatsServer::start();
-    let bus = Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect");
+    let bus = test_bus(&nats.url).await;
     let jetstream = async_nats::jetstream::new(bus.client().clone());
     // A submit stream as an older build created it: no limits.
     jetstream

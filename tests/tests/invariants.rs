@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
-use skein_common::bus::{Bus, Stored, SubmissionPlace, DEFAULT_MAX_PAYLOAD};
-use skein_common::config::{NatsConfig, RedisConfig};
+use skein_common::bus::{Bus, Stored, SubmissionPlace};
+use skein_common::config::RedisConfig;
 use skein_common::dispatch::{CallRoute, Dispatcher};
 use skein_common::protocol::{
     call_key, CallOutcome, FinalResult, TaskOrigin, ToolResult, ToolTask, TurnStatus,
@@ -23,7 +23,7 @@ use skein_common::subjects;
 use skein_tests::support::cluster::{submission, TestCluster};
 use skein_tests::support::servers::{NatsServer, RedisServer};
 use skein_tests::support::test_tools::read_effects;
-use skein_tests::support::unique;
+use skein_tests::support::{test_bus, unique};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -35,13 +35,7 @@ async fn store(redis: &RedisServer) -> SessionStore {
 
 /// A bus on `nats`, without its streams.
 async fn bus(nats: &NatsServer) -> Bus {
-    Bus::connect(
-        &NatsConfig::local(nats.url.clone()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connect")
+    test_bus(&nats.url).await
 }
 
 /// A plain connection to `redis`, to read and plant keys as they are stored.

@@ -11,13 +11,11 @@ impl Bus {
         &self,
         request: &crate::protocol::CancelRequest,
     ) -> Result<(), BusError> {
-        let payload = self.encode(request)?;
         let subject = match &request.call_id {
             Some(call) => subjects::cancel_call(&request.tenant, &request.task_id, call),
             None => subjects::cancel(&request.tenant, &request.task_id),
         };
-        let headers = self.signed_headers(&subject, &payload);
-        self.publish_durable(subject, headers, payload).await
+        self.publish_signed(subject, request).await
     }
 
     /// Publishes an answer to a task's approval requests (durably: any lead records it, also one
@@ -26,10 +24,8 @@ impl Bus {
         &self,
         decision: &crate::protocol::ApprovalDecision,
     ) -> Result<(), BusError> {
-        let payload = self.encode(decision)?;
         let subject = subjects::approval(&decision.tenant, &decision.task_id);
-        let headers = self.signed_headers(&subject, &payload);
-        self.publish_durable(subject, headers, payload).await
+        self.publish_signed(subject, decision).await
     }
 
     /// Publishes a pause, resume or steer of a task durably (`SKEIN_APPROVALS`).
@@ -37,8 +33,17 @@ impl Bus {
         &self,
         control: &crate::protocol::RunControl,
     ) -> Result<(), BusError> {
-        let payload = self.encode(control)?;
         let subject = subjects::control(&control.tenant, &control.task_id);
+        self.publish_signed(subject, control).await
+    }
+
+    /// Publishes an operation durably on `subject`, signed by the process's principal.
+    async fn publish_signed(
+        &self,
+        subject: String,
+        operation: &impl serde::Serialize,
+    ) -> Result<(), BusError> {
+        let payload = self.encode(operation)?;
         let headers = self.signed_headers(&subject, &payload);
         self.publish_durable(subject, headers, payload).await
     }

@@ -63,6 +63,20 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &random[..8])
 }
 
+/// A bus of the test process on the NATS server at `nats_url` (default payload cap).
+///
+/// # Panics
+/// When it cannot connect.
+pub async fn test_bus(nats_url: &str) -> skein_common::bus::Bus {
+    skein_common::bus::Bus::connect(
+        &skein_common::config::NatsConfig::local(nats_url.to_owned()),
+        "test",
+        skein_common::bus::DEFAULT_MAX_PAYLOAD,
+    )
+    .await
+    .expect("connects to the test NATS")
+}
+
 /// How many messages each of the `streams` has ever stored (its last sequence), in order.
 ///
 /// # Panics

@@ -1,8 +1,6 @@
 //! Session workspaces in tests: the object store of a test NATS server, and paths and sessions
 //! that must be valid.
 
-use skein_common::bus::{Bus, DEFAULT_MAX_PAYLOAD};
-use skein_common::config::NatsConfig;
 use skein_common::workspace::{ObjectWorkspaces, SessionRef, WorkspacePath, WorkspaceStoreConfig};
 
 use super::NatsServer;
@@ -14,14 +12,7 @@ pub async fn object_store(
     cfg: &WorkspaceStoreConfig,
     cache: usize,
 ) -> ObjectWorkspaces {
-    let bus = Bus::connect(
-        &NatsConfig::local(nats_url.to_owned()),
-        "test",
-        DEFAULT_MAX_PAYLOAD,
-    )
-    .await
-    .expect("connects to the test NATS");
-    ObjectWorkspaces::new(&bus, cfg, cache)
+    ObjectWorkspaces::new(&super::test_bus(nats_url).await, cfg, cache)
 }
 
 /// [`object_store`] with the default caps and a 16 MiB cache.
