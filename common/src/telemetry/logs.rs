@@ -12,12 +12,13 @@ use opentelemetry::trace::{SpanId, TraceId};
 use tracing::{Event, Subscriber};
 use tracing_opentelemetry::OtelData;
 use tracing_subscriber::filter::{LevelFilter, Targets};
-use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
+use super::json_fields::JsonSpanFields;
 use crate::config::{ENV_LOG, ENV_LOG_FORMAT};
 
 /// Crates whose spans never go to the trace exporter: the exporter's own transport would
@@ -110,7 +111,7 @@ where
                 tracing_subscriber::fmt::layer()
                     .with_writer(writer)
                     .with_ansi(false)
-                    .fmt_fields(JsonFields::new())
+                    .fmt_fields(JsonSpanFields)
                     .event_format(WithTraceIds {
                         inner: tracing_subscriber::fmt::format().json().flatten_event(true),
                         style: IdStyle::Json,
@@ -214,6 +215,8 @@ mod tests {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::trace::SdkTracerProvider;
 
+    use serde_json::json;
+
     use super::*;
     use crate::telemetry::span_trace_id;
 
@@ -286,6 +289,32 @@ mod tests {
         assert!(is_hex(logged, 32), "{logged}");
         assert_eq!(Some(logged.to_owned()), trace_id);
         assert!(is_hex(line["span_id"].as_str().expect("span_id"), 16));
+    }
+
+    #[test]
+    fn json_lines_carry_span_fields_recorded_after_the_span_opened() {
+        let (lines, _) = log_with(LogFormat::Json, || {
+            let turn = tracing::info_span!("turn", session = "s1", status = tracing::field::Empty);
+            let _turn = turn.enter();
+            let call = tracing::info_span!("call", tool = "noop", attempt = 1_u64);
+            call.record("attempt", 2_u64);
+            turn.record("status", "running");
+            let _call = call.enter();
+            tracing::warn!("slow");
+            None
+        });
+        let line: serde_json::Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+        assert_eq!(
+            line["span"],
+            json!({"name": "call", "tool": "noop", "attempt": 2})
+        );
+        assert_eq!(
+            line["spans"],
+            json!([
+                {"name": "turn", "session": "s1", "status": "running"},
+                {"name": "call", "tool": "noop", "attempt": 2},
+            ])
+        );
     }
 
     #[test]

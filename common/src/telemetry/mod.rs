@@ -11,6 +11,7 @@
 //! reqwest, tonic) need a tokio reactor, which that thread lacks, so the exporter owns a small
 //! tokio runtime of its own: exports neither depend on nor block the application's runtime.
 
+mod json_fields;
 mod logs;
 mod metrics_export;
 pub mod propagation;

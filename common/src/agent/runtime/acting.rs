@@ -239,12 +239,13 @@ impl Acting<'_, '_> {
         Ok(settled)
     }
 
-    /// The audit trail of one verdict: a log line always; an `approval_resolved` event unless it is
-    /// a plain allow (whose verdict the `tool_started` event carries).
+    /// The audit trail of one verdict: an `info` log line and an `approval_resolved` event, unless
+    /// it is a plain allow, whose verdict and rule the `tool_started` event and the call's span
+    /// carry: that is logged at `debug` (at `info` it would be a line for every call).
     async fn audit(&self, call: &ToolCall, settled: &Settled) {
         let bypass = self.policy.mode() == crate::protocol::PermissionMode::Bypass;
         if settled.verdict == Verdict::Allowed && !bypass {
-            tracing::info!(call_id = %call.id, tool = %call.name, verdict = "allowed", rule = %settled.rule, "permission");
+            tracing::debug!(call_id = %call.id, tool = %call.name, verdict = "allowed", rule = %settled.rule, "permission");
             return;
         }
         tracing::info!(

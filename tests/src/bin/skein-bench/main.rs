@@ -85,6 +85,10 @@ struct Args {
     /// then describe the profiler, not the lead.
     #[arg(long)]
     wrap_lead: Option<String>,
+    /// The log filter (`SKEIN_LOG`) of the lead, workers and gateway the bench starts: by default
+    /// the processes' own default, `info`, so that the figures are what ships.
+    #[arg(long, default_value = "info")]
+    node_log: String,
     /// Turns of the long session (time and Redis bytes at its first and last turn); 0 skips it.
     #[arg(long, default_value_t = 1000)]
     long_session: usize,
@@ -163,6 +167,7 @@ async fn run(args: Args) -> Result<(), Failed> {
             redis: redis.url.clone(),
             dir: dir.clone(),
             wrap_lead: None,
+            log: args.node_log.clone(),
             partitions: 1,
         };
         let bus = Bus::connect(
@@ -199,6 +204,7 @@ async fn run(args: Args) -> Result<(), Failed> {
         redis: redis.url.clone(),
         dir: dir.clone(),
         wrap_lead: args.wrap_lead.clone(),
+        log: args.node_log.clone(),
         partitions: 1,
     };
     checkpoint_cost(&redis.url, &blob, args.samples, &mut report).await?;

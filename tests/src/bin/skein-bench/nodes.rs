@@ -18,6 +18,8 @@ pub(crate) struct Nodes {
     pub(crate) dir: PathBuf,
     /// A profiler command the lead runs under.
     pub(crate) wrap_lead: Option<String>,
+    /// The processes' log filter (`SKEIN_LOG`).
+    pub(crate) log: String,
     /// Work partitions of the processes (`SKEIN_PARTITIONS`).
     pub(crate) partitions: u32,
 }
@@ -47,7 +49,7 @@ impl Nodes {
             &self.redis,
         ])
         .args(["--instance-id", id, "--admin-addr", admin])
-        .env("SKEIN_LOG", "warn")
+        .env("SKEIN_LOG", &self.log)
         .env(
             skein_common::config::ENV_PARTITIONS,
             self.partitions.to_string(),
@@ -64,7 +66,7 @@ impl Nodes {
             .args(["--gateway-addr", &format!("127.0.0.1:{port}")])
             .args(["--gateway-keys", &keys.display().to_string()])
             .args(["--gateway-requests-per-minute", "0"])
-            .env("SKEIN_LOG", "warn");
+            .env("SKEIN_LOG", &self.log);
         ChildProcess::spawn(cmd, self.dir.join("gateway.log"))
     }
 

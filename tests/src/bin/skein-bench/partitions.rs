@@ -96,6 +96,7 @@ async fn one_layout(
         redis: redis.url.clone(),
         dir: dir.to_path_buf(),
         wrap_lead: None,
+        log: "info".into(),
         partitions,
     };
     let cfg = NatsConfig {

@@ -43,7 +43,7 @@ pub(crate) async fn soak_run(
                 &scratch,
                 &mcp,
             ))
-            .env("SKEIN_LOG", "warn")
+            .env("SKEIN_LOG", &nodes.log)
             .env("SKEIN_TEST_EFFECTS", nodes.dir.join("soak-effects.log"));
         let process = ChildProcess::spawn(cmd, nodes.dir.join(format!("soak-worker-{n}.log")));
         workers.push(SoakWorker {
