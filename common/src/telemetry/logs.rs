@@ -1,6 +1,7 @@
-//! The log side of telemetry: the `tracing` subscriber stack (registry + env filter + one fmt
+//! The log side of telemetry: the `tracing` subscriber stack (registry + the log filter + one fmt
 //! layer + the trace layer: OpenTelemetry's with export, `SpanIdsLayer` without) and the event
-//! formats. `SKEIN_LOG` filters (default `info`);
+//! formats. `SKEIN_LOG` filters (default `info`; by target, or through an `EnvFilter` when it
+//! names spans or fields);
 //! `SKEIN_LOG_FORMAT=json` (the default when stderr is not a terminal) writes JSON lines, anything
 //! else a compact human format. Every line written inside a span carries the OTel trace id (JSON
 //! lines also the span id) so logs and traces join up.
@@ -9,12 +10,13 @@ use std::fmt;
 use std::io::IsTerminal;
 
 use opentelemetry::trace::{SpanId, TraceId};
-use tracing::{Event, Subscriber};
+use tracing::subscriber::Interest;
+use tracing::{span, Event, Metadata, Subscriber};
 use tracing_opentelemetry::OtelData;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
@@ -60,9 +62,97 @@ impl LogFormat {
     }
 }
 
-/// The filter from `SKEIN_LOG`, `info` when unset or unparsable.
-pub(crate) fn env_filter() -> EnvFilter {
-    EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new("info"))
+/// What `SKEIN_LOG` lets through. Directives of targets and levels alone (`info`,
+/// `warn,skein_common=debug`) make a filter by target, which keeps nothing about spans; a
+/// directive that names spans or fields (`skein_lead[invoke_agent{gen_ai.conversation.id=s1}]=debug`)
+/// needs an `EnvFilter`, which notes the spans it matches and looks each one up whenever it is
+/// entered, left or closed: at `info`, on every poll of an instrumented future.
+#[derive(Debug)]
+pub(crate) enum LogFilter {
+    ByTarget(Targets),
+    BySpan(Box<EnvFilter>),
+}
+
+impl LogFilter {
+    /// `directives` in `EnvFilter`'s syntax, or why they are not.
+    pub(crate) fn parse(directives: &str) -> Result<Self, String> {
+        let names_spans = directives.contains(['[', '{']);
+        if names_spans || directives.trim().is_empty() {
+            return EnvFilter::try_new(directives)
+                .map(|filter| Self::BySpan(Box::new(filter)))
+                .map_err(|e| e.to_string());
+        }
+        directives
+            .parse::<Targets>()
+            .map(Self::ByTarget)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The filter from `SKEIN_LOG`, `info` when unset or unparsable.
+    pub(crate) fn from_env() -> Self {
+        std::env::var(ENV_LOG)
+            .ok()
+            .and_then(|directives| Self::parse(&directives).ok())
+            .unwrap_or_else(|| Self::ByTarget(Targets::new().with_default(LevelFilter::INFO)))
+    }
+}
+
+impl<S> Filter<S> for LogFilter
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn enabled(&self, meta: &Metadata<'_>, cx: &Context<'_, S>) -> bool {
+        match self {
+            Self::ByTarget(targets) => Filter::<S>::enabled(targets, meta, cx),
+            Self::BySpan(filter) => Filter::<S>::enabled(&**filter, meta, cx),
+        }
+    }
+
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        match self {
+            Self::ByTarget(targets) => Filter::<S>::callsite_enabled(targets, meta),
+            Self::BySpan(filter) => Filter::<S>::callsite_enabled(&**filter, meta),
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        match self {
+            Self::ByTarget(targets) => Filter::<S>::max_level_hint(targets),
+            Self::BySpan(filter) => Filter::<S>::max_level_hint(&**filter),
+        }
+    }
+
+    // A filter by target keeps nothing about spans; only an `EnvFilter` hears of them.
+
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, cx: Context<'_, S>) {
+        if let Self::BySpan(filter) = self {
+            Filter::<S>::on_new_span(&**filter, attrs, id, cx);
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, cx: Context<'_, S>) {
+        if let Self::BySpan(filter) = self {
+            Filter::<S>::on_record(&**filter, id, values, cx);
+        }
+    }
+
+    fn on_enter(&self, id: &span::Id, cx: Context<'_, S>) {
+        if let Self::BySpan(filter) = self {
+            Filter::<S>::on_enter(&**filter, id, cx);
+        }
+    }
+
+    fn on_exit(&self, id: &span::Id, cx: Context<'_, S>) {
+        if let Self::BySpan(filter) = self {
+            Filter::<S>::on_exit(&**filter, id, cx);
+        }
+    }
+
+    fn on_close(&self, id: span::Id, cx: Context<'_, S>) {
+        if let Self::BySpan(filter) = self {
+            Filter::<S>::on_close(&**filter, id, cx);
+        }
+    }
 }
 
 /// The OpenTelemetry layer of a process that exports its spans, sending them to `tracer`.
@@ -89,7 +179,7 @@ where
 /// `spans` (the OpenTelemetry layer, or `SpanIdsLayer` without export), events are written to
 /// `writer` in `format`.
 pub(crate) fn subscriber<L, W>(
-    filter: EnvFilter,
+    filter: LogFilter,
     spans: L,
     format: LogFormat,
     writer: W,
@@ -256,10 +346,18 @@ mod tests {
         format: LogFormat,
         emit: impl FnOnce() -> Option<String>,
     ) -> (Vec<String>, Option<String>) {
+        log_filtered("info", format, emit)
+    }
+
+    fn log_filtered(
+        directives: &str,
+        format: LogFormat,
+        emit: impl FnOnce() -> Option<String>,
+    ) -> (Vec<String>, Option<String>) {
         let buffer = Buffer::default();
         let provider = SdkTracerProvider::builder().build();
         let subscriber = subscriber(
-            EnvFilter::new("info"),
+            LogFilter::parse(directives).expect("a filter"),
             exported_spans(provider.tracer("test")),
             format,
             buffer.clone(),
@@ -270,6 +368,64 @@ mod tests {
 
     fn is_hex(s: &str, len: usize) -> bool {
         s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit())
+    }
+
+    #[test]
+    fn directives_of_targets_and_levels_filter_by_target_and_others_through_an_env_filter() {
+        let kind = |directives: &str| match LogFilter::parse(directives) {
+            Ok(LogFilter::ByTarget(_)) => "by target",
+            Ok(LogFilter::BySpan(_)) => "by span",
+            Err(_) => "refused",
+        };
+        assert_eq!(kind("info"), "by target");
+        assert_eq!(kind("warn,skein_common=debug,async_nats=off"), "by target");
+        assert_eq!(kind("skein_lead[invoke_agent]=debug"), "by span");
+        assert_eq!(kind("warn,[turn{session=s1}]=debug"), "by span");
+        assert_eq!(
+            kind(""),
+            "by span",
+            "an empty filter means what it means to EnvFilter"
+        );
+        assert_eq!(kind("info,skein=loud"), "refused");
+        assert_eq!(kind("[turn=debug"), "refused");
+    }
+
+    /// The messages of the lines `directives` lets through, of events at several targets and
+    /// levels, inside and outside a span named `turn`.
+    fn messages_through(directives: &str) -> Vec<String> {
+        let (lines, _) = log_filtered(directives, LogFormat::Json, || {
+            tracing::debug!(target: "chosen", "chosen debug");
+            tracing::info!(target: "other", "other info");
+            tracing::warn!(target: "other", "other warn");
+            let turn = tracing::info_span!("turn", session = "s1");
+            let _entered = turn.enter();
+            tracing::debug!(target: "other", "other debug in turn");
+            None
+        });
+        lines
+            .iter()
+            .map(|line| {
+                let line: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+                line["message"].as_str().expect("a message").to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn either_filter_lets_through_what_its_directives_say() {
+        assert_eq!(messages_through("info"), ["other info", "other warn"]);
+        assert_eq!(
+            messages_through("warn,chosen=debug"),
+            ["chosen debug", "other warn"]
+        );
+        assert_eq!(
+            messages_through("warn,[turn]=debug"),
+            ["other warn", "other debug in turn"]
+        );
+        assert_eq!(
+            messages_through("warn,[turn{session=s2}]=debug"),
+            ["other warn"]
+        );
     }
 
     #[test]
@@ -327,7 +483,7 @@ mod tests {
             .with_span_limits(crate::telemetry::unexported::limits())
             .build();
         let subscriber = subscriber(
-            EnvFilter::new("info"),
+            LogFilter::parse("info").expect("a filter"),
             crate::telemetry::unexported::SpanIdsLayer::new(provider.tracer("test")),
             LogFormat::Json,
             buffer.clone(),
@@ -409,7 +565,7 @@ mod tests {
             .with_simple_exporter(kept.clone())
             .build();
         let subscriber = subscriber(
-            EnvFilter::new("info"),
+            LogFilter::parse("info").expect("a filter"),
             exported_spans(provider.tracer("test")),
             LogFormat::Json,
             Buffer::default(),

@@ -208,7 +208,7 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
         .with_version(crate::VERSION)
         .build();
     let tracer = provider.tracer_with_scope(scope);
-    let (filter, format) = (logs::env_filter(), logs::LogFormat::from_env());
+    let (filter, format) = (logs::LogFilter::from_env(), logs::LogFormat::from_env());
     let installed = if exporting {
         let spans = logs::exported_spans(tracer);
         let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
