@@ -9,6 +9,7 @@
 //! its closing brace. A field recorded twice is written twice; the event format reads the text
 //! as a JSON object, where the later value stands.
 
+use std::cell::RefCell;
 use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
@@ -20,21 +21,49 @@ use tracing_subscriber::fmt::{FormatFields, FormattedFields};
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct JsonSpanFields;
 
+thread_local! {
+    /// Where a span's fields are written before they are handed to the log layer in one piece.
+    static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Past this, a thread's scratch text is let go after use rather than kept.
+const SCRATCH_KEPT: usize = 4096;
+
+/// `fields` as one JSON object's text, written into `out`.
+fn write_object<R: RecordFields>(out: &mut impl fmt::Write, fields: R) -> fmt::Result {
+    out.write_char('{')?;
+    let mut members = Members {
+        out: &mut *out,
+        first: true,
+        result: Ok(()),
+    };
+    fields.record(&mut members);
+    members.result?;
+    out.write_char('}')
+}
+
 impl<'writer> FormatFields<'writer> for JsonSpanFields {
+    /// The object is written into the thread's scratch text first and handed over whole: the log
+    /// layer's text for a new span starts empty, so it is then allocated once at its length,
+    /// where writing it piece by piece would grow it several times and leave it with room to
+    /// spare for as long as the span is open.
     fn format_fields<R: RecordFields>(
         &self,
         mut writer: Writer<'writer>,
         fields: R,
     ) -> fmt::Result {
-        writer.write_char('{')?;
-        let mut members = Members {
-            out: &mut writer,
-            first: true,
-            result: Ok(()),
-        };
-        fields.record(&mut members);
-        members.result?;
-        writer.write_char('}')
+        SCRATCH.with(|scratch| {
+            // A field's `Debug` that logs would find the scratch in use: write in place then.
+            let Ok(mut text) = scratch.try_borrow_mut() else {
+                return write_object(&mut writer, fields);
+            };
+            text.clear();
+            let written = write_object(&mut *text, fields).and_then(|()| writer.write_str(&text));
+            if text.capacity() > SCRATCH_KEPT {
+                *text = String::new();
+            }
+            written
+        })
     }
 
     fn add_fields(
@@ -296,6 +325,46 @@ mod tests {
         assert_eq!(ours[0]["nan"], serde_json::Value::Null);
         assert_eq!(ours[1], serde_json::json!({ "later": 7 }));
         assert_eq!(ours[2], serde_json::json!({}));
+    }
+
+    /// Notes the length and capacity of each new span's text, made as the log layer makes it: an
+    /// empty text, written once.
+    struct Capacities(Arc<Mutex<Vec<(usize, usize)>>>);
+
+    impl<S> Layer<S> for Capacities
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::Id,
+            _: Context<'_, S>,
+        ) {
+            let mut fields = FormattedFields::<JsonSpanFields>::new(String::new());
+            JsonSpanFields
+                .format_fields(fields.as_writer(), attrs)
+                .expect("formatted");
+            let text = &fields.fields;
+            self.0
+                .lock()
+                .expect("kept")
+                .push((text.len(), text.capacity()));
+        }
+    }
+
+    #[test]
+    fn a_new_spans_text_is_allocated_at_its_length() {
+        let texts = Arc::new(Mutex::new(Vec::new()));
+        let layer = Capacities(texts.clone());
+        tracing::subscriber::with_default(Registry::default().with(layer), spans);
+        let texts = texts.lock().expect("kept").clone();
+        assert_eq!(texts.len(), 3);
+        assert!(texts[0].0 > 100, "{texts:?}");
+        for (length, capacity) in texts {
+            // (The least a `String` allocates is 8 bytes.)
+            assert_eq!(capacity, length.max(8), "{length}");
+        }
     }
 
     #[test]
