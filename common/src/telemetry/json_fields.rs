@@ -52,18 +52,24 @@ impl<'writer> FormatFields<'writer> for JsonSpanFields {
         mut writer: Writer<'writer>,
         fields: R,
     ) -> fmt::Result {
-        SCRATCH.with(|scratch| {
-            // A field's `Debug` that logs would find the scratch in use: write in place then.
-            let Ok(mut text) = scratch.try_borrow_mut() else {
-                return write_object(&mut writer, fields);
-            };
+        let mut fields = Some(fields);
+        let handed_over = SCRATCH.try_with(|scratch| {
+            // A field's `Debug` that logs finds the scratch in use: it is written in place then.
+            let mut text = scratch.try_borrow_mut().ok()?;
             text.clear();
-            let written = write_object(&mut *text, fields).and_then(|()| writer.write_str(&text));
+            let written =
+                write_object(&mut *text, fields.take()?).and_then(|()| writer.write_str(&text));
             if text.capacity() > SCRATCH_KEPT {
                 *text = String::new();
             }
-            written
-        })
+            Some(written)
+        });
+        match (handed_over, fields) {
+            (Ok(Some(written)), _) => written,
+            // No scratch (in use, or the thread's already gone as it exits): written in place.
+            (_, Some(fields)) => write_object(&mut writer, fields),
+            (_, None) => Err(fmt::Error),
+        }
     }
 
     fn add_fields(
