@@ -5,9 +5,10 @@
 //! carry them. The stock JSON field format collects a span's fields into a map of JSON values
 //! before writing them, and on every later `record` parses the text back, adds the fields and
 //! writes it again: at the default `info`, every span of a turn pays that, logged inside or not.
-//! [`JsonSpanFields`] writes each field straight into the text and appends recorded ones before
-//! its closing brace. A field recorded twice is written twice; the event format reads the text
-//! as a JSON object, where the later value stands.
+//! [`JsonSpanFields`] (for the stock log layer) and the functions under it (for
+//! `json_lines`, which also writes an event's fields with them) write each field straight into
+//! the text and append recorded ones before its closing brace. A field recorded twice is written
+//! twice; a line's format reads the text as a JSON object, where the later value stands.
 
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
@@ -32,44 +33,73 @@ const SCRATCH_KEPT: usize = 4096;
 /// `fields` as one JSON object's text, written into `out`.
 fn write_object<R: RecordFields>(out: &mut impl fmt::Write, fields: R) -> fmt::Result {
     out.write_char('{')?;
-    let mut members = Members {
-        out: &mut *out,
-        first: true,
-        result: Ok(()),
-    };
-    fields.record(&mut members);
-    members.result?;
+    write_members(out, fields, true)?;
     out.write_char('}')
 }
 
+/// `fields` as one JSON object's text, written into `out` in one piece: into the thread's
+/// scratch text first and then handed over whole, so that an empty `String` given as `out` is
+/// allocated once at its length, where writing it piece by piece would grow it several times and
+/// leave it with room to spare for as long as the span is open.
+pub(super) fn write_new_object<R: RecordFields>(
+    out: &mut impl fmt::Write,
+    fields: R,
+) -> fmt::Result {
+    let mut fields = Some(fields);
+    let handed_over = SCRATCH.try_with(|scratch| {
+        // A field's `Debug` that logs finds the scratch in use: it is written in place then.
+        let mut text = scratch.try_borrow_mut().ok()?;
+        text.clear();
+        let written = write_object(&mut *text, fields.take()?).and_then(|()| out.write_str(&text));
+        if text.capacity() > SCRATCH_KEPT {
+            *text = String::new();
+        }
+        Some(written)
+    });
+    match (handed_over, fields) {
+        (Ok(Some(written)), _) => written,
+        // No scratch (in use, or the thread's already gone as it exits): written in place.
+        (_, Some(fields)) => write_object(out, fields),
+        (_, None) => Err(fmt::Error),
+    }
+}
+
+/// Adds `fields` to `text`, an object this module wrote, before its closing brace; text that is
+/// not such an object is replaced by one of `fields`.
+pub(super) fn add_members(text: &mut String, fields: &tracing::span::Record<'_>) -> fmt::Result {
+    if text.pop() != Some('}') {
+        text.clear();
+        return write_new_object(text, fields);
+    }
+    let first = text.ends_with('{');
+    let written = write_members(text, fields, first);
+    text.push('}');
+    written
+}
+
+/// Writes `fields` as members of a JSON object (`"name":value`, commas between), the first
+/// without a comma before it when `first`.
+pub(super) fn write_members<W: fmt::Write, R: RecordFields>(
+    out: &mut W,
+    fields: R,
+    first: bool,
+) -> fmt::Result {
+    let mut members = Members {
+        out,
+        first,
+        result: Ok(()),
+    };
+    fields.record(&mut members);
+    members.result
+}
+
 impl<'writer> FormatFields<'writer> for JsonSpanFields {
-    /// The object is written into the thread's scratch text first and handed over whole: the log
-    /// layer's text for a new span starts empty, so it is then allocated once at its length,
-    /// where writing it piece by piece would grow it several times and leave it with room to
-    /// spare for as long as the span is open.
     fn format_fields<R: RecordFields>(
         &self,
         mut writer: Writer<'writer>,
         fields: R,
     ) -> fmt::Result {
-        let mut fields = Some(fields);
-        let handed_over = SCRATCH.try_with(|scratch| {
-            // A field's `Debug` that logs finds the scratch in use: it is written in place then.
-            let mut text = scratch.try_borrow_mut().ok()?;
-            text.clear();
-            let written =
-                write_object(&mut *text, fields.take()?).and_then(|()| writer.write_str(&text));
-            if text.capacity() > SCRATCH_KEPT {
-                *text = String::new();
-            }
-            Some(written)
-        });
-        match (handed_over, fields) {
-            (Ok(Some(written)), _) => written,
-            // No scratch (in use, or the thread's already gone as it exits): written in place.
-            (_, Some(fields)) => write_object(&mut writer, fields),
-            (_, None) => Err(fmt::Error),
-        }
+        write_new_object(&mut writer, fields)
     }
 
     fn add_fields(
@@ -77,22 +107,7 @@ impl<'writer> FormatFields<'writer> for JsonSpanFields {
         current: &'writer mut FormattedFields<Self>,
         fields: &tracing::span::Record<'_>,
     ) -> fmt::Result {
-        // Only text this format wrote is added to: an object, whose closing brace moves to the
-        // end of the new members.
-        if current.fields.pop() != Some('}') {
-            current.fields.clear();
-            return self.format_fields(current.as_writer(), fields);
-        }
-        let first = current.fields.ends_with('{');
-        let mut members = Members {
-            out: &mut current.fields,
-            first,
-            result: Ok(()),
-        };
-        fields.record(&mut members);
-        let written = members.result;
-        current.fields.push('}');
-        written
+        add_members(&mut current.fields, fields)
     }
 }
 
@@ -179,7 +194,7 @@ impl<W: fmt::Write> Visit for Members<'_, W> {
 }
 
 /// `text` as a JSON string, quoted and escaped.
-fn write_json_string(out: &mut impl fmt::Write, text: &str) -> fmt::Result {
+pub(super) fn write_json_string(out: &mut impl fmt::Write, text: &str) -> fmt::Result {
     out.write_char('"')?;
     Escaped(out).write_str(text)?;
     out.write_char('"')

@@ -155,6 +155,15 @@ where
     }
 }
 
+/// The spans that are traced: `info` and above whatever `SKEIN_LOG` says (the log filter decides
+/// what is logged, not what is traced), except the exporter's transport's.
+pub(crate) fn traced_targets() -> Targets {
+    TRANSPORT_TARGETS.iter().fold(
+        Targets::new().with_default(LevelFilter::INFO),
+        |t, target| t.with_target(*target, LevelFilter::OFF),
+    )
+}
+
 /// The OpenTelemetry layer of a process that exports its spans, sending them to `tracer`.
 pub(crate) fn exported_spans<T>(tracer: T) -> impl Layer<Registry> + Send + Sync + 'static
 where
@@ -188,13 +197,7 @@ where
     L: Layer<Registry> + Send + Sync + 'static,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let not_transport = TRANSPORT_TARGETS.iter().fold(
-        // Spans are exported at `info` and above whatever `SKEIN_LOG` says: the log filter decides
-        // what is logged, not what is traced.
-        Targets::new().with_default(LevelFilter::INFO),
-        |t, target| t.with_target(*target, LevelFilter::OFF),
-    );
-    let spans = spans.with_filter(not_transport);
+    let spans = spans.with_filter(traced_targets());
     let (json, human) = match format {
         LogFormat::Json => (
             Some(
@@ -298,7 +301,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::io;
     use std::sync::{Arc, Mutex};
 
@@ -312,10 +315,10 @@ mod tests {
 
     /// Collects written log bytes.
     #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    pub(in crate::telemetry) struct Buffer(Arc<Mutex<Vec<u8>>>);
 
     impl Buffer {
-        fn lines(&self) -> Vec<String> {
+        pub(in crate::telemetry) fn lines(&self) -> Vec<String> {
             let bytes = self.0.lock().expect("buffer lock").clone();
             String::from_utf8(bytes)
                 .expect("utf-8 log output")
@@ -473,20 +476,13 @@ mod tests {
         );
     }
 
-    #[test]
-    fn without_export_spans_keep_their_ids_and_their_parents() {
+    /// The trace ids of a turn span, of a child opened under it and of a span given a remote
+    /// parent, under `subscriber`.
+    fn ids_without_export(
+        subscriber: impl Subscriber + Send + Sync + 'static,
+    ) -> (String, Option<String>, Option<String>) {
         opentelemetry::global::set_text_map_propagator(
             opentelemetry_sdk::propagation::TraceContextPropagator::new(),
-        );
-        let buffer = Buffer::default();
-        let provider = SdkTracerProvider::builder()
-            .with_span_limits(crate::telemetry::unexported::limits())
-            .build();
-        let subscriber = subscriber(
-            LogFilter::parse("info").expect("a filter"),
-            crate::telemetry::unexported::SpanIdsLayer::new(provider.tracer("test")),
-            LogFormat::Json,
-            buffer.clone(),
         );
         let (turn, call, remote) = tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!("turn", session = "s1");
@@ -502,16 +498,51 @@ mod tests {
             crate::telemetry::propagation::set_parent_or_recorded(&received, Some(&headers), None);
             (span_trace_id(&span), call, span_trace_id(&received))
         });
-        let turn = turn.expect("the turn span has a trace id");
-        assert_eq!(
-            call.as_deref(),
-            Some(turn.as_str()),
-            "the child is in its parent's trace"
-        );
-        assert_eq!(remote.as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
-        let lines = buffer.lines();
-        let line: serde_json::Value = serde_json::from_str(&lines[0]).expect("a JSON line");
-        assert_eq!(line["trace_id"].as_str(), Some(turn.as_str()));
+        (turn.expect("the turn span has a trace id"), call, remote)
+    }
+
+    /// A provider as a process that exports nothing has.
+    pub(in crate::telemetry) fn unexported_tracer() -> opentelemetry_sdk::trace::SdkTracer {
+        SdkTracerProvider::builder()
+            .with_span_limits(crate::telemetry::unexported::limits())
+            .build()
+            .tracer("test")
+    }
+
+    #[test]
+    fn without_export_spans_keep_their_ids_and_their_parents() {
+        let (filtered, unfiltered) = (Buffer::default(), Buffer::default());
+        let runs = [
+            (
+                ids_without_export(subscriber(
+                    LogFilter::parse("info").expect("a filter"),
+                    crate::telemetry::unexported::SpanIdsLayer::new(unexported_tracer()),
+                    LogFormat::Json,
+                    filtered.clone(),
+                )),
+                filtered,
+            ),
+            (
+                ids_without_export(crate::telemetry::json_lines::subscriber(
+                    "info".parse().expect("targets"),
+                    traced_targets(),
+                    crate::telemetry::unexported::SpanIdsLayer::new(unexported_tracer()),
+                    unfiltered.clone(),
+                )),
+                unfiltered,
+            ),
+        ];
+        for ((turn, call, remote), buffer) in runs {
+            assert_eq!(
+                call.as_deref(),
+                Some(turn.as_str()),
+                "the child is in its parent's trace"
+            );
+            assert_eq!(remote.as_deref(), Some("0af7651916cd43dd8448eb211c80319c"));
+            let lines = buffer.lines();
+            let line: serde_json::Value = serde_json::from_str(&lines[0]).expect("a JSON line");
+            assert_eq!(line["trace_id"].as_str(), Some(turn.as_str()));
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! tokio runtime of its own: exports neither depend on nor block the application's runtime.
 
 mod json_fields;
+mod json_lines;
 mod logs;
 mod metrics_export;
 pub mod propagation;
@@ -215,8 +216,18 @@ pub fn init(service: &str, instance: &str, cfg: &TelemetryConfig) -> TelemetryGu
         tracing::subscriber::set_global_default(subscriber)
     } else {
         let spans = unexported::SpanIdsLayer::new(tracer);
-        let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
-        tracing::subscriber::set_global_default(subscriber)
+        match (filter, format) {
+            // The default: no layer behind a filter of its own (`json_lines`).
+            (logs::LogFilter::ByTarget(logged), logs::LogFormat::Json) => {
+                let traced = logs::traced_targets();
+                let subscriber = json_lines::subscriber(logged, traced, spans, std::io::stderr);
+                tracing::subscriber::set_global_default(subscriber)
+            }
+            (filter, format) => {
+                let subscriber = logs::subscriber(filter, spans, format, std::io::stderr);
+                tracing::subscriber::set_global_default(subscriber)
+            }
+        }
     };
     if installed.is_err() {
         // Someone else owns the global subscriber; nothing of ours would ever see a span.

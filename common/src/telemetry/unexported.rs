@@ -15,7 +15,8 @@ use opentelemetry::Context;
 use opentelemetry_sdk::trace::{SdkTracer, SpanLimits};
 use tracing::span::{Attributes, Id};
 use tracing::Subscriber;
-use tracing_subscriber::layer::Context as LayerContext;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::{Context as LayerContext, Filter};
 use tracing_subscriber::registry::{Extensions, LookupSpan, SpanRef};
 use tracing_subscriber::{Layer, Registry};
 
@@ -36,7 +37,7 @@ pub(super) fn limits() -> SpanLimits {
 #[derive(Debug)]
 struct SpanIds(SpanContext);
 
-/// The layer of a process that exports no spans: every span it sees gets its context when it
+/// The layer of a process that exports no spans: every span it traces gets its context when it
 /// opens, from the span's parent (the parent given, else the current span, else OpenTelemetry's
 /// current context) through the tracer, and keeps only that.
 #[derive(Debug)]
@@ -44,11 +45,27 @@ pub(super) struct SpanIdsLayer {
     /// The SDK's tracer (its provider has no processor): its id generator and its sampler
     /// choose each span's context.
     tracer: SdkTracer,
+    /// Which spans it traces, when it filters them itself (as a layer without a filter of the
+    /// subscriber's); without, every span it hears of.
+    traced: Option<Targets>,
 }
 
 impl SpanIdsLayer {
     pub(super) fn new(tracer: SdkTracer) -> Self {
-        Self { tracer }
+        Self {
+            tracer,
+            traced: None,
+        }
+    }
+
+    /// The layer tracing only the spans `traced` enables, which it checks itself as each span
+    /// opens: with no per-layer filter around it, nothing looks its spans up as they are
+    /// entered and left.
+    pub(super) fn tracing_only(self, traced: Targets) -> Self {
+        Self {
+            traced: Some(traced),
+            ..self
+        }
     }
 
     /// The context of a span named `name` under `parent`: its ids from the tracer's id
@@ -87,7 +104,19 @@ impl<S> Layer<S> for SpanIdsLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        self.traced
+            .as_ref()
+            .and_then(<Targets as Filter<S>>::max_level_hint)
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerContext<'_, S>) {
+        let metadata = attrs.metadata();
+        if let Some(traced) = &self.traced {
+            if !traced.would_enable(metadata.target(), metadata.level()) {
+                return;
+            }
+        }
         let Some(span) = ctx.span(id) else {
             return;
         };
@@ -103,7 +132,7 @@ where
             None if attrs.is_contextual() => Context::current(),
             None => Context::new(),
         };
-        let ids = SpanIds(self.context_under(attrs.metadata().name(), &parent));
+        let ids = SpanIds(self.context_under(metadata.name(), &parent));
         span.extensions_mut().insert(ids);
     }
 }
@@ -307,20 +336,22 @@ mod tests {
         });
     }
 
-    #[test]
-    fn a_span_the_layers_filter_leaves_out_reads_its_nearest_traced_ancestor() {
-        let layer = SpanIdsLayer::new(tracer(Sampler::AlwaysOn)).with_filter(
-            Targets::new()
-                .with_default(LevelFilter::INFO)
-                .with_target("hyper", LevelFilter::OFF),
-        );
-        // Another layer (as the log layer) keeps the left-out span open in the registry.
-        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
-        let subscriber = tracing_subscriber::registry().with(layer).with(logs);
+    fn not_transport() -> Targets {
+        Targets::new()
+            .with_default(LevelFilter::INFO)
+            .with_target("hyper", LevelFilter::OFF)
+    }
+
+    /// A span `subscriber` leaves out of its [`SpanIdsLayer`] (another layer, as the log layer,
+    /// keeps it open in the registry) reads its nearest traced ancestor's ids.
+    fn a_left_out_span_reads_its_nearest_traced_ancestor(
+        subscriber: impl Subscriber + Send + Sync + 'static,
+    ) {
         tracing::subscriber::with_default(subscriber, || {
             let turn = tracing::info_span!("turn");
             let _entered = turn.enter();
             let transport = tracing::info_span!(target: "hyper::client", "connect");
+            assert!(!transport.is_disabled());
             assert_eq!(ids(&transport), ids(&turn));
             // A span under it is still in the turn's trace, under the turn.
             let _inside = transport.enter();
@@ -328,6 +359,21 @@ mod tests {
             assert_eq!(ids(&call).trace_id(), ids(&turn).trace_id());
             assert_ne!(ids(&call).span_id(), ids(&turn).span_id());
         });
+    }
+
+    #[test]
+    fn a_span_the_layers_filter_leaves_out_reads_its_nearest_traced_ancestor() {
+        let filtered = SpanIdsLayer::new(tracer(Sampler::AlwaysOn)).with_filter(not_transport());
+        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+        a_left_out_span_reads_its_nearest_traced_ancestor(
+            tracing_subscriber::registry().with(filtered).with(logs),
+        );
+        // The same, the layer filtering for itself with no filter around it.
+        let unfiltered = SpanIdsLayer::new(tracer(Sampler::AlwaysOn)).tracing_only(not_transport());
+        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+        a_left_out_span_reads_its_nearest_traced_ancestor(
+            tracing_subscriber::registry().with(unfiltered).with(logs),
+        );
     }
 
     #[test]
