@@ -199,7 +199,9 @@ async fn a_resumed_turn_does_not_publish_a_call_whose_result_is_recorded() {
         json!([{ "steps": [
             { "tool_calls": [
                 { "name": "slow_effect", "arguments": { "key": fast, "ms": 10 } },
-                { "name": "slow_effect", "arguments": { "key": slow, "ms": 3000 } }
+                // Long enough to outlast the resume (the lease's 2 s, the new lead's start) on a
+                // loaded machine: a result recorded first would rightly not go out again.
+                { "name": "slow_effect", "arguments": { "key": slow, "ms": 6000 } }
             ] },
             { "answer": "resumed: {{observations}}" }
         ] }]),
