@@ -118,6 +118,19 @@ pub(crate) fn ratios(report: &Report) -> Vec<Value> {
                 / report.get("skein: whole turn (two tool calls) p50"),
             "<= 1.3",
         ),
+        // CPU per turn moves with the host from run to run; the broker's moves with it and runs
+        // none of Skein's code, so against it a change to the lead or the workers reads steadier
+        // (when the change leaves the broker's own work alone; read its figure beside).
+        ratio(
+            "lead CPU per turn / nats-server CPU per turn",
+            report.get("cost per turn: lead CPU") / report.get("cost per turn: nats-server CPU"),
+            "(steadier than either alone)",
+        ),
+        ratio(
+            "workers CPU per turn / nats-server CPU per turn",
+            report.get("cost per turn: workers CPU") / report.get("cost per turn: nats-server CPU"),
+            "(steadier than either alone)",
+        ),
         ratio(
             "checkpoint p50 / Redis SET p50",
             report.get("skein: checkpoint of a step p50") / set,
@@ -216,6 +229,30 @@ mod tests {
         assert_eq!(
             ratio_named(&ratios, "whole turn p50 / request-reply p50"),
             Some(2500.0 / 200.0)
+        );
+    }
+
+    #[test]
+    fn cpu_per_turn_is_also_given_against_the_brokers() {
+        let report = report_of(&[
+            ("cost per turn: lead CPU", 300.0),
+            ("cost per turn: workers CPU", 120.0),
+            ("cost per turn: nats-server CPU", 240.0),
+        ]);
+        let ratios = ratios(&report);
+        assert_eq!(
+            ratio_named(&ratios, "lead CPU per turn / nats-server CPU per turn"),
+            Some(1.25)
+        );
+        assert_eq!(
+            ratio_named(&ratios, "workers CPU per turn / nats-server CPU per turn"),
+            Some(0.5)
+        );
+        // Without the broker's figure, neither is given.
+        let ratios = super::ratios(&report_of(&[("cost per turn: lead CPU", 300.0)]));
+        assert_eq!(
+            ratio_named(&ratios, "lead CPU per turn / nats-server CPU per turn"),
+            None
         );
     }
 
