@@ -1,10 +1,11 @@
-//! The log side of telemetry: the `tracing` subscriber stack (registry + the log filter + one fmt
-//! layer + the trace layer: OpenTelemetry's with export, `SpanIdsLayer` without) and the event
-//! formats. `SKEIN_LOG` filters (default `info`; by target, or through an `EnvFilter` when it
-//! names spans or fields);
-//! `SKEIN_LOG_FORMAT=json` (the default when stderr is not a terminal) writes JSON lines, anything
-//! else a compact human format. Every line written inside a span carries the OTel trace id (JSON
-//! lines also the span id) so logs and traces join up.
+//! The log side of telemetry: the stock `tracing` subscriber stack (registry + the log filter + one
+//! fmt layer + the trace layer: OpenTelemetry's with export, `SpanIdsLayer` without), used with
+//! export, a human format or directives that name spans (the default set-up's is `json_lines`),
+//! and the event formats. `SKEIN_LOG` filters (default `info`; by target, or through an
+//! `EnvFilter` when it names spans or fields); `SKEIN_LOG_FORMAT=json` (the default when stderr is
+//! not a terminal) writes JSON lines, anything else a compact human format. Every line written
+//! inside a span carries the OTel trace id (JSON lines also the span id) so logs and traces join
+//! up.
 
 use std::fmt;
 use std::io::IsTerminal;
