@@ -5,7 +5,7 @@
 //!
 //! The stock stack puts each of its two layers behind a filter of its own, and a layer behind a
 //! filter is looked up in the registry every time one of its spans is entered or left, to ask
-//! whether that filter let it through: twice per poll of every instrumented future, though
+//! whether that filter let it through: four lookups per poll of every instrumented future, though
 //! neither layer does anything there. Here each layer checks the span's target and level itself
 //! when the span opens, and the one callsite interest both need is [`JsonLines`]'s to give: a
 //! callsite neither layer wants is never enabled, as before.
