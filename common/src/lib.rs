@@ -33,6 +33,7 @@ pub mod cancel;
 pub mod client;
 pub mod config;
 pub mod dispatch;
+pub mod json_out;
 pub mod json_schema;
 pub mod metrics;
 pub mod payloads;

@@ -25,6 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry, Unit};
 
 pub mod otlp;
+mod series_cache;
+
+use series_cache::SeriesCache;
 
 /// Prefix of every metric name.
 const PREFIX: &str = "skein";
@@ -248,6 +251,43 @@ impl Families {
 struct Inner {
     registry: Registry,
     families: Families,
+    cached: CachedSeries,
+}
+
+/// A count and a duration of one series each.
+struct CountedDuration {
+    count: Counter,
+    duration: DurationHistogram,
+}
+
+/// The series of one provider's model calls with one outcome.
+struct ModelCallSeries {
+    calls: Counter,
+    duration: DurationHistogram,
+    input_tokens: Counter,
+    output_tokens: Counter,
+}
+
+/// The spend series of one tenant on one model.
+struct SpendSeries {
+    tokens: Counter,
+    usd: Counter<f64, AtomicU64>,
+}
+
+/// The handles of the series a turn or a call records into, by their label values
+/// ([`SeriesCache`]): recording builds no label set.
+#[derive(Default)]
+struct CachedSeries {
+    /// By outcome.
+    turns: SeriesCache<CountedDuration>,
+    /// By tool, then outcome.
+    tool_tasks: SeriesCache<SeriesCache<CountedDuration>>,
+    /// By provider, then outcome.
+    model_calls: SeriesCache<SeriesCache<ModelCallSeries>>,
+    /// By tenant, then model.
+    model_spend: SeriesCache<SeriesCache<SpendSeries>>,
+    /// By kind.
+    in_flight: SeriesCache<Gauge>,
 }
 
 /// The metrics of one process. Cheap to clone: every clone records into the same registry.
@@ -274,7 +314,11 @@ impl Metrics {
         let mut registry = Registry::with_prefix(PREFIX);
         let families = Families::register(&mut registry);
         Self {
-            inner: Arc::new(Inner { registry, families }),
+            inner: Arc::new(Inner {
+                registry,
+                families,
+                cached: CachedSeries::default(),
+            }),
         }
     }
 
@@ -297,28 +341,45 @@ impl Metrics {
     /// An agent turn ended: `completed`, `failed`, `cancelled`, `budget_exhausted` or
     /// `dead_lettered`; or a task was `rejected` (its session busy, `multitask: reject`).
     pub fn turn_finished(&self, outcome: &str, duration: Duration) {
-        let labels = OutcomeLabels {
-            outcome: label(outcome),
-        };
         let f = self.families();
-        f.turns.get_or_create(&labels).inc();
-        observe(&f.turn_duration.get_or_create(&labels), duration);
+        self.inner.cached.turns.with(
+            outcome,
+            || {
+                let labels = OutcomeLabels {
+                    outcome: label(outcome),
+                };
+                CountedDuration {
+                    count: f.turns.get_or_create_owned(&labels),
+                    duration: f.turn_duration.get_or_create_owned(&labels),
+                }
+            },
+            |series| {
+                series.count.inc();
+                observe(&series.duration, duration);
+            },
+        );
     }
 
     /// A tool task ended: `outcome` is `ok` or the failure kind.
     pub fn tool_task_finished(&self, tool: &str, outcome: &str, duration: Duration) {
-        let tool = label(tool);
         let f = self.families();
-        f.tool_tasks
-            .get_or_create(&ToolOutcomeLabels {
-                tool: tool.clone(),
+        let make = || CountedDuration {
+            count: f.tool_tasks.get_or_create_owned(&ToolOutcomeLabels {
+                tool: label(tool),
                 outcome: label(outcome),
-            })
-            .inc();
-        observe(
-            &f.tool_duration.get_or_create(&ToolLabels { tool }),
-            duration,
-        );
+            }),
+            duration: f
+                .tool_duration
+                .get_or_create_owned(&ToolLabels { tool: label(tool) }),
+        };
+        let record = |series: &CountedDuration| {
+            series.count.inc();
+            observe(&series.duration, duration);
+        };
+        self.inner
+            .cached
+            .tool_tasks
+            .with_pair((tool, outcome), make, record);
     }
 
     /// A model provider call ended: `outcome` is `ok` or the failure kind.
@@ -330,47 +391,70 @@ impl Metrics {
         input_tokens: u64,
         output_tokens: u64,
     ) {
-        let provider = label(provider);
         let f = self.families();
-        f.model_calls
-            .get_or_create(&ProviderOutcomeLabels {
-                provider: provider.clone(),
-                outcome: label(outcome),
+        let tokens = |direction: &str| {
+            f.model_tokens.get_or_create_owned(&TokenLabels {
+                provider: label(provider),
+                direction: direction.to_owned(),
             })
-            .inc();
-        observe(
-            &f.model_call_duration.get_or_create(&ProviderLabels {
-                provider: provider.clone(),
+        };
+        let make = || ModelCallSeries {
+            calls: f.model_calls.get_or_create_owned(&ProviderOutcomeLabels {
+                provider: label(provider),
+                outcome: label(outcome),
             }),
-            duration,
-        );
-        for (direction, tokens) in [("input", input_tokens), ("output", output_tokens)] {
-            f.model_tokens
-                .get_or_create(&TokenLabels {
-                    provider: provider.clone(),
-                    direction: direction.to_owned(),
-                })
-                .inc_by(tokens);
-        }
+            duration: f.model_call_duration.get_or_create_owned(&ProviderLabels {
+                provider: label(provider),
+            }),
+            input_tokens: tokens("input"),
+            output_tokens: tokens("output"),
+        };
+        let record = |series: &ModelCallSeries| {
+            series.calls.inc();
+            observe(&series.duration, duration);
+            series.input_tokens.inc_by(input_tokens);
+            series.output_tokens.inc_by(output_tokens);
+        };
+        self.inner
+            .cached
+            .model_calls
+            .with_pair((provider, outcome), make, record);
     }
 
     /// A model call of `tenant` on `model` spent `tokens` costing `cost_usd`.
     pub fn model_spend(&self, tenant: &str, model: &str, tokens: u64, cost_usd: f64) {
-        let labels = SpendLabels {
-            tenant: label(tenant),
-            model: label(model),
-        };
         let f = self.families();
-        f.model_spend_tokens.get_or_create(&labels).inc_by(tokens);
-        f.model_spend_usd.get_or_create(&labels).inc_by(cost_usd);
+        let make = || {
+            let labels = SpendLabels {
+                tenant: label(tenant),
+                model: label(model),
+            };
+            SpendSeries {
+                tokens: f.model_spend_tokens.get_or_create_owned(&labels),
+                usd: f.model_spend_usd.get_or_create_owned(&labels),
+            }
+        };
+        let record = |series: &SpendSeries| {
+            series.tokens.inc_by(tokens);
+            series.usd.inc_by(cost_usd);
+        };
+        self.inner
+            .cached
+            .model_spend
+            .with_pair((tenant, model), make, record);
     }
 
     /// One more unit of work (`turn`, `tool`, `subagent`) running until the guard drops.
     pub fn in_flight(&self, kind_name: &str) -> InFlight {
-        let gauge = self
-            .families()
-            .in_flight
-            .get_or_create_owned(&kind(kind_name));
+        let gauge = self.inner.cached.in_flight.with(
+            kind_name,
+            || {
+                self.families()
+                    .in_flight
+                    .get_or_create_owned(&kind(kind_name))
+            },
+            Gauge::clone,
+        );
         gauge.inc();
         InFlight { gauge }
     }
@@ -500,6 +584,34 @@ mod tests {
             "skein_queue_pending{consumer=\"workers-tool\"} 7\n",
             "skein_queue_ack_pending{consumer=\"workers-tool\"} 2\n",
             "# EOF\n",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn values_past_the_kept_handles_are_still_exported() {
+        let metrics = Metrics::new();
+        let tools = series_cache::MAX_CACHED_VALUES + 5;
+        for round in 0..2 {
+            for n in 0..tools {
+                metrics.tool_task_finished(&format!("tool-{n}"), "ok", Duration::from_millis(5));
+            }
+            metrics.model_call("anthropic", "rate_limited", Duration::from_secs(1), 0, 0);
+            metrics.model_call("anthropic", "ok", Duration::from_secs(1), 7, round);
+        }
+        let text = metrics.render();
+        for n in 0..tools {
+            let expected =
+                format!("skein_tool_tasks_total{{tool=\"tool-{n}\",outcome=\"ok\"}} 2\n");
+            assert!(text.contains(&expected), "missing {expected:?}");
+        }
+        for expected in [
+            "skein_model_calls_total{provider=\"anthropic\",outcome=\"rate_limited\"} 2\n",
+            "skein_model_calls_total{provider=\"anthropic\",outcome=\"ok\"} 2\n",
+            "skein_model_call_duration_seconds_count{provider=\"anthropic\"} 4\n",
+            "skein_model_tokens_total{provider=\"anthropic\",direction=\"input\"} 14\n",
+            "skein_model_tokens_total{provider=\"anthropic\",direction=\"output\"} 1\n",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
         }

@@ -377,8 +377,7 @@ pub fn preview(text: &str, limit: usize, note: &str) -> String {
 }
 
 fn encode(value: &Value) -> Result<Bytes, Failure> {
-    serde_json::to_vec(value)
-        .map(Bytes::from)
+    crate::json_out::to_bytes(value)
         .map_err(|e| Failure::new(FailureKind::Internal, format!("cannot encode a value: {e}")))
 }
 

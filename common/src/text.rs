@@ -75,20 +75,8 @@ pub fn cut(text: &str, max_bytes: usize) -> String {
 
 /// The length of `value` as compact JSON, measured without building it.
 pub fn json_len(value: &serde_json::Value) -> usize {
-    struct Counted(usize);
-    impl std::io::Write for Counted {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counted = Counted(0);
-    // Writing into a counter cannot fail, and a JSON value always serializes.
-    let _ = serde_json::to_writer(&mut counted, value);
-    counted.0
+    // A JSON value always serializes.
+    crate::json_out::encoded_len(value).unwrap_or(0)
 }
 
 #[cfg(test)]

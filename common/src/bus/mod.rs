@@ -52,7 +52,7 @@ pub use tls::check_client_certificate;
 
 use crate::config::NatsConfig;
 use crate::principals::{Gate, Role, Signer};
-use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent};
+use crate::protocol::{Failure, FailureKind, TaskSubmission, ToolResult, TurnEvent, TurnEventRef};
 use crate::subjects;
 
 /// The servers of a comma-separated list of NATS URLs (`nats://a:4222,nats://b:4222`, as
@@ -410,14 +410,13 @@ impl Bus {
 
     /// Serializes `value`, refusing payloads over the cap.
     pub fn encode<T: Serialize>(&self, value: &T) -> Result<Bytes, BusError> {
-        let bytes = serde_json::to_vec(value).map_err(BusError::Encode)?;
-        if bytes.len() > self.max_payload {
-            return Err(BusError::TooLarge {
-                size: bytes.len(),
+        crate::json_out::to_bytes_within(value, self.max_payload).map_err(|e| match e {
+            Ok(size) => BusError::TooLarge {
+                size,
                 limit: self.max_payload,
-            });
-        }
-        Ok(Bytes::from(bytes))
+            },
+            Err(e) => BusError::Encode(e),
+        })
     }
 
     /// Deserializes a received payload, refusing payloads over the cap.
@@ -503,14 +502,19 @@ impl Bus {
         tenant: &str,
         event: &TurnEvent,
     ) -> Result<PendingAck, BusError> {
-        self.send_event(self.event_message(tenant, event)?).await
+        self.send_event(self.event_message(tenant, event.borrowed())?)
+            .await
     }
 
     /// A turn event encoded for its subject (too large for a message: `BusError::TooLarge`).
-    pub fn event_message(&self, tenant: &str, event: &TurnEvent) -> Result<EventMessage, BusError> {
+    pub fn event_message(
+        &self,
+        tenant: &str,
+        event: TurnEventRef<'_>,
+    ) -> Result<EventMessage, BusError> {
         Ok(EventMessage {
-            payload: self.encode(event)?,
-            subject: self.events_subject(tenant, &event.task_id),
+            payload: self.encode(&event)?,
+            subject: self.events_subject(tenant, event.task_id),
         })
     }
 

@@ -24,6 +24,32 @@ pub struct TurnEvent {
     pub event: EventKind,
 }
 
+/// A [`TurnEvent`] as it is sent: the same JSON, written from what the sending sink keeps (its
+/// task id and source), not from copies made for every event.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TurnEventRef<'a> {
+    pub v: u32,
+    pub task_id: &'a str,
+    pub source: &'a str,
+    pub seq: u64,
+    pub at_ms: u64,
+    pub event: &'a EventKind,
+}
+
+impl TurnEvent {
+    /// This event, borrowed as it is sent.
+    pub fn borrowed(&self) -> TurnEventRef<'_> {
+        TurnEventRef {
+            v: self.v,
+            task_id: &self.task_id,
+            source: &self.source,
+            seq: self.seq,
+            at_ms: self.at_ms,
+            event: &self.event,
+        }
+    }
+}
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -238,7 +264,7 @@ impl FinalResult {
         // A structured answer travels twice (its text and its parsed `output`): the parsed
         // copy goes first, the stored result keeps it.
         if self.output.is_some()
-            && serde_json::to_vec(&self).map_or(true, |json| json.len() > limit)
+            && crate::json_out::encoded_len(&self).map_or(true, |size| size > limit)
         {
             self.output = None;
         }
@@ -246,12 +272,14 @@ impl FinalResult {
             return self;
         };
         // Escaping can make JSON longer than its text: cut again by the measured overshoot.
+        // Measured without being written: only a result that does not fit costs more.
         for _ in 0..8 {
-            self.answer = Some(answer.clone());
-            let size = serde_json::to_vec(&self).map_or(usize::MAX, |json| json.len());
+            self.answer = Some(answer);
+            let size = crate::json_out::encoded_len(&self).unwrap_or(usize::MAX);
             if size <= limit {
                 return self;
             }
+            answer = self.answer.take().unwrap_or_default();
             let keep = answer.len().saturating_sub(size - limit + NOTE_ROOM);
             let head = &answer[..crate::text::floor_char_boundary(&answer, keep)];
             answer = format!(
@@ -331,6 +359,35 @@ mod tests {
             usage: Usage::default(),
             trace_id: None,
             spent: None,
+        }
+    }
+
+    #[test]
+    fn an_event_is_sent_as_the_json_of_the_event() {
+        let kinds = [
+            EventKind::ModelDelta {
+                text: "a \"quoted\" ünïcödé delta\n".into(),
+            },
+            EventKind::Warning {
+                failure: Failure::new(crate::protocol::FailureKind::TooLarge, "left out"),
+            },
+            EventKind::Final {
+                result: structured("the answer"),
+            },
+        ];
+        for (seq, kind) in kinds.into_iter().enumerate() {
+            let event = TurnEvent {
+                v: 1,
+                task_id: "task-1".into(),
+                source: "subagent:call-2".into(),
+                seq: (7 << 32) + seq as u64,
+                at_ms: 1_700_000_000_000,
+                event: kind,
+            };
+            let sent = serde_json::to_vec(&event.borrowed()).expect("encodes");
+            assert_eq!(sent, serde_json::to_vec(&event).expect("encodes"));
+            let read: TurnEvent = serde_json::from_slice(&sent).expect("decodes");
+            assert_eq!(read, event);
         }
     }
 

@@ -29,7 +29,7 @@ mod registry;
 pub use budget::{Budget, BudgetScope, Spent};
 pub use content::{ImageLimits, ImagePart, InputPart, SubmissionInput};
 pub use control::{ControlAction, RunControl};
-pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnStatus};
+pub use events::{EventKind, FinalResult, StoredFinal, TurnEvent, TurnEventRef, TurnStatus};
 pub use output::OutputSchema;
 pub use payload::PayloadRef;
 pub use permissions::{

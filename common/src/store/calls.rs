@@ -176,7 +176,7 @@ impl SessionStore {
         call_key: &str,
         outcome: &CallOutcome,
     ) -> Result<u64, StoreError> {
-        let json = serde_json::to_string(outcome).map_err(StoreError::Corrupt)?;
+        let json = crate::json_out::to_string(outcome).map_err(StoreError::Corrupt)?;
         let key = keys::call_outcome(tenant, child_session, call_key);
         self.save_with(
             tenant,
@@ -218,7 +218,7 @@ impl SessionStore {
         result: &ToolResult,
     ) -> Result<bool, StoreError> {
         let mut conn = self.connection.clone();
-        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let json = crate::json_out::to_string(result).map_err(StoreError::Corrupt)?;
         let key = keys::results(tenant, session, call_key);
         // The run is over once its result is recorded: its marker goes in the same trip (a copy
         // waiting on it finds the result first).

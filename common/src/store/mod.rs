@@ -220,7 +220,7 @@ struct HistoryWrite {
 
 impl HistoryWrite {
     fn of(state: &SessionState, max_messages: u64) -> Result<Self, StoreError> {
-        let meta = serde_json::to_string(&SessionMeta {
+        let meta = crate::json_out::to_string(&SessionMeta {
             history: [],
             turns: state.turns,
             skills: &state.skills,
@@ -238,7 +238,7 @@ impl HistoryWrite {
         };
         let messages = state.history[from..]
             .iter()
-            .map(|m| serde_json::to_string(m).map_err(StoreError::Corrupt))
+            .map(|m| crate::json_out::to_string(m).map_err(StoreError::Corrupt))
             .collect::<Result<_, _>>()?;
         // Only summarised messages are dropped: the context may still need the others.
         let length = offset + state.history.len() as u64;
@@ -587,7 +587,7 @@ impl SessionStore {
         let write = state
             .map(|state| HistoryWrite::of(state, self.session_max_messages))
             .transpose()?;
-        let final_json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let final_json = crate::json_out::to_string(result).map_err(StoreError::Corrupt)?;
         let mut invocation = COMPLETE_SCRIPT.call();
         invocation
             .key(keys::session(tenant, session))
@@ -610,7 +610,7 @@ impl SessionStore {
             .arg(write.as_ref().map_or(0, |w| w.offset))
             .arg(write.as_ref().map_or(0, |w| w.trim))
             .arg(match record.filter(|_| self.session_checkpoints > 0) {
-                Some(record) => serde_json::to_string(record).map_err(StoreError::Corrupt)?,
+                Some(record) => crate::json_out::to_string(record).map_err(StoreError::Corrupt)?,
                 None => String::new(),
             })
             .arg(self.session_checkpoints);
@@ -686,7 +686,7 @@ impl SessionStore {
     /// [`Ended::Earlier`].
     pub async fn store_final(&self, result: &FinalResult) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
-        let json = serde_json::to_string(result).map_err(StoreError::Corrupt)?;
+        let json = crate::json_out::to_string(result).map_err(StoreError::Corrupt)?;
         let earlier: Option<String> = STORE_FINAL_SCRIPT
             .key(keys::final_result(
                 &result.tenant,
@@ -732,7 +732,7 @@ impl SessionStore {
         key: &str,
         value: &T,
     ) -> Result<bool, StoreError> {
-        let json = serde_json::to_string(value).map_err(StoreError::Corrupt)?;
+        let json = crate::json_out::to_string(value).map_err(StoreError::Corrupt)?;
         let mut set = redis::cmd("SET");
         set.arg(key).arg(&json).arg("NX");
         if self.session_ttl_secs > 0 {
@@ -751,7 +751,7 @@ impl SessionStore {
         ttl_secs: u64,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection.clone();
-        let json = serde_json::to_string(value).map_err(StoreError::Corrupt)?;
+        let json = crate::json_out::to_string(value).map_err(StoreError::Corrupt)?;
         let () = conn.set_ex(key, json, ttl_secs).await?;
         Ok(())
     }

@@ -32,7 +32,7 @@ use crate::agent::seams::EventSink;
 use crate::bus::{Bus, BusError, EventMessage, PendingAck};
 use crate::payloads::{inline_limit, PayloadStore};
 use crate::protocol::{
-    now_ms, EventKind, Failure, FailureKind, TaskOrigin, TurnEvent, PROTOCOL_VERSION,
+    now_ms, EventKind, Failure, FailureKind, TaskOrigin, TurnEventRef, PROTOCOL_VERSION,
 };
 
 /// Emits the events of one agent loop.
@@ -111,7 +111,7 @@ impl BusEvents {
     /// Publishes one fitted event without waiting for its confirmation (a failure is logged).
     /// Numbered and encoded before the future is made: the future keeps only the message.
     fn send(&self, event: EventKind) -> impl Future<Output = ()> + Send + '_ {
-        let message = self.message(self.number(event));
+        let message = self.message(&event);
         async move {
             let sent = match message {
                 Ok(message) => self.bus.send_event(message).await,
@@ -160,8 +160,10 @@ impl BusEvents {
         for piece in pieces {
             self.send(piece).await;
         }
-        let message = self.message(self.number(last))?;
-        self.bus.send_event(message).await.map(Some)
+        // The event is dropped once encoded: the wait for the connection keeps only the message.
+        let message = self.message(&last);
+        drop(last);
+        self.bus.send_event(message?).await.map(Some)
     }
 
     /// The events that carry `event` within a broker message (see the module header).
@@ -233,10 +235,12 @@ impl BusEvents {
 
     /// A numbered event encoded for its subject; one still too large for a message becomes a
     /// `warning` saying so, in its place.
-    fn message(&self, event: TurnEvent) -> Result<EventMessage, BusError> {
-        match self.bus.event_message(&self.origin.tenant, &event) {
+    /// `event`, numbered next and encoded for its subject.
+    fn message(&self, event: &EventKind) -> Result<EventMessage, BusError> {
+        let event = self.number(event);
+        match self.bus.event_message(&self.origin.tenant, event) {
             Err(BusError::TooLarge { size, limit }) => {
-                let kind = serde_json::to_value(&event.event)
+                let kind = serde_json::to_value(event.event)
                     .ok()
                     .and_then(|value| value["type"].as_str().map(str::to_owned))
                     .unwrap_or_default();
@@ -248,22 +252,23 @@ impl BusEvents {
                          message cap"
                     ),
                 );
-                let warning = TurnEvent {
-                    event: EventKind::Warning { failure },
+                let warning = EventKind::Warning { failure };
+                let warning = TurnEventRef {
+                    event: &warning,
                     ..event
                 };
-                self.bus.event_message(&self.origin.tenant, &warning)
+                self.bus.event_message(&self.origin.tenant, warning)
             }
             other => other,
         }
     }
 
     /// Numbers an event of this sink.
-    fn number(&self, event: EventKind) -> TurnEvent {
-        TurnEvent {
+    fn number<'a>(&'a self, event: &'a EventKind) -> TurnEventRef<'a> {
+        TurnEventRef {
             v: PROTOCOL_VERSION,
-            task_id: self.origin.task_id.clone(),
-            source: self.source.to_string(),
+            task_id: &self.origin.task_id,
+            source: &self.source,
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             at_ms: now_ms(),
             event,
