@@ -291,7 +291,7 @@ async fn run(args: Args) -> Result<(), Failed> {
         .await?;
     }
     let _ = ready;
-    lead.kill();
+    cluster.stop_lead(&mut lead).await;
     first.kill();
     second.kill();
     if args.plan_steps > 0 {

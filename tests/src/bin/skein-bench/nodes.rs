@@ -36,6 +36,9 @@ impl Nodes {
             Some((program, args)) => {
                 let mut cmd = std::process::Command::new(program);
                 cmd.args(args).arg(exe);
+                // A group of its own, so that the lead under the profiler stops with it
+                // (`stop_lead`): killing the profiler alone would leave the lead running.
+                std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
                 cmd
             }
             None => std::process::Command::new(exe),
@@ -119,6 +122,30 @@ impl Nodes {
             &scenario.display().to_string(),
         ]);
         ChildProcess::spawn(cmd, self.dir.join("lead.log"))
+    }
+
+    /// Stops a lead from [`Nodes::lead`]. Under a profiler, the lead in the profiler's process
+    /// group is asked to stop (SIGTERM), and the group given a minute to end, so that the
+    /// profiler writes what it measured; what is left of the group is then killed.
+    pub(crate) async fn stop_lead(&self, lead: &mut ChildProcess) {
+        if self.wrap_lead.is_some() {
+            let group = lead.id().to_string();
+            let run = |program: &str, args: &[&str]| {
+                std::process::Command::new(program)
+                    .args(args)
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|status| status.success())
+            };
+            if run("pkill", &["-TERM", "-g", &group, "-f", " node lead "]) {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while run("pgrep", &["-g", &group]) && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            run("pkill", &["-KILL", "-g", &group]);
+        }
+        lead.kill();
     }
 }
 
