@@ -58,23 +58,25 @@ pub fn to_bytes<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Bytes> {
     to_vec(value).map(Bytes::from)
 }
 
-/// `value` as JSON, unless it is longer than `limit` bytes: then `Err(Ok(size))`, the bytes not
-/// copied out.
-pub fn to_bytes_within<T: Serialize + ?Sized>(
-    value: &T,
-    limit: usize,
-) -> Result<Bytes, Result<usize, serde_json::Error>> {
-    match written(value, |json| {
+/// Why a value was not encoded within its limit.
+#[derive(Debug)]
+pub enum NotWithin {
+    /// Its JSON is `size` bytes, over the limit (the bytes are not copied out).
+    TooLarge { size: usize },
+    /// It cannot be written as JSON.
+    Json(serde_json::Error),
+}
+
+/// `value` as JSON, unless it is longer than `limit` bytes.
+pub fn to_bytes_within<T: Serialize + ?Sized>(value: &T, limit: usize) -> Result<Bytes, NotWithin> {
+    written(value, |json| {
         if json.len() > limit {
-            Err(json.len())
+            Err(NotWithin::TooLarge { size: json.len() })
         } else {
             Ok(Bytes::copy_from_slice(json))
         }
-    }) {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(size)) => Err(Ok(size)),
-        Err(e) => Err(Err(e)),
-    }
+    })
+    .map_err(NotWithin::Json)?
 }
 
 /// `value` as a JSON string of exactly its length.
@@ -147,7 +149,7 @@ mod tests {
         let size = serde_json::to_vec(&value).expect("encodes").len();
         assert_eq!(to_bytes_within(&value, size).expect("fits").len(), size);
         match to_bytes_within(&value, size - 1) {
-            Err(Ok(measured)) => assert_eq!(measured, size),
+            Err(NotWithin::TooLarge { size: measured }) => assert_eq!(measured, size),
             other => panic!("expected the size, got {other:?}"),
         }
     }

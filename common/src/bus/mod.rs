@@ -410,12 +410,13 @@ impl Bus {
 
     /// Serializes `value`, refusing payloads over the cap.
     pub fn encode<T: Serialize>(&self, value: &T) -> Result<Bytes, BusError> {
+        use crate::json_out::NotWithin;
         crate::json_out::to_bytes_within(value, self.max_payload).map_err(|e| match e {
-            Ok(size) => BusError::TooLarge {
+            NotWithin::TooLarge { size } => BusError::TooLarge {
                 size,
                 limit: self.max_payload,
             },
-            Err(e) => BusError::Encode(e),
+            NotWithin::Json(e) => BusError::Encode(e),
         })
     }
 
