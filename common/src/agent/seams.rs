@@ -189,6 +189,57 @@ pub struct TurnCheckpoint {
     pub step_ends: Vec<StepEnd>,
 }
 
+impl TurnCheckpoint {
+    /// Appends the checkpoint's JSON to `out`: byte for byte its `Serialize` output, with the
+    /// messages' texts written a word at a time ([`Message::write_json`]).
+    pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        // Every field named: a new one does not compile until it is written here.
+        let TurnCheckpoint {
+            new_messages,
+            iterations,
+            usage,
+            loaded_skills,
+            compaction,
+            plan,
+            steered,
+            step_ends,
+        } = self;
+        out.extend_from_slice(b"{\"new_messages\":[");
+        for (n, message) in new_messages.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            message.write_json(out)?;
+        }
+        out.extend_from_slice(b"],\"iterations\":");
+        serde_json::to_writer(&mut *out, iterations)?;
+        out.extend_from_slice(b",\"usage\":");
+        serde_json::to_writer(&mut *out, usage)?;
+        if !loaded_skills.is_empty() {
+            out.extend_from_slice(b",\"loaded_skills\":");
+            serde_json::to_writer(&mut *out, loaded_skills)?;
+        }
+        if let Some(compaction) = compaction {
+            out.extend_from_slice(b",\"compaction\":");
+            serde_json::to_writer(&mut *out, compaction)?;
+        }
+        if let Some(plan) = plan {
+            out.extend_from_slice(b",\"plan\":");
+            serde_json::to_writer(&mut *out, plan)?;
+        }
+        if !is_zero(steered) {
+            out.extend_from_slice(b",\"steered\":");
+            serde_json::to_writer(&mut *out, steered)?;
+        }
+        if !step_ends.is_empty() {
+            out.extend_from_slice(b",\"step_ends\":");
+            serde_json::to_writer(&mut *out, step_ends)?;
+        }
+        out.push(b'}');
+        Ok(())
+    }
+}
+
 /// When a step of a turn ended: every call of its model response answered, before the next
 /// model call. A fork at the step gets the workspace's files as they were then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,3 +320,57 @@ where
 }
 
 impl std::error::Error for Failure {}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::TurnCheckpoint;
+
+    /// `write_json` of `checkpoint`, checked against its `Serialize` output and read back.
+    fn written_as_serialized(checkpoint: &TurnCheckpoint) {
+        let mut written = Vec::new();
+        checkpoint.write_json(&mut written).expect("written");
+        assert_eq!(
+            String::from_utf8(written.clone()).expect("UTF-8"),
+            serde_json::to_string(checkpoint).expect("serialized")
+        );
+        let read: TurnCheckpoint = serde_json::from_slice(&written).expect("read back");
+        assert_eq!(&read, checkpoint);
+    }
+
+    #[test]
+    fn a_checkpoint_is_written_as_it_serializes() {
+        // Every field of the checkpoint and of its messages set, texts that need escaping.
+        let full: TurnCheckpoint = serde_json::from_value(json!({
+            "new_messages": [
+                {"role": "user", "content": "quote \" backslash \\ tab\t nul\u{0} é 🦀",
+                 "images": [{"source": "url", "url": "https://example.com/a.png"}]},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"id": "c1", "name": "grep", "arguments": {"q": "a\"b\n"}}],
+                 "reasoning": "thinking\nstill", "reasoning_signature": "sig=="},
+                {"role": "tool", "content": "x".repeat(180), "tool_call_id": "c1"},
+                {"role": "system", "content": "\u{1f}\u{7f}\u{2028}"},
+            ],
+            "iterations": 3,
+            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "cache_read_tokens": 4},
+            "loaded_skills": ["pdf", "review"],
+            "compaction": {"summary": {"text": "earlier", "messages": 4}, "compacted": 4,
+                           "steps": {"text": "steps", "messages": 2}},
+            "plan": {"explanation": "why", "plan": [
+                {"id": "1", "step": "look", "status": "completed", "agent": "scout",
+                 "after": ["0"], "worker_id": "w1", "duration_ms": 12}]},
+            "steered": 1,
+            "step_ends": [{"step": 1, "at_ms": 1700000000000u64}],
+        }))
+        .expect("a checkpoint");
+        assert!(full.compaction.is_some() && full.plan.is_some() && full.steered == 1);
+        written_as_serialized(&full);
+        // Every optional field absent.
+        written_as_serialized(&TurnCheckpoint::default());
+        written_as_serialized(&TurnCheckpoint {
+            new_messages: full.new_messages[2..3].to_vec(),
+            ..TurnCheckpoint::default()
+        });
+    }
+}

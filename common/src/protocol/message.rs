@@ -77,6 +77,50 @@ impl Message {
         self
     }
 
+    /// Appends the message's JSON to `out`: byte for byte its `Serialize` output, with its texts
+    /// written a word at a time ([`crate::json_out::push_str`]); for long conversations written
+    /// often (a turn's checkpoints).
+    pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        use crate::json_out::push_str;
+        // Every field named: a new one does not compile until it is written here.
+        let Message {
+            role,
+            content,
+            tool_calls,
+            tool_call_id,
+            reasoning,
+            reasoning_signature,
+            images,
+        } = self;
+        out.extend_from_slice(match role {
+            Role::System => b"{\"role\":\"system\",\"content\":",
+            Role::User => b"{\"role\":\"user\",\"content\":",
+            Role::Assistant => b"{\"role\":\"assistant\",\"content\":",
+            Role::Tool => b"{\"role\":\"tool\",\"content\":",
+        });
+        push_str(out, content);
+        if !tool_calls.is_empty() {
+            out.extend_from_slice(b",\"tool_calls\":");
+            serde_json::to_writer(&mut *out, tool_calls)?;
+        }
+        for (name, text) in [
+            (&b",\"tool_call_id\":"[..], tool_call_id),
+            (b",\"reasoning\":", reasoning),
+            (b",\"reasoning_signature\":", reasoning_signature),
+        ] {
+            if let Some(text) = text {
+                out.extend_from_slice(name);
+                push_str(out, text);
+            }
+        }
+        if !images.is_empty() {
+            out.extend_from_slice(b",\"images\":");
+            serde_json::to_writer(&mut *out, images)?;
+        }
+        out.push(b'}');
+        Ok(())
+    }
+
     fn text(role: Role, content: impl Into<String>) -> Self {
         Self {
             role,
