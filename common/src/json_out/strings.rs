@@ -28,8 +28,8 @@ const fn needs_escape(word: u64) -> bool {
     below_space || has_zero_byte(word ^ repeated(b'"')) || has_zero_byte(word ^ repeated(b'\\'))
 }
 
-/// The escape sequence of `byte`, if it needs one.
-fn escape(byte: u8, out: &mut Vec<u8>) -> bool {
+/// Writes the escape sequence of `byte`, one that needs escaping (see [`needs_escape`]).
+fn push_escape(out: &mut Vec<u8>, byte: u8) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let short = match byte {
         b'"' => b'"',
@@ -39,16 +39,14 @@ fn escape(byte: u8, out: &mut Vec<u8>) -> bool {
         0x0a => b'n',
         0x0c => b'f',
         0x0d => b'r',
-        0x00..=0x1f => {
+        _ => {
             let hex = [HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]];
             out.extend_from_slice(b"\\u00");
             out.extend_from_slice(&hex);
-            return true;
+            return;
         }
-        _ => return false,
     };
     out.extend_from_slice(&[b'\\', short]);
-    true
 }
 
 /// Appends `text` to `out` as a JSON string, quotes included.
@@ -69,7 +67,7 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
         let byte = bytes[at];
         if byte < 0x20 || byte == b'"' || byte == b'\\' {
             out.extend_from_slice(&bytes[written..at]);
-            escape(byte, out);
+            push_escape(out, byte);
             written = at + 1;
         }
         at += 1;
