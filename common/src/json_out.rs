@@ -84,6 +84,19 @@ pub fn to_bytes_within<T: Serialize + ?Sized>(value: &T, limit: usize) -> Result
     .map_err(NotWithin::Json)?
 }
 
+/// Appends `,"name":` and `value`'s JSON to `out`: a member, after the first, of an object
+/// written by hand.
+pub fn push_member<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    name: &str,
+    value: &T,
+) -> serde_json::Result<()> {
+    out.push(b',');
+    push_str(out, name);
+    out.push(b':');
+    serde_json::to_writer(out, value)
+}
+
 /// `value` as a JSON string of exactly its length.
 pub fn to_string<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<String> {
     written(value, |json| String::from_utf8_lossy(json).into_owned())

@@ -193,6 +193,7 @@ impl TurnCheckpoint {
     /// Appends the checkpoint's JSON to `out`: byte for byte its `Serialize` output, with the
     /// messages' texts written a word at a time ([`Message::write_json`]).
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        use crate::json_out::push_member;
         // Every field named: a new one does not compile until it is written here.
         let TurnCheckpoint {
             new_messages,
@@ -211,29 +212,23 @@ impl TurnCheckpoint {
             }
             message.write_json(out)?;
         }
-        out.extend_from_slice(b"],\"iterations\":");
-        serde_json::to_writer(&mut *out, iterations)?;
-        out.extend_from_slice(b",\"usage\":");
-        serde_json::to_writer(&mut *out, usage)?;
+        out.push(b']');
+        push_member(out, "iterations", iterations)?;
+        push_member(out, "usage", usage)?;
         if !loaded_skills.is_empty() {
-            out.extend_from_slice(b",\"loaded_skills\":");
-            serde_json::to_writer(&mut *out, loaded_skills)?;
+            push_member(out, "loaded_skills", loaded_skills)?;
         }
         if let Some(compaction) = compaction {
-            out.extend_from_slice(b",\"compaction\":");
-            serde_json::to_writer(&mut *out, compaction)?;
+            push_member(out, "compaction", compaction)?;
         }
         if let Some(plan) = plan {
-            out.extend_from_slice(b",\"plan\":");
-            serde_json::to_writer(&mut *out, plan)?;
+            push_member(out, "plan", plan)?;
         }
         if !is_zero(steered) {
-            out.extend_from_slice(b",\"steered\":");
-            serde_json::to_writer(&mut *out, steered)?;
+            push_member(out, "steered", steered)?;
         }
         if !step_ends.is_empty() {
-            out.extend_from_slice(b",\"step_ends\":");
-            serde_json::to_writer(&mut *out, step_ends)?;
+            push_member(out, "step_ends", step_ends)?;
         }
         out.push(b'}');
         Ok(())

@@ -81,7 +81,7 @@ impl Message {
     /// written a word at a time ([`crate::json_out::push_str`]); for long conversations written
     /// often (a turn's checkpoints).
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        use crate::json_out::push_str;
+        use crate::json_out::{push_member, push_str};
         // Every field named: a new one does not compile until it is written here.
         let Message {
             role,
@@ -100,8 +100,7 @@ impl Message {
         });
         push_str(out, content);
         if !tool_calls.is_empty() {
-            out.extend_from_slice(b",\"tool_calls\":");
-            serde_json::to_writer(&mut *out, tool_calls)?;
+            push_member(out, "tool_calls", tool_calls)?;
         }
         for (name, text) in [
             (&b",\"tool_call_id\":"[..], tool_call_id),
@@ -114,8 +113,7 @@ impl Message {
             }
         }
         if !images.is_empty() {
-            out.extend_from_slice(b",\"images\":");
-            serde_json::to_writer(&mut *out, images)?;
+            push_member(out, "images", images)?;
         }
         out.push(b'}');
         Ok(())
