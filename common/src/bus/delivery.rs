@@ -246,7 +246,9 @@ impl Envelope {
             loop {
                 tokio::select! {
                     done = &mut work => return done,
-                    _ = ticks.tick() => self.progress().await,
+                    // Boxed: a progress ack is sent every few seconds, and inline its future
+                    // would be most of this one, which every delivery keeps while it is worked on.
+                    _ = ticks.tick() => Box::pin(self.progress()).await,
                 }
             }
         }

@@ -686,7 +686,10 @@ impl Dispatcher {
                 }
             }
         }
-        self.publish_patiently(subject, payload, &dedup_id, timeout)
+        // Boxed: with spans exported it is every call's publish, without them a rare retry;
+        // inline it would be most of the sending future, which every call keeps until its task
+        // is handed over (under a burst, while the connection's queue is full).
+        Box::pin(self.publish_patiently(subject, payload, &dedup_id, timeout))
             .await
             .map(|()| None)
     }

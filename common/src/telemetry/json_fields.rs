@@ -46,33 +46,52 @@ pub(super) fn write_new_object<R: RecordFields>(
     fields: R,
 ) -> fmt::Result {
     let mut fields = Some(fields);
-    let handed_over = SCRATCH.try_with(|scratch| {
-        // A field's `Debug` that logs finds the scratch in use: it is written in place then.
-        let mut text = scratch.try_borrow_mut().ok()?;
-        text.clear();
-        let written = write_object(&mut *text, fields.take()?).and_then(|()| out.write_str(&text));
-        if text.capacity() > SCRATCH_KEPT {
-            *text = String::new();
-        }
-        Some(written)
+    let handed_over = in_scratch(|text| {
+        let fields = fields.take().ok_or(fmt::Error)?;
+        write_object(&mut *text, fields).and_then(|()| out.write_str(text))
     });
     match (handed_over, fields) {
-        (Ok(Some(written)), _) => written,
+        (Some(written), _) => written,
         // No scratch (in use, or the thread's already gone as it exits): written in place.
-        (_, Some(fields)) => write_object(out, fields),
-        (_, None) => Err(fmt::Error),
+        (None, Some(fields)) => write_object(out, fields),
+        (None, None) => Err(fmt::Error),
     }
 }
 
+/// Runs `write` on the thread's scratch text, emptied first; `None` when there is none to use (a
+/// field's `Debug` that logs finds it in use, and a thread that exits has let it go).
+fn in_scratch(write: impl FnOnce(&mut String) -> fmt::Result) -> Option<fmt::Result> {
+    SCRATCH
+        .try_with(|scratch| {
+            let mut text = scratch.try_borrow_mut().ok()?;
+            text.clear();
+            let written = write(&mut text);
+            if text.capacity() > SCRATCH_KEPT {
+                *text = String::new();
+            }
+            Some(written)
+        })
+        .ok()
+        .flatten()
+}
+
 /// Adds `fields` to `text`, an object this module wrote, before its closing brace; text that is
-/// not such an object is replaced by one of `fields`.
+/// not such an object is replaced by one of `fields`. The members are written into the thread's
+/// scratch text first and `text` grown by exactly their length: it is kept for as long as its
+/// span is open, and grown by doubling it would keep up to as much again unused.
 pub(super) fn add_members(text: &mut String, fields: &tracing::span::Record<'_>) -> fmt::Result {
     if text.pop() != Some('}') {
         text.clear();
         return write_new_object(text, fields);
     }
     let first = text.ends_with('{');
-    let written = write_members(text, fields, first);
+    let added = in_scratch(|members| {
+        write_members(&mut *members, fields, first)?;
+        text.reserve_exact(members.len() + 1);
+        text.push_str(members);
+        Ok(())
+    });
+    let written = added.unwrap_or_else(|| write_members(&mut *text, fields, first));
     text.push('}');
     written
 }
@@ -271,12 +290,7 @@ mod tests {
             values: &tracing::span::Record<'_>,
             ctx: Context<'_, S>,
         ) {
-            let span = ctx.span(id).expect("the span is open");
-            let mut extensions = span.extensions_mut();
-            let fields = extensions
-                .get_mut::<FormattedFields<F>>()
-                .expect("formatted when it opened");
-            self.format.add_fields(fields, values).expect("added");
+            add_recorded(&self.format, id, values, ctx, |_| {});
         }
 
         fn on_close(&self, id: tracing::Id, ctx: Context<'_, S>) {
@@ -287,6 +301,27 @@ mod tests {
                 .expect("formatted when it opened");
             self.kept.lock().expect("kept").push(fields.fields.clone());
         }
+    }
+
+    /// Adds fields recorded later to the span's text formatted by `format` (as a `fmt` layer
+    /// does), then shows `then` the text.
+    fn add_recorded<S, F>(
+        format: &F,
+        id: &tracing::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: Context<'_, S>,
+        then: impl FnOnce(&String),
+    ) where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        F: for<'w> FormatFields<'w> + 'static,
+    {
+        let span = ctx.span(id).expect("the span is open");
+        let mut extensions = span.extensions_mut();
+        let fields = extensions
+            .get_mut::<FormattedFields<F>>()
+            .expect("formatted when it opened");
+        format.add_fields(fields, values).expect("added");
+        then(&fields.fields);
     }
 
     /// What each of the spans `make` opens and closes is left with, as JSON, formatted by `F`.
@@ -348,8 +383,8 @@ mod tests {
         assert_eq!(ours[2], serde_json::json!({}));
     }
 
-    /// Notes the length and capacity of each new span's text, made as the log layer makes it: an
-    /// empty text, written once.
+    /// Notes the length and capacity of each new span's text, made as the log layer makes it (an
+    /// empty text, written once), and again after each field recorded later.
     struct Capacities(Arc<Mutex<Vec<(usize, usize)>>>);
 
     impl<S> Layer<S> for Capacities
@@ -359,8 +394,8 @@ mod tests {
         fn on_new_span(
             &self,
             attrs: &tracing::span::Attributes<'_>,
-            _: &tracing::Id,
-            _: Context<'_, S>,
+            id: &tracing::Id,
+            ctx: Context<'_, S>,
         ) {
             let mut fields = FormattedFields::<JsonSpanFields>::new(String::new());
             JsonSpanFields
@@ -371,16 +406,35 @@ mod tests {
                 .lock()
                 .expect("kept")
                 .push((text.len(), text.capacity()));
+            ctx.span(id)
+                .expect("the span is open")
+                .extensions_mut()
+                .insert(fields);
+        }
+
+        fn on_record(
+            &self,
+            id: &tracing::Id,
+            values: &tracing::span::Record<'_>,
+            ctx: Context<'_, S>,
+        ) {
+            add_recorded(&JsonSpanFields, id, values, ctx, |text| {
+                self.0
+                    .lock()
+                    .expect("kept")
+                    .push((text.len(), text.capacity()));
+            });
         }
     }
 
     #[test]
-    fn a_new_spans_text_is_allocated_at_its_length() {
+    fn a_spans_text_is_allocated_at_its_length_and_grown_by_what_is_recorded() {
         let texts = Arc::new(Mutex::new(Vec::new()));
         let layer = Capacities(texts.clone());
         tracing::subscriber::with_default(Registry::default().with(layer), spans);
         let texts = texts.lock().expect("kept").clone();
-        assert_eq!(texts.len(), 3);
+        // Three spans opened, three fields recorded later.
+        assert_eq!(texts.len(), 6);
         assert!(texts[0].0 > 100, "{texts:?}");
         for (length, capacity) in texts {
             // (The least a `String` allocates is 8 bytes.)

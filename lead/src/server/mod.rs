@@ -468,7 +468,13 @@ impl Lead {
             // Boxed: settling is brief, and inline it would grow the future the whole turn keeps.
             Box::pin(self.settle_delivery(envelope, &submission, outcome, &abort)).await;
             if freed {
-                crate::turns::announce(&self.bus, &submission.tenant, &submission.session).await;
+                // Boxed, as settling is: inline it would grow the future the whole turn keeps.
+                Box::pin(crate::turns::announce(
+                    &self.bus,
+                    &submission.tenant,
+                    &submission.session,
+                ))
+                .await;
             }
         }
     }

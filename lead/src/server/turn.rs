@@ -108,7 +108,9 @@ impl Lead {
         .await;
         if let Ok(TurnStart::Finished(done)) = start {
             tracing::info!("task already finished; re-publishing its result");
-            return self.emit_final_of_lease(submission, done, &lease).await;
+            // Boxed (here and below): a task found finished is rare, and inline its final's
+            // publish would be the largest part of this future, which every turn keeps.
+            return Box::pin(self.emit_final_of_lease(submission, done, &lease)).await;
         }
         let mut start = start;
         if unstartable.is_some() || !matches!(in_line, Ok(true)) {
@@ -174,7 +176,7 @@ impl Lead {
                 },
                 Ok(TurnStart::Finished(done)) => {
                     tracing::info!("task already finished; re-publishing its result");
-                    return self.emit_final_of_lease(submission, done, &lease).await;
+                    return Box::pin(self.emit_final_of_lease(submission, done, &lease)).await;
                 }
                 Ok(TurnStart::Exhausted(attempt)) => {
                     let failure = Failure::new(
