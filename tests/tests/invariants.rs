@@ -144,7 +144,7 @@ async fn a_stale_leads_checkpoint_and_completion_are_refused() {
         .complete_turn(
             "a",
             a.version,
-            Some(&SessionState::default()),
+            Some(SessionState::default()),
             &final_result(&session, &task, "from a"),
             None,
         )
@@ -333,7 +333,7 @@ async fn a_stale_version_is_refused_by_save_and_by_completion() {
         .complete_turn(
             "a",
             loaded.version,
-            Some(&SessionState::default()),
+            Some(SessionState::default()),
             &final_result(&session, &task, "stale"),
             None,
         )

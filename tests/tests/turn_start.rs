@@ -95,7 +95,13 @@ async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_lat
         ..Default::default()
     };
     store
-        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task), None)
+        .complete_turn(
+            "lead-a",
+            0,
+            Some(state.clone()),
+            &answer(&session, &task),
+            None,
+        )
         .await
         .expect("complete");
 
@@ -238,7 +244,7 @@ async fn a_corrupt_or_exhausted_version_is_an_error_not_a_wrap() {
         .complete_turn(
             "lead-a",
             loaded.version,
-            Some(&SessionState::default()),
+            Some(SessionState::default()),
             &answer(&session, &task),
             None,
         )
@@ -400,7 +406,13 @@ async fn a_final_result_is_written_once() {
         ..Default::default()
     };
     let ended = store
-        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task), None)
+        .complete_turn(
+            "lead-a",
+            0,
+            Some(state.clone()),
+            &answer(&session, &task),
+            None,
+        )
         .await
         .expect("complete");
     assert_eq!(ended, Ended::Earlier(Box::new(cancelled)));
@@ -604,7 +616,13 @@ async fn scripts_a_server_forgot_are_given_to_it_again() {
         ..Default::default()
     };
     store
-        .complete_turn("lead-a", 0, Some(&state), &answer(&session, &task), None)
+        .complete_turn(
+            "lead-a",
+            0,
+            Some(state.clone()),
+            &answer(&session, &task),
+            None,
+        )
         .await
         .expect("the end after a flush");
 

@@ -109,7 +109,9 @@ impl LuaCall<'_> {
         let command = self.command();
         match command.query_async(connection).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script.load_async(connection).await?;
+                // Boxed: rare (a server restarted, failed over or flushed), and inline it would
+                // size every script call's future.
+                Box::pin(script.load_async(connection)).await?;
                 command.query_async(connection).await
             }
             answered => answered,

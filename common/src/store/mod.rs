@@ -574,18 +574,22 @@ impl SessionStore {
     /// without its final result (which would append it twice on resume). A final result is
     /// written once: if the task already ended on another path, nothing is saved and the final
     /// that stands is returned as [`Ended::Earlier`].
+    ///
+    /// The state and the record are taken, and dropped once written into the command: a turn's
+    /// end waits on Redis longest when Redis is busiest, and its history is not kept twice
+    /// meanwhile.
     pub async fn complete_turn(
         &self,
         lease_token: &str,
         expected_version: u64,
-        state: Option<&SessionState>,
+        state: Option<SessionState>,
         result: &FinalResult,
-        record: Option<&history::TurnRecord>,
+        record: Option<history::TurnRecord>,
     ) -> Result<Ended, StoreError> {
         let mut conn = self.connection.clone();
         let (tenant, session) = (result.tenant.as_str(), result.session.as_str());
         let write = state
-            .map(|state| HistoryWrite::of(state, self.session_max_messages))
+            .map(|state| HistoryWrite::of(&state, self.session_max_messages))
             .transpose()?;
         let final_json = crate::json_out::to_string(result).map_err(StoreError::Corrupt)?;
         let mut invocation = COMPLETE_SCRIPT.call();
@@ -610,7 +614,7 @@ impl SessionStore {
             .arg(write.as_ref().map_or(0, |w| w.offset))
             .arg(write.as_ref().map_or(0, |w| w.trim))
             .arg(match record.filter(|_| self.session_checkpoints > 0) {
-                Some(record) => crate::json_out::to_string(record).map_err(StoreError::Corrupt)?,
+                Some(record) => crate::json_out::to_string(&record).map_err(StoreError::Corrupt)?,
                 None => String::new(),
             })
             .arg(self.session_checkpoints);

@@ -185,9 +185,9 @@ impl TurnLease {
     pub async fn complete(
         &self,
         expected_version: u64,
-        state: Option<&SessionState>,
+        state: Option<SessionState>,
         result: &FinalResult,
-        record: Option<&super::history::TurnRecord>,
+        record: Option<super::history::TurnRecord>,
     ) -> Result<Ended, StoreError> {
         self.store
             .complete_turn(&self.token, expected_version, state, result, record)

@@ -54,12 +54,15 @@ impl Lead {
                 output.status,
                 TurnStatus::Completed | TurnStatus::BudgetExhausted
             );
+            // Counted before the messages move into the session.
+            let calls = calls_of(&output.new_messages).count() as u32;
+            let messages = output.new_messages.len() as u32;
             let state = keeps_messages.then(|| {
                 let mut state = loaded.state;
                 if let Some(compaction) = &output.compaction {
                     state.compact(compaction);
                 }
-                state.history.extend(output.new_messages.iter().cloned());
+                state.history.extend(output.new_messages);
                 state.turns += 1;
                 for skill in &output.loaded_skills {
                     if !state.skills.contains(skill) {
@@ -72,7 +75,9 @@ impl Lead {
                 state
             });
             let spent = match &budget {
-                Some(scope) => match self.store.budget_spent(tenant, scope).await {
+                // Boxed, as the approval's clearing below: only some turns wait on them, and
+                // inline they would size every turn's end.
+                Some(scope) => match Box::pin(self.store.budget_spent(tenant, scope)).await {
                     Ok(spent) => Some(spent),
                     Err(e) => {
                         tracing::warn!(error = %e, "the task's spending could not be read");
@@ -112,19 +117,18 @@ impl Lead {
                 ended_at_ms: skein_common::protocol::now_ms(),
                 duration_ms: started.elapsed().as_millis() as u64,
                 steps: result.iterations,
-                calls: calls_of(&output.new_messages).count() as u32,
+                calls,
                 tokens: result
                     .usage
                     .prompt_tokens
                     .saturating_add(result.usage.completion_tokens),
-                messages: output.new_messages.len() as u32,
+                messages,
                 plan: state.plan.clone(),
-                step_ends: output.step_ends.clone(),
+                step_ends: output.step_ends,
             });
-            match lease
-                .complete(loaded.version, state.as_ref(), &result, record.as_ref())
-                .await
-            {
+            // The session and the record move into the write, which drops them once they are
+            // in its command: only the result is kept while Redis answers.
+            match lease.complete(loaded.version, state, &result, record).await {
                 Ok(Ended::Stored) => {}
                 Ok(Ended::Earlier(earlier)) => {
                     // Ended on another path meanwhile (a cancel before its start, on a redelivery):
@@ -137,7 +141,8 @@ impl Lead {
             self.metrics
                 .turn_finished(result.status.as_str(), started.elapsed());
             if output.asked_approval {
-                if let Err(e) = self.store.clear_approval(tenant, &submission.task_id).await {
+                let clearing = Box::pin(self.store.clear_approval(tenant, &submission.task_id));
+                if let Err(e) = clearing.await {
                     tracing::warn!(error = %e, "approval request not cleared");
                 }
             }
