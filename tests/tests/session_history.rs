@@ -116,7 +116,7 @@ async fn more_messages_than_one_command_appends_are_all_kept_in_order() {
     }))
     .expect("a final result");
     store
-        .complete_turn("lead-a", version, Some(state.clone()), &result, None)
+        .complete_turn("lead-a", version, Some(state), &result, None)
         .await
         .expect("completed");
 

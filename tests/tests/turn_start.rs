@@ -95,13 +95,7 @@ async fn the_lease_is_exclusive_and_a_completed_turn_releases_it_and_answers_lat
         ..Default::default()
     };
     store
-        .complete_turn(
-            "lead-a",
-            0,
-            Some(state.clone()),
-            &answer(&session, &task),
-            None,
-        )
+        .complete_turn("lead-a", 0, Some(state), &answer(&session, &task), None)
         .await
         .expect("complete");
 
@@ -406,13 +400,7 @@ async fn a_final_result_is_written_once() {
         ..Default::default()
     };
     let ended = store
-        .complete_turn(
-            "lead-a",
-            0,
-            Some(state.clone()),
-            &answer(&session, &task),
-            None,
-        )
+        .complete_turn("lead-a", 0, Some(state), &answer(&session, &task), None)
         .await
         .expect("complete");
     assert_eq!(ended, Ended::Earlier(Box::new(cancelled)));
